@@ -1,0 +1,83 @@
+"""Actions: what a turn tells the host to do next, each an imperative."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._model_error import OPAQUE, ModelError
+from ._taxonomy import ErrorCategory, TurnStatus
+from ._tools import ToolCall, ToolResult
+
+
+@attrs.frozen
+class Assemble:
+    """Assemble the context. With ``reduce`` the last request overflowed: the next one
+    must be smaller. On the final-answer turn ``withhold_tools`` is true and
+    ``instruction`` is the synthetic text to append, asking for a final answer."""
+
+    reduce: bool
+    withhold_tools: bool = False
+    instruction: str | None = None
+
+
+@attrs.frozen
+class CallModel:
+    """Send ``request`` to ``model`` (``None``: the host's default model).
+
+    ``attempt`` is 0 for a first try and counts retries of the same request.
+    """
+
+    request: Any = attrs.field(metadata=OPAQUE)
+    attempt: int
+    model: str | None = None
+    withhold_tools: bool = False
+
+
+@attrs.frozen
+class Wait:
+    """Sleep ``seconds`` before retrying after a ``category`` error on ``attempt``."""
+
+    seconds: float
+    category: ErrorCategory
+    attempt: int
+
+
+@attrs.frozen
+class InvokeTools:
+    """Run these tool calls (concurrently if you like), then send ``ToolsDone``."""
+
+    calls: tuple[ToolCall, ...]
+
+
+@attrs.frozen
+class Fallback:
+    """A move down ``fallback_models``: ``error`` on ``from_model`` caused it."""
+
+    from_model: str | None
+    to_model: str
+    error: ModelError
+
+
+@attrs.frozen
+class Finish:
+    """The turn is over with ``status``.
+
+    ``tool_results`` holds one result per tool call of the reply (error-flagged for
+    failed or blocked calls). ``error`` is the model error that ended the turn, if
+    any. ``model`` is the model that served the last attempt and ``fallbacks`` the
+    moves that led to it. ``retry_at`` (``retry_deferred`` only) is when, on the
+    session's clock, the server said to come back. ``reply`` is the host's reply.
+    """
+
+    status: TurnStatus
+    tool_results: tuple[ToolResult, ...] = ()
+    error: ModelError | None = None
+    model: str | None = None
+    fallbacks: tuple[Fallback, ...] = ()
+    retry_at: float | None = None
+    reply: Any = attrs.field(default=None, metadata=OPAQUE)
+
+
+Action = Assemble | CallModel | Wait | InvokeTools | Finish

@@ -1,0 +1,56 @@
+"""Backoff delays and the counter-based jitter source they draw from.
+
+The formula, written once here and once in ``specs/backoff.md`` (a test keeps the two
+in sync)::
+
+    delay_ms(n) = min(base_delay_ms * backoff_factor ** n, max_delay_ms)
+    wait_ms(n)  = max(delay_ms(n) * (0.5 + u), 1000 * retry_after)
+
+``n`` is the retry's number within one call (0 for the first retry), ``u`` in [0, 1)
+the session's next jitter draw and ``retry_after`` the server's requested wait in
+seconds (0 when it gave none). So without a retry-after the n-th wait lies in
+``[0.5, 1.5) x delay_ms(n)``: "equal jitter", which spreads a thundering herd of
+clients while keeping every wait at least half its nominal value.
+
+The jitter is SplitMix64 evaluated at (seed, draw number): the session keeps two
+integers instead of a ``random.Random`` (2.9 KB, 625 integers in a snapshot), and a
+draw can be *previewed* without being consumed, which lets the table's guards ask
+"would this wait cross the wall clock?" without side effects.
+"""
+
+from __future__ import annotations
+
+_MASK = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+
+
+def jitter(seed: int, draw: int) -> float:
+    """The ``draw``-th uniform number in [0, 1) of the stream for ``seed``."""
+    z = (seed + (draw + 1) * _GAMMA) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    z ^= z >> 31
+    return (z >> 11) * (1.0 / (1 << 53))
+
+
+def nominal_delay_ms(n: int, base_delay_ms: float, factor: float, max_delay_ms: float) -> float:
+    """``delay_ms(n)``: the n-th retry's delay before jitter, capped."""
+    try:
+        return min(base_delay_ms * factor**n, max_delay_ms)
+    except OverflowError:
+        return max_delay_ms
+
+
+def wait_seconds(
+    n: int,
+    u: float,
+    retry_after: float | None,
+    base_delay_ms: float,
+    factor: float,
+    max_delay_ms: float,
+) -> float:
+    """``wait_ms(n) / 1000``: the seconds to wait before the n-th retry."""
+    seconds = nominal_delay_ms(n, base_delay_ms, factor, max_delay_ms) * (0.5 + u) / 1000.0
+    if retry_after is not None and retry_after > seconds:
+        return retry_after
+    return seconds

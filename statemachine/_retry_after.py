@@ -1,0 +1,89 @@
+"""Reading the server's requested wait off a ``ModelError``.
+
+Precedence (``specs/retry-after.md`` has it as a truth table): the first *usable*
+value of
+
+1. ``ModelError.retry_after_seconds`` (what an SDK or the body said),
+2. the ``retry-after-ms`` header (milliseconds),
+3. the ``retry-after`` header, as delay-seconds or as an HTTP-date; a date is
+   measured against the response's own ``date`` header when it has a usable one
+   (no skew between our clock and the server's), else against the wall clock.
+
+A value is usable when it parses as a finite number >= 0 (a date: one in the
+future). Anything else (garbage, negative, NaN, infinity, a past date) is skipped
+and the next source is read; no source usable means no retry-after. Header names
+are case-insensitive. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from email.utils import parsedate_to_datetime
+
+from ._model_error import Headers, ModelError
+
+
+def _seconds(raw: object) -> float | None:
+    if isinstance(raw, bool) or raw is None:
+        return None
+    if isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return value
+
+
+def _http_date(raw: str) -> float | None:
+    try:
+        moment = parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if moment is None or moment.tzinfo is None:
+        return None
+    return moment.timestamp()
+
+
+def _header_retry_after(headers: Headers, wall_clock: Callable[[], float]) -> float | None:
+    if "retry-after-ms" in headers:
+        millis = _seconds(headers["retry-after-ms"])
+        if millis is not None:
+            return millis / 1000.0
+    if "retry-after" not in headers:
+        return None
+    raw = headers["retry-after"]
+    seconds = _seconds(raw)
+    if seconds is not None:
+        return seconds
+    if any(c.isalpha() for c in raw):
+        when = _http_date(raw)
+        if when is None:
+            return None
+        now = _http_date(headers["date"]) if "date" in headers else None
+        if now is None:
+            now = wall_clock()
+        delta = when - now
+        if math.isfinite(delta) and delta > 0:
+            return delta
+    return None
+
+
+def retry_after(error: ModelError, wall_clock: Callable[[], float]) -> float | None:
+    """The seconds the server asked us to wait, or ``None`` if it asked nothing usable.
+
+    ``wall_clock`` returns Unix time; it is read only for an HTTP-date with no
+    usable ``date`` header beside it.
+    """
+    seconds = _seconds(error.retry_after_seconds)
+    if seconds is not None:
+        return seconds
+    if error.headers:
+        return _header_retry_after(error.headers, wall_clock)
+    return None

@@ -1,0 +1,208 @@
+"""``Settings``: every knob of the engine, validated, with documented defaults.
+
+Defaults we chose where the specification leaves the value open:
+
+* ``max_delay_ms = 30_000``: a cap on one *computed* backoff delay. It is well above
+  the canonical schedule (500 ms x 2^4 = 8 s for the fifth retry), so the spec's
+  defaults are never clipped, and low enough that a raised ``max_retries`` cannot
+  make one wait grow past half a minute.
+* ``session_retry_ceiling = 20``: four calls' worth of fully spent per-call retries.
+  A session that needs more than that is in an outage, and should stop spending
+  wall clock and money rather than retry on.
+* ``doom_loop_threshold = 3``: the third identical call in a row (same tool, same
+  arguments) has shown the model learned nothing from the first two results.
+* ``max_server_wait_s = 60``: a server asking for more than a minute is better
+  parked (``retry_deferred``, with ``Finish.retry_at``) than slept on.
+* ``max_context_reductions = 3``: a context that overflows after three reductions
+  is not converging.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ._exceptions import ConfigError
+
+
+def _number(name: str, *, minimum: float = 0.0, optional: bool = False) -> Any:
+    def check(_instance: object, _attribute: object, value: Any) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}: must be a number, got {value!r}")
+        if not math.isfinite(value) or value < minimum:
+            raise ConfigError(f"{name}: must be a finite number >= {minimum:g}, got {value!r}")
+
+    return check
+
+
+def _integer(name: str, *, minimum: int = 0, optional: bool = False) -> Any:
+    def check(_instance: object, _attribute: object, value: Any) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: must be an int, got {value!r}")
+        if value < minimum:
+            raise ConfigError(f"{name}: must be >= {minimum}, got {value!r}")
+
+    return check
+
+
+def _positive(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}: must be a number or None, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{name}: must be a finite number > 0, got {value!r}")
+
+    return check
+
+
+def _models(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ConfigError(f"fallback_models: must be a list of model names, got {value!r}")
+    for name in value:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"fallback_models: model names must be non-empty str, got {name!r}")
+    return tuple(value)
+
+
+def _model(_instance: object, _attribute: object, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"model: must be a non-empty str or None, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """The engine's settings. Every field has a default; all are keyword-only.
+
+    Retry: the n-th retry (n from 0) of one call waits::
+
+        delay_ms(n) = min(base_delay_ms * backoff_factor ** n, max_delay_ms)
+        wait_ms(n)  = max(delay_ms(n) * (0.5 + u_n), 1000 * retry_after)
+
+    where ``u_n`` in [0, 1) is the session's n-th jitter draw (seeded) and
+    ``retry_after`` the server's requested wait (0 when it gave none). A call is
+    retried at most ``max_retries`` times (attempts = 1 + ``max_retries``), and a
+    session at most ``session_retry_ceiling`` times over all its calls.
+
+    Bounds (``None`` = unbounded): ``max_turns``, ``max_cost_usd`` (sum of
+    ``ModelReplied.cost``) and ``max_wall_clock_s`` (the injected clock, waits
+    included) are checked after every turn; one that fires takes the
+    limit-reached path.
+    """
+
+    base_delay_ms: float = attrs.field(default=500, validator=_number("base_delay_ms"))
+    backoff_factor: float = attrs.field(
+        default=2.0, validator=_number("backoff_factor", minimum=1.0)
+    )
+    max_retries: int = attrs.field(default=5, validator=_integer("max_retries"))
+    max_delay_ms: float = attrs.field(default=30_000, validator=_number("max_delay_ms"))
+    session_retry_ceiling: int = attrs.field(
+        default=20, validator=_integer("session_retry_ceiling")
+    )
+    max_server_wait_s: float = attrs.field(default=60.0, validator=_number("max_server_wait_s"))
+    max_context_reductions: int = attrs.field(
+        default=3, validator=_integer("max_context_reductions")
+    )
+    breaker_threshold: int = attrs.field(
+        default=3, validator=_integer("breaker_threshold", minimum=1)
+    )
+    doom_loop_threshold: int = attrs.field(
+        default=3, validator=_integer("doom_loop_threshold", minimum=2)
+    )
+    max_turns: int | None = attrs.field(
+        default=None, validator=_integer("max_turns", optional=True)
+    )
+    max_cost_usd: float | None = attrs.field(
+        default=None, validator=_number("max_cost_usd", optional=True)
+    )
+    max_wall_clock_s: float | None = attrs.field(
+        default=None, validator=_number("max_wall_clock_s", optional=True)
+    )
+    model: str | None = attrs.field(default=None, validator=_model)
+    fallback_models: tuple[str, ...] = attrs.field(default=(), converter=_models)
+    model_timeout_s: float | None = attrs.field(
+        default=None, validator=_positive("model_timeout_s")
+    )
+    tool_timeout_s: float | None = attrs.field(default=None, validator=_positive("tool_timeout_s"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "settings") -> Settings:
+        """Build settings from a mapping; an unknown key raises ``ConfigError``."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: must be a table of settings, got {data!r}")
+        unknown = sorted(set(data) - FIELD_NAMES)
+        if unknown:
+            raise ConfigError(
+                f"{unknown[0]}: unknown setting in {source} "
+                f"(known: {', '.join(sorted(FIELD_NAMES))})"
+            )
+        return cls(**data)
+
+    @classmethod
+    def from_toml(cls, text_or_path: str | os.PathLike[str]) -> Settings:
+        """Read the ``[settings]`` table of a TOML document or file.
+
+        A ``pathlib.Path`` (or a str that names an existing file and holds no
+        ``=``) is read as a file; any other str is TOML text. Other top-level
+        tables are ignored, so a scenario file can carry its settings.
+        """
+        source, text = _read(text_or_path)
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+        table = document.get("settings")
+        if table is None:
+            raise ConfigError(f"{source}: has no [settings] table")
+        return cls.from_dict(table, source=f"{source} [settings]")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain data (``from_dict`` reads it back)."""
+        data = attrs.asdict(self)
+        data["fallback_models"] = list(self.fallback_models)
+        return data
+
+
+FIELD_NAMES = frozenset(f.name for f in attrs.fields(Settings))
+_attrs_init = Settings.__init__
+
+
+def _init(self: Settings, *args: Any, **kwargs: Any) -> None:
+    # Python would raise a bare TypeError for an unknown keyword; the contract asks
+    # for a ConfigError naming it.
+    if args:
+        raise ConfigError(f"{args[0]!r}: Settings takes keyword arguments only")
+    unknown = sorted(set(kwargs) - FIELD_NAMES)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown setting")
+    _attrs_init(self, **kwargs)
+
+
+Settings.__init__ = _init  # type: ignore[method-assign]
+
+
+def _read(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
+    if isinstance(text_or_path, str) and (
+        "=" in text_or_path or "\n" in text_or_path or not os.path.exists(text_or_path)
+    ):
+        if "=" not in text_or_path and "[" not in text_or_path and text_or_path.strip():
+            raise ConfigError(f"{text_or_path}: no such settings file")
+        return "settings text", text_or_path
+    path = Path(text_or_path)
+    try:
+        return str(path), path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read settings file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None

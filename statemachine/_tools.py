@@ -1,0 +1,81 @@
+"""Tool calls the model asks for, what the host reports back, and what the model sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._model_error import OPAQUE
+from ._taxonomy import ToolErrorCategory
+
+
+def _nonempty_str(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: Any) -> None:
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{name}: must be a non-empty str, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class ToolCall:
+    """One tool call from a model reply.
+
+    ``provider`` names the tool provider (plugin, MCP server) that serves ``name``;
+    the circuit breaker counts crashes per provider. ``arguments`` is the call's
+    input as the model gave it (JSON-like data); the doom-loop detector hashes it
+    as canonical JSON together with ``name``.
+    """
+
+    id: str = attrs.field(validator=_nonempty_str("ToolCall.id"))
+    provider: str = attrs.field(validator=_nonempty_str("ToolCall.provider"))
+    name: str = attrs.field(validator=_nonempty_str("ToolCall.name"))
+    arguments: Any = attrs.field(default=None, metadata=OPAQUE)
+
+
+def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
+    if raw is None:
+        return None
+    try:
+        return ToolErrorCategory(raw)
+    except ValueError:
+        names = ", ".join(c.value for c in ToolErrorCategory)
+        raise ValueError(f"category: {raw!r} is not one of {names}") from None
+
+
+@attrs.frozen
+class ToolOutcome:
+    """What the host reports for one invoked tool call.
+
+    A failed outcome (``ok=False``) should carry its ``category``; one without is
+    treated as ``unknown``. ``process_crashed`` is for a plugin process that died.
+    """
+
+    call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
+    ok: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    content: Any = attrs.field(default="", metadata=OPAQUE)
+    category: ToolErrorCategory | None = attrs.field(
+        default=None, converter=_optional_tool_category
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.ok and self.category is not None:
+            raise ValueError(
+                f"category: a successful ToolOutcome ({self.call_id!r}) has no error "
+                f"category, got {self.category.value!r}"
+            )
+
+
+@attrs.frozen
+class ToolResult:
+    """What goes back to the model for one tool call.
+
+    ``is_error`` marks an error-flagged result (the model reads it and adapts);
+    ``category`` says which tool error it was.
+    """
+
+    call_id: str
+    content: Any = attrs.field(metadata=OPAQUE)
+    is_error: bool = False
+    category: ToolErrorCategory | None = None

@@ -1,0 +1,27 @@
+"""The trace: one frozen record per transition a turn takes."""
+
+from __future__ import annotations
+
+import attrs
+
+from ._actions import Action
+
+
+@attrs.frozen
+class TraceRecord:
+    """One transition: in ``turn`` (1-based), ``step`` (0-based) took ``source`` to
+    ``dest`` on ``event`` through the table row whose guards are ``guard``, and
+    emitted ``action``. The counters are as they stood after the transition:
+    ``attempt`` of the current call, ``session_retries`` used so far, and the
+    ``reductions`` of this turn's context."""
+
+    turn: int
+    step: int
+    source: str
+    event: str
+    guard: str
+    dest: str
+    action: Action
+    attempt: int
+    session_retries: int
+    reductions: int
