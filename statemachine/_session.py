@@ -23,7 +23,7 @@ from ._exceptions import ConfigError, SessionEnded, SnapshotError, TurnInProgres
 from ._settings import Settings
 from ._table import STATES, TERMINAL_STATES
 from ._taxonomy import SessionStatus, ToolErrorCategory, TurnStatus
-from ._tools import ToolCall, ToolOutcome, ToolResult
+from ._tools import ToolCall, ToolOutcome
 from ._trace import TraceRecord
 from ._turn import Turn
 
@@ -405,8 +405,6 @@ def _turn_data(turn: Turn) -> dict[str, Any]:
         "overflowed_size": turn._overflowed_size,
         "overflowed_request": turn._overflowed_request,
         "calls": encode(turn._calls),
-        "replied": encode(turn._replied),
-        "blocked": encode(turn._blocked),
         "reply": turn._reply,
         "fallbacks": encode(turn._fallbacks),
         "action": encode(turn._action),
@@ -436,8 +434,6 @@ def _restore_turn(session: Session, reader: _Reader) -> Turn:
     turn._overflowed_size = reader.get("overflowed_size", int, optional=True)
     turn._overflowed_request = reader.raw("overflowed_request")
     turn._calls = reader.values("calls", ToolCall)
-    turn._replied = reader.values("replied", ToolCall)
-    turn._blocked = reader.values("blocked", ToolResult)
     turn._reply = reader.raw("reply")
     turn._fallbacks = reader.values("fallbacks", Fallback)
     action = reader.raw("action")

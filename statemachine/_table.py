@@ -31,6 +31,10 @@ Why the rows are ordered as they are, for a ``ModelFailed``:
   no fallback left, the reason the wait could not be taken, or the spent per-call
   cap, names the status.
 
+A tripped breaker needs no row of its own: it fires the session's limit, so every
+later turn is the final-answer turn, whose reply is never invoked. That is how no call
+to a tripped provider is ever made again.
+
 Every edge into a recovery state (``backing_off``, ``reducing_context``, a fallback
 ``calling``) consumes a bounded resource (a per-call retry *and* a session retry, a
 reduction, a fallback model): that ranking function is why no loop is unbounded,
@@ -84,7 +88,6 @@ START = "start"
 GUARDS: dict[str, str] = {
     "final_answer": "this is the final-answer turn of the limit-reached path",
     "no_tool_calls": "the reply asks for no tool call",
-    "all_calls_blocked": "every call asked for goes to a provider whose breaker is open",
     "partial": "part of a streamed reply was already delivered",
     "auth_error": "category is auth_error",
     "invalid_request": "category is invalid_request",
@@ -111,9 +114,8 @@ EFFECTS: dict[str, str] = {
     "fall_back": "CallModel(same request, next fallback model, attempt=0)",
     "wait": "Wait(backoff with jitter, at least the retry-after)",
     "reduce": "Assemble(reduce=True)",
-    "invoke_tools": "InvokeTools(calls to open providers)",
+    "invoke_tools": "InvokeTools(calls)",
     "complete": "Finish(completed)",
-    "complete_blocked": "Finish(completed, error results for blocked calls)",
     "finish_tools": "Finish(completed or breaker_open, tool results)",
     "finish": "Finish(status)",
     "cancel": "Finish(cancelled, error results for calls in flight)",
@@ -133,7 +135,6 @@ ROWS: tuple[Row, ...] = (
     # -- calling: a reply
     Row(CALLING, "ModelReplied", ("final_answer",), COMPLETED, "complete"),
     Row(CALLING, "ModelReplied", ("no_tool_calls",), COMPLETED, "complete"),
-    Row(CALLING, "ModelReplied", ("all_calls_blocked",), COMPLETED, "complete_blocked"),
     Row(CALLING, "ModelReplied", (), INVOKING_TOOLS, "invoke_tools"),
     # -- calling: a failure, by category (see the essay for the order)
     _failed(CALLING, "ModelFailed", ("partial",), "stream_interrupted"),

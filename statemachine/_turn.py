@@ -59,7 +59,6 @@ class Turn:
     __slots__ = (
         "_action",
         "_attempt",
-        "_blocked",
         "_calls",
         "_fallbacks",
         "_model_index",
@@ -67,7 +66,6 @@ class Turn:
         "_overflowed_size",
         "_probe",
         "_reductions",
-        "_replied",
         "_reply",
         "_request",
         "_session",
@@ -106,8 +104,6 @@ class Turn:
         self._overflowed_size: int | None = None
         self._overflowed_request: Any = None
         self._calls: tuple[ToolCall, ...] = ()
-        self._replied: tuple[ToolCall, ...] = ()
-        self._blocked: tuple[ToolResult, ...] = ()
         self._reply: Any = None
         self._fallbacks: tuple[Fallback, ...] = ()
         self._trace: list[TraceEntry] = []
@@ -353,11 +349,6 @@ def _wait_fits(turn: Turn, event: ModelFailed) -> bool:
     return not _server_wait_too_long(turn, event) and not _wait_crosses_wall_clock(turn, event)
 
 
-def _blocked(turn: Turn, call: ToolCall) -> bool:
-    tripped = turn._session._tripped
-    return bool(tripped) and call.provider in tripped
-
-
 def _trips_breaker(turn: Turn, event: ToolsDone) -> bool:
     return bool(turn._session._breaker_after(turn._calls, event.outcomes)[1])
 
@@ -375,7 +366,6 @@ def _shrank(turn: Turn, event: Assembled) -> bool:
 GUARD_FUNCTIONS: dict[str, Callable[[Turn, Any], bool]] = {
     "final_answer": lambda turn, _event: turn.final_answer,
     "no_tool_calls": lambda _turn, event: not event.tool_calls,
-    "all_calls_blocked": lambda turn, event: all(_blocked(turn, c) for c in event.tool_calls),
     "partial": lambda _turn, event: event.partial,
     "auth_error": _category_is(ErrorCategory.AUTH_ERROR),
     "invalid_request": _category_is(ErrorCategory.INVALID_REQUEST),
@@ -452,7 +442,6 @@ def _fall_back(turn: Turn, event: ModelFailed, _status: TurnStatus | None) -> Ac
 def _take_reply(turn: Turn, event: ModelReplied) -> None:
     turn._session._cost += event.cost
     turn._reply = event.reply
-    turn._replied = event.tool_calls
 
 
 def _complete(turn: Turn, event: ModelReplied, _status: TurnStatus | None) -> Action:
@@ -460,43 +449,20 @@ def _complete(turn: Turn, event: ModelReplied, _status: TurnStatus | None) -> Ac
     return _finish_action(turn, TurnStatus.COMPLETED, (), None)
 
 
-def _blocked_result(call: ToolCall) -> ToolResult:
-    return ToolResult(
-        call.id,
-        f"not invoked: the circuit breaker of tool provider {call.provider!r} is open",
-        is_error=True,
-        category=ToolErrorCategory.PROCESS_CRASHED,
-    )
-
-
-def _complete_blocked(turn: Turn, event: ModelReplied, _status: TurnStatus | None) -> Action:
-    _take_reply(turn, event)
-    turn._session._watch_doom_loop(event.tool_calls)
-    results = tuple(_blocked_result(call) for call in event.tool_calls)
-    return _finish_action(turn, TurnStatus.COMPLETED, results, None)
-
-
 def _invoke_tools(turn: Turn, event: ModelReplied, _status: TurnStatus | None) -> Action:
     _take_reply(turn, event)
     turn._session._watch_doom_loop(event.tool_calls)
-    if turn._session._tripped:
-        turn._calls = tuple(c for c in event.tool_calls if not _blocked(turn, c))
-        turn._blocked = tuple(_blocked_result(c) for c in event.tool_calls if _blocked(turn, c))
-    else:
-        turn._calls = event.tool_calls
-    return InvokeTools(turn._calls)
+    turn._calls = event.tool_calls
+    return InvokeTools(event.tool_calls)
 
 
 def _finish_tools(turn: Turn, event: ToolsDone, status: TurnStatus | None) -> Action:
     turn._session._apply_breakers(turn._calls, event.outcomes)
     by_id = {outcome.call_id: outcome for outcome in event.outcomes}
-    blocked = {result.call_id: result for result in turn._blocked}
     results = []
-    for call in turn._replied:
-        outcome = by_id.get(call.id)
-        if outcome is None:
-            results.append(blocked[call.id])
-        elif outcome.ok:
+    for call in turn._calls:
+        outcome = by_id[call.id]
+        if outcome.ok:
             results.append(ToolResult(call.id, outcome.content))
         else:
             category = outcome.category or ToolErrorCategory.UNKNOWN
@@ -517,13 +483,8 @@ def _cancel(turn: Turn, event: Cancelled, status: TurnStatus) -> Action:
     results: tuple[ToolResult, ...] = ()
     if turn._state == "invoking_tools":
         reason = f"cancelled: {event.reason}" if event.reason else "cancelled"
-        in_flight = {c.id for c in turn._calls}
-        blocked = {r.call_id: r for r in turn._blocked}
         results = tuple(
-            ToolResult(c.id, reason, True, ToolErrorCategory.CANCELLED)
-            if c.id in in_flight
-            else blocked[c.id]
-            for c in turn._replied
+            ToolResult(c.id, reason, True, ToolErrorCategory.CANCELLED) for c in turn._calls
         )
     return _finish_action(turn, status, results, None)
 
@@ -547,7 +508,6 @@ EFFECT_FUNCTIONS: dict[str, Callable[[Turn, Any, Any], Action]] = {
     "reduce": _reduce,
     "invoke_tools": _invoke_tools,
     "complete": _complete,
-    "complete_blocked": _complete_blocked,
     "finish_tools": _finish_tools,
     "finish": _finish,
     "cancel": _cancel,

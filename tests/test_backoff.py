@@ -1,0 +1,186 @@
+"""Backoff formula, jitter and retry-after precedence."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import statemachine as sm
+from statemachine import _backoff
+from statemachine._backoff import jitter, nominal_delay_ms, wait_seconds
+from statemachine._retry_after import retry_after
+
+from .helpers import calling_turn, fail, new_session
+
+SPECS = Path(__file__).parent.parent / "specs"
+WALL = 1_000_000_000.0
+
+
+def _formula(text: str) -> list[str]:
+    block = text.split("```")[1] if "<!--" not in text else text.split("<!-- formula -->")[1]
+    block = block.split("```")[1] if "```" in block else block
+    return [line.strip() for line in block.strip().splitlines() if "=" in line]
+
+
+@pytest.mark.requirement("ER-22")
+def test_formula_in_docstring_and_spec_agree() -> None:
+    """The formula is written twice, in ``_backoff``'s docstring and ``specs/backoff.md``;
+    the two say the same."""
+    doc = _backoff.__doc__ or ""
+    doc_lines = [
+        line.strip() for line in doc.split("::")[1].split("``n``")[0].splitlines() if "=" in line
+    ]
+    spec_lines = _formula((SPECS / "backoff.md").read_text())
+    assert doc_lines == spec_lines
+    assert len(doc_lines) == 2
+
+
+@pytest.mark.requirement("ER-22")
+@given(st.integers(0, 2**64 - 1), st.integers(0, 10**6))
+def test_jitter_is_uniform_in_unit_interval(seed: int, draw: int) -> None:
+    """Every draw lies in [0, 1) and is a pure function of (seed, draw)."""
+    u = jitter(seed, draw)
+    assert 0.0 <= u < 1.0
+    assert jitter(seed, draw) == u
+
+
+def test_jitter_spreads_over_the_interval() -> None:
+    """Draws of one seed cover the interval roughly evenly (no stuck bits)."""
+    draws = [jitter(7, i) for i in range(4000)]
+    buckets = [0] * 10
+    for u in draws:
+        buckets[int(u * 10)] += 1
+    assert min(buckets) > 300
+    assert max(buckets) < 500
+
+
+@pytest.mark.requirement("ER-22")
+@pytest.mark.requirement("ER-1")
+@given(
+    n=st.integers(0, 40),
+    u=st.floats(0, 1, exclude_max=True),
+    base=st.floats(0, 10_000),
+    factor=st.floats(1, 10),
+    cap=st.floats(0, 100_000),
+)
+def test_wait_lies_in_the_contract_envelope(
+    n: int, u: float, base: float, factor: float, cap: float
+) -> None:
+    """Without a retry-after the n-th wait lies in [0.5, 1.5) x min(base*factor^n, cap)."""
+    nominal = nominal_delay_ms(n, base, factor, cap)
+    assert nominal <= cap
+    seconds = wait_seconds(n, u, None, base, factor, cap)
+    assert 0.5 * nominal / 1000 - 1e-9 <= seconds <= 1.5 * nominal / 1000 + 1e-9
+
+
+@pytest.mark.requirement("ER-3")
+@given(st.integers(0, 8), st.floats(0, 1, exclude_max=True), st.floats(0, 1e6))
+def test_retry_after_is_a_floor(n: int, u: float, server: float) -> None:
+    """The wait is never shorter than the server's requested wait."""
+    assert wait_seconds(n, u, server, 500, 2, 30_000) >= server
+
+
+def test_huge_retry_numbers_do_not_overflow() -> None:
+    """A factor to a huge power caps at ``max_delay_ms`` instead of raising."""
+    assert nominal_delay_ms(10_000, 500, 2.0, 30_000) == 30_000
+
+
+def _truth_rows() -> list[tuple[str, str, str, str, str]]:
+    text = (SPECS / "retry-after.md").read_text()
+    table = text.split("<!-- truth-table -->")[1].split("<!-- /truth-table -->")[0]
+    rows = []
+    for line in table.strip().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows.append((cells[0], cells[1], cells[2], cells[3], cells[4]))
+    return rows
+
+
+@pytest.mark.requirement("ER-4")
+@pytest.mark.requirement("ER-21")
+@pytest.mark.parametrize(("s", "ms", "ra", "date", "expected"), _truth_rows())
+def test_retry_after_truth_table(s: str, ms: str, ra: str, date: str, expected: str) -> None:
+    """Each row of the precedence truth table in ``specs/retry-after.md`` holds."""
+    headers = {}
+    if ms != "-":
+        headers["Retry-After-Ms"] = ms
+    if ra != "-":
+        headers["RETRY-AFTER"] = ra
+    if date != "-":
+        headers["Date"] = date
+    field = None if s == "-" else float(s)
+    error = sm.ModelError("rate_limited", retry_after_seconds=field, headers=headers or None)
+    got = retry_after(error, lambda: WALL)
+    if expected == "none":
+        assert got is None
+    else:
+        assert got is not None
+        assert math.isclose(got, float(expected), abs_tol=1e-6)
+
+
+@pytest.mark.requirement("ER-21")
+@given(
+    st.one_of(
+        st.text(max_size=30),
+        st.floats(allow_nan=True, allow_infinity=True).map(str),
+        st.integers(-(10**30), 10**30).map(str),
+    )
+)
+def test_arbitrary_header_values_never_raise(raw: str) -> None:
+    """Whatever the headers hold, reading them never raises and never gives a negative
+    or non-finite wait."""
+    error = sm.ModelError("overloaded", headers={"retry-after": raw, "retry-after-ms": raw})
+    got = retry_after(error, lambda: WALL)
+    assert got is None or (math.isfinite(got) and got >= 0)
+
+
+@pytest.mark.requirement("ER-3")
+@pytest.mark.requirement("ER-4")
+def test_engine_wait_honours_headers_case_insensitively() -> None:
+    """A ``Retry-After`` header with odd casing raises the engine's Wait to its value."""
+    session = new_session()
+    turn = calling_turn(session)
+    action = turn.send(fail("rate_limited", headers=[("ReTrY-aFtEr", "9")]))
+    assert isinstance(action, sm.Wait)
+    assert action.seconds == 9.0
+
+
+@pytest.mark.requirement("ER-21")
+def test_engine_ignores_garbage_retry_after() -> None:
+    """A garbage retry-after neither raises nor changes the jittered wait."""
+    clean = calling_turn(new_session(seed=3)).send(fail("rate_limited"))
+    dirty = calling_turn(new_session(seed=3)).send(
+        fail("rate_limited", retry_after_seconds=float("nan"), headers={"retry-after": "x"})
+    )
+    assert isinstance(clean, sm.Wait) and isinstance(dirty, sm.Wait)
+    assert clean.seconds == dirty.seconds
+
+
+@pytest.mark.requirement("ER-1")
+@pytest.mark.requirement("ER-25")
+def test_jitter_varies_from_seed_to_seed_and_repeats_per_seed() -> None:
+    """Different seeds give different waits; the same seed gives the same."""
+    waits = {}
+    for seed in range(20):
+        action = calling_turn(new_session(seed=seed)).send(fail("overloaded"))
+        assert isinstance(action, sm.Wait)
+        waits[seed] = action.seconds
+    assert len(set(waits.values())) == 20
+    again = calling_turn(new_session(seed=5)).send(fail("overloaded"))
+    assert isinstance(again, sm.Wait) and again.seconds == waits[5]
+
+
+def test_spec_table_of_default_waits_matches_settings() -> None:
+    """The default schedule table in ``specs/backoff.md`` matches the defaults."""
+    text = (SPECS / "backoff.md").read_text()
+    rows = re.findall(r"^\| (\d) \| (\d+) \|", text, flags=re.M)
+    settings = sm.Settings()
+    assert len(rows) == settings.max_retries
+    for n, delay in rows:
+        assert float(delay) == nominal_delay_ms(
+            int(n), settings.base_delay_ms, settings.backoff_factor, settings.max_delay_ms
+        )

@@ -1,0 +1,121 @@
+"""Settings: defaults, validation, TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+import statemachine as sm
+
+
+@pytest.mark.requirement("ER-2")
+def test_defaults_are_the_specs_canonical_values() -> None:
+    """With no configuration the engine uses 500 ms, x2 and 5 retries."""
+    settings = sm.Settings()
+    assert settings.base_delay_ms == 500
+    assert settings.backoff_factor == 2
+    assert settings.max_retries == 5
+    assert settings.breaker_threshold == 3
+    assert 3 <= settings.doom_loop_threshold <= 5
+    assert settings.max_delay_ms >= 8000
+    assert settings.session_retry_ceiling > settings.max_retries
+    assert (settings.max_turns, settings.max_cost_usd, settings.max_wall_clock_s) == (None,) * 3
+    assert settings.fallback_models == ()
+
+
+@pytest.mark.requirement("ER-2")
+def test_settings_are_frozen_and_configurable() -> None:
+    """Every knob can be set; a settings object cannot be changed afterwards."""
+    settings = sm.Settings(base_delay_ms=100, backoff_factor=3, max_retries=2)
+    assert (settings.base_delay_ms, settings.backoff_factor, settings.max_retries) == (100, 3, 2)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        settings.max_retries = 9  # type: ignore[misc]
+
+
+@pytest.mark.requirement("ER-28")
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("base_delay_ms", -1),
+        ("base_delay_ms", float("nan")),
+        ("base_delay_ms", "500"),
+        ("backoff_factor", 0.5),
+        ("backoff_factor", float("inf")),
+        ("max_retries", -1),
+        ("max_retries", 2.5),
+        ("max_retries", True),
+        ("max_delay_ms", -5),
+        ("session_retry_ceiling", -1),
+        ("breaker_threshold", 0),
+        ("doom_loop_threshold", 1),
+        ("max_turns", -1),
+        ("max_cost_usd", -0.01),
+        ("max_wall_clock_s", float("nan")),
+        ("fallback_models", "gpt-x"),
+        ("fallback_models", ["ok", ""]),
+        ("model", ""),
+        ("model_timeout_s", 0),
+        ("max_server_wait_s", -1),
+    ],
+)
+def test_invalid_values_raise_config_error_naming_the_field(field: str, value: object) -> None:
+    """A bad value is refused with a ConfigError whose message starts with the field."""
+    with pytest.raises(sm.ConfigError) as info:
+        sm.Settings(**{field: value})
+    assert str(info.value).startswith(f"{field}:")
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.requirement("ER-28")
+def test_unknown_key_and_positional_arguments_are_refused() -> None:
+    """An unknown keyword names itself; settings take keywords only."""
+    with pytest.raises(sm.ConfigError, match=r"^max_retry: unknown setting"):
+        sm.Settings(max_retry=3)
+    with pytest.raises(sm.ConfigError, match="keyword"):
+        sm.Settings(500)
+
+
+@pytest.mark.requirement("ER-28")
+def test_from_toml_reads_the_settings_table_from_text_and_file(tmp_path: Path) -> None:
+    """``from_toml`` reads a ``[settings]`` table, from text or from a path."""
+    text = '[settings]\nbase_delay_ms = 250\nfallback_models = ["b", "c"]\n[other]\nx = 1\n'
+    from_text = sm.Settings.from_toml(text)
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    assert sm.Settings.from_toml(path) == from_text
+    assert sm.Settings.from_toml(str(path)) == from_text
+    assert from_text.base_delay_ms == 250
+    assert from_text.fallback_models == ("b", "c")
+
+
+@pytest.mark.requirement("ER-28")
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[settings]\nmax_retries = -2\n", r"^max_retries: must be >= 0"),
+        ("[settings]\nmax_retrys = 2\n", r"^max_retrys: unknown setting"),
+        ("[settings]\nbackoff_factor = 'two'\n", r"^backoff_factor: must be a number"),
+        ("[settings\nmax_retries = 2\n", r"not valid TOML.*line 1"),
+        ("[other]\nmax_retries = 2\n", "no \\[settings\\] table"),
+        ("settings = 3\n", "must be a table"),
+    ],
+)
+def test_from_toml_errors_name_the_problem(text: str, match: str) -> None:
+    """Bad TOML, bad values and unknown keys are ConfigErrors that say what is wrong."""
+    with pytest.raises(sm.ConfigError, match=match):
+        sm.Settings.from_toml(text)
+
+
+def test_from_toml_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    """A path that does not exist is named in the error."""
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(sm.ConfigError, match="nope.toml"):
+        sm.Settings.from_toml(missing)
+
+
+def test_to_dict_round_trips() -> None:
+    """``to_dict`` gives plain data that ``from_dict`` reads back to equal settings."""
+    settings = sm.Settings(fallback_models=("a",), max_turns=4, max_cost_usd=1.5)
+    assert sm.Settings.from_dict(settings.to_dict()) == settings
