@@ -1,13 +1,376 @@
 """``classify``: turn what a real provider gives you into a ``ModelError``.
 
-(Placeholder signature; the classification table lands with the drivers issue.)
+One boundary, as httpcore translates its errors at one place: every shape a model
+provider hands back on failure goes through here, and comes out in the taxonomy.
+``specs/classification.md`` holds the mapping as a table; this module is that
+table in code. In short, the body is read as well as the status:
+
+* ``insufficient_quota`` (OpenAI's "out of credit", sent as HTTP 429) is **not** a
+  rate limit: waiting does not refill an account. It is ``unknown`` (not retried),
+  with ``code="insufficient_quota"``; so are 402 and Anthropic's ``billing_error``.
+* 529, 503, other 5xx (but 501), 408 and 409 are ``overloaded`` (retryable); both
+  official SDKs retry these statuses themselves, and so do we, once.
+* 400 or 413 whose body says the context overflowed (Anthropic "prompt is too
+  long", OpenAI ``context_length_exceeded`` / "maximum context length") are
+  ``context_length_exceeded``; other 400, 404 and 422 are ``invalid_request``.
+* A refusal (Anthropic ``stop_reason == "refusal"``) or a content filter (OpenAI
+  ``finish_reason == "content_filter"``, a ``content_filter`` or
+  ``content_policy_violation`` code) is ``content_filtered``.
+* An error *event* inside an HTTP 200 stream (``{"type": "error", "error":
+  {"type": "overloaded_error"}}``) is classified by its error type.
+* Connection errors and timeouts (the SDKs' ``APIConnectionError`` and
+  ``APITimeoutError``, ``httpx`` transport errors, builtin ``TimeoutError`` and
+  ``ConnectionError``) are ``overloaded`` (retryable) with ``code`` set to
+  ``"timeout"`` or ``"connection_error"``: the request may not have reached a
+  healthy server, and a backoff is the right answer to both.
+
+The vendor's code (or error type), HTTP status and body are kept on the
+``ModelError``; its response headers are carried through, so the engine honours
+``retry-after-ms`` and ``retry-after``. Nothing here raises: input that matches no
+shape is ``unknown``, carrying its ``repr``.
 """
 
 from __future__ import annotations
 
-from ._model_error import ModelError
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ._events import ModelFailed
+from ._model_error import Headers, ModelError
+from ._taxonomy import ErrorCategory
+
+_MAX_MESSAGE = 2000
+"""Longest message kept from a body or an exception; logs do not need more."""
+
+_CONTEXT_PHRASES = (
+    "prompt is too long",
+    "maximum context length",
+    "context length",
+    "context window",
+    "context_length_exceeded",
+    "exceed context limit",
+    "exceeds the context",
+    "too many tokens",
+    "input is too long",
+)
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
+_QUOTA_CODES = frozenset({"insufficient_quota", "billing_error", "billing_hard_limit_reached"})
+_FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "refusal"})
+_RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "requests", "tokens"})
+_OVERLOAD_TYPES = frozenset(
+    {"overloaded_error", "api_error", "server_error", "service_unavailable", "timeout_error"}
+)
+_AUTH_TYPES = frozenset(
+    {"authentication_error", "permission_error", "invalid_api_key", "permission_denied"}
+)
+_INVALID_TYPES = frozenset(
+    {"invalid_request_error", "not_found_error", "request_too_large", "model_not_found"}
+)
+_OVERLOADED_STATUSES = frozenset({408, 409, 500, 502, 503, 504, 520, 522, 524, 529})
 
 
 def classify(obj: object) -> ModelError:
-    """Classify an SDK exception, an ``httpx.Response`` or ``(status, headers, body)``."""
-    raise NotImplementedError("classify() is not implemented yet")
+    """Classify what a model provider gave you; never raises.
+
+    ``obj`` may be an exception of the official ``anthropic`` or ``openai`` SDK
+    (any ``APIError``: status errors, in-stream errors, connection errors and
+    timeouts), any other exception, an ``httpx``/``httpx2`` response (anything
+    with ``status_code`` and ``headers``), a tuple ``(status, headers, body)``
+    with the body as bytes, str or parsed JSON, an SDK reply whose stop or finish
+    reason is a refusal or a content filter, a ``ModelFailed`` or a ``ModelError``
+    (returned as is). See ``specs/classification.md`` for the table.
+    """
+    try:
+        return _classify(obj)
+    except Exception as exc:  # the promise is "never raises": a last resort
+        return ModelError(
+            ErrorCategory.UNKNOWN,
+            _clip(f"unclassifiable {type(obj).__name__}: {_safe_repr(obj)} ({_safe_repr(exc)})"),
+            body=None,
+        )
+
+
+def _classify(obj: object) -> ModelError:
+    if isinstance(obj, ModelError):
+        return obj
+    if isinstance(obj, ModelFailed):
+        return obj.error
+    if isinstance(obj, tuple):
+        return _from_tuple(obj)
+    if isinstance(obj, BaseException):
+        return _from_exception(obj)
+    status = getattr(obj, "status_code", None)
+    if isinstance(status, int) and hasattr(obj, "headers"):
+        return _from_response(obj, status)
+    refusal = _refusal_of_reply(obj)
+    if refusal is not None:
+        return refusal
+    return ModelError(ErrorCategory.UNKNOWN, _clip(f"not a provider error: {obj!r}"), body=None)
+
+
+# -- the input shapes -------------------------------------------------------------
+
+
+def _from_tuple(obj: tuple[Any, ...]) -> ModelError:
+    if len(obj) != 3:
+        return ModelError(
+            ErrorCategory.UNKNOWN,
+            _clip(f"expected (status, headers, body), got a {len(obj)}-tuple: {obj!r}"),
+            body=None,
+        )
+    status, headers, body = obj
+    if isinstance(status, bool) or not isinstance(status, int):
+        status = None
+    return _from_parts(status, _headers(headers), _parse_body(body), None)
+
+
+def _from_response(response: Any, status: int) -> ModelError:
+    body: Any = None
+    try:
+        body = response.content
+    except Exception:  # a streamed response not read yet: classify by status
+        body = None
+    return _from_parts(
+        status, _headers(getattr(response, "headers", None)), _parse_body(body), None
+    )
+
+
+def _from_exception(exc: BaseException) -> ModelError:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    message = _exception_message(exc)
+    if "ContentFilterFinishReasonError" in names:
+        return ModelError(
+            ErrorCategory.CONTENT_FILTERED, message, code="content_filter", body=_body_of(exc)
+        )
+    status = getattr(exc, "status_code", None)
+    response = getattr(exc, "response", None)
+    if isinstance(status, int) and not isinstance(status, bool):
+        headers = _headers(getattr(response, "headers", None))
+        return _from_parts(status, headers, _parse_body(_body_of(exc)), message)
+    if _is_timeout(exc, names):
+        return ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
+    if _is_connection_error(exc, names):
+        return ModelError(ErrorCategory.OVERLOADED, message, code="connection_error")
+    body = _body_of(exc)
+    if body is not None:  # an SDK APIError without a status: an error event in a stream
+        return _from_parts(None, None, _parse_body(body), message)
+    return ModelError(ErrorCategory.UNKNOWN, message, code=type(exc).__name__, body=None)
+
+
+def _is_timeout(exc: BaseException, names: set[str]) -> bool:
+    return isinstance(exc, TimeoutError) or any(
+        name in names for name in ("APITimeoutError", "TimeoutException", "Timeout", "ReadTimeout")
+    )
+
+
+def _is_connection_error(exc: BaseException, names: set[str]) -> bool:
+    return isinstance(exc, ConnectionError) or any(
+        name in names
+        for name in ("APIConnectionError", "TransportError", "NetworkError", "RemoteProtocolError")
+    )
+
+
+def _body_of(exc: BaseException) -> Any:
+    return getattr(exc, "body", None)
+
+
+def _exception_message(exc: BaseException) -> str:
+    message = getattr(exc, "message", None)
+    if not isinstance(message, str) or not message:
+        message = str(exc) or type(exc).__name__
+    return _clip(message)
+
+
+def _plain(obj: object) -> Any:
+    """An SDK model as plain JSON data (so a snapshot can hold it), else itself."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        try:
+            return dump(mode="json")
+        except Exception:
+            return repr(obj)
+    return obj
+
+
+def _refusal_of_reply(obj: object) -> ModelError | None:
+    """An SDK reply that is itself a refusal: Anthropic ``stop_reason``, OpenAI
+    ``finish_reason`` / ``message.refusal``. The body is kept as plain JSON."""
+    stop = getattr(obj, "stop_reason", None)
+    if stop == "refusal":
+        return ModelError(
+            ErrorCategory.CONTENT_FILTERED,
+            "the model refused",
+            code="refusal",
+            status=200,
+            body=_plain(obj),
+        )
+    choices = getattr(obj, "choices", None)
+    if isinstance(choices, list | tuple) and choices:
+        choice = choices[0]
+        if getattr(choice, "finish_reason", None) == "content_filter":
+            return ModelError(
+                ErrorCategory.CONTENT_FILTERED,
+                "the reply was stopped by the content filter",
+                code="content_filter",
+                status=200,
+                body=_plain(obj),
+            )
+        refusal = getattr(getattr(choice, "message", None), "refusal", None)
+        if isinstance(refusal, str) and refusal:
+            return ModelError(
+                ErrorCategory.CONTENT_FILTERED,
+                _clip(refusal),
+                code="refusal",
+                status=200,
+                body=_plain(obj),
+            )
+    return None
+
+
+# -- the table ----------------------------------------------------------------------
+
+
+def _from_parts(
+    status: int | None, headers: Headers | None, body: Any, fallback_message: str | None
+) -> ModelError:
+    etype, code, message, finish = _error_fields(body)
+    message = message or fallback_message or (f"HTTP {status}" if status else "")
+    message = _clip(message)
+    vendor = code or etype
+    lowered = message.lower()
+
+    def make(category: ErrorCategory, code_: str | None = vendor) -> ModelError:
+        return ModelError(category, message, headers=headers, code=code_, status=status, body=body)
+
+    if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
+        return make(ErrorCategory.UNKNOWN, vendor or "payment_required")
+    if code in _FILTER_CODES or etype in _FILTER_CODES or finish in {"refusal", "content_filter"}:
+        return make(ErrorCategory.CONTENT_FILTERED, vendor or finish)
+    if (status in {400, 413, None, 200}) and (
+        code in _CONTEXT_CODES or any(phrase in lowered for phrase in _CONTEXT_PHRASES)
+    ):
+        return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
+    if status is None or 200 <= status < 400:
+        # An error event inside a successful (streamed) response: its type decides.
+        return make(_by_type(etype, code))
+    if status == 429:
+        return make(ErrorCategory.RATE_LIMITED, vendor or "rate_limited")
+    if status in {401, 403}:
+        return make(ErrorCategory.AUTH_ERROR)
+    if status in _OVERLOADED_STATUSES or (status >= 500 and status != 501):
+        return make(ErrorCategory.OVERLOADED, vendor or f"http_{status}")
+    if status in {400, 404, 413, 422}:
+        return make(ErrorCategory.INVALID_REQUEST)
+    by_type = _by_type(etype, code)
+    if by_type is not ErrorCategory.UNKNOWN:
+        return make(by_type)
+    return make(ErrorCategory.UNKNOWN, vendor or f"http_{status}")
+
+
+def _by_type(etype: str | None, code: str | None) -> ErrorCategory:
+    for name in (code, etype):
+        if name in _RATE_TYPES:
+            return ErrorCategory.RATE_LIMITED
+        if name in _OVERLOAD_TYPES:
+            return ErrorCategory.OVERLOADED
+        if name in _AUTH_TYPES:
+            return ErrorCategory.AUTH_ERROR
+        if name in _INVALID_TYPES:
+            return ErrorCategory.INVALID_REQUEST
+    return ErrorCategory.UNKNOWN
+
+
+def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | None]:
+    """(error type, error code, message, finish/stop reason) from a body, any vendor.
+
+    Anthropic: ``{"type": "error", "error": {"type", "message", "details":
+    {"error_code"}}}``; OpenAI: ``{"error": {"message", "type", "code"}}`` (its SDK
+    keeps only the inner object as ``exc.body``); a bare string is the message.
+    """
+    if isinstance(body, str):
+        return None, None, body, None
+    if not isinstance(body, Mapping):
+        return None, None, None, None
+    inner = body.get("error")
+    if isinstance(inner, str):  # {"error": "message"} (some gateways)
+        return None, None, inner, None
+    err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
+    etype = _str(err.get("type"))
+    if etype == "error":  # the Anthropic envelope without an inner object
+        etype = None
+    code = _str(err.get("code"))
+    details = err.get("details")
+    if code is None and isinstance(details, Mapping):
+        code = _str(details.get("error_code"))
+    message = _str(err.get("message"))
+    finish = _str(body.get("stop_reason")) or _finish_reason(body)
+    return etype, code, message, finish
+
+
+def _finish_reason(body: Mapping[str, Any]) -> str | None:
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+        return _str(choices[0].get("finish_reason"))
+    return None
+
+
+def _str(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, int):
+        return str(value)
+    return None
+
+
+def _parse_body(body: Any) -> Any:
+    """Bytes and str become parsed JSON when they hold JSON (or an SSE ``error``
+    event's data); otherwise text. Parsed JSON is kept as is."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        body = bytes(body).decode("utf-8", errors="replace")
+    if not isinstance(body, str):
+        return body
+    text = body.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    for line in text.splitlines():  # a server-sent-events stream: its error event
+        if line.startswith("data:"):
+            try:
+                data = json.loads(line[5:].strip())
+            except ValueError:
+                continue
+            if isinstance(data, Mapping) and "error" in data:
+                return data
+    return text
+
+
+def _headers(raw: Any) -> Headers | None:
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, Headers):
+            return raw
+        if isinstance(raw, Mapping):
+            return Headers(raw)
+        if hasattr(raw, "items"):
+            return Headers(list(raw.items()))
+        return Headers(raw)
+    except Exception:  # unusable headers are dropped, not raised
+        return None
+
+
+def _safe_repr(obj: object) -> str:
+    try:
+        return repr(obj)
+    except Exception:
+        return f"<{type(obj).__name__} object>"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"

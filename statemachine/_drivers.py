@@ -1,41 +1,192 @@
 """The engine with I/O attached: ``run_turn`` and ``arun_turn``.
 
-(Placeholder signatures; the drivers land with the drivers issue.)
+A driver is a thin loop around the sans-IO turn, as httpcore's connection is a
+thin loop around h11: it takes the turn's action, performs it with the
+providers the host gave it, and sends back the event that says what happened.
+Errors are translated at this one boundary:
+
+* ``model.complete(action)`` raising ``exc`` becomes ``ModelFailed(classify(exc))``.
+  ``complete`` may also *return* a ``ModelFailed`` (a refusal it recognised, or a
+  stream that broke after part of the reply was delivered: ``partial=True``).
+* ``tools.invoke(call)`` raising becomes a failed ``ToolOutcome`` (``timeout`` for
+  a timeout, else ``unknown``); a tool exception never escapes the driver.
+* ``settings.model_timeout_s`` bounds one model call: running out is classified
+  ``overloaded`` with ``code="timeout"`` (retried like any transient error);
+  ``settings.tool_timeout_s`` bounds one tool call: running out is a ``timeout``
+  outcome. The async driver uses ``asyncio.timeout``; the sync driver runs a
+  bounded call on a daemon worker thread and stops waiting for it when time is up
+  (Python cannot kill a thread: the abandoned call finishes, or not, on its own,
+  so give your SDK client its own timeout too).
+* Cancellation (``asyncio.CancelledError``, ``KeyboardInterrupt``) or any other
+  exception escaping a provider or the sleep: the driver sends
+  ``Cancelled(reason)`` to the turn (it finishes ``cancelled``; calls in flight
+  come back as cancelled error results), cancels and awaits its child tasks, and
+  re-raises. The session is consistent and can be snapshotted or go on.
+
+**One retry owner.** The engine owns retries. A model provider that is, or holds
+(as ``.client`` or ``._client``), an official ``anthropic``/``openai`` client
+whose ``max_retries`` is not 0 is refused with a ``ConfigError`` before anything
+is sent: 3 SDK retries x 5 engine retries would be 15 requests. Build the client
+with ``max_retries=0``, or use the ready-made providers of
+``statemachine.providers``, which call ``client.with_options(max_retries=0)``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import threading
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
-from ._actions import Assemble, CallModel, Finish
-from ._events import Assembled, CannotShrink, ModelReplied
+from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ._classify import classify
+from ._events import (
+    Assembled,
+    Cancelled,
+    CannotShrink,
+    ModelFailed,
+    ModelReplied,
+    ToolsDone,
+    WaitDone,
+)
+from ._exceptions import ConfigError
+from ._taxonomy import ToolErrorCategory
 from ._tools import ToolCall, ToolOutcome
 from ._turn import Turn
 
+_T = TypeVar("_T")
+
 
 class ContextProvider(Protocol):
+    """Assembles the request for the model (sync)."""
+
     def assemble(self, action: Assemble) -> Assembled | CannotShrink: ...
 
 
 class ModelProvider(Protocol):
+    """Calls the model (sync). May return ``ModelFailed`` instead of raising."""
+
     def complete(self, action: CallModel) -> ModelReplied: ...
 
 
 class ToolProvider(Protocol):
+    """Runs one tool call (sync)."""
+
     def invoke(self, call: ToolCall) -> ToolOutcome: ...
 
 
 class AsyncContextProvider(Protocol):
+    """Assembles the request for the model (asyncio)."""
+
     async def assemble(self, action: Assemble) -> Assembled | CannotShrink: ...
 
 
 class AsyncModelProvider(Protocol):
+    """Calls the model (asyncio). May return ``ModelFailed`` instead of raising."""
+
     async def complete(self, action: CallModel) -> ModelReplied: ...
 
 
 class AsyncToolProvider(Protocol):
+    """Runs one tool call (asyncio); the driver runs one round's calls concurrently."""
+
     async def invoke(self, call: ToolCall) -> ToolOutcome: ...
+
+
+# -- shared pieces ------------------------------------------------------------------
+
+
+def check_retry_owner(model: object) -> None:
+    """Refuse a model provider that is or holds an SDK client retrying on its own."""
+    for where, candidate in (
+        ("model", model),
+        ("model.client", getattr(model, "client", None)),
+        ("model._client", getattr(model, "_client", None)),
+    ):
+        if candidate is None or not _is_sdk_client(candidate):
+            continue
+        retries = getattr(candidate, "max_retries", None)
+        if isinstance(retries, int) and retries != 0:
+            raise ConfigError(
+                f"{where}: the {type(candidate).__module__.split('.')[0]} client "
+                f"{type(candidate).__name__} has max_retries={retries}, but the engine owns "
+                "retries (SDK retries would multiply with the engine's). Create it with "
+                "max_retries=0, pass client.with_options(max_retries=0), or use "
+                "statemachine.providers, which does that for you."
+            )
+
+
+def _is_sdk_client(obj: object) -> bool:
+    root = type(obj).__module__.split(".")[0]
+    return root in {"anthropic", "openai"} and hasattr(obj, "max_retries")
+
+
+def _start(turn: Turn) -> Action:
+    if not isinstance(turn, Turn):
+        raise TypeError(f"turn: expected a statemachine.Turn, got {turn!r}")
+    if turn.state == "idle":
+        return turn.start()
+    action = turn.action
+    if action is None:  # pragma: no cover - a started turn has emitted an action
+        raise RuntimeError(f"turn {turn!r} is started but has no action")
+    return action
+
+
+def _context_event(action: Assemble, event: object) -> Assembled | CannotShrink:
+    if not isinstance(event, Assembled | CannotShrink):
+        raise TypeError(
+            f"context.assemble({action!r}) must return Assembled or CannotShrink, got {event!r}"
+        )
+    return event
+
+
+def _model_event(action: CallModel, event: object) -> ModelReplied | ModelFailed:
+    if not isinstance(event, ModelReplied | ModelFailed):
+        raise TypeError(
+            f"model.complete(attempt={action.attempt}, model={action.model!r}) must return "
+            f"ModelReplied or ModelFailed, got {event!r}"
+        )
+    return event
+
+
+def _timeout_error(what: str, seconds: float) -> TimeoutError:
+    return TimeoutError(f"{what} timed out after {seconds:g}s (driver timeout)")
+
+
+def _tool_outcome(call: ToolCall, outcome: object) -> ToolOutcome:
+    if isinstance(outcome, ToolOutcome) and outcome.call_id == call.id:
+        return outcome
+    return ToolOutcome(
+        call.id,
+        ok=False,
+        content=(
+            f"tools.invoke({call.name!r}) must return a ToolOutcome for call id "
+            f"{call.id!r}, got {outcome!r}"
+        ),
+        category=ToolErrorCategory.UNKNOWN,
+    )
+
+
+def _tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
+    if isinstance(exc, TimeoutError):
+        category = ToolErrorCategory.TIMEOUT
+    else:
+        category = ToolErrorCategory.UNKNOWN
+    return ToolOutcome(call.id, ok=False, content=f"{type(exc).__name__}: {exc}", category=category)
+
+
+def _unexpected(action: object) -> NoReturn:
+    raise TypeError(f"unexpected action {action!r}")
+
+
+def _cancel(turn: Turn, exc: BaseException) -> None:
+    if not turn.done and turn.state != "idle":
+        turn.send(Cancelled(reason=f"{type(exc).__name__}: {exc}".rstrip(": ")))
+
+
+# -- sync ----------------------------------------------------------------------------
 
 
 def run_turn(
@@ -46,8 +197,79 @@ def run_turn(
     context: ContextProvider,
     sleep: Callable[[float], Any] | None = None,
 ) -> Finish:
-    """Run ``turn`` to its ``Finish``, executing every action with the providers."""
-    raise NotImplementedError("run_turn() is not implemented yet")
+    """Run ``turn`` to its ``Finish``, executing every action with the providers.
+
+    Starts the turn if it is not started (and resumes it from its last action if
+    it is); returns at once with the ``Finish`` of a finished turn. Tool calls run
+    one after the other. See the module docstring for errors, timeouts and
+    cancellation.
+    """
+    check_retry_owner(model)
+    do_sleep = time.sleep if sleep is None else sleep
+    settings = turn.session.settings if isinstance(turn, Turn) else None
+    action = _start(turn)
+    try:
+        while not isinstance(action, Finish):
+            event: object
+            if isinstance(action, Assemble):
+                event = _context_event(action, context.assemble(action))
+            elif isinstance(action, CallModel):
+                event = _sync_model(model, action, settings.model_timeout_s if settings else None)
+            elif isinstance(action, Wait):
+                do_sleep(action.seconds)
+                event = WaitDone()
+            elif isinstance(action, InvokeTools):
+                limit = settings.tool_timeout_s if settings else None
+                event = ToolsDone(tuple(_sync_tool(tools, call, limit) for call in action.calls))
+            else:  # pragma: no cover - the engine emits no other action
+                _unexpected(action)
+            action = turn.send(event)
+    except BaseException as exc:
+        _cancel(turn, exc)
+        raise
+    return action
+
+
+def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) -> object:
+    try:
+        event = _bounded(lambda: model.complete(action), limit, "model call")
+    except Exception as exc:
+        return ModelFailed(classify(exc))
+    return _model_event(action, event)
+
+
+def _sync_tool(tools: ToolProvider, call: ToolCall, limit: float | None) -> ToolOutcome:
+    try:
+        return _tool_outcome(call, _bounded(lambda: tools.invoke(call), limit, f"tool {call.name}"))
+    except Exception as exc:
+        return _tool_failure(call, exc)
+
+
+def _bounded(fn: Callable[[], _T], limit: float | None, what: str) -> _T:
+    """``fn()``, or ``TimeoutError`` after ``limit`` seconds (on a daemon thread)."""
+    if limit is None:
+        return fn()
+    done = threading.Event()
+    box: list[Any] = []
+
+    def work() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name=f"statemachine {what}", daemon=True).start()
+    if not done.wait(limit):
+        raise _timeout_error(what, limit)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+# -- asyncio -------------------------------------------------------------------------
 
 
 async def arun_turn(
@@ -58,5 +280,72 @@ async def arun_turn(
     context: AsyncContextProvider,
     sleep: Callable[[float], Awaitable[Any]] | None = None,
 ) -> Finish:
-    """The asyncio twin of :func:`run_turn`; the tool calls of a round run concurrently."""
-    raise NotImplementedError("arun_turn() is not implemented yet")
+    """The asyncio twin of :func:`run_turn`; the tool calls of a round run concurrently.
+
+    ``sleep`` defaults to ``asyncio.sleep``; a plain function is accepted too (its
+    result is awaited only when it is awaitable), which is handy for a fake clock.
+    """
+    check_retry_owner(model)
+    do_sleep: Callable[[float], Any] = asyncio.sleep if sleep is None else sleep
+    settings = turn.session.settings if isinstance(turn, Turn) else None
+    action = _start(turn)
+    try:
+        while not isinstance(action, Finish):
+            event: object
+            if isinstance(action, Assemble):
+                event = _context_event(action, await context.assemble(action))
+            elif isinstance(action, CallModel):
+                event = await _async_model(
+                    model, action, settings.model_timeout_s if settings else None
+                )
+            elif isinstance(action, Wait):
+                result = do_sleep(action.seconds)
+                if inspect.isawaitable(result):
+                    await result
+                event = WaitDone()
+            elif isinstance(action, InvokeTools):
+                limit = settings.tool_timeout_s if settings else None
+                event = ToolsDone(await _async_tools(tools, action.calls, limit))
+            else:  # pragma: no cover - the engine emits no other action
+                _unexpected(action)
+            action = turn.send(event)
+    except BaseException as exc:
+        _cancel(turn, exc)
+        raise
+    return action
+
+
+async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:
+    try:
+        async with asyncio.timeout(limit):
+            event = await model.complete(action)
+    except TimeoutError as exc:
+        if limit is not None and not str(exc):
+            exc = _timeout_error("model call", limit)
+        return ModelFailed(classify(exc))
+    except Exception as exc:
+        return ModelFailed(classify(exc))
+    return _model_event(action, event)
+
+
+async def _async_tools(
+    tools: AsyncToolProvider, calls: tuple[ToolCall, ...], limit: float | None
+) -> tuple[ToolOutcome, ...]:
+    if len(calls) == 1:
+        return (await _async_tool(tools, calls[0], limit),)
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(_async_tool(tools, call, limit)) for call in calls]
+    return tuple(task.result() for task in tasks)
+
+
+async def _async_tool(tools: AsyncToolProvider, call: ToolCall, limit: float | None) -> ToolOutcome:
+    try:
+        async with asyncio.timeout(limit):
+            outcome = await tools.invoke(call)
+    except TimeoutError as exc:
+        if limit is not None and not str(exc):
+            exc = _timeout_error(f"tool {call.name}", limit)
+        return _tool_failure(call, exc)
+    except Exception as exc:
+        return _tool_failure(call, exc)
+    return _tool_outcome(call, outcome)
