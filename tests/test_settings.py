@@ -111,7 +111,7 @@ def test_from_toml_errors_name_the_problem(text: str, match: str) -> None:
 def test_from_toml_missing_file_is_a_config_error(tmp_path: Path) -> None:
     """A path that does not exist is named in the error."""
     missing = tmp_path / "nope.toml"
-    with pytest.raises(sm.ConfigError, match="nope.toml"):
+    with pytest.raises(sm.ConfigError, match=r"nope\.toml"):
         sm.Settings.from_toml(missing)
 
 

@@ -1,0 +1,56 @@
+"""Packaging: the right ``statemachine`` is imported and the public surface is the contract's."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import statemachine as sm
+
+ROOT = Path(__file__).parent.parent
+
+CONTRACT_NAMES = {
+    "Settings", "ConfigError", "ErrorCategory", "ToolErrorCategory", "ModelError", "classify",
+    "Session", "SessionEnded", "SessionStatus", "Assemble", "CallModel", "Wait", "InvokeTools",
+    "Finish", "Assembled", "CannotShrink", "ModelReplied", "ToolCall", "ModelFailed", "WaitDone",
+    "ToolsDone", "ToolOutcome", "ToolResult", "IllegalEvent", "TurnStatus", "run_turn",
+    "arun_turn",
+}  # fmt: skip
+
+
+def test_the_imported_package_is_this_repository() -> None:
+    """``import statemachine`` gives this project, not PyPI's python-statemachine, which
+    uses the same import name."""
+    assert Path(sm.__file__).resolve().parent == (ROOT / "statemachine").resolve()
+    dist = importlib.metadata.distribution("turnstate")
+    assert dist.metadata["Name"] == "turnstate"
+    assert "statemachine" in (dist.read_text("top_level.txt") or "statemachine")
+
+
+def test_public_surface_holds_every_contract_name_and_is_sorted() -> None:
+    """Every name of ``api.md`` is importable from the top level; ``__all__`` is sorted
+    and names only what exists."""
+    assert set(sm.__all__) >= CONTRACT_NAMES
+    assert sm.__all__ == sorted(sm.__all__)
+    for name in sm.__all__:
+        assert hasattr(sm, name), name
+
+
+def test_enums_are_str_valued_and_statuses_distinct() -> None:
+    """Categories and statuses compare equal to their string values, each distinct."""
+    assert sm.ErrorCategory.RATE_LIMITED == "rate_limited"
+    for enum in (sm.ErrorCategory, sm.ToolErrorCategory, sm.TurnStatus, sm.SessionStatus):
+        values = [member.value for member in enum]
+        assert len(values) == len(set(values))
+        assert all(isinstance(member, str) for member in enum)
+    contract_statuses = {
+        "completed", "content_filtered", "auth_error", "invalid_request", "context_exhausted",
+        "retries_exhausted", "retry_ceiling_reached", "budget_exhausted", "breaker_open",
+        "unknown_error",
+    }  # fmt: skip
+    assert contract_statuses <= {s.value for s in sm.TurnStatus}
+
+
+def test_package_is_typed() -> None:
+    """The package ships ``py.typed`` for type checkers."""
+    assert (ROOT / "statemachine" / "py.typed").exists()

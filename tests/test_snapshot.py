@@ -1,0 +1,203 @@
+"""Snapshot and restore: plain JSON, exact continuation, clear errors on bad data."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+
+from .helpers import ManualClock, fail, new_session
+
+
+def _events() -> list[object]:
+    return [
+        sm.Assembled({"messages": ["hi"]}, 1000),
+        fail("rate_limited", headers={"Retry-After": "2"}),
+        sm.WaitDone(),
+        fail("overloaded"),
+        sm.WaitDone(),
+        fail("context_length_exceeded"),
+        sm.Assembled({"messages": []}, 400),
+        sm.ModelReplied(
+            tool_calls=[sm.ToolCall("c1", "fs", "read", {"path": "/a"})], cost=0.25, reply={"id": 1}
+        ),
+        sm.ToolsDone([sm.ToolOutcome("c1", ok=False, content="x", category="process_crashed")]),
+    ]
+
+
+def _settings() -> dict[str, Any]:
+    return {"fallback_models": ("b",), "max_retries": 3, "max_turns": 5}
+
+
+@pytest.mark.requirement("ER-26")
+@pytest.mark.parametrize("cut", range(len(_events()) + 1))
+def test_restore_at_any_step_continues_exactly(cut: int) -> None:
+    """Snapshot after ``cut`` events, push it through JSON text, restore on a new clock:
+    the rest of the turn gives the same actions as an uninterrupted run, and the
+    sessions end equal."""
+    straight_clock = ManualClock()
+    straight = new_session(seed=3, clock=straight_clock, **_settings())
+    turn = straight.new_turn()
+    expected = [turn.start()] + [turn.send(e) for e in _events()]
+
+    clock = ManualClock()
+    session = new_session(seed=3, clock=clock, **_settings())
+    part = session.new_turn()
+    got = [part.start()] + [part.send(e) for e in _events()[:cut]]
+    text = json.dumps(session.snapshot())
+    restored = sm.Session.restore(json.loads(text), clock=ManualClock(start=99.0))
+    rest = restored.current_turn
+    assert rest is not None
+    assert rest.action == got[-1]
+    got += [rest.send(e) for e in _events()[cut:]]
+    assert got == expected
+    assert rest.trace == turn.trace
+    assert restored.snapshot()["elapsed_s"] == straight.snapshot()["elapsed_s"]
+    assert {k: v for k, v in restored.snapshot().items() if k != "elapsed_s"} == {
+        k: v for k, v in straight.snapshot().items() if k != "elapsed_s"
+    }
+
+
+@pytest.mark.requirement("ER-26")
+def test_restore_continues_the_jitter_stream_and_session_counters() -> None:
+    """After restore the next waits, counters, breakers and limits are the same."""
+    clock = ManualClock()
+    session = new_session(seed=9, clock=clock, breaker_threshold=2, max_turns=3)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 1))
+    turn.send(sm.ModelReplied(tool_calls=[sm.ToolCall("c", "p", "t")]))
+    turn.send(sm.ToolsDone([sm.ToolOutcome("c", ok=False, category="process_crashed")]))
+    clock.advance(12.5)
+    restored = sm.Session.restore(session.snapshot(), clock=ManualClock(start=0.0))
+    assert restored.crash_counts == {"p": 1}
+    assert restored.elapsed_s == pytest.approx(12.5)
+    assert restored.turns == 1
+    waits = []
+    for s in (session, restored):
+        t = s.new_turn()
+        t.start()
+        t.send(sm.Assembled("r", 1))
+        wait = t.send(fail("overloaded"))
+        assert isinstance(wait, sm.Wait)
+        waits.append(wait.seconds)
+    assert waits[0] == waits[1]
+
+
+@pytest.mark.requirement("ER-26")
+def test_snapshot_of_an_ended_session_stays_ended() -> None:
+    """A restored ended session refuses new turns like the original."""
+    session = new_session(max_turns=0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 1))
+    turn.send(sm.ModelReplied())
+    restored = sm.Session.restore(session.snapshot(), clock=ManualClock())
+    assert restored.status is sm.SessionStatus.ERROR_MAX_TURNS
+    with pytest.raises(sm.SessionEnded):
+        restored.new_turn()
+
+
+def _snapshot() -> dict[str, Any]:
+    session = new_session(**_settings())
+    turn = session.new_turn()
+    turn.start()
+    for event in _events()[:4]:
+        turn.send(event)
+    return session.snapshot()
+
+
+def _set(data: dict[str, Any], path: str, value: object) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    *parents, last = path.split(".")
+    target = data
+    for key in parents:
+        target = target[key]
+    if value is _DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.requirement("ER-26")
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        ("format", "something.else", "^format:"),
+        ("version", 2, "^version: 2 is not supported"),
+        ("version", "1", "^version: must be int"),
+        ("seed", _DELETE, "^seed: missing"),
+        ("draws", -1, "^draws: must be >= 0"),
+        ("retries", 1.5, "^retries: must be int"),
+        ("cost_usd", float("nan"), "^cost_usd: must be a finite number"),
+        ("settings", {"max_retries": -1}, "^settings: max_retries"),
+        ("settings", {"bogus": 1}, "^settings: bogus"),
+        ("breakers", {"p": "x"}, "^breakers.p:"),
+        ("limit", "error_everything", "^limit:"),
+        ("turn.state", "dancing", "^turn.state:"),
+        ("turn.attempt", None, "^turn.attempt: must be int"),
+        ("turn.model_index", 7, "^turn.model_index: 7 is out of range"),
+        ("turn.action", {"$type": "Explode"}, "^turn.action: unknown value type"),
+        ("turn.action", {"$type": "Wait", "seconds": 1.0}, "^turn.action: Wait has missing"),
+        ("turn.trace", [[0, "idle"]], r"^turn.trace\[0\]: must be a list of 9"),
+        ("turn.calls", "nope", "^turn.calls: must be list"),
+        ("doom", [], "^doom: must be dict"),
+    ],
+)
+def test_corrupt_snapshots_are_refused_naming_the_key(path: str, value: object, match: str) -> None:
+    """Each kind of corruption is a SnapshotError whose message starts with the key."""
+    with pytest.raises(sm.SnapshotError, match=match):
+        sm.Session.restore(_set(_snapshot(), path, value), clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-26")
+def test_non_mapping_and_truncated_snapshots_are_refused() -> None:
+    """Not an object at all, or an object cut short, is a clear SnapshotError."""
+    with pytest.raises(sm.SnapshotError, match="must be a JSON object"):
+        sm.Session.restore([1, 2], clock=ManualClock())  # type: ignore[arg-type]
+    data = _snapshot()
+    truncated = dict(list(data.items())[:5])
+    with pytest.raises(sm.SnapshotError, match="missing"):
+        sm.Session.restore(truncated, clock=ManualClock())
+    assert isinstance(sm.SnapshotError("x"), ValueError)
+
+
+@pytest.mark.requirement("ER-26")
+def test_snapshot_names_non_json_host_data() -> None:
+    """A request that JSON cannot hold is reported at snapshot time, not later."""
+    session = new_session()
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(object(), 1))
+    with pytest.raises(sm.SnapshotError, match="non-JSON"):
+        session.snapshot()
+
+
+@pytest.mark.requirement("ER-26")
+def test_host_data_with_a_type_key_survives_unchanged() -> None:
+    """Opaque host data is stored as-is, even when it looks like an encoded value."""
+    request = {"$type": "Wait", "payload": [1, 2]}
+    session = new_session()
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request, 1))
+    restored = sm.Session.restore(json.loads(json.dumps(session.snapshot())), clock=ManualClock())
+    assert restored.current_turn is not None
+    call = restored.current_turn.action
+    assert isinstance(call, sm.CallModel) and call.request == request
+
+
+def test_snapshot_is_versioned_plain_data() -> None:
+    """The snapshot is a dict of JSON types with a format and a version."""
+    data = _snapshot()
+    assert data["format"] == "statemachine.session"
+    assert data["version"] == 1
+    assert json.loads(json.dumps(data)) == data
