@@ -1,0 +1,446 @@
+"""Diagrams of the turn machine, drawn by ``transitions`` from the machine itself.
+
+``python -m statemachine diagram`` writes, into ``diagrams/``:
+
+* ``turn.dot`` and ``turn.svg`` (graphviz) and ``turn.mmd`` (mermaid, which GitHub
+  renders): the whole machine;
+* ``category-<name>.dot`` and ``.svg``: one view per model error category, with the
+  rows that category can take highlighted and the rest greyed.
+
+Every diagram comes from :func:`statemachine._machine.build_machine` with a
+``GraphMachine`` subclass and an explicit graph engine: the same states and rows the
+engine runs on. Edges read ``Event [guards] / Action``, one table row per line; the
+guards are the names of :data:`statemachine._table.GUARDS`. Terminal states are
+coloured by :data:`statemachine._table.TERMINAL_KIND` and a legend says what the
+colours mean.
+
+The output is deterministic (no timestamps, table order), so a test regenerates it
+and compares with the committed files. An SVG depends on the installed graphviz
+version, so instead of comparing it byte for byte, each SVG records the SHA-256 of
+the ``.dot`` it was drawn from, and the test checks that record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from transitions.extensions import GraphMachine
+from transitions.extensions import diagrams_graphviz as _gv
+from transitions.extensions import diagrams_mermaid as _mm
+
+from ._machine import build_machine
+from ._table import GUARDS, ROWS, RUNNING_STATES, START, TERMINAL_KIND, TERMINAL_STATES, Row
+from ._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
+
+INSTALL_HINT = (
+    "graphviz's `dot` was not found on PATH: install it (Debian/Ubuntu: "
+    "`apt-get install graphviz`; macOS: `brew install graphviz`) to draw the SVGs"
+)
+
+RowKey = tuple[str, str, tuple[str, ...]]
+"""(source, trigger, guards): one row of the table, as a diagram edge knows it."""
+
+KIND_COLOURS: dict[str, tuple[str, str]] = {
+    "running": ("#ffffff", "#37474f"),
+    "success": ("#d8f0dc", "#2e7d32"),
+    "surfaced": ("#fff1cc", "#b26a00"),
+    "failed": ("#fbdada", "#c62828"),
+}
+"""(fill, line) colour of a state by kind; terminal kinds from ``TERMINAL_KIND``."""
+
+KIND_MEANING: dict[str, str] = {
+    "running": "running state: the turn waits for the host's next event",
+    "success": "success: the turn completed (failed tool calls are error results)",
+    "surfaced": "surfaced: ended on purpose, the host must show it (filter, breaker)",
+    "failed": "failed: the turn ended without an answer; Finish.status says why",
+}
+
+_HIGHLIGHT = "#1565c0"
+_DIM = "#b0b0b0"
+
+_ACTIONS: dict[str, str] = {
+    "assemble": "Assemble",
+    "call_model": "CallModel",
+    "retry": "CallModel(attempt+1)",
+    "fall_back": "CallModel(next fallback)",
+    "wait": "Wait",
+    "reduce": "Assemble(reduce)",
+    "invoke_tools": "InvokeTools",
+    "complete": "Finish(completed)",
+    "complete_blocked": "Finish(completed)",
+}
+"""Short names of the actions the effects emit (``Finish`` rows name their status)."""
+
+_CATEGORY_GUARD: dict[str, frozenset[ErrorCategory]] = {
+    **{category.value: frozenset({category}) for category in ErrorCategory},
+    "transient": RETRYABLE_CATEGORIES,
+}
+_CATEGORY_GUARD.pop("rate_limited")
+_CATEGORY_GUARD.pop("overloaded")
+
+
+def action_label(effect: str, status: str | None) -> str:
+    """The short action an effect emits, as an edge shows it."""
+    if status is not None:
+        return f"Finish({status})"
+    return _ACTIONS.get(effect, effect)
+
+
+def row_key(row: Row) -> RowKey:
+    """The key of a table row."""
+    return (row.source, row.event, row.guards)
+
+
+@attrs.frozen
+class View:
+    """One diagram: the whole machine, or one category's path through it."""
+
+    name: str
+    """File stem: ``turn`` or ``category-<category>``."""
+    title: str
+    highlight: frozenset[RowKey] | None = None
+    """Rows drawn in colour (others greyed); ``None``: every row, normally."""
+
+
+def category_rows(category: ErrorCategory) -> frozenset[RowKey]:
+    """The rows a turn can take on its way through a ``category`` model error.
+
+    The start and the first assembly, every ``ModelFailed`` row whose category guard
+    admits ``category`` (not the ``partial`` row, which ignores categories), the
+    rows out of the recovery states those rows enter, and the plain reply that
+    completes the turn once it has recovered.
+    """
+    keys: set[RowKey] = set()
+    entered: set[str] = set()
+    for row in ROWS:
+        if row.event == "ModelFailed":
+            named = [_CATEGORY_GUARD[g] for g in row.guards if g in _CATEGORY_GUARD]
+            if named and all(category in cats for cats in named):
+                keys.add(row_key(row))
+                entered.add(row.dest)
+    recovers = bool(entered & set(RUNNING_STATES))
+    for row in ROWS:
+        if row.event == "Cancelled":
+            continue
+        if (
+            (row.source, row.event) in {("idle", START), ("assembling", "Assembled")}
+            or (row.source in entered - {"calling"} and row.source in RUNNING_STATES)
+            or (recovers and row.event == "ModelReplied" and row.guards == ("no_tool_calls",))
+        ):
+            keys.add(row_key(row))
+    return frozenset(keys)
+
+
+def views() -> tuple[View, ...]:
+    """Every diagram ``diagram`` writes: the machine, then one view per category."""
+    return (
+        View("turn", "turn"),
+        *(
+            View(f"category-{c.value}", f"turn: the path of {c.value}", category_rows(c))
+            for c in ErrorCategory
+        ),
+    )
+
+
+# -- transitions glue -------------------------------------------------------------
+
+
+def _kind(state: str) -> str:
+    return TERMINAL_KIND.get(state, "running")
+
+
+def _group(
+    machine: Any, transitions: Iterable[Mapping[str, Any]]
+) -> dict[tuple[str, str], list[tuple[str, bool]]]:
+    """Edge labels grouped by (source, dest), in table order, each with whether it is
+    highlighted in ``machine.view``."""
+    view: View = machine.view
+    grouped: dict[tuple[str, str], list[tuple[str, bool]]] = defaultdict(list)
+    for tran in transitions:
+        if not tran.get("trigger"):
+            continue  # transitions' marker for nested initial states; none here
+        guards = tuple(tran.get("conditions", ()))
+        (tag,) = tran["after"]
+        effect, _, status = tag.partition(":")
+        label = tran["trigger"]
+        if guards:
+            label += f" [{' & '.join(guards)}]"
+        label += f" / {action_label(effect, status or None)}"
+        lit = view.highlight is None or (tran["source"], tran["trigger"], guards) in view.highlight
+        grouped[(tran["source"], tran["dest"])].append((label, lit))
+    return grouped
+
+
+def _lit_states(view: View) -> set[str]:
+    if view.highlight is None:
+        return {*RUNNING_STATES, *TERMINAL_STATES}
+    lit = set()
+    for row in ROWS:
+        if row_key(row) in view.highlight:
+            lit.update((row.source, row.dest))
+    return lit
+
+
+class _DotGraph(_gv.Graph):  # type: ignore[misc]
+    """transitions' graphviz graph, styled by state kind and by the view."""
+
+    def _add_nodes(self, states: list[dict[str, Any]], container: Any) -> None:
+        lit = _lit_states(self.machine.view)
+        container.node("__start", label="", shape="point", width="0.15")
+        for state in states:
+            name = state["name"]
+            kind = _kind(name)
+            fill, line = KIND_COLOURS[kind]
+            label = name if kind == "running" else f"{name}\\n({kind})"
+            if name not in lit:
+                fill, line = "#f5f5f5", _DIM
+            container.node(
+                name,
+                label=label,
+                fillcolor=fill,
+                color=line,
+                fontcolor=line if name not in lit else "black",
+                peripheries="2" if kind != "running" else "1",
+            )
+        container.edge("__start", "idle")
+
+    def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
+        for (src, dst), labels in _group(self.machine, transitions).items():
+            lit = [label for label, on in labels if on]
+            if self.machine.view.highlight is None:
+                container.edge(src, dst, label="\\l".join(lit) + "\\l")
+            elif lit:
+                container.edge(
+                    src,
+                    dst,
+                    label="\\l".join(lit) + "\\l",
+                    color=_HIGHLIGHT,
+                    fontcolor=_HIGHLIGHT,
+                    penwidth="2",
+                )
+            else:
+                container.edge(src, dst, color=_DIM, style="dashed")
+
+
+class _MermaidGraph(_mm.Graph):  # type: ignore[misc]
+    """transitions' mermaid graph, styled by state kind."""
+
+    def _add_nodes(self, states: list[dict[str, Any]], container: list[str]) -> None:
+        for state in states:
+            name = state["name"]
+            container.append(f'state "{name}" as {name}')
+            kind = _kind(name)
+            if kind != "running":
+                container.append(f"class {name} s_{kind}")
+
+    def _add_edges(self, transitions: list[dict[str, Any]], container: list[str]) -> None:
+        for (src, dst), labels in _group(self.machine, transitions).items():
+            container.append(f"{src} --> {dst}: {'<br>'.join(label for label, _ in labels)}")
+
+
+class _TurnGraphMachine(GraphMachine):  # type: ignore[misc]
+    """A ``GraphMachine`` that draws with the graph classes above."""
+
+    def __init__(self, *args: Any, view: View, **kwargs: Any) -> None:
+        self.view = view
+        super().__init__(*args, **kwargs)
+
+    def _init_graphviz_engine(self, graph_engine: str) -> type:
+        engines: dict[str, type] = {"graphviz": _DotGraph, "mermaid": _MermaidGraph}
+        return engines[graph_engine]
+
+
+class _Model:
+    """The model a ``GraphMachine`` needs to hand out a graph; never driven."""
+
+
+def _graph(view: View, engine: str) -> Any:
+    machine = build_machine(
+        machine_class=_TurnGraphMachine,
+        graph_engine=engine,
+        show_conditions=True,
+        title=view.title,
+        view=view,
+    )
+    if engine == "mermaid":
+        machine.style_attributes = {
+            "node": {
+                kind: {"fill": fill, "stroke": line, "color": "black"}
+                for kind, (fill, line) in KIND_COLOURS.items()
+                if kind != "running"
+            },
+            "edge": {},
+            "graph": {},
+        }
+    else:
+        machine.style_attributes = {
+            "node": {
+                "default": {
+                    "style": "rounded,filled",
+                    "shape": "rectangle",
+                    "fontname": "Helvetica",
+                }
+            },
+            "edge": {"default": {"fontname": "Helvetica", "fontsize": "10"}},
+            "graph": {"default": {"fontname": "Helvetica", "labelloc": "t"}},
+        }
+    model = _Model()
+    machine.add_model(model)
+    return model.get_graph(title=view.title)
+
+
+def dot_source(view: View) -> str:
+    """The graphviz source of ``view``, legend included."""
+    graph = _graph(view, "graphviz")
+    with graph.subgraph(name="cluster_legend") as legend:
+        legend.attr(label="legend", fontname="Helvetica", color="#9e9e9e", style="dashed")
+        previous = None
+        for kind, (fill, line) in KIND_COLOURS.items():
+            name = f"legend_{kind}"
+            legend.node(
+                name,
+                label=KIND_MEANING[kind],
+                fillcolor=fill,
+                color=line,
+                peripheries="1" if kind == "running" else "2",
+                fontsize="10",
+            )
+            if previous is not None:
+                legend.edge(previous, name, style="invis")
+            previous = name
+        lines = ["edges: Event [guards, all must hold] / Action; rows tried top to bottom"]
+        if view.highlight is not None:
+            lines.append("blue: rows this category can take; dashed grey: the others")
+        lines.append("guards:")
+        lines.extend(f"  {name}: {meaning}" for name, meaning in GUARDS.items())
+        legend.node(
+            "legend_guards",
+            label="\\l".join(lines) + "\\l",
+            shape="note",
+            style="filled",
+            fillcolor="#fafafa",
+            fontsize="10",
+        )
+        legend.edge(previous, "legend_guards", style="invis")
+    return str(graph.source)
+
+
+def mermaid_source() -> str:
+    """The mermaid source of the whole machine, legend included."""
+    source = str(_graph(View("turn", "turn"), "mermaid").source).rstrip("\n")
+    legend = [
+        "  note right of failed",
+        *(f"    {KIND_MEANING[kind]}" for kind in ("success", "surfaced", "failed")),
+        "    edges: Event [guards] / Action, one table row per line",
+        "  end note",
+    ]
+    return source + "\n" + "\n".join(legend) + "\n"
+
+
+def dot_digest(dot: str) -> str:
+    """The SHA-256 (hex) an SVG records of the ``.dot`` source it was drawn from."""
+    return hashlib.sha256(dot.encode()).hexdigest()
+
+
+_GENERATOR = re.compile(r"<!-- Generated by graphviz version [^>]*-->\n?")
+SOURCE_MARK = re.compile(r"<!-- drawn from (\S+) sha256=([0-9a-f]{64}) -->")
+
+
+class DotMissing(RuntimeError):
+    """graphviz's ``dot`` is not installed."""
+
+
+def render_svg(dot: str, name: str) -> str:
+    """``dot -Tsvg`` of ``dot``, with the graphviz version comment replaced by a record
+    of the source's digest (so the file does not change with the graphviz version
+    unless the layout does)."""
+    exe = shutil.which("dot")
+    if exe is None:
+        raise DotMissing(INSTALL_HINT)
+    done = subprocess.run(  # noqa: S603 - a fixed program, our own input
+        [exe, "-Tsvg"], input=dot.encode(), capture_output=True, check=False, timeout=60
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"dot failed on {name}.dot: {done.stderr.decode(errors='replace')}")
+    svg = done.stdout.decode()
+    mark = f"<!-- drawn from {name}.dot sha256={dot_digest(dot)} -->\n"
+    svg, count = _GENERATOR.subn(mark, svg, count=1)
+    if not count:
+        svg = mark + svg
+    return svg
+
+
+@attrs.frozen
+class Written:
+    """What :func:`write_diagrams` did."""
+
+    written: tuple[Path, ...]
+    """Files written (or, with ``check``, files that differ from what would be written)."""
+    svg_missing: bool
+    """True when ``dot`` was missing and the SVGs were not drawn."""
+
+
+def sources() -> dict[str, str]:
+    """Every text diagram, by file name: ``turn.mmd`` and each view's ``.dot``."""
+    files = {f"{view.name}.dot": dot_source(view) for view in views()}
+    files["turn.mmd"] = mermaid_source()
+    return files
+
+
+def write_diagrams(out: Path, *, svg: bool = True, check: bool = False) -> Written:
+    """Write every diagram into ``out`` (created if needed); ``svg=False`` skips the
+    SVGs. A missing ``dot`` is not an error here: the text files are written and
+    ``svg_missing`` says the SVGs were not.
+
+    With ``check``, write nothing and return the files whose content differs from
+    what would be written (an SVG differs when it records another ``.dot``'s
+    digest, or none).
+    """
+    files = sources()
+    changed: list[Path] = []
+    for name, text in files.items():
+        path = out / name
+        if check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                changed.append(path)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    missing = False
+    if svg:
+        for name, text in files.items():
+            if not name.endswith(".dot"):
+                continue
+            stem = name.removesuffix(".dot")
+            path = out / f"{stem}.svg"
+            if check:
+                if svg_source_digest(path) != dot_digest(text):
+                    changed.append(path)
+                continue
+            try:
+                drawn = render_svg(text, stem)
+            except DotMissing:
+                missing = True
+                break
+            path.write_text(drawn, encoding="utf-8")
+            changed.append(path)
+    return Written(tuple(changed), missing)
+
+
+def svg_source_digest(path: Path) -> str | None:
+    """The ``.dot`` digest an SVG written here records, or ``None``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = SOURCE_MARK.search(text)
+    return found.group(2) if found else None
