@@ -1,0 +1,162 @@
+"""The record a store keeps per session: the engine's snapshot plus what the workers
+need to share it safely.
+
+::
+
+    {"format": "statemachine.store.record", "version": 1, "session_id": "conv-42",
+     "saved_at": 1764452000.5,          # wall clock of the write (idle-time accounting)
+     "keys": [[7, "evt-9"], ...],       # recent idempotency keys, with the version each made
+     "claim": {"owner": "w1", "calls": ["c1"], "until": 1764452300.5} | null,
+     "carried": [ToolOutcome, ...],     # interrupted outcomes waiting for re-run ones
+     "snapshot": {...}}                 # Session.snapshot()
+
+Every check here raises ``CorruptSession`` naming the session and the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ._codec import decode, encode
+from ._exceptions import SnapshotError
+from ._session import Session
+from ._store_core import CorruptSession
+from ._tools import ToolOutcome
+from ._trace import TraceRecord
+
+RECORD_FORMAT = "statemachine.store.record"
+RECORD_VERSION = 1
+MAX_KEYS = 16
+"""How many recent idempotency keys a record remembers."""
+
+
+@attrs.frozen
+class Claim:
+    """Tool calls handed to ``owner``, who may run them until ``until`` (wall clock)."""
+
+    owner: str
+    calls: tuple[str, ...]
+    until: float
+
+
+@attrs.frozen
+class Record:
+    session_id: str
+    snapshot: dict[str, Any]
+    saved_at: float
+    keys: tuple[tuple[int, str], ...] = ()
+    claim: Claim | None = None
+    carried: tuple[ToolOutcome, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        claim = self.claim
+        return {
+            "format": RECORD_FORMAT,
+            "version": RECORD_VERSION,
+            "session_id": self.session_id,
+            "saved_at": self.saved_at,
+            "keys": [list(pair) for pair in self.keys],
+            "claim": None
+            if claim is None
+            else {"owner": claim.owner, "calls": list(claim.calls), "until": claim.until},
+            "carried": encode(self.carried),
+            "snapshot": self.snapshot,
+        }
+
+    def restore(
+        self,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        observers: tuple[Callable[[TraceRecord], None], ...],
+        idle_s: float,
+    ) -> Session:
+        """The session in this record; ``idle_s`` is added to its elapsed time."""
+        data = self.snapshot
+        if idle_s > 0:
+            elapsed = data.get("elapsed_s")
+            if isinstance(elapsed, int | float) and not isinstance(elapsed, bool):
+                data = {**data, "elapsed_s": elapsed + idle_s}
+        try:
+            return Session.restore(data, clock, wall_clock=wall_clock, observers=observers)
+        except SnapshotError as exc:
+            raise CorruptSession(
+                f"session {self.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
+                session_id=self.session_id,
+            ) from None
+
+
+def _bad(session_id: str, key: str, what: str) -> CorruptSession:
+    return CorruptSession(
+        f"session {session_id!r}: the stored record's {key}: {what}", session_id=session_id
+    )
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_record(session_id: str, data: dict[str, Any]) -> Record:
+    """``data`` (a decoded record) checked and typed, or ``CorruptSession``."""
+    if data.get("format") != RECORD_FORMAT:
+        raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
+    version = data.get("version")
+    if version != RECORD_VERSION or isinstance(version, bool):
+        raise _bad(
+            session_id, "version", f"{version!r} is not supported (this is {RECORD_VERSION})"
+        )
+    if data.get("session_id") != session_id:
+        raise _bad(
+            session_id,
+            "session_id",
+            f"it holds session {data.get('session_id')!r}, not this one",
+        )
+    saved_at = data.get("saved_at")
+    if not _finite(saved_at):
+        raise _bad(session_id, "saved_at", f"must be a finite number, got {saved_at!r}")
+    keys = data.get("keys")
+    if not isinstance(keys, list) or not all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and isinstance(pair[0], int)
+        and not isinstance(pair[0], bool)
+        and isinstance(pair[1], str)
+        for pair in keys
+    ):
+        raise _bad(session_id, "keys", f"must be a list of [version, key] pairs, got {keys!r}")
+    claim = data.get("claim")
+    parsed_claim = None
+    if claim is not None:
+        if (
+            not isinstance(claim, dict)
+            or not isinstance(claim.get("owner"), str)
+            or not isinstance(claim.get("calls"), list)
+            or not all(isinstance(c, str) for c in claim["calls"])
+            or not _finite(claim.get("until"))
+        ):
+            raise _bad(session_id, "claim", f"must be owner/calls/until, got {claim!r}")
+        parsed_claim = Claim(claim["owner"], tuple(claim["calls"]), float(claim["until"]))
+    carried = data.get("carried")
+    if not isinstance(carried, list):
+        raise _bad(session_id, "carried", f"must be a list, got {carried!r}")
+    try:
+        outcomes = decode(carried, "carried")
+    except ValueError as exc:
+        raise _bad(session_id, "carried", str(exc)) from None
+    if not all(isinstance(o, ToolOutcome) for o in outcomes):
+        raise _bad(session_id, "carried", "must hold ToolOutcome values")
+    snapshot = data.get("snapshot")
+    if not isinstance(snapshot, dict):
+        raise _bad(session_id, "snapshot", f"must be a JSON object, got {type(snapshot).__name__}")
+    assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
+    return Record(
+        session_id,
+        snapshot,
+        float(saved_at),
+        tuple((pair[0], pair[1]) for pair in keys),
+        parsed_claim,
+        outcomes,
+    )

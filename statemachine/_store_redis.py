@@ -1,0 +1,203 @@
+"""``RedisStore``: session records in Redis, the version check done inside Redis.
+
+Each session is one hash, ``<prefix>[:<tenant>]:session:<id>``, with two fields:
+``version`` (an integer, 1 after the first write) and ``record`` (the JSON record).
+Both reads and writes are Lua scripts, so each is one atomic step on the server:
+a compare-and-set reads the version and writes the new record with no window in
+between for another worker, and a read never sees a version from one write and a
+record from another. Errors of redis-py are translated here, at this one boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ._store_core import (
+    DEFAULT_MAX_BYTES,
+    CorruptSession,
+    Stored,
+    StoreUnavailable,
+    check_max_bytes,
+    check_name,
+    check_ttl,
+    check_version,
+    decode_record,
+    encode_record,
+    key_prefix,
+    not_found,
+    oversized,
+    stale,
+)
+
+if TYPE_CHECKING:
+    import redis
+
+# KEYS[1] the session's key; ARGV[1] max_bytes.
+# -> {0} no record | {-1, type} not a hash | {1, version|false, record|false, size}
+_LOAD = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return {0} end
+if kind ~= 'hash' then return {-1, kind} end
+local version = redis.call('HGET', KEYS[1], 'version')
+local size = redis.call('HSTRLEN', KEYS[1], 'record')
+if size > tonumber(ARGV[1]) then return {1, version, false, size} end
+return {1, version, redis.call('HGET', KEYS[1], 'record'), size}
+"""
+
+# KEYS[1] the key; ARGV[1] expected version (0: must not exist); ARGV[2] the record;
+# ARGV[3] TTL in ms (0: no expiry).
+# -> {1, new version} | {0, actual version} | {-1, what is wrong}
+_CAS = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local current = 0
+if kind == 'hash' then
+  local raw = redis.call('HGET', KEYS[1], 'version')
+  current = tonumber(raw)
+  if current == nil then return {-1, 'version field ' .. tostring(raw)} end
+elseif kind ~= 'none' then
+  return {-1, 'a ' .. kind .. ', not a hash'}
+end
+if current ~= tonumber(ARGV[1]) then return {0, current} end
+current = current + 1
+redis.call('HSET', KEYS[1], 'version', current, 'record', ARGV[2])
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
+return {1, current}
+"""
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+class RedisStore:
+    """Session records in Redis (redis-py, the optional extra ``redis``).
+
+    ``client`` is a ``redis.Redis`` (``decode_responses`` either way). Keys are
+    ``<prefix>:session:<id>``, or ``<prefix>:<tenant>:session:<id>`` with a tenant,
+    so one tenant's ids cannot address another's keys. With ``ended_ttl_s`` a
+    session that has ended expires that many seconds after its last write.
+    Records over ``max_bytes`` are refused on write and reported corrupt on read.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = "statemachine",
+        tenant: str | None = None,
+        ended_ttl_s: float | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.client = client
+        self._prefix = key_prefix(prefix, tenant)
+        self.ended_ttl_s = check_ttl(ended_ttl_s)
+        self.max_bytes = check_max_bytes(max_bytes)
+        self._load = client.register_script(_LOAD)
+        self._cas = client.register_script(_CAS)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """A store on a new client for ``url`` (``redis://127.0.0.1:6379/0``)."""
+        import redis  # noqa: PLC0415 - an optional dependency
+
+        return cls(redis.Redis.from_url(url), **options)
+
+    def key(self, session_id: str) -> str:
+        """The Redis key of ``session_id`` (validated)."""
+        return self._prefix + check_name(session_id)
+
+    def load(self, session_id: str) -> Stored:
+        """The record of ``session_id`` and its version; ``SessionNotFound`` if none."""
+        key = self.key(session_id)
+        reply = self._run(session_id, self._load, key, self.max_bytes)
+        if reply[0] == 0:
+            raise not_found(session_id)
+        if reply[0] == -1:
+            raise CorruptSession(
+                f"session {session_id!r}: key {key!r} holds a {_text(reply[1])}, "
+                "not a session record",
+                session_id=session_id,
+            )
+        _, raw_version, payload, size = reply
+        try:
+            version = int(_text(raw_version))
+        except ValueError:
+            version = 0
+        if raw_version is None or version < 1:
+            raise CorruptSession(
+                f"session {session_id!r}: key {key!r} has no valid version ({raw_version!r})",
+                session_id=session_id,
+            )
+        if payload is None:
+            if int(size) > self.max_bytes:
+                raise oversized(session_id, int(size), self.max_bytes)
+            raise CorruptSession(
+                f"session {session_id!r}: key {key!r} has no record field",
+                session_id=session_id,
+            )
+        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+
+    def compare_and_set(
+        self,
+        session_id: str,
+        expected_version: int,
+        record: Mapping[str, Any],
+        *,
+        ended: bool = False,
+    ) -> int:
+        """Write ``record`` if the stored version is ``expected_version`` (0: no
+        record yet); returns the new version. Raises ``StaleWrite`` (or
+        ``SessionNotFound`` when the record vanished) and writes nothing otherwise.
+        """
+        key = self.key(session_id)
+        expected = check_version(session_id, expected_version)
+        payload = encode_record(session_id, record, self.max_bytes)
+        ttl_ms = 0
+        if ended and self.ended_ttl_s is not None:
+            ttl_ms = max(1, math.ceil(self.ended_ttl_s * 1000))
+        reply = self._run(session_id, self._cas, key, expected, payload, ttl_ms)
+        if reply[0] == 1:
+            return int(reply[1])
+        if reply[0] == -1:
+            raise CorruptSession(
+                f"session {session_id!r}: key {key!r} holds {_text(reply[1])}; nothing was written",
+                session_id=session_id,
+            )
+        raise stale(session_id, expected, int(reply[1]))
+
+    def delete(self, session_id: str) -> bool:
+        """Remove the record; whether there was one."""
+        key = self.key(session_id)
+        try:
+            return bool(self.client.delete(key))
+        except Exception as exc:
+            self._translate(session_id, exc)
+
+    def _run(self, session_id: str, script: Any, key: str, *args: object) -> list[Any]:
+        try:
+            reply = script(keys=[key], args=list(args))
+        except Exception as exc:
+            self._translate(session_id, exc)
+        return list(reply)
+
+    def _translate(self, session_id: str, exc: Exception) -> NoReturn:
+        import redis  # noqa: PLC0415 - an optional dependency
+
+        if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+            raise StoreUnavailable(
+                f"session {session_id!r}: Redis is unavailable: {exc}", session_id=session_id
+            ) from exc
+        if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
+            raise CorruptSession(
+                f"session {session_id!r}: its key holds another kind of value: {exc}",
+                session_id=session_id,
+            ) from exc
+        raise exc
+
+    def __repr__(self) -> str:
+        return f"<RedisStore {self._prefix}*>"

@@ -1,0 +1,490 @@
+"""Durable session state shared by many workers: stores, compare-and-set, resume.
+
+A *store* keeps one record per session id: the engine's ``session.snapshot()`` plus
+a little bookkeeping, and a *version* that goes up by one on every write. Writes
+are compare-and-set: a worker writes "version n+1" only if the store still holds
+the version n it read, so two workers can never both advance one session from the
+same state. :class:`InMemoryStore` is the embedded default (one process, no
+server); :class:`RedisStore` is the shared one (``pip install turnstate[redis]``).
+
+A :class:`Worker` drives sessions through a store, one event per call::
+
+    from statemachine.store import RedisStore, Worker
+
+    worker = Worker(RedisStore.from_url("redis://127.0.0.1:6379/0"), idempotent={"search"})
+    r = worker.create("conv-42", sm.Session(settings, seed=7))
+    r = worker.advance("conv-42", None, expected_version=r.version)   # new turn: Assemble
+    r = worker.advance("conv-42", sm.Assembled(req, 900), expected_version=r.version)
+    if r.status is AdvanceStatus.CONFLICT: ...   # another worker moved first: r is fresh
+
+The idempotency key of an event is the version it was computed from
+(``expected_version``): an event is applied only to that exact state, so it is
+applied once, however many workers or retries send it. An optional ``key`` also
+tells a retry of your own write (``DUPLICATE``) from another worker's (``CONFLICT``).
+
+Tool calls are at-most-once. The write that records ``InvokeTools`` also records a
+*claim*: the calls are handed to this worker, under a lease. If the worker dies,
+:meth:`Worker.resume` in another worker turns each claimed call into an error
+outcome marked ``interrupted: worker died`` (category ``cancelled``: the call may or
+may not have run; it does not count toward a circuit breaker), so the model learns
+of it and decides, unless the tool is declared idempotent, in which case the call
+is handed out again. Model calls, waits and context assembly have no side effect
+the engine counts, so a resumed worker simply repeats the pending action.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from ._actions import Action, InvokeTools
+from ._events import ToolsDone
+from ._exceptions import IllegalEvent
+from ._session import Session
+from ._store_core import (
+    DEFAULT_MAX_BYTES,
+    CorruptSession,
+    InvalidSessionId,
+    RecordTooLarge,
+    SessionNotFound,
+    StaleWrite,
+    Stored,
+    StoreError,
+    StoreUnavailable,
+    check_max_bytes,
+    check_name,
+    check_ttl,
+    check_version,
+    decode_record,
+    encode_record,
+    key_prefix,
+    not_found,
+    stale,
+)
+from ._store_record import MAX_KEYS, Claim, Record, parse_record
+from ._store_redis import RedisStore
+from ._taxonomy import ToolErrorCategory
+from ._tools import ToolCall, ToolOutcome
+from ._trace import TraceRecord
+
+__all__ = [
+    "INTERRUPTED",
+    "AdvanceStatus",
+    "Advanced",
+    "CorruptSession",
+    "InMemoryStore",
+    "InvalidSessionId",
+    "RecordTooLarge",
+    "RedisStore",
+    "SessionNotFound",
+    "SessionStore",
+    "StaleWrite",
+    "StoreError",
+    "StoreUnavailable",
+    "Stored",
+    "Worker",
+]
+
+INTERRUPTED = "interrupted: worker died"
+"""The content of the error outcome of a tool call whose worker died in flight."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Where session records live. Versions start at 1; 0 means "no record".
+
+    Implementations validate session ids, keep records as JSON with a size limit,
+    and make ``compare_and_set`` atomic: of two writers that read version n, one
+    writes n + 1 and the other gets :class:`StaleWrite`.
+    """
+
+    def load(self, session_id: str) -> Stored:
+        """The record and its version; :class:`SessionNotFound` if there is none,
+        :class:`CorruptSession` if it cannot be read (left untouched)."""
+        ...
+
+    def compare_and_set(
+        self,
+        session_id: str,
+        expected_version: int,
+        record: Mapping[str, Any],
+        *,
+        ended: bool = False,
+    ) -> int:
+        """Write ``record`` if the stored version is ``expected_version`` (0 to
+        create); return the new version. ``ended`` marks an ended session (its TTL
+        applies). Raises :class:`StaleWrite` / :class:`SessionNotFound`, writing nothing."""
+        ...
+
+    def delete(self, session_id: str) -> bool:
+        """Remove the record; whether there was one."""
+        ...
+
+
+class InMemoryStore:
+    """Session records in this process's memory: the embedded default.
+
+    Thread-safe (one lock). Records are kept as JSON bytes, exactly as a server
+    would keep them, so what a worker changes after a write never leaks into the
+    store. ``clock`` (monotonic seconds) measures ``ended_ttl_s``.
+    :meth:`for_tenant` gives a store on the same memory under a tenant namespace.
+    """
+
+    def __init__(
+        self,
+        *,
+        prefix: str = "statemachine",
+        tenant: str | None = None,
+        ended_ttl_s: float | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._base = prefix
+        self._prefix = key_prefix(prefix, tenant)
+        self.ended_ttl_s = check_ttl(ended_ttl_s)
+        self.max_bytes = check_max_bytes(max_bytes)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._data: dict[str, tuple[int, bytes, float | None]] = {}
+
+    def for_tenant(self, tenant: str) -> InMemoryStore:
+        """A store sharing this one's memory, under ``tenant``'s namespace."""
+        other = InMemoryStore(
+            prefix=self._base,
+            tenant=tenant,
+            ended_ttl_s=self.ended_ttl_s,
+            max_bytes=self.max_bytes,
+            clock=self._clock,
+        )
+        other._lock = self._lock
+        other._data = self._data
+        return other
+
+    def key(self, session_id: str) -> str:
+        """The key of ``session_id`` (validated)."""
+        return self._prefix + check_name(session_id)
+
+    def _get(self, key: str) -> tuple[int, bytes, float | None] | None:
+        entry = self._data.get(key)
+        if entry is not None and entry[2] is not None and self._clock() >= entry[2]:
+            del self._data[key]
+            return None
+        return entry
+
+    def load(self, session_id: str) -> Stored:
+        """The record of ``session_id`` and its version; ``SessionNotFound`` if none."""
+        key = self.key(session_id)
+        with self._lock:
+            entry = self._get(key)
+        if entry is None:
+            raise not_found(session_id)
+        version, payload, _ = entry
+        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+
+    def compare_and_set(
+        self,
+        session_id: str,
+        expected_version: int,
+        record: Mapping[str, Any],
+        *,
+        ended: bool = False,
+    ) -> int:
+        """Write ``record`` if the stored version is ``expected_version`` (0: create)."""
+        key = self.key(session_id)
+        expected = check_version(session_id, expected_version)
+        payload = encode_record(session_id, record, self.max_bytes)
+        with self._lock:
+            entry = self._get(key)
+            actual = 0 if entry is None else entry[0]
+            if actual != expected:
+                raise stale(session_id, expected, actual)
+            expires = None
+            if ended and self.ended_ttl_s is not None:
+                expires = self._clock() + self.ended_ttl_s
+            self._data[key] = (actual + 1, payload, expires)
+            return actual + 1
+
+    def delete(self, session_id: str) -> bool:
+        """Remove the record; whether there was one."""
+        key = self.key(session_id)
+        with self._lock:
+            return self._get(key) is not None and self._data.pop(key, None) is not None
+
+    def __repr__(self) -> str:
+        return f"<InMemoryStore {self._prefix}* ({len(self._data)} keys)>"
+
+
+class AdvanceStatus(enum.StrEnum):
+    """What a :class:`Worker` call did."""
+
+    APPLIED = "applied"
+    """This call wrote the next version: its event (or takeover) took effect."""
+    DUPLICATE = "duplicate"
+    """The event's ``key`` was already applied (a retry of a write that succeeded)."""
+    CONFLICT = "conflict"
+    """Another worker moved the session first; nothing was applied. The result
+    holds the fresh state: decide again from it."""
+    BUSY = "busy"
+    """``resume``: another live worker holds the claim on the in-flight tool calls."""
+    UNCHANGED = "unchanged"
+    """``load`` / ``resume`` with nothing to take over: the stored state as it is."""
+
+
+@attrs.frozen
+class Advanced:
+    """The result of a :class:`Worker` call: the session as stored after it.
+
+    ``version`` is what to pass as ``expected_version`` next. ``action`` is what
+    the host owes an event for: the action the event produced (``APPLIED``) or the
+    stored turn's pending one; a :class:`~statemachine.Finish` (or ``None``
+    before the first turn) means the next call starts a turn. ``interrupted``
+    holds the outcomes a ``resume`` synthesized for calls lost with a worker.
+    """
+
+    status: AdvanceStatus
+    session: Session
+    version: int
+    action: Action | None
+    interrupted: tuple[ToolOutcome, ...] = ()
+
+    @property
+    def applied(self) -> bool:
+        """Whether this call wrote the next version."""
+        return self.status is AdvanceStatus.APPLIED
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    """Advance sessions kept in ``store``, one event per call, with compare-and-set.
+
+    ``owner`` names this worker in tool-call claims (unique per process; default
+    host.pid.random). ``lease_s`` is how long its claim on handed-out tool calls
+    holds before another worker may :meth:`resume` them. ``idempotent`` lists the
+    tools (by name, or a predicate on the :class:`~statemachine.ToolCall`) that
+    may be re-run after a worker died. ``clock`` is the sessions' monotonic clock;
+    ``now`` is wall-clock Unix time, shared by all workers, for leases and idle
+    time: with ``count_idle`` the time a session spent in the store between two
+    workers counts toward its wall-clock bound, as it would in one process.
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        owner: str | None = None,
+        lease_s: float = 300.0,
+        idempotent: Collection[str] | Callable[[ToolCall], bool] = (),
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
+        count_idle: bool = True,
+        observers: Iterable[Callable[[TraceRecord], None]] = (),
+    ) -> None:
+        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
+            raise ValueError(f"lease_s: must be a number > 0, got {lease_s!r}")
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise ValueError(f"owner: must be a non-empty str, got {owner!r}")
+        self.store = store
+        self.owner = owner or _default_owner()
+        self.lease_s = float(lease_s)
+        if callable(idempotent):
+            self._idempotent: Callable[[ToolCall], bool] = idempotent
+        else:
+            names = frozenset(idempotent)
+            self._idempotent = lambda call: call.name in names
+        self._clock = clock
+        self._now = now
+        self._count_idle = count_idle
+        self._observers = tuple(observers)
+
+    # -- reading ------------------------------------------------------------------
+
+    def _read(self, session_id: str) -> tuple[Stored, Record, Session]:
+        stored = self.store.load(session_id)
+        record = parse_record(session_id, stored.record)
+        idle = max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
+        session = record.restore(self._clock, self._now, self._observers, idle)
+        return stored, record, session
+
+    def _result(
+        self, status: AdvanceStatus, stored: Stored, record: Record, session: Session
+    ) -> Advanced:
+        turn = session.current_turn
+        action = None if turn is None else turn.action
+        if isinstance(action, InvokeTools) and record.carried:
+            claimed = set(record.claim.calls) if record.claim else set()
+            action = InvokeTools(tuple(c for c in action.calls if c.id in claimed))
+        return Advanced(status, session, stored.version, action)
+
+    def load(self, session_id: str) -> Advanced:
+        """The stored session, its version and pending action (``UNCHANGED``)."""
+        stored, record, session = self._read(session_id)
+        return self._result(AdvanceStatus.UNCHANGED, stored, record, session)
+
+    # -- writing ------------------------------------------------------------------
+
+    def _record(
+        self,
+        session_id: str,
+        session: Session,
+        action: Action | None,
+        keys: tuple[tuple[int, str], ...],
+        *,
+        claim: Claim | None = None,
+        carried: tuple[ToolOutcome, ...] = (),
+    ) -> Record:
+        if claim is None and isinstance(action, InvokeTools) and action.calls:
+            claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
+        return Record(session_id, session.snapshot(), self._now(), keys, claim, carried)
+
+    def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
+        return self.store.compare_and_set(
+            session_id, expected, record.to_json(), ended=session.status is not None
+        )
+
+    def create(self, session_id: str, session: Session, *, key: str | None = None) -> Advanced:
+        """Store a new session under ``session_id`` (version 1).
+
+        Raises :class:`StaleWrite` if the id is taken. A session whose turn is
+        invoking tools is recorded as this worker's claim on those calls.
+        """
+        check_name(session_id)
+        turn = session.current_turn
+        action = None if turn is None else turn.action
+        keys = () if key is None else ((1, key),)
+        record = self._record(session_id, session, action, keys)
+        version = self._write(session_id, 0, record, session)
+        return Advanced(AdvanceStatus.APPLIED, session, version, action)
+
+    def advance(
+        self,
+        session_id: str,
+        event: object | None,
+        *,
+        expected_version: int,
+        key: str | None = None,
+    ) -> Advanced:
+        """Apply ONE event to the session as it was at ``expected_version``.
+
+        ``event`` is an engine event for the current turn, or ``None`` to start the
+        next turn (``session.new_turn().start()``). The result is ``APPLIED`` (with
+        the new action and version), or ``CONFLICT`` / ``DUPLICATE`` with the fresh
+        stored state and nothing applied. Engine errors (``IllegalEvent``,
+        ``SessionEnded``, ``TurnInProgress``) propagate and nothing is written.
+        """
+        expected = check_version(session_id, expected_version)
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
+        stored, record, session = self._read(session_id)
+        if key is not None and any(k == key for _, k in record.keys):
+            return self._result(AdvanceStatus.DUPLICATE, stored, record, session)
+        if stored.version != expected:
+            return self._result(AdvanceStatus.CONFLICT, stored, record, session)
+        action = self._apply(session_id, session, record, event)
+        keys = record.keys
+        if key is not None:
+            keys = (*keys, (stored.version + 1, key))[-MAX_KEYS:]
+        new = self._record(session_id, session, action, keys)
+        try:
+            version = self._write(session_id, stored.version, new, session)
+        except StaleWrite:
+            return self._lost_race(session_id, key)
+        return Advanced(AdvanceStatus.APPLIED, session, version, action)
+
+    def _lost_race(self, session_id: str, key: str | None) -> Advanced:
+        stored, record, session = self._read(session_id)
+        mine = key is not None and any(k == key for _, k in record.keys)
+        status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
+        return self._result(status, stored, record, session)
+
+    @staticmethod
+    def _apply(session_id: str, session: Session, record: Record, event: object | None) -> Action:
+        turn = session.current_turn
+        if event is None:
+            if turn is not None and turn.state == "idle":
+                return turn.start()
+            return session.new_turn().start()
+        if turn is None:
+            raise IllegalEvent(
+                f"session {session_id!r} has no turn yet: advance it with None to start one",
+                event=type(event).__name__,
+                state="no turn",
+            )
+        if isinstance(event, ToolsDone) and record.carried:
+            event = ToolsDone((*record.carried, *event.outcomes))
+        return turn.send(event)
+
+    def resume(self, session_id: str, *, force: bool = False) -> Advanced:
+        """Take over a session whose worker may have died.
+
+        If the stored turn is invoking tools that were handed to a worker whose
+        lease has run out (or that is this worker's ``owner``, or with ``force``),
+        each claimed call becomes an error outcome with content
+        :data:`INTERRUPTED` and category ``cancelled``, except idempotent tools,
+        which are claimed again by this worker and returned as
+        ``InvokeTools`` (send their ``ToolsDone`` with :meth:`advance`; the
+        interrupted outcomes are added to it). With nothing left to run, the
+        turn finishes at once. ``APPLIED`` on takeover; ``BUSY`` while another
+        worker's lease holds; ``UNCHANGED`` (the pending action) otherwise.
+        """
+        stored, record, session = self._read(session_id)
+        turn = session.current_turn
+        claim = record.claim
+        pending = None if turn is None else turn.action
+        if (
+            turn is None
+            or turn.state != "invoking_tools"
+            or claim is None
+            or not isinstance(pending, InvokeTools)
+        ):
+            return self._result(AdvanceStatus.UNCHANGED, stored, record, session)
+        if not force and claim.owner != self.owner and self._now() < claim.until:
+            return self._result(AdvanceStatus.BUSY, stored, record, session)
+        by_id = {call.id: call for call in pending.calls}
+        missing = [i for i in claim.calls if i not in by_id]
+        if missing:
+            raise CorruptSession(
+                f"session {session_id!r}: the stored claim names calls {missing} "
+                "that the turn did not hand out",
+                session_id=session_id,
+            )
+        claimed = [by_id[i] for i in claim.calls]
+        rerun = tuple(call for call in claimed if self._idempotent(call))
+        interrupted = tuple(
+            ToolOutcome(call.id, False, INTERRUPTED, ToolErrorCategory.CANCELLED)
+            for call in claimed
+            if not self._idempotent(call)
+        )
+        carried = (*record.carried, *interrupted)
+        action: Action
+        if rerun:
+            action = InvokeTools(rerun)
+            new_claim = Claim(self.owner, tuple(c.id for c in rerun), self._now() + self.lease_s)
+            new = self._record(
+                session_id, session, action, record.keys, claim=new_claim, carried=carried
+            )
+        else:
+            action = turn.send(ToolsDone(carried))
+            new = self._record(session_id, session, action, record.keys)
+        try:
+            version = self._write(session_id, stored.version, new, session)
+        except StaleWrite:
+            return self._lost_race(session_id, None)
+        return Advanced(AdvanceStatus.APPLIED, session, version, action, interrupted)
+
+    def delete(self, session_id: str) -> bool:
+        """Remove the session's record; whether there was one."""
+        return self.store.delete(session_id)
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.owner!r} on {self.store!r}>"
