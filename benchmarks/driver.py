@@ -1,0 +1,175 @@
+"""Measurement 4b: events per second through the asyncio driver ``sm.arun_turn``.
+
+``n`` (10,000) turns, each in its own session, run concurrently with
+``asyncio.gather`` through zero-latency fake providers (coroutines that return at
+once). Half the turns take the happy path (3 transitions), half a tool round (the
+model asks for two tool calls, one of which crashes: 4 transitions), and every
+fifth model call first fails with a rate limit that the driver turns into a
+``Wait`` (a no-op ``sleep``) and a retry. Events per second = transitions taken (the
+sum of the turns' trace lengths) / wall-clock seconds of the ``gather``. Also
+reported: the same turns driven by hand through ``turn.send`` (no asyncio), to show
+what the driver adds.
+
+If the driver is not implemented yet (``NotImplementedError``), the measurement is
+skipped with a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import statistics
+import time
+from typing import Any
+
+import statemachine as sm
+
+REQUEST = object()
+ASSEMBLED = sm.Assembled(REQUEST, 1000)
+CALLS = (
+    sm.ToolCall("call-1", "plugin-a", "search", {"query": "weather"}),
+    sm.ToolCall("call-2", "plugin-b", "fetch", {"url": "http://127.0.0.1/"}),
+)
+REPLY_TOOLS = sm.ModelReplied(tool_calls=CALLS)
+REPLY = sm.ModelReplied()
+RATE_LIMITED = sm.ModelError("rate_limited")
+
+
+class _RateLimited(Exception):
+    """A provider-neutral 429: ``sm.classify`` reads its ``status_code``."""
+
+    status_code = 429
+
+
+class FakeContext:
+    """Zero-latency context provider."""
+
+    async def assemble(self, action: Any) -> Any:
+        return ASSEMBLED
+
+
+class FakeModel:
+    """Zero-latency model: with ``tools`` the first reply asks for two tool calls;
+    with ``flaky`` the first call fails with a rate limit."""
+
+    def __init__(self, *, tools: bool, flaky: bool) -> None:
+        self.tools = tools
+        self.flaky = flaky
+
+    async def complete(self, action: Any) -> Any:
+        if self.flaky and action.attempt == 0:
+            raise RATE_LIMITED_EXC
+        return REPLY_TOOLS if self.tools else REPLY
+
+
+class FakeTools:
+    """Zero-latency tools: ``plugin-b`` crashes."""
+
+    async def invoke(self, call: Any) -> Any:
+        if call.provider == "plugin-b":
+            return sm.ToolOutcome(call.id, ok=False, content="died", category="process_crashed")
+        return sm.ToolOutcome(call.id, ok=True, content="sunny")
+
+
+async def _noop_sleep(_seconds: float) -> None:
+    return None
+
+
+def _rate_limited_exception() -> Exception:
+    """What a real SDK raises for HTTP 429: ``anthropic.RateLimitError`` if installed."""
+    try:
+        import anthropic
+        import httpx
+
+        request = httpx.Request("POST", "http://127.0.0.1/v1/messages")
+        response = httpx.Response(429, request=request, headers={"retry-after": "0"})
+        return anthropic.RateLimitError("rate limited", response=response, body=None)
+    except Exception:  # pragma: no cover - anthropic is an optional dependency
+        return _RateLimited("429")
+
+
+RATE_LIMITED_EXC = _rate_limited_exception()
+
+
+def _jobs(n: int) -> list[tuple[sm.Turn, FakeModel]]:
+    jobs = []
+    for i in range(n):
+        turn = sm.Session(seed=i, clock=time.monotonic).new_turn()
+        jobs.append((turn, FakeModel(tools=i % 2 == 1, flaky=i % 5 == 0)))
+    return jobs
+
+
+async def _gather(jobs: list[tuple[sm.Turn, FakeModel]]) -> list[Any]:
+    context, tools = FakeContext(), FakeTools()
+    return await asyncio.gather(
+        *(
+            sm.arun_turn(turn, model=model, tools=tools, context=context, sleep=_noop_sleep)
+            for turn, model in jobs
+        )
+    )
+
+
+def _by_hand(jobs: list[tuple[sm.Turn, FakeModel]]) -> None:
+    """The same paths through ``turn.send``, events prebuilt, no asyncio."""
+    failed = sm.ModelFailed(RATE_LIMITED)
+    done = sm.WaitDone()
+    crash = sm.ToolsDone(
+        (
+            sm.ToolOutcome("call-1", ok=True, content="sunny"),
+            sm.ToolOutcome("call-2", ok=False, content="died", category="process_crashed"),
+        )
+    )
+    for turn, model in jobs:
+        turn.start()
+        turn.send(ASSEMBLED)
+        if model.flaky:
+            turn.send(failed)
+            turn.send(done)
+        if model.tools:
+            turn.send(REPLY_TOOLS)
+            turn.send(crash)
+        else:
+            turn.send(REPLY)
+
+
+def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
+    """Events/s through ``arun_turn`` at ``n`` concurrent turns (or a skip message)."""
+    try:
+        asyncio.run(_gather(_jobs(1)))
+    except NotImplementedError as exc:
+        return {"skipped": f"sm.arun_turn is not implemented yet ({exc})"}
+    rates, hand_rates, seconds = [], [], []
+    events = 0
+    for _ in range(repeats):
+        jobs = _jobs(n)
+        gc.collect()
+        t0 = time.perf_counter()
+        finishes = asyncio.run(_gather(jobs))
+        t1 = time.perf_counter()
+        events = sum(len(turn.trace) for turn, _ in jobs)
+        assert len(finishes) == n
+        assert all(isinstance(f, sm.Finish) for f in finishes), finishes[:3]
+        assert all(f.status is sm.TurnStatus.COMPLETED for f in finishes), finishes[:3]
+        rates.append(events / (t1 - t0))
+        seconds.append(t1 - t0)
+        jobs = _jobs(n)
+        gc.collect()
+        t0 = time.perf_counter()
+        _by_hand(jobs)
+        t1 = time.perf_counter()
+        hand_rates.append(sum(len(turn.trace) for turn, _ in jobs) / (t1 - t0))
+    statuses: dict[str, int] = {}
+    for finish in finishes:
+        statuses[str(finish.status.value)] = statuses.get(str(finish.status.value), 0) + 1
+    rate = statistics.median(rates)
+    hand = statistics.median(hand_rates)
+    return {
+        "concurrent_turns": n,
+        "events_per_run": events,
+        "seconds_per_run": statistics.median(seconds),
+        "events_per_s": rate,
+        "us_per_event": 1e6 / rate,
+        "by_hand_events_per_s": hand,
+        "driver_overhead_x": hand / rate,
+        "statuses": statuses,
+    }

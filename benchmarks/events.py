@@ -1,0 +1,130 @@
+"""Measurement 2: µs per event on every path of a turn.
+
+Each path is a list of steps (``start()`` or an event). ``n`` turns, each in its own
+session (so no cross-turn effect such as the doom-loop detector or the session retry
+ceiling changes the path), are brought to the step, then the step alone is timed
+across all ``n`` turns: the median over repeats, per event. Events are built once and
+shared (building them is the host's job).
+
+Paths:
+
+* ``happy``: start -> Assembled -> ModelReplied() (completed).
+* ``retry``: start -> Assembled -> ModelFailed(rate_limited) -> WaitDone -> ModelReplied.
+* ``reduction``: start -> Assembled(1000) -> ModelFailed(context_length_exceeded)
+  -> Assembled(500) -> ModelReplied.
+* ``tool crash``: start -> Assembled -> ModelReplied(one tool call) -> ToolsDone(one
+  ``process_crashed`` outcome) (completed, with an error-flagged tool result).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import statemachine as sm
+
+from ._timing import measure
+
+START = "start()"
+REQUEST = object()
+SMALLER = object()
+
+CALL = sm.ToolCall("call-1", "plugin-a", "search", {"query": "weather", "limit": 3})
+CRASH = sm.ToolOutcome("call-1", ok=False, content="plugin died", category="process_crashed")
+
+PATHS: dict[str, list[tuple[str, Any]]] = {
+    "happy": [
+        ("start", START),
+        ("Assembled", sm.Assembled(REQUEST, 1000)),
+        ("ModelReplied", sm.ModelReplied()),
+    ],
+    "retry": [
+        ("start", START),
+        ("Assembled", sm.Assembled(REQUEST, 1000)),
+        ("ModelFailed(rate_limited)", sm.ModelFailed(sm.ModelError("rate_limited"))),
+        ("WaitDone", sm.WaitDone()),
+        ("ModelReplied", sm.ModelReplied()),
+    ],
+    "reduction": [
+        ("start", START),
+        ("Assembled", sm.Assembled(REQUEST, 1000)),
+        (
+            "ModelFailed(context_length_exceeded)",
+            sm.ModelFailed(sm.ModelError("context_length_exceeded")),
+        ),
+        ("Assembled(smaller)", sm.Assembled(SMALLER, 500)),
+        ("ModelReplied", sm.ModelReplied()),
+    ],
+    "tool crash": [
+        ("start", START),
+        ("Assembled", sm.Assembled(REQUEST, 1000)),
+        ("ModelReplied(1 tool call)", sm.ModelReplied(tool_calls=(CALL,))),
+        ("ToolsDone(process_crashed)", sm.ToolsDone((CRASH,))),
+    ],
+}
+
+EXPECTED_END = {
+    "happy": sm.TurnStatus.COMPLETED,
+    "retry": sm.TurnStatus.COMPLETED,
+    "reduction": sm.TurnStatus.COMPLETED,
+    "tool crash": sm.TurnStatus.COMPLETED,
+}
+
+
+def _step(turn: sm.Turn, event: Any) -> Any:
+    return turn.start() if event is START else turn.send(event)
+
+
+def _turns_at(steps: list[tuple[str, Any]], k: int, n: int) -> list[sm.Turn]:
+    turns = []
+    for i in range(n):
+        turn = sm.Session(seed=i, clock=lambda: 0.0).new_turn()
+        for _, event in steps[:k]:
+            _step(turn, event)
+        turns.append(turn)
+    return turns
+
+
+def _time_step(steps: list[tuple[str, Any]], k: int, n: int, repeats: int) -> dict[str, float]:
+    event = steps[k][1]
+    if event is START:
+
+        def body(turns: list[sm.Turn]) -> None:
+            for turn in turns:
+                turn.start()
+
+    else:
+
+        def body(turns: list[sm.Turn]) -> None:
+            for turn in turns:
+                turn.send(event)
+
+    return measure(lambda: _turns_at(steps, k, n), body, n, repeats=repeats)
+
+
+def run(n: int = 2000, repeats: int = 7) -> dict[str, Any]:
+    """Median µs for every step of every path, and per path the mean and worst step."""
+    paths: dict[str, Any] = {}
+    worst = 0.0
+    for name, steps in PATHS.items():
+        # sanity: the path ends where it should
+        (turn,) = _turns_at(steps, len(steps), 1)
+        assert turn.status is EXPECTED_END[name], (name, turn.status, turn.trace)
+        per_step = {}
+        for k, (label, _) in enumerate(steps):
+            per_step[label] = _time_step(steps, k, n, repeats)["median_us"]
+        values = list(per_step.values())
+        worst = max(worst, *values)
+        paths[name] = {
+            "steps_us": per_step,
+            "mean_us_per_event": statistics.fmean(values),
+            "median_us_per_event": statistics.median(values),
+            "worst_us": max(values),
+        }
+    return {
+        "unit": "µs per event (median of repeats, each over n turns)",
+        "paths": paths,
+        "worst_event_us": worst,
+        "target": {"worst_event_us": 5.0},
+        "met": worst <= 5.0,
+    }

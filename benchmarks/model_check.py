@@ -1,0 +1,71 @@
+"""Measurement 5a: the exhaustive model check of default settings, timed.
+
+Calls ``statemachine._check.check(Settings())`` (written by another helper) once as a
+warm-up of the imports and then ``repeats`` times, and reports the median wall time
+and the state count the report gives. Skips with a message if the checker is not
+importable yet. Target: < 5 s.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import time
+from typing import Any
+
+import statemachine as sm
+
+_COUNT_NAMES = (
+    "states",
+    "state_count",
+    "n_states",
+    "num_states",
+    "states_explored",
+    "explored",
+    "visited",
+    "configurations",
+)
+
+
+def _count(report: Any) -> int | None:
+    """The number of states explored, whatever the report calls it."""
+    for name in _COUNT_NAMES:
+        value = report.get(name) if isinstance(report, dict) else getattr(report, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, list | tuple | set | frozenset | dict):
+            return len(value)
+    return None
+
+
+def _summary(report: Any) -> str:
+    text = str(report)
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+def run(repeats: int = 3) -> dict[str, Any]:
+    """Seconds and state count of ``check(Settings())`` (or a skip message)."""
+    try:
+        module = importlib.import_module("statemachine._check")
+        check = module.check
+    except (ImportError, AttributeError) as exc:
+        return {"skipped": f"statemachine._check.check is not available yet ({exc})"}
+    settings = sm.Settings()
+    times = []
+    report: Any = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        try:
+            report = check(settings)
+        except NotImplementedError as exc:
+            return {"skipped": f"check() is not implemented yet ({exc})"}
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    return {
+        "seconds": seconds,
+        "states": _count(report),
+        "ok": getattr(report, "ok", None),
+        "report": _summary(report),
+        "target": {"seconds": 5.0},
+        "met": seconds < 5.0,
+    }

@@ -1,0 +1,342 @@
+"""Measurement 1: the cost of one retry decision, side by side.
+
+The pattern is the same everywhere: a model call fails five times with a rate limit
+and then succeeds (``max_retries=5``, the default, so every failure is retried).
+
+* **ours**: a turn in ``calling`` takes ``ModelFailed(rate_limited)`` (-> ``Wait``)
+  and ``WaitDone`` (-> ``CallModel(attempt+1)``); one retry decision is those two
+  events. Events are built once and reused (building them is the host's job; the
+  ``ours + events`` line builds a fresh ``ModelFailed(ModelError(...))`` and
+  ``WaitDone()`` per retry, to show what that costs on top).
+* **tenacity**: ``@retry`` (and a reused ``Retrying`` object) with
+  ``stop_after_attempt(6)``, ``wait_exponential_jitter`` and a no-op ``sleep`` around
+  a function that raises five times; its *overhead* per attempt is the pattern's time
+  minus the time of the six bare calls (raise/catch included), divided by six.
+* **hand loop**: a hand-written ``for``/``try``/``except`` loop with the same backoff
+  formula and a no-op sleep; overhead computed the same way.
+* **transitions**: one raw ``transitions.Machine`` (two states, two triggers, one
+  condition, ``after`` callbacks doing the same backoff/attempt work), driven either
+  through an ``add_model``-ed object (``obj.ModelFailed()``) or through
+  ``machine.events[name].trigger(obj)`` on an object that was never added.
+* **dict table**: a hand-written ``(state, trigger) -> (guard, dest, effect)`` dict with
+  the same guard and effects: the practical floor for a table-driven engine in Python.
+
+The headline ratio is ours / tenacity per-attempt overhead (target <= 0.5), against the
+*cheaper* of tenacity's two call styles so the ratio is not flattered.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import tenacity
+from transitions import Machine
+
+import statemachine as sm
+
+from ._timing import measure, ratio
+
+FAILURES = 5
+ATTEMPTS = FAILURES + 1
+
+
+class RateLimited(Exception):
+    """The stand-in provider error the retry loops catch."""
+
+
+def _flaky() -> Any:
+    """A function that raises ``RateLimited`` FAILURES times, then returns."""
+    calls = [0]
+
+    def fn() -> str:
+        if calls[0] < FAILURES:
+            calls[0] += 1
+            raise RateLimited
+        return "ok"
+
+    return fn
+
+
+def _noop_sleep(_seconds: float) -> None:
+    return None
+
+
+# -- ours -------------------------------------------------------------------------
+
+
+def _calling_turns(n: int) -> list[sm.Turn]:
+    turns = []
+    request = object()
+    for i in range(n):
+        session = sm.Session(seed=i, clock=lambda: 0.0)
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled(request, 1000))
+        turns.append(turn)
+    return turns
+
+
+def _ours(n: int, repeats: int) -> dict[str, float]:
+    failed = sm.ModelFailed(sm.ModelError(sm.ErrorCategory.RATE_LIMITED))
+    done = sm.WaitDone()
+
+    def body(turns: list[sm.Turn]) -> None:
+        for turn in turns:
+            send = turn.send
+            for _ in range(FAILURES):
+                send(failed)
+                send(done)
+
+    result = measure(lambda: _calling_turns(n), body, n * FAILURES, repeats=repeats)
+    # sanity: the pattern really is five retries
+    turns = _calling_turns(1)
+    body(turns)
+    assert turns[0].attempt == FAILURES and turns[0].state == "calling", turns[0]
+    return result
+
+
+def _ours_with_events(n: int, repeats: int) -> dict[str, float]:
+    category = sm.ErrorCategory.RATE_LIMITED
+    model_failed, model_error, wait_done = sm.ModelFailed, sm.ModelError, sm.WaitDone
+
+    def body(turns: list[sm.Turn]) -> None:
+        for turn in turns:
+            send = turn.send
+            for _ in range(FAILURES):
+                send(model_failed(model_error(category)))
+                send(wait_done())
+
+    return measure(lambda: _calling_turns(n), body, n * FAILURES, repeats=repeats)
+
+
+# -- tenacity, hand loop, bare calls ------------------------------------------------
+
+
+def _retry_kwargs() -> dict[str, Any]:
+    return {
+        "stop": tenacity.stop_after_attempt(ATTEMPTS),
+        "wait": tenacity.wait_exponential_jitter(initial=0.5, max=30, jitter=0.5),
+        "retry": tenacity.retry_if_exception_type(RateLimited),
+        "sleep": _noop_sleep,
+        "reraise": True,
+    }
+
+
+def _tenacity_decorator(n: int, repeats: int) -> dict[str, float]:
+    decorate = tenacity.retry(**_retry_kwargs())
+
+    def setup() -> list[Any]:
+        return [decorate(_flaky()) for _ in range(n)]
+
+    def body(fns: list[Any]) -> None:
+        for fn in fns:
+            fn()
+
+    return measure(setup, body, n * ATTEMPTS, repeats=repeats)
+
+
+def _tenacity_object(n: int, repeats: int) -> dict[str, float]:
+    retrying = tenacity.Retrying(**_retry_kwargs())
+
+    def body(fns: list[Any]) -> None:
+        for fn in fns:
+            retrying(fn)
+
+    return measure(lambda: [_flaky() for _ in range(n)], body, n * ATTEMPTS, repeats=repeats)
+
+
+def _hand_loop(n: int, repeats: int) -> dict[str, float]:
+    rng = random.Random(7)
+    sleep = _noop_sleep
+
+    def call(fn: Any) -> Any:
+        for attempt in range(ATTEMPTS):
+            try:
+                return fn()
+            except RateLimited:
+                if attempt == FAILURES:
+                    raise
+                sleep(min(0.5 * 2.0**attempt, 30.0) * (0.5 + rng.random()))
+        return None  # pragma: no cover
+
+    def body(fns: list[Any]) -> None:
+        for fn in fns:
+            call(fn)
+
+    return measure(lambda: [_flaky() for _ in range(n)], body, n * ATTEMPTS, repeats=repeats)
+
+
+def _bare(n: int, repeats: int) -> dict[str, float]:
+    """The six calls themselves (five raise and are caught): subtracted as no overhead."""
+
+    def body(fns: list[Any]) -> None:
+        for fn in fns:
+            for _ in range(ATTEMPTS):
+                try:
+                    fn()
+                except RateLimited:
+                    pass
+
+    return measure(lambda: [_flaky() for _ in range(n)], body, n * ATTEMPTS, repeats=repeats)
+
+
+# -- raw transitions and a hand-written dict table ---------------------------------
+
+MAX_RETRIES = 5
+
+
+class _Decider:
+    """A plain object (not attrs: transitions needs a plain model) with the same work."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = "calling"
+        self.attempt = 0
+        self.rng = random.Random(seed)
+        self.action: Any = None
+
+    def retries_left(self, *_args: Any, **_kwargs: Any) -> bool:
+        return self.attempt < MAX_RETRIES
+
+    def on_wait(self, *_args: Any, **_kwargs: Any) -> None:
+        self.action = ("wait", min(0.5 * 2.0**self.attempt, 30.0) * (0.5 + self.rng.random()))
+
+    def on_retry(self, *_args: Any, **_kwargs: Any) -> None:
+        self.attempt += 1
+        self.action = ("call", self.attempt)
+
+
+def _machine(model: Any) -> Machine:
+    machine = Machine(
+        model=model,
+        states=["calling", "backing_off"],
+        initial="calling",
+        auto_transitions=False,
+    )
+    machine.add_transition(
+        "ModelFailed", "calling", "backing_off", conditions="retries_left", after="on_wait"
+    )
+    machine.add_transition("WaitDone", "backing_off", "calling", after="on_retry")
+    return machine
+
+
+def _transitions_added(n: int, repeats: int) -> dict[str, float]:
+    def setup() -> list[Any]:
+        deciders = [_Decider(i) for i in range(n)]
+        _machine(deciders)  # one shared machine, every decider add_model-ed
+        return deciders
+
+    def body(deciders: list[Any]) -> None:
+        for d in deciders:
+            for _ in range(FAILURES):
+                d.ModelFailed()
+                d.WaitDone()
+
+    return measure(setup, body, n * FAILURES, repeats=repeats)
+
+
+def _transitions_not_added(n: int, repeats: int) -> dict[str, float]:
+    machine = _machine(None)
+    model_failed = machine.events["ModelFailed"].trigger
+    wait_done = machine.events["WaitDone"].trigger
+
+    def body(deciders: list[_Decider]) -> None:
+        for d in deciders:
+            for _ in range(FAILURES):
+                model_failed(d)
+                wait_done(d)
+
+    result = measure(lambda: [_Decider(i) for i in range(n)], body, n * FAILURES, repeats=repeats)
+    probe = _Decider(0)
+    body([probe])
+    assert probe.attempt == FAILURES and probe.state == "calling"
+    return result
+
+
+def _wait_effect(d: _Decider, _event: Any) -> Any:
+    return ("wait", min(0.5 * 2.0**d.attempt, 30.0) * (0.5 + d.rng.random()))
+
+
+def _retry_effect(d: _Decider, _event: Any) -> Any:
+    d.attempt += 1
+    return ("call", d.attempt)
+
+
+def _retries_left(d: _Decider, _event: Any) -> bool:
+    return d.attempt < MAX_RETRIES
+
+
+TABLE: dict[tuple[str, str], tuple[Any, str, Any]] = {
+    ("calling", "ModelFailed"): (_retries_left, "backing_off", _wait_effect),
+    ("backing_off", "WaitDone"): (None, "calling", _retry_effect),
+}
+
+
+def fire(d: _Decider, trigger: str, event: Any) -> Any:
+    """The whole engine of the dict-table variant."""
+    guard, dest, effect = TABLE[(d.state, trigger)]
+    if guard is not None and not guard(d, event):
+        raise LookupError(trigger)
+    d.state = dest
+    return effect(d, event)
+
+
+def _dict_table(n: int, repeats: int) -> dict[str, float]:
+    def body(deciders: list[_Decider]) -> None:
+        for d in deciders:
+            for _ in range(FAILURES):
+                fire(d, "ModelFailed", None)
+                fire(d, "WaitDone", None)
+
+    return measure(lambda: [_Decider(i) for i in range(n)], body, n * FAILURES, repeats=repeats)
+
+
+def run(n: int = 2000, repeats: int = 7) -> dict[str, Any]:
+    """Per retry decision (µs, medians) for every variant, and the ratios."""
+    ours = _ours(n, repeats)
+    ours_events = _ours_with_events(n, repeats)
+    bare = _bare(n, repeats)
+    ten_dec = _tenacity_decorator(n, repeats)
+    ten_obj = _tenacity_object(n, repeats)
+    hand = _hand_loop(n, repeats)
+    tr_added = _transitions_added(max(n // 4, 1), repeats)
+    tr_free = _transitions_not_added(max(n // 4, 1), repeats)
+    table = _dict_table(n, repeats)
+
+    bare_us = bare["median_us"]
+    ten_dec_over = ten_dec["median_us"] - bare_us
+    ten_obj_over = ten_obj["median_us"] - bare_us
+    tenacity_over = min(ten_dec_over, ten_obj_over)
+    rows = {
+        "ours (ModelFailed->Wait + WaitDone->CallModel)": ours["median_us"],
+        "ours + building the two events": ours_events["median_us"],
+        "tenacity @retry, overhead/attempt": ten_dec_over,
+        "tenacity Retrying object, overhead/attempt": ten_obj_over,
+        "hand-written try/except loop, overhead/attempt": hand["median_us"] - bare_us,
+        "transitions, model add_model-ed (2 triggers)": tr_added["median_us"],
+        "transitions, model not added (2 triggers)": tr_free["median_us"],
+        "dict (state, event) table + guard (2 fires)": table["median_us"],
+    }
+    return {
+        "unit": "µs per retry decision (median)",
+        "pattern": f"fail {FAILURES} times (rate limited), then succeed",
+        "rows": rows,
+        "raw": {
+            "bare_calls_per_attempt_us": bare_us,
+            "tenacity_decorator_total_per_attempt_us": ten_dec["median_us"],
+            "tenacity_object_total_per_attempt_us": ten_obj["median_us"],
+            "hand_loop_total_per_attempt_us": hand["median_us"],
+        },
+        "tenacity_overhead_us": tenacity_over,
+        "ratios": {
+            "ours / tenacity": ratio(ours["median_us"], tenacity_over),
+            "ours+events / tenacity": ratio(ours_events["median_us"], tenacity_over),
+            "ours / tenacity @retry": ratio(ours["median_us"], ten_dec_over),
+            "ours / hand loop": ratio(ours["median_us"], hand["median_us"] - bare_us),
+            "ours / transitions (added)": ratio(ours["median_us"], tr_added["median_us"]),
+            "ours / transitions (not added)": ratio(ours["median_us"], tr_free["median_us"]),
+            "ours / dict table": ratio(ours["median_us"], table["median_us"]),
+        },
+        "target": {"ours / tenacity": 0.5},
+        "met": ratio(ours["median_us"], tenacity_over) <= 0.5,
+    }
