@@ -73,7 +73,9 @@ class Session:
     ``seed`` seeds the jitter; ``clock`` is a monotonic clock in seconds (the wall
     clock bound and waits are measured on it); ``wall_clock`` is Unix time, read
     only to measure an HTTP-date ``retry-after``. ``observers`` receive every
-    :class:`TraceRecord` of every turn, as it happens.
+    :class:`TraceRecord` of every turn, as it happens; an observer's exception
+    propagates to the caller of ``send()``, after the transition (``turn.action``
+    still holds its action).
 
     Same settings, same seed, same events: the same actions, bit for bit.
     """

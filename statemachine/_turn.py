@@ -107,7 +107,7 @@ class Turn:
         self._reply: Any = None
         self._fallbacks: tuple[Fallback, ...] = ()
         self._trace: list[TraceEntry] = []
-        self._probe: tuple[object, float | None, float] | None = None
+        self._probe: tuple[object, float | None, float, bool, bool] | None = None
 
     # -- the protocol ------------------------------------------------------
 
@@ -311,11 +311,12 @@ def _transient(_turn: Turn, event: ModelFailed) -> bool:
     return event.error.retryable
 
 
-def _probe(turn: Turn, event: ModelFailed) -> tuple[float | None, float]:
-    """(server retry-after, the wait we would take) for this failure, computed once."""
+def _probe(turn: Turn, event: ModelFailed) -> tuple[object, float | None, float, bool, bool]:
+    """(event, server retry-after, the wait we would take, too long, crosses the wall
+    clock) for this failure, computed once per event and previewing the jitter draw."""
     probe = turn._probe
     if probe is not None and probe[0] is event:
-        return probe[1], probe[2]
+        return probe
     session = turn._session
     settings = session.settings
     server = retry_after(event.error, session._wall_clock)
@@ -327,26 +328,25 @@ def _probe(turn: Turn, event: ModelFailed) -> tuple[float | None, float]:
         settings.backoff_factor,
         settings.max_delay_ms,
     )
-    turn._probe = (event, server, seconds)
-    return server, seconds
+    too_long = server is not None and server > settings.max_server_wait_s
+    limit = settings.max_wall_clock_s
+    crosses = limit is not None and session.elapsed_s + seconds > limit
+    probe = (event, server, seconds, too_long, crosses)
+    turn._probe = probe
+    return probe
 
 
 def _server_wait_too_long(turn: Turn, event: ModelFailed) -> bool:
-    server, _ = _probe(turn, event)
-    return server is not None and server > turn._session.settings.max_server_wait_s
+    return _probe(turn, event)[3]
 
 
 def _wait_crosses_wall_clock(turn: Turn, event: ModelFailed) -> bool:
-    session = turn._session
-    limit = session.settings.max_wall_clock_s
-    if limit is None:
-        return False
-    _, seconds = _probe(turn, event)
-    return session.elapsed_s + seconds > limit
+    return _probe(turn, event)[4]
 
 
 def _wait_fits(turn: Turn, event: ModelFailed) -> bool:
-    return not _server_wait_too_long(turn, event) and not _wait_crosses_wall_clock(turn, event)
+    probe = _probe(turn, event)
+    return not (probe[3] or probe[4])
 
 
 def _trips_breaker(turn: Turn, event: ToolsDone) -> bool:
@@ -422,7 +422,7 @@ def _retry(turn: Turn, _event: WaitDone, _status: TurnStatus | None) -> Action:
 
 
 def _wait(turn: Turn, event: ModelFailed, _status: TurnStatus | None) -> Action:
-    _, seconds = _probe(turn, event)
+    seconds = _probe(turn, event)[2]
     session = turn._session
     session._retries += 1
     session._draws += 1
@@ -474,7 +474,7 @@ def _finish(turn: Turn, event: Any, status: TurnStatus) -> Action:
     error = event.error if type(event) is ModelFailed else None
     retry_at = None
     if status is TurnStatus.RETRY_DEFERRED:
-        server, _ = _probe(turn, event)
+        server = _probe(turn, event)[1]
         retry_at = turn._session._clock() + (server or 0.0)
     return _finish_action(turn, status, (), error, retry_at)
 
