@@ -68,7 +68,7 @@ class ContextProvider(Protocol):
 class ModelProvider(Protocol):
     """Calls the model (sync). May return ``ModelFailed`` instead of raising."""
 
-    def complete(self, action: CallModel) -> ModelReplied: ...
+    def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
 
 
 class ToolProvider(Protocol):
@@ -86,7 +86,7 @@ class AsyncContextProvider(Protocol):
 class AsyncModelProvider(Protocol):
     """Calls the model (asyncio). May return ``ModelFailed`` instead of raising."""
 
-    async def complete(self, action: CallModel) -> ModelReplied: ...
+    async def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
 
 
 class AsyncToolProvider(Protocol):

@@ -1,0 +1,225 @@
+"""Ready-made model providers for the official ``anthropic`` and ``openai`` SDKs.
+
+Optional extras: ``pip install 'turnstate[anthropic]'`` / ``'turnstate[openai]'``.
+Nothing here imports an SDK; the providers take a client you built::
+
+    model = AsyncAnthropicModel(anthropic.AsyncAnthropic(), model="claude-sonnet-4-5")
+    finish = await sm.arun_turn(turn, model=model, tools=tools, context=context)
+
+Each provider:
+
+* owns **no retries**: the client is replaced by ``client.with_options(max_retries=0)``
+  when its ``max_retries`` is not 0 (the engine is the one retry owner);
+* builds the call from ``CallModel.request``, which is either a mapping of create
+  arguments (``{"messages": [...], "tools": [...], "system": ...}``) or a bare
+  list of messages, over the ``create_kwargs`` given at construction; the model is
+  ``action.model`` (a fallback) or else the provider's ``model``;
+* drops ``tools`` and ``tool_choice`` when ``action.withhold_tools`` (the
+  final-answer turn);
+* *returns* ``ModelFailed(content_filtered)`` for a refusal (Anthropic
+  ``stop_reason == "refusal"``) or a content filter (OpenAI ``finish_reason ==
+  "content_filter"`` or ``message.refusal``): the HTTP call succeeded, so nothing
+  is raised, but the turn must end ``content_filtered``; SDK exceptions are left
+  to the driver, which classifies them;
+* maps tool-use blocks / tool calls to ``ToolCall``\\ s whose ``provider`` is
+  ``tool_provider`` (a name, or a function of the tool name);
+* reports ``cost`` when given ``price_per_mtok=(input_usd, output_usd)`` per
+  million tokens; the ``reply`` is the response as plain JSON (``model_dump``),
+  so a session holding it can be snapshotted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._actions import CallModel
+from ._events import ModelFailed, ModelReplied
+from ._model_error import ModelError
+from ._taxonomy import ErrorCategory
+from ._tools import ToolCall
+
+__all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
+
+ToolProviderName = str | Callable[[str], str]
+
+
+def _no_sdk_retries(client: Any) -> Any:
+    retries = getattr(client, "max_retries", None)
+    if retries is None or not callable(getattr(client, "with_options", None)):
+        raise TypeError(
+            f"client: expected an official SDK client (with max_retries and with_options), "
+            f"got {client!r}"
+        )
+    return client if retries == 0 else client.with_options(max_retries=0)
+
+
+class _Base:
+    """What the four providers share: construction, request building, costs."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        model: str | None = None,
+        tool_provider: ToolProviderName = "tools",
+        price_per_mtok: tuple[float, float] | None = None,
+        **create_kwargs: Any,
+    ) -> None:
+        self.client = _no_sdk_retries(client)
+        self.model = model
+        self.tool_provider = tool_provider
+        self.price_per_mtok = price_per_mtok
+        self.create_kwargs = create_kwargs
+
+    def _kwargs(self, action: CallModel) -> dict[str, Any]:
+        request = action.request
+        kwargs = dict(self.create_kwargs)
+        if isinstance(request, Mapping):
+            kwargs.update(request)
+        elif isinstance(request, list | tuple):
+            kwargs["messages"] = list(request)
+        else:
+            raise TypeError(
+                f"CallModel.request: expected a mapping of create arguments or a list of "
+                f"messages, got {request!r}"
+            )
+        model = action.model or kwargs.get("model") or self.model
+        if not model:
+            raise TypeError(
+                "model: no model named (CallModel.model, the request, or the provider's model=)"
+            )
+        kwargs["model"] = model
+        if action.withhold_tools:
+            kwargs.pop("tools", None)
+            kwargs.pop("tool_choice", None)
+        return kwargs
+
+    def _provider_of(self, name: str) -> str:
+        chosen = self.tool_provider
+        return chosen if isinstance(chosen, str) else chosen(name)
+
+    def _cost(self, tokens_in: Any, tokens_out: Any) -> float:
+        if self.price_per_mtok is None:
+            return 0.0
+        price_in, price_out = self.price_per_mtok
+        return (
+            float(tokens_in or 0) * price_in / 1_000_000
+            + float(tokens_out or 0) * price_out / 1_000_000
+        )
+
+
+def _plain(response: Any) -> Any:
+    dump = getattr(response, "model_dump", None)
+    return dump(mode="json") if callable(dump) else response
+
+
+def _filtered(message: str, code: str, response: Any) -> ModelFailed:
+    return ModelFailed(
+        ModelError(
+            ErrorCategory.CONTENT_FILTERED, message, code=code, status=200, body=_plain(response)
+        )
+    )
+
+
+# -- Anthropic Messages -------------------------------------------------------------
+
+
+class _AnthropicBase(_Base):
+    def _kwargs(self, action: CallModel) -> dict[str, Any]:
+        kwargs = super()._kwargs(action)
+        kwargs.setdefault("max_tokens", 1024)
+        return kwargs
+
+    def _event(self, message: Any) -> ModelReplied | ModelFailed:
+        if getattr(message, "stop_reason", None) == "refusal":
+            return _filtered("the model refused (stop_reason=refusal)", "refusal", message)
+        calls = tuple(
+            ToolCall(block.id, self._provider_of(block.name), block.name, block.input)
+            for block in getattr(message, "content", None) or ()
+            if getattr(block, "type", None) == "tool_use"
+        )
+        usage = getattr(message, "usage", None)
+        cost = self._cost(getattr(usage, "input_tokens", 0), getattr(usage, "output_tokens", 0))
+        return ModelReplied(tool_calls=calls, cost=cost, reply=_plain(message))
+
+
+class AnthropicModel(_AnthropicBase):
+    """A sync model provider on ``anthropic.Anthropic`` (``messages.create``).
+
+    ``max_tokens`` defaults to 1024 unless the request or ``create_kwargs`` set it.
+    """
+
+    def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
+        return self._event(self.client.messages.create(**self._kwargs(action)))
+
+
+class AsyncAnthropicModel(_AnthropicBase):
+    """An asyncio model provider on ``anthropic.AsyncAnthropic`` (``messages.create``)."""
+
+    async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
+        return self._event(await self.client.messages.create(**self._kwargs(action)))
+
+
+# -- OpenAI Chat Completions --------------------------------------------------------
+
+
+def _arguments(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # the model wrote invalid JSON: the tool reports invalid_arguments
+
+
+class _OpenAIBase(_Base):
+    def _event(self, completion: Any) -> ModelReplied | ModelFailed:
+        choices = getattr(completion, "choices", None) or ()
+        if not choices:
+            return ModelReplied(reply=_plain(completion))
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        if getattr(choice, "finish_reason", None) == "content_filter":
+            return _filtered(
+                "the reply was stopped by the content filter (finish_reason=content_filter)",
+                "content_filter",
+                completion,
+            )
+        refusal = getattr(message, "refusal", None)
+        if isinstance(refusal, str) and refusal:
+            return _filtered(refusal, "refusal", completion)
+        calls = tuple(
+            ToolCall(
+                call.id,
+                self._provider_of(call.function.name),
+                call.function.name,
+                _arguments(call.function.arguments),
+            )
+            for call in getattr(message, "tool_calls", None) or ()
+            if getattr(call, "function", None) is not None
+        )
+        usage = getattr(completion, "usage", None)
+        cost = self._cost(
+            getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0)
+        )
+        return ModelReplied(tool_calls=calls, cost=cost, reply=_plain(completion))
+
+
+class OpenAIModel(_OpenAIBase):
+    """A sync model provider on ``openai.OpenAI`` (``chat.completions.create``)."""
+
+    def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
+        return self._event(self.client.chat.completions.create(**self._kwargs(action)))
+
+
+class AsyncOpenAIModel(_OpenAIBase):
+    """An asyncio model provider on ``openai.AsyncOpenAI`` (``chat.completions.create``)."""
+
+    async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
+        return self._event(await self.client.chat.completions.create(**self._kwargs(action)))
