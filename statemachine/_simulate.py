@@ -1,0 +1,503 @@
+"""The simulator: scripted scenarios through the real engine, on a virtual clock.
+
+:func:`run` plays a :class:`~statemachine._scenarios.Scenario` through a real
+:class:`~statemachine.Session` and its turns: it sends the scripted events, honours
+every ``Wait`` by moving a virtual clock (instantly; or really sleeping, for demos),
+and reports each transition as a :class:`StepRecord` as it happens. The result says
+how every turn and the session ended, and which of the scenario's expectations did
+not hold. Nothing here decides anything: every decision in the trace is the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ._codec import encode
+from ._events import (
+    Assembled,
+    Cancelled,
+    CannotShrink,
+    ModelFailed,
+    ModelReplied,
+    ToolsDone,
+    WaitDone,
+)
+from ._exceptions import IllegalEvent, SessionEnded
+from ._model_error import ModelError
+from ._scenarios import OPEN, Scenario, Step
+from ._session import Session
+from ._tools import ToolCall, ToolOutcome
+from ._trace import TraceRecord
+from ._turn import Turn
+
+EPOCH = 1_767_225_600.0
+"""The virtual wall clock's start, 2026-01-01T00:00:00Z, so HTTP-date retry-after
+headers in scenarios mean the same thing on every run."""
+
+
+class VirtualClock:
+    """Seconds since the scenario started; only the simulator moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        """Unix time on the virtual clock (for HTTP-date retry-after headers)."""
+        return EPOCH + self.now
+
+
+@attrs.frozen
+class StepRecord:
+    """One transition of one turn, with what the simulator knows around it."""
+
+    scenario: str
+    turn: int
+    final_answer: bool
+    step: int
+    t: float
+    """The virtual clock when the event arrived, in seconds."""
+    source: str
+    event: str
+    detail: str
+    """The event's payload, in short (``size=1200``, ``rate_limited retry_after=2s``)."""
+    auto: bool
+    """The simulator sent the event itself (a ``WaitDone`` after a ``Wait``)."""
+    guard: str
+    dest: str
+    action: Action
+    attempt: int
+    session_retries: int
+    reductions: int
+    cost_usd: float
+    limit: str | None
+    """The session limit that has fired, if any (its final-answer turn comes next)."""
+    session_status: str | None
+
+
+@attrs.frozen
+class TurnResult:
+    """How one turn of the scenario ended."""
+
+    index: int
+    status: str | None
+    final_answer: bool
+    fallbacks: int
+
+
+@attrs.frozen
+class Result:
+    """How a scenario ended, and the expectations that did not hold."""
+
+    scenario: Scenario
+    seed: int
+    turns: tuple[TurnResult, ...]
+    session_status: str | None
+    limit: str | None
+    retries_used: int
+    cost_usd: float
+    elapsed_s: float
+    failures: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether the script ran through and every expectation held."""
+        return not self.failures
+
+
+# -- the events a step stands for -----------------------------------------------
+
+
+def _event(step: Step, turn: int, action: Action | None) -> tuple[object, str]:
+    """The engine event of ``step`` in turn ``turn``, and a short description of it."""
+    fields = step.fields
+    kind = step.event
+    if kind == "Assembled":
+        size = fields["size"]
+        request = fields.get("request", f"turn {turn} context ({size} tokens)")
+        return Assembled(request, size), f"size={size}"
+    if kind == "ModelFailed":
+        error = ModelError(
+            fields["category"],
+            message=fields.get("message", ""),
+            retry_after_seconds=fields.get("retry_after"),
+            headers=fields.get("headers"),
+            code=fields.get("code"),
+            status=fields.get("status"),
+        )
+        detail = str(fields["category"])
+        if "retry_after" in fields:
+            detail += f" retry_after={fields['retry_after']:g}s"
+        for name, value in fields.get("headers", {}).items():
+            detail += f" {name}: {value}"
+        if fields.get("partial"):
+            detail += " (partial stream)"
+        return ModelFailed(error, partial=fields.get("partial", False)), detail
+    if kind == "ModelReplied":
+        calls = tuple(
+            ToolCall(spec.id or f"c{turn}.{i + 1}", spec.provider, spec.name, spec.arguments)
+            for i, spec in enumerate(fields["tool_calls"])
+        )
+        cost = fields.get("cost", 0.0)
+        detail = f"cost=${cost:g}"
+        if calls:
+            detail += " calls " + ", ".join(_call_text(call) for call in calls)
+        return ModelReplied(calls, cost, fields.get("reply")), detail
+    if kind == "ToolsDone":
+        invoked = action.calls if isinstance(action, InvokeTools) else ()
+        outcomes = []
+        for i, spec in enumerate(fields["outcomes"]):
+            call_id = spec.call_id or (invoked[i].id if i < len(invoked) else f"?{i + 1}")
+            outcomes.append(ToolOutcome(call_id, spec.ok, spec.content, spec.category))
+        detail = ", ".join(
+            f"{o.call_id} {'ok' if o.ok else (o.category or 'unknown')}" for o in outcomes
+        )
+        return ToolsDone(tuple(outcomes)), detail
+    if kind == "Cancelled":
+        reason = fields.get("reason", "")
+        return Cancelled(reason), reason
+    if kind == "CannotShrink":
+        return CannotShrink(), ""
+    return WaitDone(), ""
+
+
+def _call_text(call: ToolCall) -> str:
+    if call.arguments is None:
+        return f"{call.provider}.{call.name}()"
+    args = json.dumps(call.arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{call.provider}.{call.name}({args})"
+
+
+# -- running ---------------------------------------------------------------------
+
+
+class _Failed(Exception):
+    """The script stopped matching the engine: the message says where and why."""
+
+
+def run(
+    scenario: Scenario,
+    *,
+    seed: int | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> Result:
+    """Play ``scenario`` through a real session; ``seed`` overrides its seed.
+
+    ``on_step`` receives every transition as it happens; ``sleep`` (for demos)
+    is called with the seconds of every wait and every step's ``takes``, which the
+    virtual clock moves by in any case.
+    """
+    clock = VirtualClock()
+    records: list[TraceRecord] = []
+    used_seed = scenario.seed if seed is None else seed
+    session = Session(
+        scenario.settings,
+        used_seed,
+        clock,
+        wall_clock=clock.wall,
+        observers=(records.append,),
+    )
+    turns: list[TurnResult] = []
+    failures: list[str] = []
+
+    def advance(seconds: float) -> None:
+        clock.now += seconds
+        if sleep is not None and seconds > 0:
+            sleep(seconds)
+
+    def emit(turn: Turn, detail: str, auto: bool, when: float) -> None:
+        record = records[-1]
+        if on_step is None:
+            return
+        limit = session.limit_reached
+        status = session.status
+        on_step(
+            StepRecord(
+                scenario=scenario.name,
+                turn=turn.index,
+                final_answer=turn.final_answer,
+                step=record.step,
+                t=when,
+                source=record.source,
+                event=record.event,
+                detail=detail,
+                auto=auto,
+                guard=record.guard,
+                dest=record.dest,
+                action=record.action,
+                attempt=record.attempt,
+                session_retries=record.session_retries,
+                reductions=record.reductions,
+                cost_usd=session.cost_usd,
+                limit=limit.value if limit else None,
+                session_status=status.value if status else None,
+            )
+        )
+
+    def play(spec_index: int, steps: list[Step]) -> Turn:
+        spec = scenario.turns[spec_index]
+        try:
+            turn = session.new_turn()
+        except SessionEnded as exc:
+            raise _Failed(
+                f"{scenario.where(spec.line)}: {spec.path}: the session has already ended "
+                f"({exc.status}); no more turns can be played"
+            ) from None
+        action = turn.start()
+        emit(turn, "", False, clock.now)
+        queue = list(steps)
+        while not turn.done:
+            upcoming = queue[0] if queue else None
+            if isinstance(action, Wait) and (
+                upcoming is None or upcoming.event not in ("WaitDone", "Cancelled")
+            ):
+                seconds = action.seconds
+                advance(seconds)
+                action = turn.send(WaitDone())
+                emit(turn, f"after {seconds:.3f}s", True, clock.now)
+                continue
+            if upcoming is None:
+                raise _Failed(
+                    f"{scenario.where(spec.line)}: {spec.path}: the steps ran out in state "
+                    f"{turn.state!r}; the engine asked for {_action_text(action)}"
+                )
+            step = queue.pop(0)
+            if isinstance(action, Wait) and step.event == "WaitDone":
+                advance(action.seconds)
+            advance(step.takes)
+            event, detail = _event(step, turn.index, action)
+            try:
+                action = turn.send(event)
+            except IllegalEvent as exc:
+                raise _Failed(f"{scenario.where(step.line)}: {step.path}: {exc}") from None
+            emit(turn, detail, False, clock.now)
+            if step.expect_action and type(action).__name__ != step.expect_action:
+                raise _Failed(
+                    f"{scenario.where(step.line)}: {step.path}: expected the engine to answer "
+                    f"{step.expect_action}, it answered {_action_text(action)}"
+                )
+        if queue:
+            raise _Failed(
+                f"{scenario.where(queue[0].line)}: {queue[0].path}: the turn had already "
+                f"finished ({turn.status}); {len(queue)} step(s) left over"
+            )
+        return turn
+
+    try:
+        for spec_index, spec in enumerate(scenario.turns):
+            steps = [step for step in spec.steps for _ in range(step.repeat)]
+            for _ in range(spec.repeat):
+                turn = play(spec_index, steps)
+                finish = turn.finish
+                fallbacks = len(finish.fallbacks) if finish else 0
+                status = turn.status.value if turn.status else None
+                turns.append(TurnResult(turn.index, status, turn.final_answer, fallbacks))
+                where = f"{scenario.where(spec.line)}: {spec.path}"
+                if spec.expect_status is not None and status != spec.expect_status:
+                    failures.append(
+                        f"{where}: turn {turn.index} ended {status}, "
+                        f"expected {spec.expect_status.value}"
+                    )
+                if spec.expect_fallbacks is not None and fallbacks != spec.expect_fallbacks:
+                    failures.append(
+                        f"{where}: turn {turn.index} fell back {fallbacks} time(s), "
+                        f"expected {spec.expect_fallbacks}"
+                    )
+    except _Failed as exc:
+        failures.append(str(exc))
+
+    session_status = session.status.value if session.status else None
+    if not failures:
+        failures.extend(_check_scenario(scenario, turns, session_status, session.retries_used))
+    return Result(
+        scenario=scenario,
+        seed=used_seed,
+        turns=tuple(turns),
+        session_status=session_status,
+        limit=session.limit_reached.value if session.limit_reached else None,
+        retries_used=session.retries_used,
+        cost_usd=session.cost_usd,
+        elapsed_s=clock.now,
+        failures=tuple(failures),
+    )
+
+
+def _check_scenario(
+    scenario: Scenario, turns: list[TurnResult], session_status: str | None, retries: int
+) -> list[str]:
+    failures = []
+    where = scenario.source
+    last = turns[-1].status if turns else None
+    if scenario.expect_turn_status is not None and last != scenario.expect_turn_status:
+        failures.append(
+            f"{where}: expect_turn_status: the last turn ended {last}, "
+            f"expected {scenario.expect_turn_status.value}"
+        )
+    if scenario.expect_session_status is not None:
+        got = session_status or OPEN
+        if got != scenario.expect_session_status:
+            failures.append(
+                f"{where}: expect_session_status: the session is {got}, "
+                f"expected {scenario.expect_session_status}"
+            )
+    if scenario.expect_retries_used is not None and retries != scenario.expect_retries_used:
+        failures.append(
+            f"{where}: expect_retries_used: the session used {retries} retries, "
+            f"expected {scenario.expect_retries_used}"
+        )
+    return failures
+
+
+# -- presenting ------------------------------------------------------------------
+
+
+def _action_text(action: Action | None) -> str:
+    if isinstance(action, Assemble):
+        text = "Assemble(reduce)" if action.reduce else "Assemble"
+        if action.withhold_tools:
+            text += " final-answer (no tools)"
+        return text
+    if isinstance(action, CallModel):
+        text = f"CallModel attempt={action.attempt}"
+        if action.model is not None:
+            text += f" model={action.model}"
+        if action.withhold_tools:
+            text += " no tools"
+        return text
+    if isinstance(action, Wait):
+        return f"Wait {action.seconds:.3f}s"
+    if isinstance(action, InvokeTools):
+        calls = ", ".join(f"{c.id}={c.provider}.{c.name}" for c in action.calls)
+        return f"InvokeTools {calls or '(none)'}"
+    if isinstance(action, Finish):
+        text = f"Finish {action.status.value}"
+        errors = sum(1 for r in action.tool_results if r.is_error)
+        if action.tool_results:
+            text += f" results={len(action.tool_results)}"
+            if errors:
+                text += f" ({errors} error)"
+        if action.fallbacks:
+            text += f" via {' -> '.join(f.to_model for f in action.fallbacks)}"
+        if action.retry_at is not None:
+            text += f" retry_at=t+{action.retry_at:.0f}s"
+        return text
+    return repr(action)
+
+
+HEADER = (
+    f"  {'#':>3} {'t (s)':>8}  {'state -> next':<28} {'event':<44} {'action':<38} "
+    f"{'att':>3} {'ret':>3} {'red':>3}  row"
+)
+
+
+def format_scenario_header(scenario: Scenario, seed: int) -> str:
+    """The lines above a scenario's trace."""
+    changed = ", ".join(f"{k}={v!r}" for k, v in scenario.settings_table.items())
+    lines = [
+        f"== {scenario.name}: {scenario.description}".rstrip(": "),
+        f"   settings: {changed or 'the defaults'}; seed {seed}",
+    ]
+    return "\n".join(lines)
+
+
+def format_turn_header(record: StepRecord) -> str:
+    """The line that opens a turn's trace."""
+    kind = " (final-answer turn: tools withheld)" if record.final_answer else ""
+    return f"  turn {record.turn}{kind}\n{HEADER}"
+
+
+def format_step(record: StepRecord) -> str:
+    """One transition as a line of the trace table."""
+    event = record.event + (" (auto)" if record.auto else "")
+    if record.detail:
+        event += f" {record.detail}"
+    move = f"{record.source} -> {record.dest}"
+    guard = f"[{record.guard}]" if record.guard else ""
+    return (
+        f"  {record.step:>3} {record.t:>8.3f}  {move:<28} {event:<44} "
+        f"{_action_text(record.action):<38} {record.attempt:>3} {record.session_retries:>3} "
+        f"{record.reductions:>3}  {guard}"
+    ).rstrip()
+
+
+def format_turn_end(record: StepRecord) -> str:
+    """The line under a finished turn."""
+    assert isinstance(record.action, Finish)  # noqa: S101 - called for Finish only
+    line = f"  => turn {record.turn}: {record.action.status.value}"
+    line += f"   (cost ${record.cost_usd:g}, retries used {record.session_retries})"
+    if record.session_status:
+        line += f"\n  => session ended: {record.session_status}"
+    elif record.limit:
+        line += f"\n  => limit reached: {record.limit}; the next turn is the final-answer turn"
+    return line
+
+
+def format_result(result: Result) -> str:
+    """The summary under a scenario's trace."""
+    statuses = ", ".join(str(t.status) for t in result.turns) or "(no turn finished)"
+    lines = [
+        f"   turns: {statuses}",
+        f"   session: {result.session_status or OPEN}; retries used {result.retries_used}; "
+        f"cost ${result.cost_usd:g}; virtual time {result.elapsed_s:.3f}s",
+    ]
+    if result.ok:
+        lines.append("   OK: every expectation held")
+    else:
+        lines.extend(f"   FAILED: {failure}" for failure in result.failures)
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def step_json(record: StepRecord) -> dict[str, Any]:
+    """A transition as one JSON object (``--json``)."""
+    return {
+        "type": "step",
+        "scenario": record.scenario,
+        "turn": record.turn,
+        "final_answer": record.final_answer,
+        "step": record.step,
+        "t": record.t,
+        "state": record.source,
+        "event": record.event,
+        "detail": record.detail,
+        "auto": record.auto,
+        "guard": record.guard,
+        "next": record.dest,
+        "action": _jsonable(encode(record.action)),
+        "attempt": record.attempt,
+        "session_retries": record.session_retries,
+        "reductions": record.reductions,
+        "cost_usd": record.cost_usd,
+        "limit": record.limit,
+        "session_status": record.session_status,
+    }
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    """A scenario's outcome as one JSON object (``--json``)."""
+    summary: Mapping[str, Any] = {
+        "type": "summary",
+        "scenario": result.scenario.name,
+        "source": result.scenario.source,
+        "seed": result.seed,
+        "ok": result.ok,
+        "turn_statuses": [t.status for t in result.turns],
+        "session_status": result.session_status,
+        "limit": result.limit,
+        "retries_used": result.retries_used,
+        "cost_usd": result.cost_usd,
+        "elapsed_s": result.elapsed_s,
+        "failures": list(result.failures),
+    }
+    return dict(summary)
