@@ -1,0 +1,622 @@
+"""The session store suite, run against both stores: the in-memory one and a real
+``redis-server`` on loopback (skipped locally without it, a failure when ``CI`` is set).
+
+Worker processes, SIGKILL and server restarts are in ``test_store_redis.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from statemachine.store import (
+    INTERRUPTED,
+    AdvanceStatus,
+    CorruptSession,
+    InMemoryStore,
+    InvalidSessionId,
+    RecordTooLarge,
+    RedisStore,
+    SessionNotFound,
+    SessionStore,
+    StaleWrite,
+    Stored,
+    Worker,
+)
+
+from .store_worker import STOP, Clock, RedisServer, next_event, settings
+
+
+def redis_server_or_skip(directory: Path, *, persistent: bool = False) -> RedisServer:
+    """A started server; skip without ``redis-server`` locally, fail in CI."""
+    if not RedisServer.available():
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed, and CI is set: the store tests need it")
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(directory, persistent=persistent)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server (no persistence) for this module's tests."""
+    server = redis_server_or_skip(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+class Backend:
+    """Makes stores of one kind that share one backend, and reaches under them."""
+
+    kind = ""
+
+    def make(self, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def put_raw(self, store: Any, session_id: str, version: int, payload: bytes) -> None:
+        """Write ``payload`` under the session's key, bypassing every check."""
+        raise NotImplementedError
+
+    def raw(self, store: Any, session_id: str) -> tuple[int, bytes] | None:
+        """What is stored under the session's key, bypassing every check."""
+        raise NotImplementedError
+
+
+class MemoryBackend(Backend):
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.base = InMemoryStore(clock=self.clock)
+
+    def make(self, **options: Any) -> InMemoryStore:
+        store = InMemoryStore(clock=self.clock, **options)
+        store._data = self.base._data
+        store._lock = self.base._lock
+        return store
+
+    def put_raw(self, store: Any, session_id: str, version: int, payload: bytes) -> None:
+        store._data[store.key(session_id)] = (version, payload, None)
+
+    def raw(self, store: Any, session_id: str) -> tuple[int, bytes] | None:
+        entry = store._data.get(store.key(session_id))
+        return None if entry is None else (entry[0], entry[1])
+
+
+class RedisBackend(Backend):
+    kind = "redis"
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def make(self, **options: Any) -> RedisStore:
+        return RedisStore(self.client, **options)
+
+    def put_raw(self, store: Any, session_id: str, version: int, payload: bytes) -> None:
+        self.client.hset(store.key(session_id), mapping={"version": version, "record": payload})
+
+    def raw(self, store: Any, session_id: str) -> tuple[int, bytes] | None:
+        data = self.client.hgetall(store.key(session_id))
+        return (int(data[b"version"]), data[b"record"]) if data else None
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Each test runs once per store."""
+    if request.param == "memory":
+        yield MemoryBackend()
+        return
+    import redis
+
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = redis.Redis(host="127.0.0.1", port=server.port)
+    client.flushdb()
+    yield RedisBackend(client)
+    client.close()
+
+
+@pytest.fixture
+def now() -> Clock:
+    """The workers' shared wall clock."""
+    return Clock(10_000.0)
+
+
+def worker(store: Any, owner: str, now: Clock, **options: Any) -> Worker:
+    """A worker on injected clocks (sessions' monotonic clock frozen at 0)."""
+    return Worker(store, owner=owner, clock=lambda: 0.0, now=now, **options)
+
+
+def new_session(**options: Any) -> sm.Session:
+    """A fresh session on a frozen clock."""
+    base = settings()
+    return sm.Session(sm.Settings(**{**base.to_dict(), **options}), seed=3, clock=lambda: 0.0)
+
+
+def run_until(w: Worker, session_id: str, done: Callable[[Any], bool], **plan: Any) -> Any:
+    """Drive the session with the scripted host until ``done(result)``."""
+    result = w.load(session_id)
+    while not done(result):
+        event = next_event(result, **plan)
+        assert event is not STOP
+        result = w.advance(session_id, event, expected_version=result.version)
+        assert result.status is AdvanceStatus.APPLIED
+    return result
+
+
+def claimed(result: Any) -> bool:
+    """Whether tool calls were just handed out."""
+    return isinstance(result.action, sm.InvokeTools)
+
+
+# -- the store protocol --------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-70")
+def test_create_and_load_round_trip(backend: Backend, now: Clock) -> None:
+    """A created session loads back at version 1 with the same snapshot, from a store
+    that satisfies the SessionStore protocol."""
+    store = backend.make()
+    assert isinstance(store, SessionStore)
+    session = new_session()
+    turn = session.new_turn()
+    turn.start()
+    w = worker(store, "a", now)
+    assert w.create("conv-1", session).version == 1
+    loaded = w.load("conv-1")
+    assert loaded.status is AdvanceStatus.UNCHANGED
+    assert loaded.version == 1
+    assert loaded.session.snapshot() == session.snapshot()
+    assert loaded.action == sm.Assemble(reduce=False)
+    stored = store.load("conv-1")
+    assert isinstance(stored, Stored)
+    assert stored.record["snapshot"] == session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_compare_and_set_refuses_stale_writes(backend: Backend, now: Clock) -> None:
+    """A write at the wrong version raises StaleWrite (with both versions) and changes
+    nothing; a write to a vanished record raises SessionNotFound."""
+    store = backend.make()
+    w = worker(store, "a", now)
+    w.create("conv-1", new_session())
+    before = backend.raw(store, "conv-1")
+    with pytest.raises(StaleWrite, match=r"'conv-1' already exists \(version 1\)") as exc:
+        w.create("conv-1", new_session(max_turns=9))
+    assert (exc.value.expected, exc.value.actual, exc.value.session_id) == (0, 1, "conv-1")
+    record = store.load("conv-1").record
+    with pytest.raises(StaleWrite, match="expected version 5, the store holds version 1"):
+        store.compare_and_set("conv-1", 5, record)
+    assert backend.raw(store, "conv-1") == before
+    assert store.compare_and_set("conv-1", 1, record) == 2
+    with pytest.raises(SessionNotFound, match=r"'gone'.*expected version 2"):
+        store.compare_and_set("gone", 2, record)
+    with pytest.raises(SessionNotFound, match="'gone'"):
+        store.load("gone")
+    assert store.delete("conv-1") is True
+    assert store.delete("conv-1") is False
+
+
+@pytest.mark.requirement("ER-72")
+def test_ended_sessions_expire_and_running_ones_do_not(backend: Backend, now: Clock) -> None:
+    """With ended_ttl_s, the write that ends a session sets its expiry; a running
+    session has none."""
+    store = backend.make(ended_ttl_s=60)
+    w = worker(store, "a", now)
+    w.create("short", new_session(max_turns=1))
+    w.create("long", new_session())
+    result = run_until(w, "short", lambda r: r.session.status is not None, turns=5, failures=0)
+    assert result.session.status is sm.SessionStatus.ERROR_MAX_TURNS
+    if isinstance(backend, RedisBackend):
+        ttl = backend.client.pttl(store.key("short"))
+        assert 0 < ttl <= 60_000
+        assert backend.client.pttl(store.key("long")) == -1
+        return
+    assert isinstance(backend, MemoryBackend)
+    backend.clock.now += 59.9
+    assert w.load("short").version == result.version
+    backend.clock.now += 0.2
+    with pytest.raises(SessionNotFound, match=r"'short'.*expired"):
+        w.load("short")
+    assert w.load("long").version == 1
+
+
+# -- advancing ------------------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-73")
+def test_advance_applies_one_event_at_the_expected_version(backend: Backend, now: Clock) -> None:
+    """An event is applied only at the version it was computed from: a stale one is a
+    CONFLICT carrying the fresh state, and the counters move once."""
+    w = worker(backend.make(), "a", now)
+    w.create("conv-1", new_session())
+    first = w.advance("conv-1", None, expected_version=1)
+    assert first.applied
+    assert first.version == 2
+    calling = w.advance("conv-1", sm.Assembled("req", 10), expected_version=2)
+    failed = sm.ModelFailed(sm.ModelError("rate_limited"))
+    waiting = w.advance("conv-1", failed, expected_version=calling.version)
+    assert isinstance(waiting.action, sm.Wait)
+    again = w.advance("conv-1", failed, expected_version=calling.version)
+    assert again.status is AdvanceStatus.CONFLICT
+    assert again.version == waiting.version
+    assert again.action == waiting.action
+    assert again.session.retries_used == 1
+    assert w.load("conv-1").session.retries_used == 1
+
+
+@pytest.mark.requirement("ER-73")
+def test_engine_errors_write_nothing(backend: Backend, now: Clock) -> None:
+    """An illegal event (or a turn started twice) raises the engine's error and the
+    stored version does not move."""
+    w = worker(backend.make(), "a", now)
+    w.create("conv-1", new_session())
+    with pytest.raises(sm.IllegalEvent, match="'conv-1' has no turn yet"):
+        w.advance("conv-1", sm.WaitDone(), expected_version=1)
+    w.advance("conv-1", None, expected_version=1)
+    with pytest.raises(sm.IllegalEvent, match="WaitDone is not legal in state 'assembling'"):
+        w.advance("conv-1", sm.WaitDone(), expected_version=2)
+    with pytest.raises(sm.TurnInProgress):
+        w.advance("conv-1", None, expected_version=2)
+    assert w.load("conv-1").version == 2
+
+
+class Interleaving:
+    """A store that lets another worker write just before this one's write."""
+
+    def __init__(self, store: Any, meddle: Callable[[], None]) -> None:
+        self.store = store
+        self.meddle = meddle
+
+    def load(self, session_id: str) -> Stored:
+        result: Stored = self.store.load(session_id)
+        return result
+
+    def compare_and_set(self, session_id: str, expected: int, record: Any, **kw: Any) -> int:
+        meddle, self.meddle = self.meddle, lambda: None
+        meddle()
+        version: int = self.store.compare_and_set(session_id, expected, record, **kw)
+        return version
+
+    def delete(self, session_id: str) -> bool:
+        deleted: bool = self.store.delete(session_id)
+        return deleted
+
+
+@pytest.mark.requirement("ER-73")
+def test_a_lost_race_reloads_and_reports_conflict(backend: Backend, now: Clock) -> None:
+    """When another worker writes between this one's read and write, the write is
+    refused; the result is CONFLICT with the other worker's state, and the event is
+    applied exactly once."""
+    store = backend.make()
+    other = worker(store, "b", now)
+    failed = sm.ModelFailed(sm.ModelError("overloaded"))
+    other.create("conv-1", new_session())
+    other.advance("conv-1", None, expected_version=1)
+    other.advance("conv-1", sm.Assembled("req", 10), expected_version=2)
+    w = worker(
+        Interleaving(store, lambda: other.advance("conv-1", failed, expected_version=3)), "a", now
+    )
+    result = w.advance("conv-1", failed, expected_version=3)
+    assert result.status is AdvanceStatus.CONFLICT
+    assert result.version == 4
+    assert isinstance(result.action, sm.Wait)
+    assert result.session.retries_used == 1
+    assert w.load("conv-1").session.retries_used == 1
+
+
+@pytest.mark.requirement("ER-73")
+def test_a_retried_write_with_its_key_is_a_duplicate(backend: Backend, now: Clock) -> None:
+    """Sending the same keyed event again (a retry after a lost reply) is DUPLICATE,
+    not applied again, even after other events moved the session on; a lost race to
+    the same key is DUPLICATE too."""
+    store = backend.make()
+    w = worker(store, "a", now)
+    w.create("conv-1", new_session())
+    w.advance("conv-1", None, expected_version=1, key="e1")
+    calling = w.advance("conv-1", sm.Assembled("req", 10), expected_version=2, key="e2")
+    failed = sm.ModelFailed(sm.ModelError("rate_limited"))
+    w.advance("conv-1", failed, expected_version=calling.version, key="e3")
+    w.advance("conv-1", sm.WaitDone(), expected_version=calling.version + 1, key="e4")
+    retry = w.advance("conv-1", failed, expected_version=calling.version, key="e3")
+    assert retry.status is AdvanceStatus.DUPLICATE
+    assert retry.session.retries_used == 1
+    twin = worker(store, "b", now)
+    racing = Interleaving(
+        store, lambda: twin.advance("conv-1", failed, expected_version=5, key="e5")
+    )
+    lost = worker(racing, "a", now).advance("conv-1", failed, expected_version=5, key="e5")
+    assert lost.status is AdvanceStatus.DUPLICATE
+    assert lost.session.retries_used == 2
+    with pytest.raises(ValueError, match="key: must be a non-empty str"):
+        w.advance("conv-1", failed, expected_version=6, key="")
+
+
+@pytest.mark.requirement("ER-74")
+def test_two_threads_racing_apply_each_step_once(backend: Backend, now: Clock) -> None:
+    """Two workers in threads drive one session with the scripted host: each version
+    is advanced by exactly one of them, and the retries counted equal the retry
+    events applied (none lost, none doubled)."""
+    store = backend.make()
+    worker(store, "setup", now).create("conv-1", new_session())
+    logs: dict[str, list[tuple[int, str, str]]] = {"a": [], "b": []}
+    gate = threading.Barrier(2)
+
+    def run(owner: str) -> None:
+        w = worker(store, owner, now)
+        gate.wait(timeout=10)
+        result = w.load("conv-1")
+        while (event := next_event(result)) is not STOP:
+            expected = result.version
+            result = w.advance("conv-1", event, expected_version=expected)
+            logs[owner].append((expected, result.status.value, type(event).__name__))
+
+    threads = [threading.Thread(target=run, args=(owner,)) for owner in logs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    check_race(logs["a"] + logs["b"], worker(store, "check", now).load("conv-1"))
+
+
+def check_race(log: list[tuple[int, str, str]], final: Any) -> None:
+    """Every version from 1 to the last was advanced exactly once; the retries
+    the session counted are the ModelFailed events applied."""
+    applied = sorted(v for v, status, _ in log if status == "applied")
+    assert applied == list(range(1, final.version))
+    retries = sum(1 for _, status, event in log if status == "applied" and event == "ModelFailed")
+    assert retries == final.session.retries_used
+    assert final.session.retries_used == 6 * 2
+    assert final.session.turns == 6
+    assert isinstance(final.action, sm.Finish)
+    assert all(status in {"applied", "conflict"} for _, status, _ in log)
+
+
+# -- tool calls in flight when a worker dies -----------------------------------------------
+
+
+@pytest.mark.requirement("ER-75")
+def test_resume_interrupts_claimed_calls_and_reruns_idempotent_ones(
+    backend: Backend, now: Clock
+) -> None:
+    """Worker A is handed a search (idempotent) and a write, then never comes back.
+    While its lease holds, resume is BUSY; after it, B gets the search again, the
+    write comes back as an error marked interrupted, and the counters are A's."""
+    store = backend.make()
+    a = worker(store, "a", now, lease_s=30)
+    a.create("conv-1", new_session())
+    handed = run_until(a, "conv-1", claimed)
+    assert [c.name for c in handed.action.calls] == ["search", "write"]
+    assert store.load("conv-1").record["claim"]["owner"] == "a"
+    b = worker(store, "b", now, idempotent={"search"}, lease_s=30)
+    busy = b.resume("conv-1")
+    assert busy.status is AdvanceStatus.BUSY
+    assert busy.version == handed.version
+    now.now += 31
+    taken = b.resume("conv-1")
+    assert taken.status is AdvanceStatus.APPLIED
+    assert [c.name for c in taken.action.calls] == ["search"]
+    assert taken.interrupted == (
+        sm.ToolOutcome("t1-w", False, INTERRUPTED, sm.ToolErrorCategory.CANCELLED),
+    )
+    assert taken.session.retries_used == handed.session.retries_used == 2
+    assert taken.session.cost_usd == handed.session.cost_usd
+    assert worker(store, "c", now, idempotent={"search"}).resume("conv-1").status is (
+        AdvanceStatus.BUSY
+    )
+    assert b.load("conv-1").action == taken.action
+    done = b.advance(
+        "conv-1",
+        sm.ToolsDone([sm.ToolOutcome("t1-s", True, "3 hits")]),
+        expected_version=taken.version,
+    )
+    assert done.action.status is sm.TurnStatus.COMPLETED
+    assert done.action.tool_results == (
+        sm.ToolResult("t1-s", "3 hits"),
+        sm.ToolResult("t1-w", INTERRUPTED, True, sm.ToolErrorCategory.CANCELLED),
+    )
+    assert store.load("conv-1").record["claim"] is None
+
+
+@pytest.mark.requirement("ER-75")
+def test_resume_without_idempotent_tools_finishes_the_turn(backend: Backend, now: Clock) -> None:
+    """With no idempotent tool, resume turns every claimed call into an interrupted
+    error at once and the turn finishes; the late worker's ToolsDone is a CONFLICT
+    and is not applied."""
+    store = backend.make()
+    a = worker(store, "a", now)
+    a.create("conv-1", new_session())
+    handed = run_until(a, "conv-1", claimed)
+    taken = worker(store, "b", now).resume("conv-1", force=True)
+    assert taken.status is AdvanceStatus.APPLIED
+    assert isinstance(taken.action, sm.Finish)
+    assert [(r.call_id, r.content, r.is_error) for r in taken.action.tool_results] == [
+        ("t1-s", INTERRUPTED, True),
+        ("t1-w", INTERRUPTED, True),
+    ]
+    assert taken.session.crash_counts == {}
+    late = a.advance(
+        "conv-1",
+        sm.ToolsDone([sm.ToolOutcome(c.id, True, "ran") for c in handed.action.calls]),
+        expected_version=handed.version,
+    )
+    assert late.status is AdvanceStatus.CONFLICT
+    assert late.action == taken.action
+
+
+@pytest.mark.requirement("ER-75")
+def test_resume_with_nothing_in_flight_changes_nothing(backend: Backend, now: Clock) -> None:
+    """A session waiting on a model call (or on nothing) is not taken over: resume
+    returns the pending action to repeat, UNCHANGED, at the same version."""
+    store = backend.make()
+    a = worker(store, "a", now)
+    a.create("conv-1", new_session())
+    assert a.resume("conv-1").action is None
+    calling = run_until(a, "conv-1", lambda r: isinstance(r.action, sm.CallModel))
+    resumed = worker(store, "b", now).resume("conv-1", force=True)
+    assert resumed.status is AdvanceStatus.UNCHANGED
+    assert resumed.version == calling.version
+    assert resumed.action == calling.action
+
+
+@pytest.mark.requirement("ER-75")
+def test_a_resumer_that_dies_too_is_resumed_again(backend: Backend, now: Clock) -> None:
+    """B re-runs the idempotent search and dies as well; C's resume hands the search
+    out again and keeps the write's interrupted outcome from B's takeover."""
+    store = backend.make()
+    a = worker(store, "a", now)
+    a.create("conv-1", new_session())
+    run_until(a, "conv-1", claimed)
+    worker(store, "b", now, idempotent={"search"}).resume("conv-1", force=True)
+    now.now += 10_000
+    c = worker(store, "c", now, idempotent={"search"})
+    taken = c.resume("conv-1")
+    assert [call.id for call in taken.action.calls] == ["t1-s"]
+    assert taken.interrupted == ()
+    done = c.advance(
+        "conv-1", sm.ToolsDone([sm.ToolOutcome("t1-s", True, "x")]), expected_version=taken.version
+    )
+    assert [r.content for r in done.action.tool_results] == ["x", INTERRUPTED]
+
+
+def test_idle_time_in_the_store_counts_toward_the_wall_clock(backend: Backend, now: Clock) -> None:
+    """Time a session spends stored between workers counts as elapsed, as it would in
+    one process; with count_idle=False it does not."""
+    store = backend.make()
+    w = worker(store, "a", now)
+    w.create("conv-1", new_session())
+    now.now += 42
+    assert w.load("conv-1").session.elapsed_s == pytest.approx(42)
+    assert worker(store, "b", now, count_idle=False).load("conv-1").session.elapsed_s == 0
+
+
+# -- bad and hostile input --------------------------------------------------------------------
+
+
+def _record(session_id: str = "conv-1", **changes: Any) -> dict[str, Any]:
+    snapshot = new_session().snapshot()
+    record: dict[str, Any] = {
+        "format": "statemachine.store.record",
+        "version": 1,
+        "session_id": session_id,
+        "saved_at": 10_000.0,
+        "keys": [],
+        "claim": None,
+        "carried": [],
+        "snapshot": snapshot,
+    }
+    for key, value in changes.items():
+        if key.startswith("snapshot_"):
+            snapshot[key.removeprefix("snapshot_")] = value
+        else:
+            record[key] = value
+    return record
+
+
+def _bytes(record: dict[str, Any]) -> bytes:
+    return json.dumps(record).encode()
+
+
+CORRUPTIONS = {
+    "garbage": (b"\xff\xfe not json", "not valid JSON"),
+    "truncated": (_bytes(_record())[:150], "not valid JSON"),
+    "not an object": (b"[1, 2, 3]", "not a JSON object"),
+    "NaN": (_bytes(_record()).replace(b'"saved_at": 10000.0', b'"saved_at": NaN'), "NaN"),
+    "deeply nested": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    "foreign format": (_bytes(_record(format="other.app")), "format: 'other.app'"),
+    "foreign record version": (_bytes(_record(version=99)), "version: 99 is not supported"),
+    "foreign snapshot version": (
+        _bytes(_record(snapshot_version=99)),
+        r"snapshot\.version: 99 is not supported",
+    ),
+    "snapshot key missing": (
+        _bytes(_record(snapshot_retries="many")),
+        r"snapshot\.retries: must be int",
+    ),
+    "another session's record": (_bytes(_record("conv-2")), "holds session 'conv-2'"),
+    "bad claim": (_bytes(_record(claim={"owner": 1})), "claim: must be"),
+    "bad carried": (_bytes(_record(carried=[{"$type": "Nope"}])), "carried"),
+    "oversized": (b" " * 5000 + _bytes(_record()), "over the store's max_bytes"),
+}
+
+
+@pytest.mark.requirement("ER-77")
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_a_corrupt_record_is_a_clear_error_and_left_untouched(
+    backend: Backend, now: Clock, corruption: str
+) -> None:
+    """Corrupt, truncated, foreign-version or oversized data raises CorruptSession
+    naming the session and what was wrong, for load, advance and resume alike, and
+    the stored bytes and version are exactly as they were."""
+    payload, reason = CORRUPTIONS[corruption]
+    store = backend.make(max_bytes=4096 if corruption == "oversized" else 1_000_000)
+    backend.put_raw(store, "conv-1", 7, payload)
+    w = worker(store, "a", now)
+    for attempt in (
+        lambda: w.load("conv-1"),
+        lambda: w.advance("conv-1", None, expected_version=7),
+        lambda: w.resume("conv-1", force=True),
+    ):
+        with pytest.raises(CorruptSession, match=rf"session 'conv-1'.*{reason}") as exc:
+            attempt()
+        assert exc.value.session_id == "conv-1"
+        assert isinstance(exc.value, sm.SnapshotError)
+    assert backend.raw(store, "conv-1") == (7, payload)
+
+
+@pytest.mark.requirement("ER-77")
+def test_an_oversized_write_is_refused(backend: Backend, now: Clock) -> None:
+    """A record over max_bytes is not written: RecordTooLarge names the session and
+    the sizes, and the stored version stays."""
+    store = backend.make(max_bytes=4096)
+    w = worker(store, "a", now)
+    w.create("conv-1", new_session())
+    w.advance("conv-1", None, expected_version=1)
+    with pytest.raises(RecordTooLarge, match=r"'conv-1'.* bytes, over the store's max_bytes"):
+        w.advance("conv-1", sm.Assembled("x" * 5000, 10), expected_version=2)
+    assert w.load("conv-1").version == 2
+    with pytest.raises(ValueError, match="max_bytes: must be an int >= 256"):
+        backend.make(max_bytes=10)
+
+
+BAD_IDS = ["", "a:b", "x" * 129, "../etc", "a*", "tenant-b:session:x", "a b", "é", "a\n", 7]
+
+
+@pytest.mark.requirement("ER-78")
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_invalid_session_ids_are_refused(backend: Backend, now: Clock, bad: Any) -> None:
+    """Ids outside [A-Za-z0-9._-]{1,128} are refused before any key is touched."""
+    store = backend.make()
+    w = worker(store, "a", now)
+    with pytest.raises(InvalidSessionId, match=r"session id .* is invalid"):
+        w.create(bad, new_session())
+    with pytest.raises(InvalidSessionId):
+        store.load(bad)
+    with pytest.raises(InvalidSessionId):
+        w.advance(bad, None, expected_version=1)
+
+
+@pytest.mark.requirement("ER-78")
+def test_tenants_cannot_reach_each_other(backend: Backend, now: Clock) -> None:
+    """Two tenants on one backend may use the same session id: each sees only its
+    own record, and neither a bad tenant name nor an id can escape the namespace."""
+    alpha = worker(backend.make(tenant="alpha"), "a", now)
+    beta = worker(backend.make(tenant="beta"), "b", now)
+    alpha.create("conv-1", new_session(max_turns=3))
+    with pytest.raises(SessionNotFound):
+        beta.load("conv-1")
+    beta.create("conv-1", new_session(max_turns=4))
+    assert alpha.load("conv-1").session.settings.max_turns == 3
+    assert beta.load("conv-1").session.settings.max_turns == 4
+    assert alpha.store.key("conv-1").endswith(":alpha:session:conv-1")
+    with pytest.raises(InvalidSessionId, match="tenant 'al:pha' is invalid"):
+        backend.make(tenant="al:pha")
+    with pytest.raises(InvalidSessionId):
+        beta.load("alpha:session:conv-1")
