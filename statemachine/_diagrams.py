@@ -182,14 +182,14 @@ def _group(
 def _lit_states(view: View) -> set[str]:
     if view.highlight is None:
         return {*RUNNING_STATES, *TERMINAL_STATES}
-    lit = set()
+    lit: set[str] = set()
     for row in ROWS:
         if row_key(row) in view.highlight:
             lit.update((row.source, row.dest))
     return lit
 
 
-class _DotGraph(_gv.Graph):  # type: ignore[misc]
+class _DotGraph(_gv.Graph):
     """transitions' graphviz graph, styled by state kind and by the view."""
 
     def _add_nodes(self, states: list[dict[str, Any]], container: Any) -> None:
@@ -230,7 +230,7 @@ class _DotGraph(_gv.Graph):  # type: ignore[misc]
                 container.edge(src, dst, color=_DIM, style="dashed")
 
 
-class _MermaidGraph(_mm.Graph):  # type: ignore[misc]
+class _MermaidGraph(_mm.Graph):
     """transitions' mermaid graph, styled by state kind."""
 
     def _add_nodes(self, states: list[dict[str, Any]], container: list[str]) -> None:
@@ -246,7 +246,7 @@ class _MermaidGraph(_mm.Graph):  # type: ignore[misc]
             container.append(f"{src} --> {dst}: {'<br>'.join(label for label, _ in labels)}")
 
 
-class _TurnGraphMachine(GraphMachine):  # type: ignore[misc]
+class _TurnGraphMachine(GraphMachine):
     """A ``GraphMachine`` that draws with the graph classes above."""
 
     def __init__(self, *args: Any, view: View, **kwargs: Any) -> None:
@@ -263,7 +263,7 @@ class _Model:
 
 
 def _graph(view: View, engine: str) -> Any:
-    machine = build_machine(
+    machine: Any = build_machine(
         machine_class=_TurnGraphMachine,
         graph_engine=engine,
         show_conditions=True,
@@ -292,7 +292,7 @@ def _graph(view: View, engine: str) -> Any:
             "edge": {"default": {"fontname": "Helvetica", "fontsize": "10"}},
             "graph": {"default": {"fontname": "Helvetica", "labelloc": "t"}},
         }
-    model = _Model()
+    model: Any = _Model()
     machine.add_model(model)
     return model.get_graph(title=view.title)
 

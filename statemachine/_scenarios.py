@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -252,7 +252,9 @@ class _Checker:
         for key in table:
             if key not in known:
                 raise self.fail(
-                    line, f"{path}.{key}" if path else key, f"unknown key (known: {', '.join(known)})"
+                    line,
+                    f"{path}.{key}" if path else key,
+                    f"unknown key (known: {', '.join(known)})",
                 )
 
 
@@ -285,16 +287,20 @@ def _is_int(minimum: int) -> Callable[[Any], bool]:
 
 
 def _is_number(v: Any) -> bool:
-    return (
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-    )
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def _is_str(v: Any) -> bool:
     return isinstance(v, str)
 
 
-def _enum(check: _Checker, kind: type[Any], value: Any, line: int, path: str, extra: str = "") -> Any:
+def _is_table(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _enum(
+    check: _Checker, kind: type[Any], value: Any, line: int, path: str, extra: str = ""
+) -> Any:
     names = [member.value for member in kind]
     if extra:
         names.append(extra)
@@ -303,106 +309,128 @@ def _enum(check: _Checker, kind: type[Any], value: Any, line: int, path: str, ex
     return value if value == extra else kind(value)
 
 
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _is_name(v: Any) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _is_headers(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+
+
+def _one_of(values: Iterable[str]) -> tuple[Callable[[Any], bool], str]:
+    names = tuple(values)
+    return (lambda v: v in names), f"one of {', '.join(names)}"
+
+
+_Field = tuple[Callable[[Any], bool], str, bool]
+"""(predicate, what it expects, required) of one key."""
+
+_ANY: _Field = (lambda _v: True, "any value", False)
+_NUMBER: _Field = (_is_number, "a number >= 0", False)
+_TEXT: _Field = (_is_str, "a string", False)
+_COMMON_FIELDS: dict[str, _Field] = {
+    "repeat": (_is_int(1), "an integer >= 1", False),
+    "takes": _NUMBER,
+    "expect_action": (*_one_of(ACTIONS), False),
+}
+_FIELDS: dict[str, dict[str, _Field]] = {
+    "Assembled": {"size": (_is_int(0), "an integer >= 0", True), "request": _ANY},
+    "CannotShrink": {},
+    "ModelReplied": {
+        "cost": _NUMBER,
+        "reply": _ANY,
+        "tool_calls": (_is_list, "an array of {provider, name, ...}", False),
+    },
+    "ModelFailed": {
+        "category": (*_one_of(ErrorCategory), True),
+        "message": _TEXT,
+        "retry_after": _NUMBER,
+        "headers": (_is_headers, "a table of header names to string values", False),
+        "partial": (_is_bool, "true or false", False),
+        "code": _TEXT,
+        "status": (_is_int(100), "an HTTP status code", False),
+    },
+    "WaitDone": {},
+    "ToolsDone": {"outcomes": (_is_list, "an array of {ok = ...}", True)},
+    "Cancelled": {"reason": _TEXT},
+}
+
+
+def _fields(
+    check: _Checker, raw: Mapping[str, Any], spec: Mapping[str, _Field], line: int, path: str
+) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, (ok, expected, required) in spec.items():
+        if key in raw:
+            values[key] = _want(check, raw[key], ok, expected, line, f"{path}.{key}")
+        elif required:
+            raise check.fail(line, path, f"needs '{key}' ({expected})")
+    return values
+
+
 def _step(check: _Checker, raw: Any, turn: int, index: int) -> Step:
     path = f"turn[{turn + 1}].steps[{index + 1}]"
     line = check.lines.step(turn, index)
-    _want(check, raw, lambda v: isinstance(v, dict), "a table like {event = ...}", line, path)
+    _want(check, raw, _is_table, "a table like {event = ...}", line, path)
     event = raw.get("event")
     if event is None:
         raise check.fail(line, path, f"has no 'event' key (one of {', '.join(EVENTS)})")
     if event not in EVENTS:
-        raise check.fail(line, f"{path}.event", f"unknown event {event!r} (one of {', '.join(EVENTS)})")
-    check.unknown_keys(raw, _COMMON + _EVENT_KEYS[event], line, path)
-    repeat = _want(check, raw.get("repeat", 1), _is_int(1), "an integer >= 1", line, f"{path}.repeat")
-    takes = _want(check, raw.get("takes", 0), _is_number, "a number >= 0", line, f"{path}.takes")
-    expect = raw.get("expect_action")
-    if expect is not None and expect not in ACTIONS:
         raise check.fail(
-            line, f"{path}.expect_action", f"{expect!r} is not one of {', '.join(ACTIONS)}"
+            line, f"{path}.event", f"unknown event {event!r} (one of {', '.join(EVENTS)})"
         )
-    fields: dict[str, Any] = {}
-    p = path
-    if event == "Assembled":
-        if "size" not in raw:
-            raise check.fail(line, path, "Assembled needs a 'size' (an integer >= 0)")
-        fields["size"] = _want(check, raw["size"], _is_int(0), "an integer >= 0", line, f"{p}.size")
-        if "request" in raw:
-            fields["request"] = raw["request"]
-    elif event == "ModelFailed":
-        if "category" not in raw:
-            raise check.fail(
-                line, path, f"ModelFailed needs a 'category' (one of {', '.join(ErrorCategory)})"
-            )
-        fields["category"] = _enum(check, ErrorCategory, raw["category"], line, f"{p}.category")
-        for key in ("message", "code"):
-            if key in raw:
-                fields[key] = _want(check, raw[key], _is_str, "a string", line, f"{p}.{key}")
-        if "retry_after" in raw:
-            fields["retry_after"] = float(
-                _want(check, raw["retry_after"], _is_number, "a number >= 0", line, f"{p}.retry_after")
-            )
-        if "status" in raw:
-            fields["status"] = _want(
-                check, raw["status"], _is_int(100), "an HTTP status integer", line, f"{p}.status"
-            )
-        if "partial" in raw:
-            fields["partial"] = _want(
-                check, raw["partial"], lambda v: isinstance(v, bool), "true or false", line, f"{p}.partial"
-            )
-        if "headers" in raw:
-            headers = _want(
-                check, raw["headers"], lambda v: isinstance(v, dict), "a table", line, f"{p}.headers"
-            )
-            for name, value in headers.items():
-                _want(check, value, _is_str, "a string", line, f"{p}.headers.{name}")
-            fields["headers"] = dict(headers)
-    elif event == "ModelReplied":
-        if "cost" in raw:
-            fields["cost"] = float(
-                _want(check, raw["cost"], _is_number, "a number >= 0", line, f"{p}.cost")
-            )
-        if "reply" in raw:
-            fields["reply"] = raw["reply"]
-        calls = _want(
-            check, raw.get("tool_calls", []), lambda v: isinstance(v, list), "an array", line, f"{p}.tool_calls"
-        )
+    check.unknown_keys(raw, _COMMON + tuple(_FIELDS[event]), line, path)
+    common = _fields(check, raw, _COMMON_FIELDS, line, path)
+    fields = _fields(check, raw, _FIELDS[event], line, path)
+    if event == "ModelReplied":
         fields["tool_calls"] = tuple(
-            _call(check, call, line, f"{p}.tool_calls[{i + 1}]") for i, call in enumerate(calls)
+            _call(check, call, line, f"{path}.tool_calls[{i + 1}]")
+            for i, call in enumerate(fields.get("tool_calls", ()))
         )
-    elif event == "ToolsDone":
-        if "outcomes" not in raw:
-            raise check.fail(line, path, "ToolsDone needs 'outcomes' (an array of {ok = ...})")
-        outcomes = _want(
-            check, raw["outcomes"], lambda v: isinstance(v, list), "an array", line, f"{p}.outcomes"
-        )
+    if event == "ToolsDone":
         fields["outcomes"] = tuple(
-            _outcome(check, item, line, f"{p}.outcomes[{i + 1}]") for i, item in enumerate(outcomes)
+            _outcome(check, item, line, f"{path}.outcomes[{i + 1}]")
+            for i, item in enumerate(fields["outcomes"])
         )
-    elif event == "Cancelled" and "reason" in raw:
-        fields["reason"] = _want(check, raw["reason"], _is_str, "a string", line, f"{p}.reason")
-    return Step(event, fields, repeat, float(takes), expect, path, line)
+    return Step(
+        event,
+        fields,
+        common.get("repeat", 1),
+        float(common.get("takes", 0.0)),
+        common.get("expect_action"),
+        path,
+        line,
+    )
 
 
 def _call(check: _Checker, raw: Any, line: int, path: str) -> ToolCallSpec:
-    _want(check, raw, lambda v: isinstance(v, dict), "a table {provider, name, ...}", line, path)
+    _want(check, raw, _is_table, "a table {provider, name, ...}", line, path)
     check.unknown_keys(raw, _CALL_KEYS, line, path)
     nonempty = "a non-empty string"
     values = {}
     for key in ("provider", "name"):
         if key not in raw:
             raise check.fail(line, path, f"a tool call needs '{key}'")
-        values[key] = _want(check, raw[key], lambda v: _is_str(v) and v, nonempty, line, f"{path}.{key}")
+        values[key] = _want(check, raw[key], _is_name, nonempty, line, f"{path}.{key}")
     if "id" in raw:
-        values["id"] = _want(check, raw["id"], lambda v: _is_str(v) and v, nonempty, line, f"{path}.id")
+        values["id"] = _want(check, raw["id"], _is_name, nonempty, line, f"{path}.id")
     return ToolCallSpec(arguments=raw.get("arguments"), **values)
 
 
 def _outcome(check: _Checker, raw: Any, line: int, path: str) -> OutcomeSpec:
-    _want(check, raw, lambda v: isinstance(v, dict), "a table {ok = ...}", line, path)
+    _want(check, raw, _is_table, "a table {ok = ...}", line, path)
     check.unknown_keys(raw, _OUTCOME_KEYS, line, path)
     if "ok" not in raw:
         raise check.fail(line, path, "an outcome needs 'ok' (true or false)")
-    ok = _want(check, raw["ok"], lambda v: isinstance(v, bool), "true or false", line, f"{path}.ok")
+    ok = _want(check, raw["ok"], _is_bool, "true or false", line, f"{path}.ok")
     category = None
     if "category" in raw:
         if ok:
@@ -410,24 +438,44 @@ def _outcome(check: _Checker, raw: Any, line: int, path: str) -> OutcomeSpec:
         category = _enum(check, ToolErrorCategory, raw["category"], line, f"{path}.category")
     call_id = None
     if "call_id" in raw:
-        call_id = _want(check, raw["call_id"], lambda v: _is_str(v) and v, "a non-empty string", line, f"{path}.call_id")
+        call_id = _want(
+            check,
+            raw["call_id"],
+            _is_name,
+            "a non-empty string",
+            line,
+            f"{path}.call_id",
+        )
     return OutcomeSpec(ok, raw.get("content", ""), category, call_id)
 
 
 def _turn(check: _Checker, raw: Any, index: int) -> TurnSpec:
     path = f"turn[{index + 1}]"
     line = check.lines.turn(index)
-    _want(check, raw, lambda v: isinstance(v, dict), "a [[turn]] table", line, path)
+    _want(check, raw, _is_table, "a [[turn]] table", line, path)
     check.unknown_keys(raw, _TURN_KEYS, line, path)
     if "steps" not in raw:
         raise check.fail(line, path, "has no 'steps' (an array of {event = ...})")
     steps = _want(
-        check, raw["steps"], lambda v: isinstance(v, list) and v, "a non-empty array", line, f"{path}.steps"
+        check,
+        raw["steps"],
+        lambda v: isinstance(v, list) and bool(v),
+        "a non-empty array",
+        line,
+        f"{path}.steps",
     )
-    repeat = _want(check, raw.get("repeat", 1), _is_int(1), "an integer >= 1", line, f"{path}.repeat")
+    repeat = _want(
+        check, raw.get("repeat", 1), _is_int(1), "an integer >= 1", line, f"{path}.repeat"
+    )
     status = raw.get("expect_status")
     if status is not None:
-        status = _enum(check, TurnStatus, status, check.lines.key("expect_status", line) or line, f"{path}.expect_status")
+        status = _enum(
+            check,
+            TurnStatus,
+            status,
+            check.lines.key("expect_status", line) or line,
+            f"{path}.expect_status",
+        )
     fallbacks = raw.get("expect_fallbacks")
     if fallbacks is not None:
         _want(check, fallbacks, _is_int(0), "an integer >= 0", line, f"{path}.expect_fallbacks")
@@ -454,13 +502,24 @@ def parse(text: str, source: str, name: str) -> Scenario:
     check = _Checker(source, lines)
     for key in data:
         if key not in _TOP_KEYS:
-            raise check.fail(lines.key(key, None), key, f"unknown key (known: {', '.join(_TOP_KEYS)})")
+            raise check.fail(
+                lines.key(key, None), key, f"unknown key (known: {', '.join(_TOP_KEYS)})"
+            )
     top = lines.key
-    description = _want(check, data.get("description", ""), _is_str, "a string", top("description", None) or 1, "description")
-    seed = _want(check, data.get("seed", 0), _is_int(0), "an integer >= 0", top("seed", None) or 1, "seed")
+    description = _want(
+        check,
+        data.get("description", ""),
+        _is_str,
+        "a string",
+        top("description", None) or 1,
+        "description",
+    )
+    seed = _want(
+        check, data.get("seed", 0), _is_int(0), "an integer >= 0", top("seed", None) or 1, "seed"
+    )
     table = data.get("settings", {})
     settings_line = lines.settings or 1
-    _want(check, table, lambda v: isinstance(v, dict), "a [settings] table", settings_line, "settings")
+    _want(check, table, _is_table, "a [settings] table", settings_line, "settings")
     try:
         settings = Settings.from_dict(table, source="[settings]")
     except ConfigError as exc:
@@ -469,19 +528,46 @@ def parse(text: str, source: str, name: str) -> Scenario:
         raise check.fail(line, f"settings.{field}", str(exc).split(":", 1)[1].strip()) from None
     expect_turn = data.get("expect_turn_status")
     if expect_turn is not None:
-        expect_turn = _enum(check, TurnStatus, expect_turn, top("expect_turn_status", None) or 1, "expect_turn_status")
+        expect_turn = _enum(
+            check,
+            TurnStatus,
+            expect_turn,
+            top("expect_turn_status", None) or 1,
+            "expect_turn_status",
+        )
     expect_session = data.get("expect_session_status")
     if expect_session is not None:
         expect_session = str(
-            _enum(check, SessionStatus, expect_session, top("expect_session_status", None) or 1, "expect_session_status", OPEN)
+            _enum(
+                check,
+                SessionStatus,
+                expect_session,
+                top("expect_session_status", None) or 1,
+                "expect_session_status",
+                OPEN,
+            )
         )
     expect_retries = data.get("expect_retries_used")
     if expect_retries is not None:
-        _want(check, expect_retries, _is_int(0), "an integer >= 0", top("expect_retries_used", None) or 1, "expect_retries_used")
+        _want(
+            check,
+            expect_retries,
+            _is_int(0),
+            "an integer >= 0",
+            top("expect_retries_used", None) or 1,
+            "expect_retries_used",
+        )
     turns = data.get("turn")
     if turns is None:
         raise check.fail(1, "turn", "the scenario has no [[turn]] table")
-    _want(check, turns, lambda v: isinstance(v, list) and v, "an array of [[turn]] tables", 1, "turn")
+    _want(
+        check,
+        turns,
+        lambda v: isinstance(v, list) and bool(v),
+        "an array of [[turn]] tables",
+        1,
+        "turn",
+    )
     return Scenario(
         name=name,
         source=source,
@@ -502,7 +588,9 @@ def load(path: str | Path) -> Scenario:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(str(path), "", f"cannot read the scenario file: {exc.strerror}") from None
+        raise ScenarioError(
+            str(path), "", f"cannot read the scenario file: {exc.strerror}"
+        ) from None
     except UnicodeDecodeError:
         raise ScenarioError(str(path), "", "not UTF-8 text") from None
     return parse(text, str(path), path.stem)
@@ -535,7 +623,9 @@ def builtin_names() -> tuple[str, ...]:
     """The built-in scenarios, in the order ``simulate`` runs them."""
     folder = resources.files("statemachine") / "scenarios"
     found = {
-        entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml")
+        entry.name.removesuffix(".toml")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".toml")
     }
     return tuple(name for name in ORDER if name in found) + tuple(sorted(found - set(ORDER)))
 

@@ -29,7 +29,7 @@ from ._events import (
 )
 from ._exceptions import IllegalEvent, SessionEnded
 from ._model_error import ModelError
-from ._scenarios import OPEN, Scenario, Step
+from ._scenarios import OPEN, Scenario, Step, TurnSpec
 from ._session import Session
 from ._tools import ToolCall, ToolOutcome
 from ._trace import TraceRecord
@@ -182,6 +182,132 @@ class _Failed(Exception):
     """The script stopped matching the engine: the message says where and why."""
 
 
+class _Run:
+    """One play of a scenario: the session, its virtual clock and what happened."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        seed: int,
+        on_step: Callable[[StepRecord], None] | None,
+        sleep: Callable[[float], None] | None,
+    ) -> None:
+        self.scenario = scenario
+        self.on_step = on_step
+        self.sleep = sleep
+        self.clock = VirtualClock()
+        self.records: list[TraceRecord] = []
+        self.session = Session(
+            scenario.settings,
+            seed,
+            self.clock,
+            wall_clock=self.clock.wall,
+            observers=(self.records.append,),
+        )
+        self.turns: list[TurnResult] = []
+        self.failures: list[str] = []
+
+    def advance(self, seconds: float) -> None:
+        self.clock.now += seconds
+        if self.sleep is not None and seconds > 0:
+            self.sleep(seconds)
+
+    def emit(self, turn: Turn, detail: str, auto: bool) -> None:
+        if self.on_step is None:
+            return
+        record = self.records[-1]
+        limit = self.session.limit_reached
+        status = self.session.status
+        self.on_step(
+            StepRecord(
+                scenario=self.scenario.name,
+                turn=turn.index,
+                final_answer=turn.final_answer,
+                step=record.step,
+                t=self.clock.now,
+                source=record.source,
+                event=record.event,
+                detail=detail,
+                auto=auto,
+                guard=record.guard,
+                dest=record.dest,
+                action=record.action,
+                attempt=record.attempt,
+                session_retries=record.session_retries,
+                reductions=record.reductions,
+                cost_usd=self.session.cost_usd,
+                limit=limit.value if limit else None,
+                session_status=status.value if status else None,
+            )
+        )
+
+    def play(self, spec: TurnSpec) -> Turn:
+        """Play one turn of ``spec``; ``_Failed`` when the script and engine part."""
+        where = self.scenario.where
+        try:
+            turn = self.session.new_turn()
+        except SessionEnded as exc:
+            raise _Failed(
+                f"{where(spec.line)}: {spec.path}: the session has already ended "
+                f"({exc.status}); no more turns can be played"
+            ) from None
+        action: Action = turn.start()
+        self.emit(turn, "", False)
+        queue = [step for step in spec.steps for _ in range(step.repeat)]
+        while not turn.done:
+            upcoming = queue[0] if queue else None
+            if isinstance(action, Wait) and (
+                upcoming is None or upcoming.event not in ("WaitDone", "Cancelled")
+            ):
+                seconds = action.seconds
+                self.advance(seconds)
+                action = turn.send(WaitDone())
+                self.emit(turn, f"after {seconds:.3f}s", True)
+                continue
+            if upcoming is None:
+                raise _Failed(
+                    f"{where(spec.line)}: {spec.path}: the steps ran out in state "
+                    f"{turn.state!r}; the engine asked for {_action_text(action)}"
+                )
+            step = queue.pop(0)
+            if isinstance(action, Wait) and step.event == "WaitDone":
+                self.advance(action.seconds)
+            self.advance(step.takes)
+            try:
+                event, detail = _event(step, turn.index, action)
+                action = turn.send(event)
+            except (IllegalEvent, TypeError, ValueError) as exc:
+                raise _Failed(f"{where(step.line)}: {step.path}: {exc}") from None
+            self.emit(turn, detail, False)
+            if step.expect_action and type(action).__name__ != step.expect_action:
+                raise _Failed(
+                    f"{where(step.line)}: {step.path}: expected the engine to answer "
+                    f"{step.expect_action}, it answered {_action_text(action)}"
+                )
+        if queue:
+            raise _Failed(
+                f"{where(queue[0].line)}: {queue[0].path}: the turn had already "
+                f"finished ({turn.status}); {len(queue)} step(s) left over"
+            )
+        return turn
+
+    def check_turn(self, spec: TurnSpec, turn: Turn) -> None:
+        finish = turn.finish
+        fallbacks = len(finish.fallbacks) if finish else 0
+        status = turn.status.value if turn.status else None
+        self.turns.append(TurnResult(turn.index, status, turn.final_answer, fallbacks))
+        where = f"{self.scenario.where(spec.line)}: {spec.path}"
+        if spec.expect_status is not None and status != spec.expect_status:
+            self.failures.append(
+                f"{where}: turn {turn.index} ended {status}, expected {spec.expect_status.value}"
+            )
+        if spec.expect_fallbacks is not None and fallbacks != spec.expect_fallbacks:
+            self.failures.append(
+                f"{where}: turn {turn.index} fell back {fallbacks} time(s), "
+                f"expected {spec.expect_fallbacks}"
+            )
+
+
 def run(
     scenario: Scenario,
     *,
@@ -195,138 +321,30 @@ def run(
     is called with the seconds of every wait and every step's ``takes``, which the
     virtual clock moves by in any case.
     """
-    clock = VirtualClock()
-    records: list[TraceRecord] = []
     used_seed = scenario.seed if seed is None else seed
-    session = Session(
-        scenario.settings,
-        used_seed,
-        clock,
-        wall_clock=clock.wall,
-        observers=(records.append,),
-    )
-    turns: list[TurnResult] = []
-    failures: list[str] = []
-
-    def advance(seconds: float) -> None:
-        clock.now += seconds
-        if sleep is not None and seconds > 0:
-            sleep(seconds)
-
-    def emit(turn: Turn, detail: str, auto: bool, when: float) -> None:
-        record = records[-1]
-        if on_step is None:
-            return
-        limit = session.limit_reached
-        status = session.status
-        on_step(
-            StepRecord(
-                scenario=scenario.name,
-                turn=turn.index,
-                final_answer=turn.final_answer,
-                step=record.step,
-                t=when,
-                source=record.source,
-                event=record.event,
-                detail=detail,
-                auto=auto,
-                guard=record.guard,
-                dest=record.dest,
-                action=record.action,
-                attempt=record.attempt,
-                session_retries=record.session_retries,
-                reductions=record.reductions,
-                cost_usd=session.cost_usd,
-                limit=limit.value if limit else None,
-                session_status=status.value if status else None,
-            )
-        )
-
-    def play(spec_index: int, steps: list[Step]) -> Turn:
-        spec = scenario.turns[spec_index]
-        try:
-            turn = session.new_turn()
-        except SessionEnded as exc:
-            raise _Failed(
-                f"{scenario.where(spec.line)}: {spec.path}: the session has already ended "
-                f"({exc.status}); no more turns can be played"
-            ) from None
-        action = turn.start()
-        emit(turn, "", False, clock.now)
-        queue = list(steps)
-        while not turn.done:
-            upcoming = queue[0] if queue else None
-            if isinstance(action, Wait) and (
-                upcoming is None or upcoming.event not in ("WaitDone", "Cancelled")
-            ):
-                seconds = action.seconds
-                advance(seconds)
-                action = turn.send(WaitDone())
-                emit(turn, f"after {seconds:.3f}s", True, clock.now)
-                continue
-            if upcoming is None:
-                raise _Failed(
-                    f"{scenario.where(spec.line)}: {spec.path}: the steps ran out in state "
-                    f"{turn.state!r}; the engine asked for {_action_text(action)}"
-                )
-            step = queue.pop(0)
-            if isinstance(action, Wait) and step.event == "WaitDone":
-                advance(action.seconds)
-            advance(step.takes)
-            event, detail = _event(step, turn.index, action)
-            try:
-                action = turn.send(event)
-            except IllegalEvent as exc:
-                raise _Failed(f"{scenario.where(step.line)}: {step.path}: {exc}") from None
-            emit(turn, detail, False, clock.now)
-            if step.expect_action and type(action).__name__ != step.expect_action:
-                raise _Failed(
-                    f"{scenario.where(step.line)}: {step.path}: expected the engine to answer "
-                    f"{step.expect_action}, it answered {_action_text(action)}"
-                )
-        if queue:
-            raise _Failed(
-                f"{scenario.where(queue[0].line)}: {queue[0].path}: the turn had already "
-                f"finished ({turn.status}); {len(queue)} step(s) left over"
-            )
-        return turn
-
+    state = _Run(scenario, used_seed, on_step, sleep)
     try:
-        for spec_index, spec in enumerate(scenario.turns):
-            steps = [step for step in spec.steps for _ in range(step.repeat)]
+        for spec in scenario.turns:
             for _ in range(spec.repeat):
-                turn = play(spec_index, steps)
-                finish = turn.finish
-                fallbacks = len(finish.fallbacks) if finish else 0
-                status = turn.status.value if turn.status else None
-                turns.append(TurnResult(turn.index, status, turn.final_answer, fallbacks))
-                where = f"{scenario.where(spec.line)}: {spec.path}"
-                if spec.expect_status is not None and status != spec.expect_status:
-                    failures.append(
-                        f"{where}: turn {turn.index} ended {status}, "
-                        f"expected {spec.expect_status.value}"
-                    )
-                if spec.expect_fallbacks is not None and fallbacks != spec.expect_fallbacks:
-                    failures.append(
-                        f"{where}: turn {turn.index} fell back {fallbacks} time(s), "
-                        f"expected {spec.expect_fallbacks}"
-                    )
+                state.check_turn(spec, state.play(spec))
     except _Failed as exc:
-        failures.append(str(exc))
-
+        state.failures.append(str(exc))
+    session = state.session
     session_status = session.status.value if session.status else None
-    if not failures:
-        failures.extend(_check_scenario(scenario, turns, session_status, session.retries_used))
+    if not state.failures:
+        state.failures.extend(
+            _check_scenario(scenario, state.turns, session_status, session.retries_used)
+        )
     return Result(
         scenario=scenario,
         seed=used_seed,
-        turns=tuple(turns),
+        turns=tuple(state.turns),
         session_status=session_status,
         limit=session.limit_reached.value if session.limit_reached else None,
         retries_used=session.retries_used,
         cost_usd=session.cost_usd,
-        elapsed_s=clock.now,
-        failures=tuple(failures),
+        elapsed_s=state.clock.now,
+        failures=tuple(state.failures),
     )
 
 

@@ -1,0 +1,21 @@
+"""``python -m statemachine`` and the ``statemachine`` console script.
+
+``simulate`` runs the built-in failure storms, ``diagram`` draws the machine,
+``check`` model-checks it; ``--help`` on each says more.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code."""
+    from statemachine._cli import main as cli_main  # noqa: PLC0415 - keep `import` cheap
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

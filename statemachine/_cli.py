@@ -1,0 +1,279 @@
+"""The command line: ``python -m statemachine`` (or ``statemachine``).
+
+Subcommands:
+
+* ``simulate [SCENARIO...]``: run scripted failure storms through the real engine
+  on a virtual clock and print their traces; with no argument, every built-in.
+* ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
+* ``check``: the exhaustive model check (``statemachine._check``).
+
+Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
+(``diagram --check``), or the SVGs could not be drawn under ``--require-svg``;
+2 bad usage or a bad scenario file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from ._exceptions import ConfigError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+_SIMULATE_EPILOG = """\
+A SCENARIO is a built-in name (see --list) or a path to a .toml file; with none,
+every built-in runs. Each transition prints as a row: step, virtual time, state ->
+next state, the event (with "(auto)" for the WaitDone the simulator sends after a
+Wait), the engine's action, the counters (att: attempt of the current call, ret:
+session retries used, red: context reductions) and the guards of the table row
+that fired. Scenario file schema: see statemachine/_scenarios.py or the README.
+Exit status: 0 when every expectation held, 1 when one did not, 2 for a bad file.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="statemachine",
+        description=(
+            "A deterministic, sans-IO state machine for the error-recovery part of an "
+            "LLM agent's turn loop. Try: statemachine simulate"
+        ),
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="run failure-storm scenarios through the engine and print their traces",
+        description=(
+            "Run scripted scenarios (rate-limit storms, overloads, context overflows, "
+            "auth errors, crashing plugins, runaway sessions...) through the real "
+            "engine on a virtual clock, and print each transition and the final "
+            "turn and session statuses."
+        ),
+        epilog=_SIMULATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate.add_argument("scenarios", nargs="*", metavar="SCENARIO")
+    simulate.add_argument("--list", action="store_true", help="list the built-in scenarios")
+    simulate.add_argument(
+        "--json", action="store_true", help="print JSON lines: one per step, a summary per scenario"
+    )
+    simulate.add_argument(
+        "--real-time", action="store_true", help="really sleep through the waits (for demos)"
+    )
+    simulate.add_argument(
+        "--seed", type=int, metavar="N", help="jitter seed for every scenario (default: theirs)"
+    )
+
+    diagram = commands.add_parser(
+        "diagram",
+        help="draw the turn machine (dot, svg, mermaid) into diagrams/",
+        description=(
+            "Draw the turn machine from its transition table with transitions' "
+            "GraphMachine: turn.dot, turn.svg, turn.mmd and one category-<name> view "
+            "per model error category. Needs graphviz's `dot` for the SVGs only."
+        ),
+    )
+    diagram.add_argument(
+        "--out", type=Path, default=Path("diagrams"), metavar="DIR", help="default: diagrams"
+    )
+    diagram.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if the files in DIR differ from what would be written",
+    )
+    diagram.add_argument(
+        "--require-svg",
+        action="store_true",
+        help="exit 1 if `dot` is missing (by default the .dot and .mmd are still written)",
+    )
+    diagram.add_argument("--no-svg", action="store_true", help="write the .dot and .mmd only")
+
+    commands.add_parser(
+        "check",
+        help="exhaustive model check of the machine (see `statemachine check --help`)",
+        add_help=False,
+    )
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "check":
+        return _check(args[1:], err)
+    parser = _parser()
+    try:
+        options = parser.parse_args(args)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if options.command == "simulate":
+        return _simulate(options, out, err)
+    if options.command == "diagram":
+        return _diagram(options, out, err)
+    parser.print_help(out)
+    return EXIT_USAGE
+
+
+def _check(argv: list[str], err: IO[str]) -> int:
+    try:
+        module = importlib.import_module("statemachine._check")
+    except ModuleNotFoundError as exc:
+        if exc.name != "statemachine._check":
+            raise
+        print(
+            "statemachine check: the model checker (statemachine/_check.py) is not "
+            "part of this installation",
+            file=err,
+        )
+        return EXIT_USAGE
+    code: int = module.main(argv)
+    return code
+
+
+# -- diagram -------------------------------------------------------------------------
+
+
+def _diagram(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from ._diagrams import INSTALL_HINT, write_diagrams  # noqa: PLC0415 - graphviz is slow to import
+
+    done = write_diagrams(options.out, svg=not options.no_svg, check=options.check)
+    if options.check:
+        if done.written:
+            print("diagrams differ from the machine; regenerate them with:", file=err)
+            print(f"  python -m statemachine diagram --out {options.out}", file=err)
+            for path in done.written:
+                print(f"  differs: {path}", file=err)
+            return EXIT_FAILED
+        print(f"diagrams in {options.out} match the machine", file=out)
+        return EXIT_OK
+    for path in done.written:
+        print(f"wrote {path}", file=out)
+    if done.svg_missing:
+        print(f"statemachine diagram: {INSTALL_HINT}", file=err)
+        print("the .dot and .mmd files were written; the .svg files were not", file=err)
+        return EXIT_FAILED if options.require_svg else EXIT_OK
+    return EXIT_OK
+
+
+# -- simulate ------------------------------------------------------------------------
+
+
+class _Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, stream: IO[str], total: int) -> None:
+        self.stream = stream
+        self.total = total
+        self.shown = False
+        self.enabled = total > 1 and stream.isatty()
+
+    def draw(self, done: int, name: str) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = width * done // self.total
+        bar = "#" * filled + "." * (width - filled)
+        self.stream.write(f"\r[{bar}] {done}/{self.total} {name}\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from . import _simulate as sim  # noqa: PLC0415
+    from ._scenarios import Scenario, builtin, builtin_names, load  # noqa: PLC0415
+
+    if options.list:
+        for name in builtin_names():
+            print(f"{name:<32} {builtin(name).description}", file=out)
+        return EXIT_OK
+    scenarios: list[Scenario] = []
+    try:
+        for item in options.scenarios or builtin_names():
+            if item.endswith(".toml") or "/" in item or Path(item).is_file():
+                scenarios.append(load(item))
+            else:
+                scenarios.append(builtin(item))
+    except ConfigError as exc:
+        print(f"statemachine simulate: {exc}", file=err)
+        return EXIT_USAGE
+
+    progress = _Progress(err, len(scenarios))
+
+    def write(line: str) -> None:
+        progress.clear()
+        print(line, file=out, flush=options.real_time)
+
+    failed = 0
+    for done, scenario in enumerate(scenarios):
+        progress.draw(done, scenario.name)
+        seed = scenario.seed if options.seed is None else options.seed
+        on_step = _json_printer(write) if options.json else _text_printer(write)
+        if not options.json:
+            write(sim.format_scenario_header(scenario, seed))
+        result = sim.run(
+            scenario,
+            seed=options.seed,
+            on_step=on_step,
+            sleep=time.sleep if options.real_time else None,
+        )
+        if options.json:
+            write(json.dumps(sim.result_json(result), sort_keys=True))
+        else:
+            write(sim.format_result(result))
+            write("")
+        if not result.ok:
+            failed += 1
+    progress.clear()
+    if not options.json:
+        verdict = "all expectations held" if not failed else f"{failed} FAILED"
+        write(f"{len(scenarios)} scenario(s): {verdict}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _text_printer(write: Callable[[str], None]) -> Callable[[Any], None]:
+    from . import _simulate as sim  # noqa: PLC0415
+    from ._actions import Finish  # noqa: PLC0415
+
+    current: list[int] = []
+
+    def on_step(record: sim.StepRecord) -> None:
+        if current != [record.turn]:
+            current[:] = [record.turn]
+            write(sim.format_turn_header(record))
+        write(sim.format_step(record))
+        if isinstance(record.action, Finish):
+            write(sim.format_turn_end(record))
+
+    return on_step
+
+
+def _json_printer(write: Callable[[str], None]) -> Callable[[Any], None]:
+    from . import _simulate as sim  # noqa: PLC0415
+
+    def on_step(record: sim.StepRecord) -> None:
+        write(json.dumps(sim.step_json(record), sort_keys=True))
+
+    return on_step
