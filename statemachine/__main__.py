@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -14,7 +15,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code."""
     from statemachine._cli import main as cli_main  # noqa: PLC0415 - keep `import` cheap
 
-    return cli_main(argv)
+    try:
+        return cli_main(argv)
+    except BrokenPipeError:
+        # The reader went away (`statemachine simulate | head`): not an error of ours.
+        # Point stdout at devnull so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
