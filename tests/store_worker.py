@@ -137,32 +137,37 @@ class RedisServer:
             *persistence,
         ]
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start it and return once it answers PING (bounded by ``timeout``)."""
+    def start(self, timeout: float = 10.0, *, keep_port: bool = False) -> None:
+        """Start it and return once it answers PING (bounded by ``timeout``).
+
+        The free port may be taken between the probe and the bind: then another port
+        is tried, unless ``keep_port`` (a restart must come back where it was).
+        """
         import redis
 
-        for _ in range(3):  # the free port may be taken between the probe and the bind
+        for _ in range(1 if keep_port else 3):
             self.proc = subprocess.Popen(
                 self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )
-            client = redis.Redis(port=self.port, socket_timeout=1.0)
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1.0)
             deadline = time.monotonic() + timeout
             try:
                 while time.monotonic() < deadline:
                     try:
                         if client.ping():
                             return
-                    except redis.exceptions.ConnectionError:
+                    except redis.exceptions.ConnectionError:  # refused, or still loading
                         pass
                     try:  # a bounded wait that also notices an early exit
                         self.proc.wait(timeout=0.02)
                     except subprocess.TimeoutExpired:
                         continue
-                    break  # it exited: retry on another port
+                    break
             finally:
                 client.close()
             self._reap()
-            self.port = free_port()
+            if not keep_port:
+                self.port = free_port()
         raise RuntimeError(f"redis-server did not start: {self.command()}")
 
     def _reap(self) -> None:
@@ -187,10 +192,7 @@ class RedisServer:
     def restart(self) -> None:
         """Stop it and start it again on the same port and directory."""
         self.stop()
-        port = self.port
-        self.start()
-        if self.port != port:  # pragma: no cover - the port was taken while down
-            raise RuntimeError(f"could not restart redis-server on port {port}")
+        self.start(keep_port=True)
 
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
