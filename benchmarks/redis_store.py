@@ -1,0 +1,229 @@
+"""Measurement: sessions advanced per second through Redis on loopback, and the CAS
+conflict rate, with 1, 4 and 16 worker processes.
+
+A private ``redis-server`` (no persistence) is started on 127.0.0.1 in a temporary
+directory, or ``url=`` / ``$STATEMACHINE_REDIS_URL`` is used (its database is
+flushed). ``sessions`` sessions are created; each worker process then makes
+``steps // workers`` attempts, each one:
+
+1. pick a session at random (all workers share all sessions: real contention),
+2. ``Worker.load`` it (one Lua read) and let a scripted host choose the event the
+   pending action asks for (assemble, a rate limit then success, tools, next turn),
+3. ``Worker.advance`` it with that version (one Lua read, restore, one engine event,
+   snapshot, one Lua compare-and-set).
+
+An attempt is *applied* when its compare-and-set wins, a *conflict* when another
+worker advanced that session between this worker's read and write. Throughput is
+applied advances per second of wall time, from the moment all workers pass a Redis
+barrier to the moment the last one finishes. The conflict rate is conflicts /
+attempts. Records are 1-3 KB of JSON (settings, counters, the current turn's trace).
+
+    python -m benchmarks.redis_store [--workers 1,4,16] [--steps 4000] [--sessions 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import statemachine as sm
+from statemachine.store import AdvanceStatus, RedisStore, Worker
+
+PREFIX = "bench"
+
+
+def _settings() -> sm.Settings:
+    return sm.Settings(session_retry_ceiling=10**9)
+
+
+def _next_event(result: Any) -> object | None:
+    """The scripted host: one rate limit per turn, then a reply with one tool call."""
+    action = result.action
+    if action is None or isinstance(action, sm.Finish):
+        return None
+    turn = result.session.current_turn
+    if isinstance(action, sm.Assemble):
+        return sm.Assembled({"turn": turn.index}, 100)
+    if isinstance(action, sm.CallModel):
+        if action.attempt == 0:
+            return sm.ModelFailed(sm.ModelError("rate_limited"))
+        call = sm.ToolCall(f"t{turn.index}", "p", "search", {"q": turn.index})
+        return sm.ModelReplied(tool_calls=(call,), cost=0.001)
+    if isinstance(action, sm.Wait):
+        return sm.WaitDone()
+    if isinstance(action, sm.InvokeTools):
+        return sm.ToolsDone(tuple(sm.ToolOutcome(c.id, True, "ok") for c in action.calls))
+    raise AssertionError(f"unexpected action {action!r}")
+
+
+def _worker(url: str, round_: str, parties: int, index: int, sessions: int, attempts: int) -> None:
+    """One worker process: wait at the barrier, make ``attempts`` attempts, report."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    worker = Worker(RedisStore(client, prefix=PREFIX), owner=f"w{index}")
+    rng = random.Random(index)
+    if client.incr(f"{round_}:arrived") == parties:
+        client.rpush(f"{round_}:gate", *["go"] * parties)
+    client.blpop([f"{round_}:gate"], timeout=60)
+    counts = {status.value: 0 for status in AdvanceStatus}
+    start = time.monotonic()
+    for _ in range(attempts):
+        session_id = f"s{rng.randrange(sessions)}"
+        result = worker.load(session_id)
+        event = _next_event(result)
+        outcome = worker.advance(session_id, event, expected_version=result.version)
+        counts[outcome.status.value] += 1
+    end = time.monotonic()
+    client.rpush(f"{round_}:results", json.dumps({"start": start, "end": end, **counts}))
+    client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def _server(url: str | None) -> Iterator[tuple[str, str]]:
+    """A Redis URL to use, and a description of the server."""
+    import redis
+
+    if url:
+        yield url, f"given: {url}"
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH (or pass url=)")
+    with tempfile.TemporaryDirectory() as directory:
+        port = _free_port()
+        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory]
+        command += ["--save", "", "--appendonly", "no", "--loglevel", "warning"]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)  # noqa: S603 - our own argv
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.exceptions.ConnectionError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise
+                    with suppress(subprocess.TimeoutExpired):  # a bounded wait
+                        proc.wait(timeout=0.02)
+            version = client.info("server").get("redis_version", "?")
+            yield url, f"redis-server {version} on 127.0.0.1, no persistence"
+        finally:
+            client.close()
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+        setup = Worker(RedisStore(client, prefix=PREFIX), owner="setup")
+        for i in range(sessions):
+            setup.create(f"s{i}", sm.Session(_settings(), seed=i))
+        round_ = f"round{workers}"
+        context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+        attempts = max(1, steps // workers)
+        procs = [
+            context.Process(
+                target=_worker, args=(url, round_, workers, i, sessions, attempts), daemon=True
+            )
+            for i in range(workers)
+        ]
+        for proc in procs:
+            proc.start()
+        reports = []
+        for _ in range(workers):
+            item = client.blpop([f"{round_}:results"], timeout=300)
+            if item is None:
+                raise RuntimeError(f"a worker of the {workers}-worker round never reported")
+            reports.append(json.loads(item[1]))
+        for proc in procs:
+            proc.join(timeout=30)
+        applied = sum(r["applied"] for r in reports)
+        conflicts = sum(r["conflict"] for r in reports)
+        total = sum(sum(r[s.value] for s in AdvanceStatus) for r in reports)
+        wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+        versions = sum(setup.load(f"s{i}").version - 1 for i in range(sessions))
+        record_bytes = sum(
+            client.hstrlen(f"{PREFIX}:session:s{i}", "record") for i in range(sessions)
+        ) / max(1, sessions)
+        if versions != applied:
+            raise AssertionError(f"{applied} advances applied but versions moved {versions}")
+        return {
+            "attempts": total,
+            "applied": applied,
+            "conflicts": conflicts,
+            "wall_s": wall,
+            "sessions_per_s": applied / wall if wall else float("inf"),
+            "conflict_rate": conflicts / total if total else 0.0,
+            "record_bytes": round(record_bytes),
+        }
+    finally:
+        client.close()
+
+
+def run(
+    workers: Sequence[int] = (1, 4, 16),
+    steps: int = 4000,
+    sessions: int = 32,
+    url: str | None = None,
+) -> dict[str, Any]:
+    """Sessions advanced per second and CAS conflict rate for each worker count."""
+    url = url or os.environ.get("STATEMACHINE_REDIS_URL")
+    rounds: dict[str, dict[str, Any]] = {}
+    with _server(url) as (server_url, server):
+        for count in workers:
+            rounds[str(count)] = _round(server_url, count, steps, sessions)
+    return {
+        "unit": "sessions advanced (one event applied with CAS) per second, N worker processes",
+        "server": server,
+        "sessions": sessions,
+        "steps": steps,
+        "cpus": os.cpu_count(),
+        "sessions_per_s": {k: round(v["sessions_per_s"], 1) for k, v in rounds.items()},
+        "conflict_rate": {k: round(v["conflict_rate"], 4) for k, v in rounds.items()},
+        "applied": {k: v["applied"] for k, v in rounds.items()},
+        "conflicts": {k: v["conflicts"] for k, v in rounds.items()},
+        "mean_record_bytes": {k: v["record_bytes"] for k, v in rounds.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,4,16")
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--url", default=None)
+    args = parser.parse_args(argv)
+    workers = tuple(int(w) for w in args.workers.split(","))
+    result = run(workers, args.steps, args.sessions, args.url)
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
