@@ -139,6 +139,9 @@ def run_all(
     names: Sequence[str] = ALL, *, quick: bool = False, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Run the named measurements; ``{"machine": ..., name: result, ...}``."""
+    from . import _timing
+
+    _timing.FULL_COLLECT = not quick
     results: dict[str, Any] = {"machine": machine_info(), "quick": quick}
     for name in names:
         kwargs = QUICK[name] if quick else {}
@@ -233,9 +236,7 @@ def _print_creation(r: dict[str, Any]) -> list[str]:
     )
     lines.append(f"    last/first: {r['growth_ratio_last_first']:.2f}x")
     lines.append("  for comparison, transitions add_model into one shared machine:")
-    lines += _table(
-        [(k, _fmt(v, " µs")) for k, v in r["transitions_add_model_us"].items()], "    "
-    )
+    lines += _table([(k, _fmt(v, " µs")) for k, v in r["transitions_add_model_us"].items()], "    ")
     lines.append(f"    last/first: {r['transitions_add_model_ratio_last_first']:.2f}x")
     lines.append("  target: new_turn() <= 10 µs")
     return lines
@@ -272,13 +273,15 @@ def _print_driver(r: dict[str, Any]) -> list[str]:
 
 def _print_hypothesis(r: dict[str, Any]) -> list[str]:
     lines = [
-        f"  profile {r['profile']}, pytest exit {r['pytest_exit']}, "
-        f"wall {r['pytest_wall_s']:.1f} s"
+        f"  profile {r['profile']}, pytest exit {r['pytest_exit']}, wall {r['pytest_wall_s']:.1f} s"
     ]
     lines += _table(
         [
-            (name, f"{t['examples']:.0f} examples in {t['seconds']:.2f} s = "
-             f"{t['examples_per_s']:.0f}/s")
+            (
+                name,
+                f"{t['examples']:.0f} examples in {t['seconds']:.2f} s = "
+                f"{t['examples_per_s']:.0f}/s",
+            )
             for name, t in r["tests"].items()
         ]
     )
@@ -335,14 +338,14 @@ def report(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="tiny counts (smoke run)")
     parser.add_argument("--only", help=f"comma-separated subset of: {','.join(ALL)}")
     parser.add_argument("--skip", default="", help="comma-separated measurements to skip")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument(
-        "--profile", action="store_true", help="also profile the engine's hot path"
-    )
+    parser.add_argument("--profile", action="store_true", help="also profile the engine's hot path")
     args = parser.parse_args(argv)
     names = [n for n in (args.only.split(",") if args.only else ALL) if n]
     skip = [n for n in args.skip.split(",") if n]

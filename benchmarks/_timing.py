@@ -18,6 +18,9 @@ from typing import Any, TypeVar
 
 S = TypeVar("S")
 
+FULL_COLLECT = True
+"""Run a full ``gc.collect()`` before every batch (the runner turns it off for ``--quick``)."""
+
 
 def measure(
     setup: Callable[[], S],
@@ -33,7 +36,8 @@ def measure(
     runs: list[float] = []
     for i in range(warmup + repeats):
         state = setup()
-        gc.collect()
+        if FULL_COLLECT:
+            gc.collect()
         gc.disable()
         try:
             t0 = time.perf_counter()

@@ -44,7 +44,7 @@ class _RateLimited(Exception):
 class FakeContext:
     """Zero-latency context provider."""
 
-    async def assemble(self, action: Any) -> Any:
+    async def assemble(self, _action: Any) -> Any:
         return ASSEMBLED
 
 

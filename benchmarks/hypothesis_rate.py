@@ -24,9 +24,7 @@ SUITE = ROOT / "tests" / "test_stateful.py"
 
 _TEST = re.compile(r"^(\S+::\S+):\s*$")
 _PHASE = re.compile(r"during (\w+) phase \(([\d.]+) seconds\)")
-_COUNTS = re.compile(
-    r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?"
-)
+_COUNTS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?")
 
 
 def parse_statistics(text: str) -> dict[str, dict[str, float]]:

@@ -65,7 +65,7 @@ def _shape(n: int, retries: int) -> dict[str, float]:
     settings = sm.Settings()
     sessions_bytes, sessions = _net(lambda: [sm.Session(settings, i, _clock) for i in range(n)])
 
-    def turns() -> list[sm.Turn]:
+    def turns(sessions: list[sm.Session] = sessions) -> list[sm.Turn]:
         out = []
         for session in sessions:
             turn = session.new_turn()
@@ -120,8 +120,7 @@ def _transitions(count: int) -> dict[str, float]:
     del kept
     return {
         "transitions machine per object (5 states)": per_object_bytes / count,
-        "transitions shared machine, per add_model-ed object": (shared_bytes - plain_bytes)
-        / count,
+        "transitions shared machine, per add_model-ed object": (shared_bytes - plain_bytes) / count,
         "random.Random": random_bytes / count,
     }
 

@@ -1,0 +1,382 @@
+"""Where the engine's time and memory go: a profile of ``Turn._fire`` and its parts.
+
+``python -m benchmarks.hotpath`` (or ``python -m benchmarks --profile``) prints:
+
+1. ``cProfile`` of the retry decision loop and of the tool-crash round (top functions
+   by own time; cProfile inflates tiny functions, so read it for shape, not size);
+2. micro-timings of the parts of a transition (``timeit``, best of 5), the cost
+   model behind the suggestions;
+3. *what-if* runs: the same end-to-end event timings as ``benchmarks.events`` with one
+   change applied in-process (monkeypatched, the engine's files untouched), so each
+   suggestion comes with a measured gain;
+4. the bytes a trace holds per transition now, and in a flat layout.
+
+Nothing here is a test: it informs whoever tunes the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import gc
+import hashlib
+import io
+import json
+import pstats
+import timeit
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import statemachine as sm
+from statemachine import _backoff, _session, _turn
+from statemachine._actions import CallModel, Finish, Wait
+from statemachine._taxonomy import ErrorCategory, TurnStatus
+
+from . import events as ev
+from ._timing import measure
+
+RATE = sm.ModelFailed(sm.ModelError("rate_limited"))
+DONE = sm.WaitDone()
+CALL = ev.CALL
+
+
+def _profile(body: Callable[[], Any], top: int) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    body()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.strip_dirs().sort_stats("tottime").print_stats(top)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    return "\n".join(lines[start:])
+
+
+def _retry_loop(n: int) -> Callable[[], None]:
+    turns = ev._turns_at(ev.PATHS["retry"], 2, n)
+
+    def body() -> None:
+        for turn in turns:
+            for _ in range(5):
+                turn.send(RATE)
+                turn.send(DONE)
+
+    return body
+
+
+def _tool_round(n: int) -> Callable[[], None]:
+    steps = ev.PATHS["tool crash"]
+    turns = ev._turns_at(steps, 2, n)
+
+    def body() -> None:
+        for turn in turns:
+            turn.send(steps[2][1])
+            turn.send(steps[3][1])
+
+    return body
+
+
+# -- the parts ----------------------------------------------------------------------
+
+
+def _best(stmt: str, namespace: dict[str, Any], number: int) -> float:
+    times = timeit.repeat(stmt, globals=namespace, number=number, repeat=5)
+    return min(times) / number * 1e6
+
+
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+
+
+def _slot_setters(cls: type, names: tuple[str, ...]) -> list[Callable[[Any, Any], None]]:
+    return [cls.__dict__[name].__set__ for name in names]
+
+
+def fast_wait_factory() -> Callable[[float, ErrorCategory, int], Wait]:
+    """``Wait(...)`` without attrs' frozen ``__init__``: slot descriptors set directly."""
+    new = object.__new__
+    s, c, a = _slot_setters(Wait, ("seconds", "category", "attempt"))
+
+    def make(seconds: float, category: ErrorCategory, attempt: int) -> Wait:
+        w = new(Wait)
+        s(w, seconds)
+        c(w, category)
+        a(w, attempt)
+        return w
+
+    return make
+
+
+def fast_call_model_factory() -> Callable[..., CallModel]:
+    """``CallModel(...)`` the same way."""
+    new = object.__new__
+    r, a, m, w = _slot_setters(CallModel, ("request", "attempt", "model", "withhold_tools"))
+
+    def make(
+        request: Any, attempt: int, model: str | None = None, withhold_tools: bool = False
+    ) -> CallModel:
+        c = new(CallModel)
+        r(c, request)
+        a(c, attempt)
+        m(c, model)
+        w(c, withhold_tools)
+        return c
+
+    return make
+
+
+def fingerprint_prebuilt(call: sm.ToolCall) -> str:
+    """``call_fingerprint`` with one module-level encoder instead of ``json.dumps(**opts)``."""
+    canonical = _ENCODER.encode([call.name, call.arguments])
+    return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+
+
+def _parts(number: int) -> dict[str, float]:
+    session = sm.Session(seed=1, clock=lambda: 0.0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 10))
+    rows = _turn._COMPILED[("calling", "ModelFailed")]
+    assert isinstance(rows, dict)
+    rate_rows = rows[ErrorCategory.RATE_LIMITED]
+    cheap_guards = [g for row in rate_rows[:3] for g in row[0]]  # partial, final, ceiling
+    retries_left = _turn.GUARD_FUNCTIONS["retries_left"]
+    fast_wait = fast_wait_factory()
+    fast_call = fast_call_model_factory()
+    ns: dict[str, Any] = {
+        "T": _turn,
+        "B": _backoff,
+        "S": _session,
+        "turn": turn,
+        "session": session,
+        "ev": RATE,
+        "cat": ErrorCategory.RATE_LIMITED,
+        "guards": cheap_guards,
+        "retries_left": retries_left,
+        "Wait": Wait,
+        "CallModel": CallModel,
+        "Finish": Finish,
+        "done": TurnStatus.COMPLETED,
+        "fast_wait": fast_wait,
+        "fast_call": fast_call,
+        "call": CALL,
+        "json": json,
+        "hashlib": hashlib,
+        "ENC": _ENCODER,
+        "fp2": fingerprint_prebuilt,
+        "trace": [],
+        "calls": (CALL,),
+        "outcomes": (ev.CRASH,),
+        "ToolResult": sm.ToolResult,
+    }
+    parts = {
+        "dispatch: _TRIGGERS.get + _COMPILED.get + [category] + _PAYLOAD_CHECKS.get": (
+            "T._TRIGGERS.get(type(ev)); T._COMPILED.get(('calling', 'ModelFailed'))"
+            "[ev.error.category]; T._PAYLOAD_CHECKS.get('ModelFailed')"
+        ),
+        "guards partial, final_answer, ceiling_reached, retries_left (4 calls)": (
+            "[g(turn, ev) for g in guards]; retries_left(turn, ev)"
+        ),
+        "_probe, uncached (retry_after + jitter + wait_seconds)": (
+            "turn._probe = None; T._probe(turn, ev)"
+        ),
+        "  retry_after(error, wall_clock)": "T.retry_after(ev.error, session._wall_clock)",
+        "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(session._seed, 3)",
+        "  wait_seconds(...)": "B.wait_seconds(2, 0.3, None, 500.0, 2.0, 30000.0)",
+        "_wait_fits guard, probe cached": "T._wait_fits(turn, ev)",
+        "Wait(...) (attrs frozen __init__)": "Wait(0.5, cat, 0)",
+        "Wait via slot descriptors (no frozen __setattr__ dance)": "fast_wait(0.5, cat, 0)",
+        "CallModel(...) (attrs frozen __init__)": "CallModel('r', 1, None, False)",
+        "CallModel via slot descriptors": "fast_call('r', 1, None, False)",
+        "Finish(7 fields) (attrs frozen __init__)": "Finish(done, (), None, None, (), None, None)",
+        "ToolResult(4 fields) (attrs frozen __init__)": "ToolResult('c', 'x', True, None)",
+        "trace entry: 9-tuple + append": (
+            "trace.append((0, 'a', 'b', 'c', 'd', None, 1, 2, 3))\n"
+            "if len(trace) > 1000: trace.clear()"
+        ),
+        "_model(turn)": "T._model(turn)",
+        "session._check_bounds()": "session._check_bounds()",
+        "call_fingerprint (json.dumps(**opts) + blake2b)": "S.call_fingerprint(call)",
+        "  json.dumps with options (builds an encoder per call)": (
+            "json.dumps([call.name, call.arguments], sort_keys=True, separators=(',', ':'),"
+            " ensure_ascii=False, default=repr)"
+        ),
+        "  a module-level JSONEncoder.encode": "ENC.encode([call.name, call.arguments])",
+        "  blake2b of the canonical text": (
+            'hashlib.blake2b(b\'["search",{"limit":3}]\', digest_size=12).hexdigest()'
+        ),
+        "call_fingerprint with a module-level encoder": "fp2(call)",
+        "session._breaker_after(calls, outcomes) (runs twice per ToolsDone)": (
+            "session._breaker_after(calls, outcomes)"
+        ),
+    }
+    return {label: _best(stmt, ns, number) for label, stmt in parts.items()}
+
+
+# -- what-if runs ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(target, name)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        setattr(target, name, old)
+
+
+def _step_us(path: str, label: str, n: int, repeats: int) -> float:
+    steps = ev.PATHS[path]
+    k = next(i for i, (name, _) in enumerate(steps) if name == label)
+    return ev._time_step(steps, k, n, repeats)["median_us"]
+
+
+def _retry_us(n: int, repeats: int) -> float:
+    def body(turns: list[sm.Turn]) -> None:
+        for turn in turns:
+            send = turn.send
+            for _ in range(5):
+                send(RATE)
+                send(DONE)
+
+    return measure(lambda: ev._turns_at(ev.PATHS["retry"], 2, n), body, n * 5, repeats=repeats)[
+        "median_us"
+    ]
+
+
+def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    base_retry = _retry_us(n, repeats)
+    with (
+        _patched(_turn, "Wait", fast_wait_factory()),
+        _patched(_turn, "CallModel", fast_call_model_factory()),
+    ):
+        fast_retry = _retry_us(n, repeats)
+    out["retry decision: Wait/CallModel built via slot descriptors"] = {
+        "before_us": base_retry,
+        "after_us": fast_retry,
+    }
+    label = "ModelReplied(1 tool call)"
+    before = _step_us("tool crash", label, n, repeats)
+    with _patched(_session, "call_fingerprint", fingerprint_prebuilt):
+        after = _step_us("tool crash", label, n, repeats)
+    out[f"{label}: call_fingerprint with a module-level encoder"] = {
+        "before_us": before,
+        "after_us": after,
+    }
+    with _patched(_session, "call_fingerprint", lambda call: call.name):
+        floor = _step_us("tool crash", label, n, repeats)
+    out[f"{label}: no fingerprint at all (the floor, not a proposal)"] = {
+        "before_us": before,
+        "after_us": floor,
+    }
+    label = "ToolsDone(process_crashed)"
+    before = _step_us("tool crash", label, n, repeats)
+    with _patched(_session.Session, "_breaker_after", memo_breaker_after()):
+        after = _step_us("tool crash", label, n, repeats)
+    out[f"{label}: _breaker_after computed once (guard result reused by the effect)"] = {
+        "before_us": before,
+        "after_us": after,
+    }
+    return out
+
+
+def memo_breaker_after() -> Callable[..., Any]:
+    """``Session._breaker_after`` remembering its last answer: the ``trips_breaker``
+    guard and the ``finish_tools`` effect ask the same question back to back."""
+    original = _session.Session._breaker_after
+    last: list[Any] = [None, None, None, None]
+
+    def breaker_after(self: Any, calls: Any, outcomes: Any) -> Any:
+        if last[0] is self and last[1] is calls and last[2] is outcomes:
+            return last[3]
+        answer = original(self, calls, outcomes)
+        last[:] = [self, calls, outcomes, answer]
+        return answer
+
+    return breaker_after
+
+
+# -- trace memory -------------------------------------------------------------------
+
+
+def _bytes(build: Callable[[], Any]) -> tuple[int, Any]:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = build()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return after - before, kept
+
+
+def _trace_memory(count: int = 2000, transitions: int = 12) -> dict[str, float]:
+    action = object()
+
+    def tuples() -> list[list[Any]]:
+        return [
+            [
+                (i, "calling", "ModelFailed", "g", "backing_off", action, 1, 2, 0)
+                for i in range(transitions)
+            ]
+            for _ in range(count)
+        ]
+
+    def flat() -> list[list[Any]]:
+        out = []
+        for _ in range(count):
+            entries: list[Any] = []
+            for _ in range(transitions):
+                entries += (7, action, 2)  # row id, action, session retries
+            out.append(entries)
+        return out
+
+    tuple_bytes, kept = _bytes(tuples)
+    del kept
+    flat_bytes, kept = _bytes(flat)
+    del kept
+    return {
+        "9-tuple per transition (now), bytes/transition": tuple_bytes / count / transitions,
+        "flat list (row id, action, retries), bytes/transition": flat_bytes / count / transitions,
+    }
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Profiles, part timings, what-if gains and trace bytes; ``text`` is the report."""
+    n, repeats, number, top = (50, 2, 2000, 8) if quick else (2000, 7, 100_000, 14)
+    profiles = {
+        "retry decision loop (5 x ModelFailed + WaitDone per turn)": _profile(_retry_loop(n), top),
+        "tool round with a crash (ModelReplied + ToolsDone)": _profile(_tool_round(n), top),
+    }
+    parts = _parts(number)
+    what_if = _what_if(n, repeats)
+    memory = _trace_memory(count=100 if quick else 2000)
+    lines = ["== hot path profile"]
+    for title, text in profiles.items():
+        lines += [f"-- cProfile: {title}", text, ""]
+    lines.append("-- parts of a transition (µs, best of 5 timeit runs)")
+    width = max(len(k) for k in parts)
+    lines += [f"  {k:<{width}}  {v:.3f}" for k, v in parts.items()]
+    lines.append("-- what-if (µs per event, median, same method as section 2)")
+    for k, v in what_if.items():
+        lines.append(
+            f"  {k}: {v['before_us']:.2f} -> {v['after_us']:.2f} "
+            f"({v['before_us'] - v['after_us']:+.2f})"
+        )
+    lines.append("-- trace memory (tracemalloc)")
+    lines += [f"  {k}: {v:.0f} B" for k, v in memory.items()]
+    return {
+        "parts_us": parts,
+        "what_if_us": what_if,
+        "trace_memory": memory,
+        "profiles": profiles,
+        "text": "\n".join(lines),
+    }
+
+
+if __name__ == "__main__":
+    print(run()["text"])
