@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import statemachine as sm
 from statemachine.store import (
@@ -620,3 +623,66 @@ def test_tenants_cannot_reach_each_other(backend: Backend, now: Clock) -> None:
         backend.make(tenant="al:pha")
     with pytest.raises(InvalidSessionId):
         beta.load("alpha:session:conv-1")
+
+
+# -- stateful: many workers with stale views against a one-session reference ------------------
+
+
+class StaleWorkers(RuleBasedStateMachine):
+    """Three workers on one InMemoryStore, each acting on its own (often stale) view,
+    one of them now and then "dying" with tool calls handed out and another resuming.
+    A reference session gets exactly the events the store reports APPLIED: the stored
+    snapshot must always equal it, so no event is lost or applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        now = Clock(10_000.0)
+        store = InMemoryStore(clock=now)
+        self.workers = [worker(store, f"w{i}", now, count_idle=False) for i in range(3)]
+        self.reference = new_session()
+        self.workers[0].create("conv", new_session())
+        self.views = [w.load("conv") for w in self.workers]
+
+    @rule(i=st.integers(0, 2))
+    def act(self, i: int) -> None:
+        """Worker i sends the event its view asks for, at its view's version."""
+        view = self.views[i]
+        event = next_event(view, turns=10**6)
+        result = self.workers[i].advance("conv", event, expected_version=view.version)
+        if result.status is AdvanceStatus.APPLIED:
+            ref = self.reference
+            expected = ref.new_turn().start() if event is None else ref.current_turn.send(event)
+            assert result.action == expected
+            assert result.version == view.version + 1
+        else:
+            assert result.status is AdvanceStatus.CONFLICT
+            assert view.version < result.version
+        self.views[i] = result
+
+    @rule(i=st.integers(0, 2))
+    def refresh(self, i: int) -> None:
+        """Worker i reads the current state."""
+        self.views[i] = self.workers[i].load("conv")
+
+    @rule(i=st.integers(0, 2))
+    def resume(self, i: int) -> None:
+        """Worker i takes over, as if the claim's owner had died."""
+        result = self.workers[i].resume("conv", force=True)
+        if result.status is AdvanceStatus.APPLIED:
+            turn = self.reference.current_turn
+            assert turn is not None
+            assert result.action == turn.send(sm.ToolsDone(result.interrupted))
+            assert all(o.content == INTERRUPTED for o in result.interrupted)
+        else:
+            assert result.status is AdvanceStatus.UNCHANGED
+        self.views[i] = result
+
+    @invariant()
+    def store_matches_reference(self) -> None:
+        """The stored session is the reference session."""
+        stored = self.workers[0].load("conv").session
+        assert stored.snapshot() == self.reference.snapshot()
+
+
+TestStaleWorkers = StaleWorkers.TestCase
+TestStaleWorkers.settings = hypothesis_settings(max_examples=40, stateful_step_count=40)
