@@ -1,0 +1,324 @@
+"""``sm.classify``: the real SDKs' exceptions, responses and raw triples, read by
+body as well as by status (the table is specs/classification.md).
+
+SDK exceptions are built the way the SDKs build them: an ``httpx2.Response`` goes
+through the client's own ``_make_status_error_from_response``, so the body shape
+(Anthropic keeps the whole envelope, OpenAI only the inner ``error`` object) is
+the one users will see.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import statemachine as sm
+
+C = sm.ErrorCategory
+REQUEST = httpx2.Request("POST", "http://127.0.0.1:9/v1/messages")
+ANTHROPIC = anthropic.Anthropic(api_key="test", base_url="http://127.0.0.1:9", max_retries=0)
+OPENAI = openai.OpenAI(api_key="test", base_url="http://127.0.0.1:9/v1", max_retries=0)
+
+
+def anthropic_exc(status: int, etype: str, message: str, **headers: str) -> Exception:
+    body = {"type": "error", "error": {"type": etype, "message": message}}
+    response = httpx2.Response(status, request=REQUEST, headers=headers, json=body)
+    return ANTHROPIC._make_status_error_from_response(response)
+
+
+def openai_exc(
+    status: int, message: str, etype: str | None, code: str | None, **headers: str
+) -> Exception:
+    body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+    response = httpx2.Response(status, request=REQUEST, headers=headers, json=body)
+    return OPENAI._make_status_error_from_response(response)
+
+
+ANTHROPIC_CASES = [
+    (429, "rate_limit_error", "Number of requests has exceeded your rate limit", C.RATE_LIMITED),
+    (529, "overloaded_error", "Overloaded", C.OVERLOADED),
+    (503, "api_error", "Service unavailable", C.OVERLOADED),
+    (500, "api_error", "Internal server error", C.OVERLOADED),
+    (504, "timeout_error", "Gateway timeout", C.OVERLOADED),
+    (400, "invalid_request_error", "prompt is too long: 201000 tokens > 200000 maximum",
+     C.CONTEXT_LENGTH_EXCEEDED),
+    (400, "invalid_request_error",
+     "input length and `max_tokens` exceed context limit: 198000 + 8192 > 200000",
+     C.CONTEXT_LENGTH_EXCEEDED),
+    (400, "invalid_request_error", "messages: roles must alternate", C.INVALID_REQUEST),
+    (401, "authentication_error", "invalid x-api-key", C.AUTH_ERROR),
+    (403, "permission_error", "Your API key does not have permission", C.AUTH_ERROR),
+    (404, "not_found_error", "model: claude-nope", C.INVALID_REQUEST),
+    (413, "request_too_large", "Request exceeds the maximum allowed number of bytes",
+     C.INVALID_REQUEST),
+    (402, "billing_error", "Your credit balance is too low", C.UNKNOWN),
+]  # fmt: skip
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(("status", "etype", "message", "category"), ANTHROPIC_CASES)
+def test_anthropic_status_errors(status: int, etype: str, message: str, category: C) -> None:
+    """Each Anthropic error status and error type lands in its category, keeping the
+    vendor's type as code, the status, the message and the body."""
+    error = sm.classify(anthropic_exc(status, etype, message))
+    assert error.category is category
+    assert error.status == status
+    assert error.code == etype
+    assert error.message == message
+    assert error.body["error"]["type"] == etype
+
+
+OPENAI_CASES = [
+    (429, "Rate limit reached for gpt-4o", "requests", "rate_limit_exceeded", C.RATE_LIMITED),
+    (429, "You exceeded your current quota", "insufficient_quota", "insufficient_quota",
+     C.UNKNOWN),
+    (400, "This model's maximum context length is 8192 tokens.", "invalid_request_error",
+     "context_length_exceeded", C.CONTEXT_LENGTH_EXCEEDED),
+    (400, "This model's maximum context length is 8192 tokens.", "invalid_request_error",
+     None, C.CONTEXT_LENGTH_EXCEEDED),
+    (400, "The response was filtered", "invalid_request_error", "content_filter",
+     C.CONTENT_FILTERED),
+    (400, "Your request was rejected by our safety system", "invalid_request_error",
+     "content_policy_violation", C.CONTENT_FILTERED),
+    (400, "Invalid value for 'temperature'", "invalid_request_error", "invalid_value",
+     C.INVALID_REQUEST),
+    (401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key",
+     C.AUTH_ERROR),
+    (403, "Country, region, or territory not supported", "request_forbidden",
+     "unsupported_country_region_territory", C.AUTH_ERROR),
+    (404, "The model `gpt-9` does not exist", "invalid_request_error", "model_not_found",
+     C.INVALID_REQUEST),
+    (422, "Unprocessable", "invalid_request_error", None, C.INVALID_REQUEST),
+    (409, "Conflict", "server_error", None, C.OVERLOADED),
+    (500, "The server had an error", "server_error", None, C.OVERLOADED),
+    (502, "Bad gateway", "server_error", None, C.OVERLOADED),
+    (503, "The engine is currently overloaded", "server_error", None, C.OVERLOADED),
+]  # fmt: skip
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(("status", "message", "etype", "code", "category"), OPENAI_CASES)
+def test_openai_status_errors(
+    status: int, message: str, etype: str, code: str | None, category: C
+) -> None:
+    """Each OpenAI error status and code lands in its category, keeping the code (or
+    the type when there is none), the status and the message."""
+    error = sm.classify(openai_exc(status, message, etype, code))
+    assert error.category is category
+    assert error.status == status
+    assert error.code == (code or etype)
+    assert error.message == message
+
+
+@pytest.mark.requirement("ER-41")
+def test_insufficient_quota_is_never_a_rate_limit() -> None:
+    """OpenAI's 429 insufficient_quota is unknown, not retryable, with its code kept;
+    the engine ends the turn unknown_error after a single attempt, while a plain
+    429 on the same status is retried."""
+    quota = sm.classify(
+        openai_exc(429, "You exceeded your current quota", "x", "insufficient_quota")
+    )
+    assert quota.category is C.UNKNOWN
+    assert quota.code == "insufficient_quota"
+    assert not quota.retryable
+    turn = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0).new_turn()
+    turn.start()
+    turn.send(sm.Assembled("req", 1))
+    assert turn.send(sm.ModelFailed(quota)).status is sm.TurnStatus.UNKNOWN_ERROR
+    limited = sm.classify(openai_exc(429, "Rate limit reached", "requests", "rate_limit_exceeded"))
+    assert limited.retryable
+
+
+@pytest.mark.requirement("ER-42", "ER-3", "ER-4")
+@pytest.mark.parametrize(
+    ("headers", "at_least"),
+    [({"retry-after": "7"}, 7.0), ({"retry-after-ms": "2500"}, 2.5), ({"Retry-After": "4"}, 4.0)],
+)
+def test_retry_after_headers_are_carried_through_to_the_wait(
+    headers: dict[str, str], at_least: float
+) -> None:
+    """The SDK exception's response headers ride on the ModelError, and the engine's
+    Wait honours them (seconds or milliseconds, any case)."""
+    for exc in (
+        anthropic_exc(429, "rate_limit_error", "slow down", **headers),
+        openai_exc(429, "slow down", "requests", "rate_limit_exceeded", **headers),
+    ):
+        error = sm.classify(exc)
+        assert error.headers is not None
+        turn = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0).new_turn()
+        turn.start()
+        turn.send(sm.Assembled("req", 1))
+        wait = turn.send(sm.ModelFailed(error))
+        assert isinstance(wait, sm.Wait)
+        assert wait.seconds >= at_least
+
+
+@pytest.mark.requirement("ER-44")
+def test_in_stream_overloaded_error_with_http_200() -> None:
+    """An error event inside a 200 stream is classified by its type: the Anthropic SDK's
+    APIStatusError(status 200), a raw SSE body, and OpenAI's status-less APIError."""
+    body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    response = httpx2.Response(200, request=REQUEST)
+    exc = ANTHROPIC._make_status_error(json.dumps(body), body=body, response=response)
+    error = sm.classify(exc)
+    assert (error.category, error.status, error.code) == (C.OVERLOADED, 200, "overloaded_error")
+    sse = "event: message_start\ndata: {}\n\nevent: error\ndata: " + json.dumps(body) + "\n\n"
+    assert sm.classify((200, {}, sse)).category is C.OVERLOADED
+    stream_error = openai.APIError(
+        "The server had an error", REQUEST, body={"message": "boom", "type": "server_error"}
+    )
+    assert sm.classify(stream_error).category is C.OVERLOADED
+    limited = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}
+    assert sm.classify((200, {}, limited)).category is C.RATE_LIMITED
+
+
+@pytest.mark.requirement("ER-45")
+def test_connection_errors_and_timeouts_are_overloaded_with_their_code() -> None:
+    """Both SDKs' APIConnectionError and APITimeoutError, httpx transport errors and the
+    builtin TimeoutError / ConnectionError are overloaded (retryable), code
+    connection_error or timeout."""
+    cases: list[tuple[BaseException, str]] = [
+        (anthropic.APIConnectionError(request=REQUEST), "connection_error"),
+        (anthropic.APITimeoutError(REQUEST), "timeout"),
+        (openai.APIConnectionError(request=REQUEST), "connection_error"),
+        (openai.APITimeoutError(REQUEST), "timeout"),
+        (httpx.ConnectError("refused"), "connection_error"),
+        (httpx.ReadTimeout("slow"), "timeout"),
+        (httpx2.ConnectError("refused"), "connection_error"),
+        (TimeoutError("model call timed out"), "timeout"),
+        (ConnectionResetError("reset by peer"), "connection_error"),
+    ]
+    for exc, code in cases:
+        error = sm.classify(exc)
+        assert (error.category, error.code) == (C.OVERLOADED, code), exc
+        assert error.retryable
+
+
+@pytest.mark.requirement("ER-40", "ER-42")
+@pytest.mark.parametrize("module", [httpx, httpx2])
+def test_httpx_and_httpx2_responses(module: Any) -> None:
+    """A response of either httpx generation is read by duck typing: status, headers
+    and a JSON body."""
+    response = module.Response(
+        429,
+        headers={"retry-after": "3"},
+        json={"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}},
+    )
+    error = sm.classify(response)
+    assert (error.category, error.status, error.code) == (C.RATE_LIMITED, 429, "rate_limit_error")
+    assert error.headers is not None and error.headers["Retry-After"] == "3"
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"error": {"message": "This model\'s maximum context length is 4096 tokens"}}',
+        '{"error": {"message": "This model\'s maximum context length is 4096 tokens"}}',
+        {"error": {"message": "This model's maximum context length is 4096 tokens"}},
+    ],
+)
+def test_raw_triples_with_bytes_str_or_parsed_bodies(body: Any) -> None:
+    """(status, headers, body) is read the same whether the body is bytes, str or
+    parsed JSON."""
+    error = sm.classify((400, [("x-request-id", "r1")], body))
+    assert error.category is C.CONTEXT_LENGTH_EXCEEDED
+    assert error.headers is not None and error.headers["X-Request-Id"] == "r1"
+
+
+@pytest.mark.requirement("ER-40")
+def test_refusals_and_content_filters_from_replies() -> None:
+    """A successful reply that is a refusal (Anthropic stop_reason) or was filtered
+    (OpenAI finish_reason, ContentFilterFinishReasonError) is content_filtered."""
+    message = anthropic.types.Message.model_construct(
+        id="m", type="message", role="assistant", content=[], model="c", stop_reason="refusal"
+    )
+    assert sm.classify(message).category is C.CONTENT_FILTERED
+    choice = openai.types.chat.chat_completion.Choice.model_construct(
+        index=0, finish_reason="content_filter", message=None
+    )
+    completion = openai.types.chat.ChatCompletion.model_construct(
+        id="c", choices=[choice], created=0, model="g", object="chat.completion"
+    )
+    filtered = sm.classify(completion)
+    assert (filtered.category, filtered.code) == (C.CONTENT_FILTERED, "content_filter")
+    json.dumps(filtered.body)  # kept as plain JSON, so a snapshot can hold it
+    exc = openai.ContentFilterFinishReasonError()
+    assert sm.classify(exc).category is C.CONTENT_FILTERED
+    assert sm.classify((200, {}, {"stop_reason": "refusal"})).category is C.CONTENT_FILTERED
+
+
+class Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+
+class BrokenResponse:
+    status_code = 503
+    headers = {"retry-after": "1"}  # noqa: RUF012
+
+    @property
+    def content(self) -> bytes:
+        raise RuntimeError("ResponseNotRead")
+
+
+@pytest.mark.requirement("ER-43")
+@pytest.mark.parametrize(
+    "odd",
+    [None, 42, "oops", (1,), ("x", "y", "z"), (418, 5, object()), Unprintable(), ValueError("x")],
+)
+def test_odd_input_is_unknown_and_never_raises(odd: object) -> None:
+    """Input that matches no shape is unknown (not retried), never an exception."""
+    error = sm.classify(odd)
+    assert isinstance(error, sm.ModelError)
+    assert error.category is C.UNKNOWN
+    assert not error.retryable
+
+
+@pytest.mark.requirement("ER-43")
+def test_an_unread_response_is_classified_by_status() -> None:
+    """A response whose body cannot be read is classified by its status and headers."""
+    error = sm.classify(BrokenResponse())
+    assert error.category is C.OVERLOADED
+    assert error.headers is not None and error.headers["retry-after"] == "1"
+
+
+@pytest.mark.requirement("ER-40")
+def test_model_errors_and_model_failed_pass_through() -> None:
+    """A ModelError is returned as is; a ModelFailed gives its error."""
+    error = sm.ModelError(C.AUTH_ERROR, "no")
+    assert sm.classify(error) is error
+    assert sm.classify(sm.ModelFailed(error)) is error
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=10,
+)
+
+
+@pytest.mark.requirement("ER-43")
+@given(
+    status=st.integers(-1000, 1000) | st.none() | st.text(),
+    headers=st.dictionaries(st.text(), st.text()) | st.lists(st.tuples(st.text(), st.text())),
+    body=JSON | st.binary() | st.text(),
+)
+def test_any_triple_gives_a_legal_model_failed(status: Any, headers: Any, body: Any) -> None:
+    """For any (status, headers, body), classify returns a ModelError that the engine
+    takes as a ModelFailed in the calling state without raising."""
+    error = sm.classify((status, headers, body))
+    assert isinstance(error, sm.ModelError)
+    turn = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0).new_turn()
+    turn.start()
+    turn.send(sm.Assembled("req", 1))
+    action = turn.send(sm.ModelFailed(error))
+    assert isinstance(action, sm.Wait | sm.Finish | sm.Assemble | sm.CallModel)
