@@ -336,6 +336,8 @@ def dot_source(view: View) -> str:
 def mermaid_source() -> str:
     """The mermaid source of the whole machine, legend included."""
     source = str(_graph(View("turn", "turn"), "mermaid").source).rstrip("\n")
+    # transitions writes the title as bare front matter; mermaid reads `title:`.
+    source = source.replace("---\nturn\n---", "---\ntitle: turn\n---", 1)
     legend = [
         "  note right of failed",
         *(f"    {KIND_MEANING[kind]}" for kind in ("success", "surfaced", "failed")),

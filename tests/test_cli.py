@@ -1,0 +1,232 @@
+"""The command line (help, exit codes, dispatch, progress) and the README's promises."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import attrs
+import pytest
+
+import statemachine as sm
+from statemachine import __main__ as entry
+from statemachine._cli import main
+from statemachine._scenarios import builtin, builtin_names, parse
+from statemachine._simulate import run
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+# -- help and exit codes ----------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-68")
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--help"], ["simulate", "diagram", "check"]),
+        (["simulate", "--help"], ["--json", "--real-time", "--seed", "--list", "SCENARIO"]),
+        (["diagram", "--help"], ["--out", "--check", "--require-svg"]),
+    ],
+)
+def test_help_for_the_program_and_each_subcommand(
+    argv: list[str], words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--help`` exits 0 and names the subcommands or the options."""
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    for word in words:
+        assert word in shown
+
+
+@pytest.mark.requirement("ER-68")
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """No subcommand, an unknown one or an unknown option: exit 2 with a usage message."""
+    assert main([]) == 2
+    assert main(["frobnicate"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["simulate", "--seed", "x"]) == 2
+    assert "invalid int value" in capsys.readouterr().err
+
+
+@pytest.mark.requirement("ER-68")
+def test_main_module_and_console_script_share_one_entry_point() -> None:
+    """``statemachine.__main__.main`` is what the ``statemachine`` console script runs,
+    and it returns the command's exit code."""
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    (script,) = [ep for ep in scripts if ep.name == "statemachine"]
+    assert script.value == "statemachine.__main__:main"
+    assert script.load() is entry.main
+    assert entry.main(["simulate", "content-filtered", "--json"]) == 0
+
+
+@pytest.mark.requirement("ER-68")
+def test_check_is_dispatched_to_the_model_checker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check ARGS`` calls ``statemachine._check.main(ARGS)`` and returns its code."""
+    seen: list[list[str]] = []
+    fake = types.ModuleType("statemachine._check")
+    fake.main = lambda argv: seen.append(list(argv)) or 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "statemachine._check", fake)
+    assert main(["check", "--settings", "x.toml"]) == 3
+    assert seen == [["--settings", "x.toml"]]
+
+
+@pytest.mark.requirement("ER-68")
+def test_check_without_the_model_checker_says_so_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """If ``statemachine._check`` is not installed, ``check`` prints a clear message."""
+
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr("statemachine._cli.importlib.import_module", missing)
+    code, _, err = _run("check")
+    assert code == 2
+    assert "model checker" in err
+    assert "statemachine/_check.py" in err
+
+
+@pytest.mark.requirement("ER-63")
+def test_list_names_every_builtin_with_its_description() -> None:
+    """``simulate --list`` prints one line per built-in: its name and description."""
+    code, out, _ = _run("simulate", "--list")
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == list(builtin_names())
+    assert builtin("doom-loop").description in out
+
+
+@pytest.mark.requirement("ER-63")
+def test_text_trace_shows_steps_counters_and_statuses() -> None:
+    """The readable trace has a row per transition with the state move, event, action,
+    counters and guards, then each turn's and the session's final status."""
+    code, out, _ = _run("simulate", "max-turns", "overloaded-fallback")
+    assert code == 0
+    assert "== max-turns: max_turns = 3, then the final-answer turn" in out
+    assert "turn 4 (final-answer turn: tools withheld)" in out
+    assert "=> session ended: error_max_turns" in out
+    assert "=> limit reached: error_max_turns" in out
+    assert re.search(r"calling -> backing_off\s+ModelFailed overloaded\s+Wait \d", out)
+    assert "[transient & retries_left & wait_fits]" in out
+    assert "CallModel attempt=0 model=backup" in out
+    assert "2 scenario(s): all expectations held" in out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal_stderr() -> None:
+    """Running several scenarios draws a progress bar on stderr when it is a terminal,
+    and clears it; stdout never gets it, and a non-terminal stderr stays empty."""
+    out, err = io.StringIO(), _Terminal()
+    assert main(["simulate", "content-filtered", "unknown-error"], stdout=out, stderr=err) == 0
+    assert "[" in err.getvalue()
+    assert "1/2 unknown-error" in err.getvalue()
+    assert err.getvalue().endswith("\r\x1b[K")
+    assert "\r" not in out.getvalue()
+    code, _, plain_err = _run("simulate", "content-filtered", "unknown-error")
+    assert code == 0
+    assert plain_err == ""
+
+
+@pytest.mark.requirement("ER-63")
+def test_readme_first_command_in_a_subprocess() -> None:
+    """``python -m statemachine simulate`` runs every built-in, prints their traces and
+    statuses and exits 0, as the README's first command promises."""
+    done = subprocess.run(
+        [sys.executable, "-m", "statemachine", "simulate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in builtin_names():
+        assert f"== {name}: " in done.stdout
+    assert f"{len(builtin_names())} scenario(s): all expectations held" in done.stdout
+    assert done.stdout.count("OK: every expectation held") == len(builtin_names())
+
+
+# -- the README ---------------------------------------------------------------------------
+
+
+def _blocks(language: str) -> list[str]:
+    """The README's fenced blocks of ``language``, skipping any right after a
+    ``<!-- not-run -->`` comment (for examples that need a network or an API key)."""
+    pattern = re.compile(rf"(<!-- not-run -->\s*)?```{language}\n(.*?)```", re.DOTALL)
+    return [match.group(2) for match in pattern.finditer(README) if not match.group(1)]
+
+
+@pytest.mark.requirement("ER-69")
+def test_readme_python_blocks_run() -> None:
+    """Every Python block of the README runs as written (in order, sharing names)."""
+    blocks = _blocks("python")
+    assert blocks
+    namespace: dict[str, object] = {"__name__": "readme"}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    assert "session" in namespace
+
+
+@pytest.mark.requirement("ER-69")
+def test_readme_mermaid_block_is_the_generated_diagram() -> None:
+    """The README's mermaid block is ``diagrams/turn.mmd``, byte for byte."""
+    (block,) = _blocks("mermaid")
+    assert block == (ROOT / "diagrams" / "turn.mmd").read_text(encoding="utf-8"), (
+        "copy diagrams/turn.mmd into the README's mermaid block"
+    )
+
+
+@pytest.mark.requirement("ER-69")
+def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
+    """The README opens with its two set-up commands; CI runs the second verbatim (give or
+    take pip's ``-q``)."""
+    (commands,) = _blocks("sh")[:1]
+    first, second = (line.split("#")[0].strip() for line in commands.splitlines()[:2])
+    assert first == "pip install -e . && python -m statemachine simulate"
+    assert second == "pip install -e '.[dev,anthropic,openai,mcp,redis]' && python -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" -q ", " ")
+    assert second in ci.splitlines()
+
+
+@pytest.mark.requirement("ER-69")
+def test_readme_scenario_example_runs_and_builtin_table_matches() -> None:
+    """The README's scenario example is valid and meets its expectations, and its table
+    of built-ins gives each one's real turn and session statuses."""
+    (example,) = [block for block in _blocks("toml") if "[[turn]]" in block]
+    result = run(parse(example, "README.md", "readme"))
+    assert result.ok, result.failures
+    row = re.compile(r"^\| `([a-z-]+)` \| [^|]+ \| ([a-z_, ]+) \| ([a-z_]+) \|$", re.MULTILINE)
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in row.finditer(README)}
+    assert set(rows) == set(builtin_names())
+    for name, (turns, session) in rows.items():
+        outcome = run(builtin(name))
+        assert turns == ", ".join(str(t.status) for t in outcome.turns), name
+        assert session == (outcome.session_status or "open"), name
+
+
+@pytest.mark.requirement("ER-69")
+def test_readme_settings_table_lists_every_field_with_its_default() -> None:
+    """Each ``Settings`` field has a row in the README with its real default."""
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+?) \|", README, re.MULTILINE))
+    defaults = sm.Settings()
+    for field in attrs.fields(sm.Settings):
+        assert field.name in rows, field.name
+        value = getattr(defaults, field.name)
+        assert rows[field.name] == ("()" if value == () else str(value)), field.name
