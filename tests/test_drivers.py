@@ -1,0 +1,485 @@
+"""The drivers, ``run_turn`` and ``arun_turn``, with small in-process providers.
+
+Waits go to fake sleeps; timeouts use short real bounds (tens of milliseconds)
+around calls that wait on events, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+import statemachine as sm
+from statemachine.providers import OpenAIModel
+
+C = sm.ErrorCategory
+
+
+def session(**settings: Any) -> sm.Session:
+    return sm.Session(sm.Settings(**settings), seed=7, clock=lambda: 0.0)
+
+
+class Context:
+    def __init__(self) -> None:
+        self.size = 100
+        self.actions: list[sm.Assemble] = []
+
+    def assemble(self, action: sm.Assemble) -> sm.Assembled:
+        self.actions.append(action)
+        if action.reduce:
+            self.size -= 10
+        return sm.Assembled({"size": self.size}, self.size)
+
+
+class AsyncContext(Context):
+    async def assemble(self, action: sm.Assemble) -> sm.Assembled:  # type: ignore[override]
+        return Context.assemble(self, action)
+
+
+class Script:
+    """A model replaying a script: each item is an event to return or an exception
+    to raise."""
+
+    def __init__(self, *items: Any) -> None:
+        self.items = list(items)
+        self.actions: list[sm.CallModel] = []
+
+    def complete(self, action: sm.CallModel) -> Any:
+        self.actions.append(action)
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class AsyncScript(Script):
+    async def complete(self, action: sm.CallModel) -> Any:  # type: ignore[override]
+        return Script.complete(self, action)
+
+
+class Tools:
+    def __init__(self, behaviour: Callable[[sm.ToolCall], Any] | None = None) -> None:
+        self.behaviour = behaviour
+        self.calls: list[sm.ToolCall] = []
+
+    def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+        self.calls.append(call)
+        if self.behaviour is not None:
+            return self.behaviour(call)  # type: ignore[no-any-return]
+        return sm.ToolOutcome(call.id, ok=True, content=f"{call.name} done")
+
+
+class AsyncTools(Tools):
+    async def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:  # type: ignore[override]
+        return Tools.invoke(self, call)
+
+
+def calls(*names: str, provider: str = "p") -> sm.ModelReplied:
+    return sm.ModelReplied(
+        tool_calls=tuple(sm.ToolCall(f"c{i}", provider, n, {"i": i}) for i, n in enumerate(names))
+    )
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+class AsyncSleeps(Sleeps):
+    async def __call__(self, seconds: float) -> None:  # type: ignore[override]
+        self.waits.append(seconds)
+
+
+RATE_LIMIT = openai.RateLimitError(
+    "slow",
+    response=httpx2.Response(
+        429, request=httpx2.Request("POST", "http://127.0.0.1/"), headers={"retry-after": "2"}
+    ),
+    body={"message": "slow", "type": "requests", "code": "rate_limit_exceeded"},
+)
+
+
+# -- the happy path and error translation --------------------------------------------
+
+
+@pytest.mark.requirement("ER-46", "ER-47", "ER-12")
+def test_sync_driver_runs_a_turn_and_translates_errors() -> None:
+    """run_turn starts the turn, classifies a raised SDK 429 (waiting >= its
+    retry-after), runs the tools (a raising tool becomes an unknown error result,
+    a TimeoutError a timeout one) and returns the Finish."""
+
+    def behaviour(call: sm.ToolCall) -> sm.ToolOutcome:
+        if call.name == "boom":
+            raise RuntimeError("tool blew up")
+        if call.name == "slow":
+            raise TimeoutError("took too long")
+        return sm.ToolOutcome(call.id, ok=True, content="fine")
+
+    sleeps = Sleeps()
+    turn = session().new_turn()
+    finish = sm.run_turn(
+        turn,
+        model=Script(RATE_LIMIT, calls("ok", "boom", "slow")),
+        tools=Tools(behaviour),
+        context=Context(),
+        sleep=sleeps,
+    )
+    assert finish.status is sm.TurnStatus.COMPLETED
+    assert len(sleeps.waits) == 1
+    assert sleeps.waits[0] >= 2.0
+    ok, boom, slow = finish.tool_results
+    assert (ok.is_error, ok.content) == (False, "fine")
+    assert (boom.is_error, boom.category) == (True, sm.ToolErrorCategory.UNKNOWN)
+    assert "tool blew up" in boom.content
+    assert slow.category is sm.ToolErrorCategory.TIMEOUT
+    assert turn.finish is finish
+
+
+@pytest.mark.requirement("ER-46", "ER-47")
+def test_async_driver_runs_a_turn_and_translates_errors() -> None:
+    """arun_turn: a context overflow reduces, a raised ValueError from the model is an
+    unknown error (not retried) on the next turn; waits go to the async sleep."""
+    sess = session()
+    sleeps = AsyncSleeps()
+    overflow = sm.ModelFailed(sm.ModelError(C.CONTEXT_LENGTH_EXCEEDED, "too long"))
+    model = AsyncScript(overflow, calls("a"), ValueError("bad glue"))
+    context = AsyncContext()
+
+    async def scenario() -> tuple[sm.Finish, sm.Finish]:
+        first = await sm.arun_turn(
+            sess.new_turn(), model=model, tools=AsyncTools(), context=context, sleep=sleeps
+        )
+        second = await sm.arun_turn(
+            sess.new_turn(), model=model, tools=AsyncTools(), context=context, sleep=sleeps
+        )
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first.status is sm.TurnStatus.COMPLETED
+    assert [a.reduce for a in context.actions[:2]] == [False, True]
+    assert second.status is sm.TurnStatus.UNKNOWN_ERROR
+    assert second.error is not None and "bad glue" in second.error.message
+    assert sleeps.waits == []
+
+
+@pytest.mark.requirement("ER-46")
+def test_drivers_resume_a_started_turn_and_return_a_finished_one() -> None:
+    """A turn the host started by hand is resumed from its last action; a finished
+    turn's Finish is returned without calling anything."""
+    turn = session().new_turn()
+    turn.start()
+    turn.send(sm.Assembled("req", 5))  # now calling: the driver must call the model
+    model = Script(sm.ModelReplied())
+    finish = sm.run_turn(turn, model=model, tools=Tools(), context=Context())
+    assert finish.status is sm.TurnStatus.COMPLETED
+    assert len(model.actions) == 1
+    again = Script()
+    assert sm.run_turn(turn, model=again, tools=Tools(), context=Context()) is finish
+    assert (
+        asyncio.run(
+            sm.arun_turn(turn, model=AsyncScript(), tools=AsyncTools(), context=AsyncContext())
+        )
+        is finish
+    )
+
+
+@pytest.mark.requirement("ER-46")
+def test_a_provider_returning_the_wrong_type_is_named_and_the_turn_cancelled() -> None:
+    """A model that returns something other than ModelReplied/ModelFailed is a host
+    bug: TypeError naming what came back; the turn ends cancelled, not half-run."""
+    turn = session().new_turn()
+    with pytest.raises(TypeError, match="must return ModelReplied or ModelFailed"):
+        sm.run_turn(turn, model=Script("a string"), tools=Tools(), context=Context())
+    assert turn.status is sm.TurnStatus.CANCELLED
+    wrong = Tools(lambda call: sm.ToolOutcome("other-id", ok=True))
+    finish = sm.run_turn(
+        session().new_turn(), model=Script(calls("a")), tools=wrong, context=Context()
+    )
+    (result,) = finish.tool_results
+    assert result.is_error
+    assert "must return a ToolOutcome" in result.content
+
+
+@pytest.mark.requirement("ER-31")
+def test_a_partial_failure_returned_by_the_model_ends_stream_interrupted() -> None:
+    """A model provider may return ModelFailed(partial=True) for a stream that broke
+    after delivering text: the driver passes it on and the call is never resent."""
+    failed = sm.ModelFailed(sm.ModelError(C.OVERLOADED, "stream cut"), partial=True)
+    model = Script(failed)
+    finish = sm.run_turn(session().new_turn(), model=model, tools=Tools(), context=Context())
+    assert finish.status is sm.TurnStatus.STREAM_INTERRUPTED
+    assert len(model.actions) == 1
+
+
+# -- timeouts ---------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-48", "ER-45")
+def test_async_model_timeout_is_classified_overloaded_and_retried() -> None:
+    """A model call longer than model_timeout_s is cut: overloaded with code timeout,
+    retried, and after max_retries the turn ends retries_exhausted, never a hang."""
+
+    class Hanging:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            self.calls += 1
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    model = Hanging()
+    sleeps = AsyncSleeps()
+    finish = asyncio.run(
+        sm.arun_turn(
+            session(model_timeout_s=0.02, max_retries=2).new_turn(),
+            model=model,
+            tools=AsyncTools(),
+            context=AsyncContext(),
+            sleep=sleeps,
+        )
+    )
+    assert finish.status is sm.TurnStatus.RETRIES_EXHAUSTED
+    assert finish.error is not None
+    assert (finish.error.category, finish.error.code) == (C.OVERLOADED, "timeout")
+    assert model.calls == 3
+    assert len(sleeps.waits) == 2
+
+
+@pytest.mark.requirement("ER-48")
+def test_sync_timeouts_bound_model_and_tool_calls() -> None:
+    """The sync driver bounds a blocking model call (model_timeout_s) and a blocking
+    tool call (tool_timeout_s) on a worker thread: a timeout error, then a timeout
+    tool result; the blocked calls are released afterwards."""
+    release = threading.Event()
+
+    class Blocking:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            self.calls += 1
+            if self.calls == 1:
+                release.wait(5)
+            return calls("t") if self.calls == 2 else sm.ModelReplied()
+
+    def block(call: sm.ToolCall) -> sm.ToolOutcome:
+        release.wait(5)
+        return sm.ToolOutcome(call.id, ok=True)
+
+    sleeps = Sleeps()
+    try:
+        finish = sm.run_turn(
+            session(model_timeout_s=0.05, tool_timeout_s=0.05).new_turn(),
+            model=Blocking(),
+            tools=Tools(block),
+            context=Context(),
+            sleep=sleeps,
+        )
+    finally:
+        release.set()
+    assert finish.status is sm.TurnStatus.COMPLETED
+    assert len(sleeps.waits) == 1  # the model timeout was retried once
+    (result,) = finish.tool_results
+    assert result.category is sm.ToolErrorCategory.TIMEOUT
+
+
+# -- concurrency --------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-49")
+def test_async_tools_of_one_round_run_concurrently() -> None:
+    """Three tool calls of one InvokeTools are in flight at once: each waits until all
+    three have started, which only concurrent execution can satisfy."""
+    started: list[str] = []
+
+    class Gathered:
+        def __init__(self) -> None:
+            self.all_in = asyncio.Event()
+
+        async def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+            started.append(call.id)
+            if len(started) == 3:
+                self.all_in.set()
+            async with asyncio.timeout(2):
+                await self.all_in.wait()
+            return sm.ToolOutcome(call.id, ok=True, content=len(started))
+
+    finish = asyncio.run(
+        sm.arun_turn(
+            session().new_turn(),
+            model=AsyncScript(calls("a", "b", "c"), sm.ModelReplied()),
+            tools=Gathered(),
+            context=AsyncContext(),
+        )
+    )
+    assert [r.content for r in finish.tool_results] == [3, 3, 3]
+    assert [r.call_id for r in finish.tool_results] == ["c0", "c1", "c2"]
+
+
+# -- cancellation ---------------------------------------------------------------------
+
+
+def _assert_snapshot_ok(sess: sm.Session) -> None:
+    data = sess.snapshot()
+    json.dumps(data)
+    restored = sm.Session.restore(data, clock=lambda: 0.0)
+    assert restored.current_turn is not None
+    assert restored.current_turn.status is sm.TurnStatus.CANCELLED
+    restored.new_turn()  # the session goes on
+
+
+@pytest.mark.requirement("ER-50", "ER-32")
+@pytest.mark.parametrize("where", ["wait", "model", "tools"])
+def test_async_cancellation_cancels_the_turn_and_leaks_no_task(where: str) -> None:
+    """Cancelling the driver's task during a wait, a model call or a tool round: the
+    turn finishes cancelled (in-flight tool calls as cancelled error results), every
+    child task was cancelled, CancelledError propagates, nothing is left running,
+    and the session snapshot is plain JSON and restores."""
+    sess = session()
+    turn = sess.new_turn()
+    cancelled_children: list[str] = []
+    blocked = asyncio.Event()
+
+    async def hang(label: str) -> None:
+        blocked.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled_children.append(label)
+            raise
+
+    class Model:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def complete(self, action: sm.CallModel) -> Any:
+            self.calls += 1
+            if where == "wait" and self.calls == 1:
+                raise RATE_LIMIT
+            if where == "model":
+                await hang("model")
+            return calls("a", "b")
+
+    class HangTools:
+        async def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+            await hang(call.id)
+            raise AssertionError("unreachable")
+
+    async def sleep(seconds: float) -> None:
+        await hang("sleep")
+
+    async def scenario() -> list[asyncio.Task[Any]]:
+        task = asyncio.create_task(
+            sm.arun_turn(
+                turn, model=Model(), tools=HangTools(), context=AsyncContext(), sleep=sleep
+            )
+        )
+        await blocked.wait()
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        current = asyncio.current_task()
+        return [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+
+    leftovers = asyncio.run(scenario())
+    assert leftovers == []
+    assert turn.status is sm.TurnStatus.CANCELLED
+    if where == "tools":
+        assert sorted(cancelled_children) == ["c0", "c1"]
+        assert [r.category for r in turn.finish.tool_results] == [  # type: ignore[union-attr]
+            sm.ToolErrorCategory.CANCELLED,
+            sm.ToolErrorCategory.CANCELLED,
+        ]
+    else:
+        assert cancelled_children == [where if where == "model" else "sleep"]
+    _assert_snapshot_ok(sess)
+
+
+@pytest.mark.requirement("ER-50", "ER-32")
+@pytest.mark.parametrize("where", ["wait", "model", "tools"])
+def test_sync_keyboard_interrupt_cancels_the_turn_and_reraises(where: str) -> None:
+    """A KeyboardInterrupt during a wait, a model call or a tool call in run_turn:
+    the turn finishes cancelled, the interrupt propagates, the session restores."""
+    sess = session()
+    turn = sess.new_turn()
+
+    def model(action: sm.CallModel) -> Any:
+        if where == "wait" and action.attempt == 0:
+            raise RATE_LIMIT
+        if where == "model":
+            raise KeyboardInterrupt
+        return calls("a")
+
+    class Model:
+        complete = staticmethod(model)
+
+    def interrupt(_: object) -> Any:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sm.run_turn(turn, model=Model(), tools=Tools(interrupt), context=Context(), sleep=interrupt)
+    assert turn.status is sm.TurnStatus.CANCELLED
+    if where == "tools":
+        (result,) = turn.finish.tool_results  # type: ignore[union-attr]
+        assert result.category is sm.ToolErrorCategory.CANCELLED
+    _assert_snapshot_ok(sess)
+
+
+@pytest.mark.requirement("ER-50")
+def test_a_failing_context_provider_cancels_the_turn_and_reraises() -> None:
+    """An exception from context.assemble is the host's own: it propagates, and the
+    turn is cancelled so the session can start the next one."""
+
+    class Broken:
+        def assemble(self, action: sm.Assemble) -> sm.Assembled:
+            raise OSError("disk gone")
+
+    sess = session()
+    turn = sess.new_turn()
+    with pytest.raises(OSError, match="disk gone"):
+        sm.run_turn(turn, model=Script(), tools=Tools(), context=Broken())
+    assert turn.status is sm.TurnStatus.CANCELLED
+    sess.new_turn()
+
+
+# -- one retry owner ------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-51")
+def test_sync_driver_refuses_a_retrying_sdk_client() -> None:
+    """A provider holding openai.OpenAI with its default max_retries is refused with
+    a ConfigError naming the attribute and the fix; one built with max_retries=0,
+    or wrapped by OpenAIModel, is accepted."""
+
+    class Glue:
+        def __init__(self, client: openai.OpenAI) -> None:
+            self.client = client
+
+        def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            return sm.ModelReplied()
+
+    with openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9/v1") as retrying:
+        turn = session().new_turn()
+        with pytest.raises(sm.ConfigError, match=r"model.client: .*max_retries=2.*max_retries=0"):
+            sm.run_turn(turn, model=Glue(retrying), tools=Tools(), context=Context())
+        assert turn.state == "idle"
+        with pytest.raises(sm.ConfigError, match="model: "):
+            sm.run_turn(turn, model=retrying, tools=Tools(), context=Context())  # type: ignore[arg-type]
+        assert OpenAIModel(retrying).client.max_retries == 0
+    with openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9/v1", max_retries=0) as quiet:
+        finish = sm.run_turn(
+            session().new_turn(), model=Glue(quiet), tools=Tools(), context=Context()
+        )
+        assert finish.status is sm.TurnStatus.COMPLETED
