@@ -217,6 +217,8 @@ def test_ended_sessions_expire_and_running_ones_do_not(backend: Backend, now: Cl
     w.create("long", new_session())
     result = run_until(w, "short", lambda r: r.session.status is not None, turns=5, failures=0)
     assert result.session.status is sm.SessionStatus.ERROR_MAX_TURNS
+    with pytest.raises(sm.SessionEnded):
+        w.advance("short", None, expected_version=result.version)
     if isinstance(backend, RedisBackend):
         ttl = backend.client.pttl(store.key("short"))
         assert 0 < ttl <= 60_000

@@ -237,3 +237,16 @@ def test_a_restart_without_persistence_is_a_clear_error(tmp_path: Path) -> None:
     finally:
         c.close()
         srv.stop()
+
+
+def test_the_benchmark_reports_throughput_and_conflict_rate(server: RedisServer) -> None:
+    """A tiny run of benchmarks/redis_store.py: a rate and a conflict rate per worker
+    count, and every applied advance moved a version (the benchmark checks it)."""
+    from benchmarks import redis_store
+
+    result = redis_store.run(workers=(1, 2), steps=60, sessions=4, url=server.url())
+    assert set(result["sessions_per_s"]) == {"1", "2"}
+    assert all(rate > 0 for rate in result["sessions_per_s"].values())
+    assert result["conflict_rate"]["1"] == 0
+    assert 0 <= result["conflict_rate"]["2"] < 1
+    assert result["applied"]["1"] == 60
