@@ -59,3 +59,34 @@ def measure(
 def ratio(a: float, b: float) -> float:
     """``a / b``, or ``inf`` for a zero denominator."""
     return a / b if b else float("inf")
+
+
+Variant = tuple[Callable[[], Any], Callable[[Any], Any], int]
+"""(setup, body, ops): one contender of an interleaved comparison."""
+
+
+def interleaved(
+    variants: dict[str, Variant], *, repeats: int = 7, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per op of each variant, one batch of each per round, rounds repeated.
+
+    Running the contenders round-robin (rather than all repeats of one, then all of
+    the next) exposes them to the same machine noise, so a ratio taken within a round
+    compares like with like even on a busy machine.
+    """
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(warmup + repeats):
+        for name, (setup, body, ops) in variants.items():
+            state = setup()
+            if FULL_COLLECT:
+                gc.collect()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                body(state)
+                t1 = time.perf_counter()
+            finally:
+                gc.enable()
+            if i >= warmup:
+                runs[name].append((t1 - t0) / ops)
+    return runs

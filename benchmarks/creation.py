@@ -74,24 +74,33 @@ def _live(count: int) -> list[sm.Turn]:
 
 
 def _growth(levels: tuple[int, ...], batch: int, repeats: int) -> dict[str, float]:
+    """Sweep the live count up (1k -> 10k -> 100k) and back down, timing creation at
+    each stop; a level's figure is the median over both passes (drift cancels)."""
     settings = sm.Settings()
-    out: dict[str, float] = {}
-    for level in levels:
-        live = _live(level)
-        runs = []
-        for _ in range(repeats + 1):
+    runs: dict[int, list[float]] = {level: [] for level in levels}
+    live: list[sm.Turn] = []
+
+    def time_creation(level: int) -> None:
+        for i in range(repeats + 1):
             gc.collect()
             gc.disable()
             t0 = time.perf_counter()
-            for i in range(batch):
-                sm.Session(settings, i, _clock).new_turn().start()
+            for j in range(batch):
+                sm.Session(settings, j, _clock).new_turn().start()
             t1 = time.perf_counter()
             gc.enable()
-            runs.append((t1 - t0) / batch * 1e6)
-        out[f"{level} live"] = statistics.median(runs[1:])
-        del live
-        gc.collect()
-    return out
+            if i:
+                runs[level].append((t1 - t0) / batch * 1e6)
+
+    for level in levels:
+        live += _live(level - len(live))
+        time_creation(level)
+    for level in reversed(levels[:-1]):
+        del live[level:]
+        time_creation(level)
+    del live
+    gc.collect()
+    return {f"{level} live": statistics.median(values) for level, values in runs.items()}
 
 
 class _Plain:
