@@ -192,6 +192,11 @@ class RedisStore:
             raise StoreUnavailable(
                 f"session {session_id!r}: Redis is unavailable: {exc}", session_id=session_id
             ) from exc
+        if isinstance(exc, UnicodeDecodeError):  # a decode_responses client, binary data
+            raise CorruptSession(
+                f"session {session_id!r}: the stored data is not UTF-8 text: {exc}",
+                session_id=session_id,
+            ) from exc
         if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
             raise CorruptSession(
                 f"session {session_id!r}: its key holds another kind of value: {exc}",
