@@ -18,7 +18,12 @@ import openai
 import pytest
 
 import statemachine as sm
-from statemachine.providers import AsyncAnthropicModel, AsyncOpenAIModel
+from statemachine.providers import (
+    AnthropicModel,
+    AsyncAnthropicModel,
+    AsyncOpenAIModel,
+    OpenAIModel,
+)
 
 from .servers import readme_example
 from .servers.fake_llm import (
@@ -421,3 +426,78 @@ def test_readme_example_runs_against_the_loopback_server(
     assert server.count(ANTHROPIC) == 2
     assert fake_time.waits[0] >= 1.0
     assert "completed" in capsys.readouterr().out
+
+
+@pytest.mark.requirement("ER-52", "ER-53", "ER-16")
+def test_sync_providers_build_requests_withhold_tools_and_report_cost(server: FakeLLM) -> None:
+    """run_turn with the sync clients: AnthropicModel sends the request's messages and
+    tools with the default model and max_tokens, reports cost from usage; on the
+    final-answer turn (max_turns=1) the tools are stripped from the request. For
+    OpenAIModel a refusal message is content_filtered, and a fallback model named
+    by CallModel.model is the one sent."""
+    server.script(
+        ANTHROPIC,
+        anthropic_message(
+            "using a tool", tool_uses=(("toolu_1", "lookup", {"q": 1}),), tokens=(1000, 500)
+        ),
+        anthropic_message("final", tokens=(2000, 0)),
+    )
+    refusal = openai_completion("")
+    refusal.body["choices"][0]["message"]["refusal"] = "I can't help with that."
+    server.script(
+        OPENAI,
+        openai_error(503, "overloaded", "server_error"),
+        openai_completion("from the fallback"),
+        refusal,
+    )
+    sleeps: list[float] = []
+    sess = sm.Session(sm.Settings(max_turns=1), seed=2, clock=lambda: 0.0)
+
+    class SyncContext:
+        def assemble(self, action: sm.Assemble) -> sm.Assembled:
+            tools = [{"name": "lookup", "description": "d", "input_schema": {"type": "object"}}]
+            messages = [{"role": "user", "content": action.instruction or "hi"}]
+            return sm.Assembled({"messages": messages, "tools": tools}, size=10)
+
+    class SyncTools:
+        def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+            return sm.ToolOutcome(call.id, ok=True, content="found")
+
+    with anthropic.Anthropic(base_url=server.url, api_key="test", max_retries=2) as client:
+        model = AnthropicModel(client, model="claude-test", price_per_mtok=(3.0, 15.0))
+        first = sm.run_turn(sess.new_turn(), model=model, tools=SyncTools(), context=SyncContext())
+        final = sm.run_turn(sess.new_turn(), model=model, tools=SyncTools(), context=SyncContext())
+    assert first.status is sm.TurnStatus.COMPLETED
+    assert final.status is sm.TurnStatus.COMPLETED
+    assert sess.status is sm.SessionStatus.ERROR_MAX_TURNS
+    assert sess.cost_usd == pytest.approx(1000 * 3 / 1e6 + 500 * 15 / 1e6 + 2000 * 3 / 1e6)
+    one, two = (seen.body for seen in server.requests(ANTHROPIC))
+    assert (one["model"], one["max_tokens"], len(one["tools"])) == ("claude-test", 1024, 1)
+    assert "tools" not in two
+    assert two["messages"][0]["content"] == sess.current_turn.instruction  # type: ignore[union-attr]
+
+    osess = sm.Session(
+        sm.Settings(fallback_models=("gpt-backup",), max_retries=0), seed=2, clock=lambda: 0.0
+    )
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="test", max_retries=0) as oclient:
+        omodel = OpenAIModel(oclient, model="gpt-main")
+        fell_back = sm.run_turn(
+            osess.new_turn(),
+            model=omodel,
+            tools=SyncTools(),
+            context=SyncContext(),
+            sleep=sleeps.append,
+        )
+        refused = sm.run_turn(
+            osess.new_turn(), model=omodel, tools=SyncTools(), context=SyncContext()
+        )
+    assert fell_back.status is sm.TurnStatus.COMPLETED
+    assert fell_back.model == "gpt-backup"
+    assert [seen.body["model"] for seen in server.requests(OPENAI)] == [
+        "gpt-main",
+        "gpt-backup",
+        "gpt-main",
+    ]
+    assert refused.status is sm.TurnStatus.CONTENT_FILTERED
+    assert refused.error is not None and refused.error.message == "I can't help with that."
+    assert server.count(OPENAI) == 3
