@@ -208,6 +208,8 @@ def _steps(ctx: _Ctx, session: Session, turn: Turn) -> list[Step]:
             Step("ModelReplied", "pq"),
             Step("ModelReplied", "doom"),
         ]
+        if settings.breaker_threshold > 1:
+            steps.append(Step("ModelReplied", "p_many"))
         if settings.max_wall_clock_s is not None:
             steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
         if settings.max_cost_usd is not None:
@@ -278,6 +280,11 @@ def _event(ctx: _Ctx, step: Step, session: Session, turn: Turn, clock: _Clock) -
                 ToolCall(f"c{index}p", "p", "read", {"turn": index}),
                 ToolCall(f"c{index}q", "q", "write", {"turn": index}),
             )
+        elif variant == "p_many":
+            calls = tuple(
+                ToolCall(f"c{index}p{i}", "p", "read", {"turn": index, "i": i})
+                for i in range(_many(ctx))
+            )
         elif variant == "doom":
             threshold = ctx.settings.doom_loop_threshold
             calls = tuple(
@@ -310,6 +317,13 @@ def _event(ctx: _Ctx, step: Step, session: Session, turn: Turn, clock: _Clock) -
     if kind == "Cancelled":
         return Cancelled(variant)
     raise ValueError(f"step: unknown kind {kind!r}")  # pragma: no cover
+
+
+def _many(ctx: _Ctx) -> int:
+    """How many calls to ``p`` the ``p_many`` reply makes: enough to trip its breaker
+    in one turn (accelerated: enough to leave zero, the jump does the rest)."""
+    threshold = ctx.settings.breaker_threshold
+    return threshold if ctx.saturation is None else min(threshold, ctx.saturation + 1)
 
 
 def _run_out(ctx: _Ctx, session: Session, clock: _Clock) -> None:

@@ -1,0 +1,166 @@
+"""The exhaustive model check: ``python -m statemachine check`` on the defaults and on
+the edge settings of ``specs/check-settings/``, and what its report says."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from statemachine import ConfigError, Settings, TurnStatus, _check
+from statemachine._check import check, main, step_bound
+from statemachine._table import BACKING_OFF, CALLING, ROWS, STATES, Row
+
+SETTINGS_DIR = Path(__file__).resolve().parent.parent / "specs" / "check-settings"
+SETTINGS_FILES = sorted(SETTINGS_DIR.glob("*.toml"))
+
+
+@pytest.fixture(scope="module")
+def defaults() -> _check.CheckReport:
+    """One model check of the default settings, shared by the tests below."""
+    return check(Settings())
+
+
+@pytest.mark.requirement("ER-29", "ER-33")
+def test_defaults_pass_exactly_and_fast(defaults: _check.CheckReport) -> None:
+    """The defaults are explored with exact counters, every property holds, no turn is
+    longer than the settings' bound, and the check takes well under 5 s."""
+    assert defaults.ok, defaults.render()
+    assert defaults.exact
+    assert defaults.states > 1000
+    assert defaults.edges > defaults.states
+    assert 0 < defaults.longest_turn <= defaults.step_bound == step_bound(Settings())
+    assert defaults.seconds < 10  # ~2 s alone on the 2-core CI machine; headroom for load
+
+
+@pytest.mark.requirement("ER-33")
+def test_defaults_reach_every_state_and_the_statuses_they_allow(
+    defaults: _check.CheckReport,
+) -> None:
+    """Every state is reached on the defaults; the only status missing is the one
+    that needs max_wall_clock_s (unset by default)."""
+    assert defaults.reached_states == frozenset(STATES)
+    missing = {s.value for s in TurnStatus} - defaults.reached_statuses
+    assert missing == {"budget_exhausted"}
+
+
+@pytest.mark.requirement("ER-33")
+def test_report_renders_the_counts(defaults: _check.CheckReport) -> None:
+    """The printed report names states, edges, the longest turn and the time."""
+    text = defaults.render()
+    assert text.startswith("statemachine check: OK (exact)")
+    assert f"states {defaults.states}, edges {defaults.edges}" in text
+    assert f"longest turn {defaults.longest_turn} steps" in text
+    assert text.count(" s") >= 1
+
+
+@pytest.mark.parametrize("path", SETTINGS_FILES, ids=[p.stem for p in SETTINGS_FILES])
+@pytest.mark.requirement("ER-29", "ER-33")
+def test_edge_settings_pass(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``statemachine check --settings FILE`` exits 0 on every edge settings file and
+    prints an OK report."""
+    assert main(["--settings", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("statemachine check: OK")
+    assert "longest turn" in out
+
+
+def test_edge_settings_include_the_ci_cases() -> None:
+    """The edge settings CI runs include max_retries=0, breaker_threshold=1, huge caps."""
+    loaded = {path.stem: Settings.from_toml(path) for path in SETTINGS_FILES}
+    assert any(s.max_retries == 0 for s in loaded.values())
+    assert any(s.breaker_threshold == 1 for s in loaded.values())
+    assert any(s.max_retries >= 50 and s.session_retry_ceiling >= 1000 for s in loaded.values())
+
+
+@pytest.mark.requirement("ER-34")
+def test_everything_reaches_every_row_state_and_status() -> None:
+    """With every feature on (fallbacks, wall clock, cost, turns), the check reaches
+    every row of the table, every state and every TurnStatus."""
+    report = check(Settings.from_toml(SETTINGS_DIR / "everything.toml"))
+    assert report.ok, report.render()
+    assert report.uncovered_rows == ()
+    assert len(report.row_paths) == len(ROWS)
+    assert report.reached_states == frozenset(STATES)
+    assert report.reached_statuses == {s.value for s in TurnStatus}
+
+
+@pytest.mark.requirement("ER-33")
+def test_huge_caps_are_accelerated_and_fast() -> None:
+    """Huge caps switch to accelerated counters and still finish in about a second,
+    reaching every state."""
+    report = check(Settings(max_retries=50, session_retry_ceiling=1000))
+    assert report.ok, report.render()
+    assert not report.exact
+    assert report.reached_states == frozenset(STATES)
+    assert report.seconds < 5
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Settings(max_retries=3, session_retry_ceiling=7, max_context_reductions=3),
+        Settings(
+            max_retries=1, session_retry_ceiling=3, fallback_models=("a",), max_wall_clock_s=50
+        ),
+    ],
+    ids=["caps", "fallbacks-clock"],
+)
+@pytest.mark.requirement("ER-33")
+def test_acceleration_keeps_what_exact_reaches(settings: Settings) -> None:
+    """On small settings, accelerated counters (saturation 1) reach every state,
+    status and row the exact exploration reaches, and find no violation either."""
+    exact = check(settings, exact=True)
+    fast = check(settings, exact=False, saturation=1)
+    assert exact.ok and fast.ok, exact.render() + fast.render()
+    assert fast.states < exact.states
+    assert fast.reached_states == exact.reached_states
+    assert fast.reached_statuses == exact.reached_statuses
+    assert set(fast.row_paths) == set(exact.row_paths)
+
+
+def test_saturation_must_be_positive() -> None:
+    """A saturation below 1 is refused with a ConfigError naming it."""
+    with pytest.raises(ConfigError, match="saturation"):
+        check(Settings(), exact=False, saturation=0)
+
+
+def test_main_rejects_a_missing_settings_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing or invalid settings file exits 2 with the reason on stderr."""
+    assert main(["--settings", str(tmp_path / "nope.toml")]) == 2
+    assert "nope.toml" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[settings]\nmax_retries = -1\n")
+    assert main(["--settings", str(bad)]) == 2
+    assert "max_retries" in capsys.readouterr().err
+
+
+@pytest.mark.requirement("ER-33")
+def test_main_exits_non_zero_on_a_violation(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """When a property breaks (here: a table whose auth_error row is gone, so auth
+    errors are retried) the command prints FAILED, the path, and exits 1."""
+    at = next(i for i, r in enumerate(ROWS) if r.guards == ("auth_error",))
+    retry = Row(CALLING, "ModelFailed", ("auth_error", "retries_left"), BACKING_OFF, "wait")
+    rows = (*ROWS[:at], retry, *ROWS[at:])
+    monkeypatch.setattr(_check, "check", functools.partial(check, rows=rows))
+    small = tmp_path / "small.toml"
+    small.write_text("[settings]\nmax_retries = 1\nsession_retry_ceiling = 2\n")
+    assert main(["--settings", str(small)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("statemachine check: FAILED")
+    assert "[ER-9]" in out
+    assert "path: start -> Assembled(fresh) -> ModelFailed(auth_error)" in out
+
+
+def test_installed_restores_the_engine_table() -> None:
+    """Checking a mutated table leaves the engine's own table in place afterwards."""
+    from statemachine import _turn
+
+    before = _turn._COMPILED
+    check(Settings(max_retries=1, session_retry_ceiling=1), rows=ROWS[:-1])
+    assert _turn._COMPILED is before
