@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ._exceptions import SnapshotError
+from ._exceptions import ConfigError, SnapshotError
 
 SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """Session ids and tenant names: letters, digits, ``.``, ``_``, ``-``; 1 to 128 of them.
@@ -103,7 +103,7 @@ def key_prefix(prefix: str, tenant: str | None) -> str:
 
 def check_max_bytes(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 256:
-        raise ValueError(f"max_bytes: must be an int >= 256, got {value!r}")
+        raise ConfigError(f"max_bytes: must be an int >= 256, got {value!r}")
     return value
 
 
@@ -111,7 +111,7 @@ def check_ttl(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"ended_ttl_s: must be a number > 0 or None, got {value!r}")
+        raise ConfigError(f"ended_ttl_s: must be a number > 0 or None, got {value!r}")
     if value == float("inf"):
         return None
     return float(value)

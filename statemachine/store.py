@@ -47,7 +47,7 @@ import attrs
 
 from ._actions import Action, InvokeTools
 from ._events import ToolsDone
-from ._exceptions import IllegalEvent
+from ._exceptions import ConfigError, IllegalEvent
 from ._session import Session
 from ._store_core import (
     DEFAULT_MAX_BYTES,
@@ -290,10 +290,19 @@ class Worker:
         count_idle: bool = True,
         observers: Iterable[Callable[[TraceRecord], None]] = (),
     ) -> None:
-        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
-            raise ValueError(f"lease_s: must be a number > 0, got {lease_s!r}")
+        if (
+            isinstance(lease_s, bool)
+            or not isinstance(lease_s, int | float)
+            or not 0 < lease_s < float("inf")
+        ):
+            raise ConfigError(f"lease_s: must be a finite number > 0, got {lease_s!r}")
+        if isinstance(idempotent, str):
+            raise ConfigError(
+                f"idempotent: a collection of tool names (or a predicate), not a str: "
+                f"{idempotent!r}; write {{{idempotent!r}}}"
+            )
         if owner is not None and (not isinstance(owner, str) or not owner):
-            raise ValueError(f"owner: must be a non-empty str, got {owner!r}")
+            raise ConfigError(f"owner: must be a non-empty str, got {owner!r}")
         self.store = store
         self.owner = owner or _default_owner()
         self.lease_s = float(lease_s)

@@ -688,3 +688,18 @@ class StaleWorkers(RuleBasedStateMachine):
 
 TestStaleWorkers = StaleWorkers.TestCase
 TestStaleWorkers.settings = hypothesis_settings(max_examples=40, stateful_step_count=40)
+
+
+def test_worker_options_are_checked() -> None:
+    """A bad lease, owner or idempotent list is refused with a ConfigError naming the
+    option."""
+    store = InMemoryStore()
+    with pytest.raises(sm.ConfigError, match="lease_s: must be a finite number > 0"):
+        Worker(store, lease_s=float("inf"))
+    with pytest.raises(ValueError, match="owner: must be a non-empty str"):
+        Worker(store, owner="")
+    with pytest.raises(ValueError, match="idempotent: a collection of tool names"):
+        Worker(store, idempotent="search")
+    with pytest.raises(ValueError, match="ended_ttl_s: must be a number > 0"):
+        InMemoryStore(ended_ttl_s=0)
+    assert Worker(store, idempotent=lambda call: call.name == "x").owner
