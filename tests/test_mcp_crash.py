@@ -288,3 +288,20 @@ def test_redact_hides_credentials_and_keeps_the_rest() -> None:
         assert secret not in redacted
     assert "boom at step 3" in redacted
     assert "traceback line 7" in redacted
+
+
+@pytest.mark.requirement("ER-57")
+def test_crash_latency_benchmark_runs_and_reports_its_shape() -> None:
+    """benchmarks/crash_latency.run(kills=2) kills a real server mid-call twice and
+    reports median and worst latency, every outcome process_crashed with the signal
+    named (timings themselves are recorded, not asserted)."""
+    from benchmarks import crash_latency
+
+    result = crash_latency.run(kills=2)
+    assert result["kills"] == 2
+    assert len(result["samples_ms"]) == 2
+    assert 0 < result["median_ms"] <= result["worst_ms"]
+    assert result["all_process_crashed"]
+    assert result["signal_reported"] == 2
+    with pytest.raises(ValueError, match="kills"):
+        crash_latency.run(kills=0)
