@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 if `dot` is missing (by default the .dot and .mmd are still written)",
     )
     diagram.add_argument("--no-svg", action="store_true", help="write the .dot and .mmd only")
+    diagram.add_argument(
+        "--readme",
+        type=Path,
+        metavar="FILE",
+        help="also put turn.mmd into the first ```mermaid block of FILE (e.g. README.md)",
+    )
 
     commands.add_parser(
         "check",
@@ -151,13 +157,32 @@ def _check(argv: list[str], err: IO[str]) -> int:
 
 
 def _diagram(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from ._diagrams import INSTALL_HINT, write_diagrams  # noqa: PLC0415 - graphviz is slow to import
+    from ._diagrams import (  # noqa: PLC0415 - graphviz is slow to import
+        INSTALL_HINT,
+        readme_with_diagram,
+        write_diagrams,
+    )
 
     done = write_diagrams(options.out, svg=not options.no_svg, check=options.check)
+    readme_stale = False
+    if options.readme is not None:
+        try:
+            text = options.readme.read_text(encoding="utf-8")
+            updated = readme_with_diagram(text)
+        except (OSError, ValueError) as exc:
+            print(f"statemachine diagram: {options.readme}: {exc}", file=err)
+            return EXIT_USAGE
+        readme_stale = updated != text
+        if readme_stale and not options.check:
+            options.readme.write_text(updated, encoding="utf-8")
+            print(f"wrote the mermaid block of {options.readme}", file=out)
     if options.check:
-        if done.written:
+        if readme_stale:
+            print(f"the mermaid block of {options.readme} differs from turn.mmd", file=err)
+        if done.written or readme_stale:
             print("diagrams differ from the machine; regenerate them with:", file=err)
-            print(f"  python -m statemachine diagram --out {options.out}", file=err)
+            readme = f" --readme {options.readme}" if options.readme else ""
+            print(f"  python -m statemachine diagram --out {options.out}{readme}", file=err)
             for path in done.written:
                 print(f"  differs: {path}", file=err)
             return EXIT_FAILED

@@ -438,6 +438,20 @@ def write_diagrams(out: Path, *, svg: bool = True, check: bool = False) -> Writt
     return Written(tuple(changed), missing)
 
 
+_MERMAID_BLOCK = re.compile(r"(```mermaid\n)(.*?)(```)", re.DOTALL)
+
+
+def readme_with_diagram(text: str) -> str:
+    """``text`` (a README) with its first mermaid block replaced by ``turn.mmd``.
+
+    ``ValueError`` if it has no mermaid block.
+    """
+    if not _MERMAID_BLOCK.search(text):
+        raise ValueError("no ```mermaid block to update")
+    mmd = mermaid_source()
+    return _MERMAID_BLOCK.sub(lambda m: m.group(1) + mmd + m.group(3), text, count=1)
+
+
 def svg_source_digest(path: Path) -> str | None:
     """The ``.dot`` digest an SVG written here records, or ``None``."""
     try:

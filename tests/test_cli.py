@@ -189,7 +189,7 @@ def test_readme_mermaid_block_is_the_generated_diagram() -> None:
     """The README's mermaid block is ``diagrams/turn.mmd``, byte for byte."""
     (block,) = _blocks("mermaid")
     assert block == (ROOT / "diagrams" / "turn.mmd").read_text(encoding="utf-8"), (
-        "copy diagrams/turn.mmd into the README's mermaid block"
+        "run: python -m statemachine diagram --readme README.md"
     )
 
 

@@ -31,7 +31,7 @@ from statemachine._table import GUARDS, ROWS, TERMINAL_KIND
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "diagrams"
 HAS_DOT = shutil.which("dot") is not None
-REGENERATE = "regenerate with: python -m statemachine diagram"
+REGENERATE = "regenerate with: python -m statemachine diagram --readme README.md"
 
 
 @pytest.mark.requirement("ER-60")
@@ -174,3 +174,23 @@ def test_missing_dot_still_writes_text_diagrams_and_says_how_to_install(
     code = main(["diagram", "--require-svg", "--out", str(tmp_path)], stdout=out, stderr=err)
     assert code == 1
     assert "apt-get install graphviz" in err.getvalue()
+
+
+@pytest.mark.requirement("ER-60")
+def test_readme_option_puts_the_mermaid_diagram_into_a_readme(tmp_path: Path) -> None:
+    """``--readme FILE`` replaces FILE's first mermaid block by turn.mmd (and only that);
+    with ``--check`` a stale block exits 1; a FILE without a block exits 2."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n```mermaid\nold\n```\ntail\n```mermaid\nkeep\n```\n", "utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    args = ["diagram", "--no-svg", "--out", str(tmp_path / "d"), "--readme", str(readme)]
+    assert main([*args, "--check"], stdout=out, stderr=err) == 1
+    assert "mermaid block" in err.getvalue()
+    assert main(args, stdout=out, stderr=err) == 0
+    text = readme.read_text("utf-8")
+    assert text == f"# x\n```mermaid\n{mermaid_source()}```\ntail\n```mermaid\nkeep\n```\n"
+    assert main([*args, "--check"], stdout=out, stderr=err) == 0
+    readme.write_text("no diagram here\n", "utf-8")
+    err = io.StringIO()
+    assert main(args, stdout=out, stderr=err) == 2
+    assert "no ```mermaid block" in err.getvalue()
