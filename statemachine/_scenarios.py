@@ -173,6 +173,8 @@ class Scenario:
     expect_turn_status: TurnStatus | None
     expect_session_status: str | None
     expect_retries_used: int | None
+    expect_lines: Mapping[str, int] = attrs.field(factory=dict)
+    """The line of each top-level ``expect_*`` key."""
 
     def where(self, line: int) -> str:
         """``file:line`` for messages."""
@@ -579,6 +581,10 @@ def parse(text: str, source: str, name: str) -> Scenario:
         expect_turn_status=expect_turn,
         expect_session_status=expect_session,
         expect_retries_used=expect_retries,
+        expect_lines={
+            key: lines.key(key, None) or 1
+            for key in ("expect_turn_status", "expect_session_status", "expect_retries_used")
+        },
     )
 
 

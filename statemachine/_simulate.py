@@ -352,23 +352,26 @@ def _check_scenario(
     scenario: Scenario, turns: list[TurnResult], session_status: str | None, retries: int
 ) -> list[str]:
     failures = []
-    where = scenario.source
+
+    def where(key: str) -> str:
+        return f"{scenario.where(scenario.expect_lines.get(key, 1))}: {key}"
+
     last = turns[-1].status if turns else None
     if scenario.expect_turn_status is not None and last != scenario.expect_turn_status:
         failures.append(
-            f"{where}: expect_turn_status: the last turn ended {last}, "
+            f"{where('expect_turn_status')}: the last turn ended {last}, "
             f"expected {scenario.expect_turn_status.value}"
         )
     if scenario.expect_session_status is not None:
         got = session_status or OPEN
         if got != scenario.expect_session_status:
             failures.append(
-                f"{where}: expect_session_status: the session is {got}, "
+                f"{where('expect_session_status')}: the session is {got}, "
                 f"expected {scenario.expect_session_status}"
             )
     if scenario.expect_retries_used is not None and retries != scenario.expect_retries_used:
         failures.append(
-            f"{where}: expect_retries_used: the session used {retries} retries, "
+            f"{where('expect_retries_used')}: the session used {retries} retries, "
             f"expected {scenario.expect_retries_used}"
         )
     return failures

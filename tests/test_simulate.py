@@ -286,7 +286,7 @@ EXPECTATION_FAILURES = [
     pytest.param(
         'expect_session_status = "error_max_turns"\n[[turn]]\nsteps = [\n'
         '  {event = "Assembled", size = 1},\n  {event = "ModelReplied"},\n]\n',
-        "expect_session_status: the session is open, expected error_max_turns",
+        ":1: expect_session_status: the session is open, expected error_max_turns",
         id="session-status",
     ),
     pytest.param(
