@@ -60,7 +60,7 @@ KIND_MEANING: dict[str, str] = {
     "running": "running state: the turn waits for the host's next event",
     "success": "success: the turn completed (failed tool calls are error results)",
     "surfaced": "surfaced: ended on purpose, the host must show it (filter, breaker)",
-    "failed": "failed: the turn ended without an answer; Finish.status says why",
+    "failed": "failed: the turn ended without an answer, Finish.status says why",
 }
 
 _HIGHLIGHT = "#1565c0"
@@ -316,9 +316,9 @@ def dot_source(view: View) -> str:
             if previous is not None:
                 legend.edge(previous, name, style="invis")
             previous = name
-        lines = ["edges: Event [guards, all must hold] / Action; rows tried top to bottom"]
+        lines = ["edges: Event [guards, all must hold] / Action, rows tried top to bottom"]
         if view.highlight is not None:
-            lines.append("blue: rows this category can take; dashed grey: the others")
+            lines.append("blue: rows this category can take, dashed grey: the others")
         lines.append("guards:")
         lines.extend(f"  {name}: {meaning}" for name, meaning in GUARDS.items())
         legend.node(
