@@ -160,6 +160,11 @@ def run_all(
 
 
 def _fmt(value: Any, unit: str = "") -> str:
+    if isinstance(value, list | tuple) and len(value) > 6:
+        numbers = [v for v in value if isinstance(v, int | float)]
+        if len(numbers) == len(value):
+            return f"{len(value)} values, {_fmt(min(numbers))}..{_fmt(max(numbers))}"
+        return f"{len(value)} items"
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, float):

@@ -315,7 +315,9 @@ def _bytes(build: Callable[[], Any]) -> tuple[int, Any]:
 
 
 def _trace_memory(count: int = 2000, transitions: int = 12) -> dict[str, float]:
+    """Bytes per transition of a trace (synthetic, same shapes as ``Turn._trace``)."""
     action = object()
+    row = ("calling", "ModelFailed", "g", "backing_off")
 
     def tuples() -> list[list[Any]]:
         return [
@@ -326,22 +328,52 @@ def _trace_memory(count: int = 2000, transitions: int = 12) -> dict[str, float]:
             for _ in range(count)
         ]
 
-    def flat() -> list[list[Any]]:
-        out = []
-        for _ in range(count):
-            entries: list[Any] = []
-            for _ in range(transitions):
-                entries += (7, action, 2)  # row id, action, session retries
-            out.append(entries)
+    def flat(width: int) -> Callable[[], list[list[Any]]]:
+        def build() -> list[list[Any]]:
+            out = []
+            for _ in range(count):
+                entries: list[Any] = []
+                for _ in range(transitions):
+                    entry = (row, action, 1, 2, 0)[:width]
+                    entries += entry
+                out.append(entries)
+            return out
+
+        return build
+
+    results = {}
+    for label, build in (
+        ("9-tuple per transition (now)", tuples),
+        ("flat list: row, action, attempt, retries, reductions", flat(5)),
+        ("flat list: row, action, one small int", flat(3)),
+    ):
+        size, kept = _bytes(build)
+        del kept
+        results[f"{label}, bytes/transition"] = size / count / transitions
+    return results
+
+
+def _session_memory(count: int = 2000) -> dict[str, float]:
+    """Bytes per ``Session()``, and with its empty ``_tripped`` frozenset shared."""
+    settings = sm.Settings()
+    shared = frozenset[str]()
+
+    def sessions() -> list[sm.Session]:
+        return [sm.Session(settings, i, lambda: 0.0) for i in range(count)]
+
+    def sessions_shared() -> list[sm.Session]:
+        out = sessions()
+        for session in out:
+            session._tripped = shared
         return out
 
-    tuple_bytes, kept = _bytes(tuples)
+    now, kept = _bytes(sessions)
     del kept
-    flat_bytes, kept = _bytes(flat)
+    after, kept = _bytes(sessions_shared)
     del kept
     return {
-        "9-tuple per transition (now), bytes/transition": tuple_bytes / count / transitions,
-        "flat list (row id, action, retries), bytes/transition": flat_bytes / count / transitions,
+        "Session() now, bytes": now / count,
+        "Session() with one shared empty frozenset for _tripped, bytes": after / count,
     }
 
 
@@ -355,6 +387,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     parts = _parts(number)
     what_if = _what_if(n, repeats)
     memory = _trace_memory(count=100 if quick else 2000)
+    memory.update(_session_memory(count=100 if quick else 2000))
     lines = ["== hot path profile"]
     for title, text in profiles.items():
         lines += [f"-- cProfile: {title}", text, ""]
@@ -367,7 +400,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"  {k}: {v['before_us']:.2f} -> {v['after_us']:.2f} "
             f"({v['before_us'] - v['after_us']:+.2f})"
         )
-    lines.append("-- trace memory (tracemalloc)")
+    lines.append("-- trace and session memory (tracemalloc)")
     lines += [f"  {k}: {v:.0f} B" for k, v in memory.items()]
     return {
         "parts_us": parts,
