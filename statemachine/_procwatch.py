@@ -153,16 +153,18 @@ class Watched:
             stderr_tail=self.stderr_tail(),
         )
 
-    async def terminate(self, grace_s: float = 1.0) -> None:
-        """Stop the child (its process group): close stdin, SIGTERM, then SIGKILL."""
+    async def terminate(self, grace_s: float = 0.5) -> None:
+        """Stop the child (its process group) as the MCP spec asks: close its stdin,
+        then SIGTERM, then SIGKILL, waiting up to ``grace_s`` after each step."""
         if self.process.stdin is not None:
             with contextlib.suppress(OSError, RuntimeError):
                 self.process.stdin.close()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
             if self.exited.is_set():
                 break
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)
+            if sig is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, sig)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace_s):
                     await self.exited.wait()

@@ -39,12 +39,17 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import anyio
-import mcp_types
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp import ClientSession
-from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
+try:
+    import anyio
+    import mcp_types
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp import ClientSession
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.message import SessionMessage
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise ImportError(
+        f"statemachine.mcp needs the official MCP SDK: pip install 'turnstate[mcp]' ({exc})"
+    ) from exc
 
 from ._procwatch import ExitInfo, Watched, redact, spawn
 from ._taxonomy import ToolErrorCategory
@@ -66,6 +71,7 @@ class _Connection:
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.exit_info: ExitInfo | None = None
+        self.exit_task: asyncio.Task[ExitInfo] | None = None
 
     @property
     def alive(self) -> bool:
@@ -258,8 +264,11 @@ class MCPStdioTools:
     async def _record_crash(self, conn: _Connection) -> ExitInfo:
         if self._conn is conn:
             self._conn = None
-        if conn.exit_info is not None:
-            return conn.exit_info
+        if conn.exit_task is None:  # once per connection, however many calls were in flight
+            conn.exit_task = asyncio.ensure_future(self._read_exit(conn))
+        return await asyncio.shield(conn.exit_task)
+
+    async def _read_exit(self, conn: _Connection) -> ExitInfo:
         info = await conn.watched.exit_info()
         conn.exit_info = info
         self._last_exit = info

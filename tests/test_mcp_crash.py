@@ -162,6 +162,42 @@ def test_repeated_real_crashes_trip_the_breaker_through_the_driver() -> None:
     assert len(tools.crashes) == 3
 
 
+@pytest.mark.requirement("ER-54", "ER-49", "ER-14")
+def test_a_death_fails_every_call_in_flight_of_a_concurrent_round() -> None:
+    """Two calls of one round run concurrently on the same server; one kills it: both
+    in-flight calls fail process_crashed, and the death is recorded once."""
+
+    class TwoCalls:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            self.calls += 1
+            if self.calls > 1:
+                return sm.ModelReplied()
+            return sm.ModelReplied(
+                tool_calls=(_call("a", "hang"), _call("b", "die", mode="sigkill"))
+            )
+
+    async def scenario() -> tuple[sm.Finish, MCPStdioTools]:
+        session = sm.Session(sm.Settings(), seed=5, clock=time.monotonic)
+        async with MCPStdioTools("crashy", COMMAND) as tools:
+            await tools.start()
+            finish = await sm.arun_turn(
+                session.new_turn(), model=TwoCalls(), tools=tools, context=Context()
+            )
+            return finish, tools
+
+    finish, tools = asyncio.run(scenario())
+    assert finish.status is sm.TurnStatus.COMPLETED
+    assert [r.category for r in finish.tool_results] == [
+        sm.ToolErrorCategory.PROCESS_CRASHED,
+        sm.ToolErrorCategory.PROCESS_CRASHED,
+    ]
+    assert all("SIGKILL" in r.content for r in finish.tool_results)
+    assert len(tools.crashes) == 1
+
+
 @pytest.mark.requirement("ER-32", "ER-50")
 def test_cancelling_a_turn_during_an_mcp_call_leaves_a_consistent_session() -> None:
     """Cancelling the driver's task while a real MCP call hangs: the turn finishes

@@ -20,13 +20,14 @@ import signal
 import sys
 import time
 
-import anyio
-from mcp.server.mcpserver import MCPServer
-
 if os.environ.get("CRASHY_DIE_ON_START") == "1":
     sys.stderr.write("refusing to start: CRASHY_DIE_ON_START is set\n")
     sys.stderr.flush()
     os._exit(5)
+
+# (imported after the die-on-start check, which must be quick)
+import anyio
+from mcp.server.mcpserver import MCPServer
 
 server = MCPServer("crashy")
 
