@@ -420,7 +420,7 @@ def test_readme_example_runs_against_the_loopback_server(
         anthropic_message("checking", tool_uses=(("toolu_9", "weather", {"city": "Paris"}),)),
     )
     fake_time = FakeTime()
-    finish = _run(readme_example.main(server.url, sleep=fake_time.sleep))
+    finish = _run(readme_example.main(server.url, api_key="test", sleep=fake_time.sleep))
     assert finish.status is sm.TurnStatus.COMPLETED
     assert finish.tool_results == (sm.ToolResult("toolu_9", "weather: sunny"),)
     assert server.count(ANTHROPIC) == 2

@@ -1,5 +1,7 @@
-"""The README's "Embedding with the async driver and an SDK" example, run by a test."""
+"""The README's "Embedding with the async driver and an SDK" example, verbatim below
+the marker; tests/test_sdk_e2e.py runs it against the loopback server."""
 
+# --- README snippet ---
 import time
 
 import anthropic
@@ -8,24 +10,23 @@ import statemachine as sm
 from statemachine.providers import AsyncAnthropicModel
 
 
-class Context:
-    async def assemble(self, action: sm.Assemble) -> sm.Assembled:
+class Context:  # your context assembly: messages, tools, system prompt
+    async def assemble(self, action):
         messages = [{"role": "user", "content": "What is the weather in Paris?"}]
         return sm.Assembled({"messages": messages}, size=len(str(messages)))
 
 
-class Tools:
-    async def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+class Tools:  # your tools (or statemachine.mcp.MCPStdioTools)
+    async def invoke(self, call):
         return sm.ToolOutcome(call.id, ok=True, content=f"{call.name}: sunny")
 
 
-async def main(base_url: str | None = None, sleep=None) -> sm.Finish:  # type: ignore[no-untyped-def]
+async def main(base_url=None, api_key=None, sleep=None):
     session = sm.Session(sm.Settings(model_timeout_s=60), seed=1, clock=time.monotonic)
-    async with anthropic.AsyncAnthropic(base_url=base_url, api_key="test", max_retries=0) as client:
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
+    async with client:
         model = AsyncAnthropicModel(client, model="claude-sonnet-5")
         turn = session.new_turn()
-        finish = await sm.arun_turn(
-            turn, model=model, tools=Tools(), context=Context(), sleep=sleep
-        )
-    print(finish.status, [r.content for r in finish.tool_results])
+        finish = await sm.arun_turn(turn, model=model, tools=Tools(), context=Context(), sleep=sleep)
+    print(finish.status, [result.content for result in finish.tool_results])
     return finish
