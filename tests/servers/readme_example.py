@@ -26,7 +26,7 @@ async def main(base_url=None, api_key=None, sleep=None):
     client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
     async with client:
         model = AsyncAnthropicModel(client, model="claude-sonnet-5")
-        turn = session.new_turn()
-        finish = await sm.arun_turn(turn, model=model, tools=Tools(), context=Context(), sleep=sleep)
+        turn, tools, context = session.new_turn(), Tools(), Context()
+        finish = await sm.arun_turn(turn, model=model, tools=tools, context=context, sleep=sleep)
     print(finish.status, [result.content for result in finish.tool_results])
     return finish
