@@ -23,12 +23,13 @@ Errors are translated at this one boundary:
   come back as cancelled error results), cancels and awaits its child tasks, and
   re-raises. The session is consistent and can be snapshotted or go on.
 
-**One retry owner.** The engine owns retries. A model provider that is, or holds
-(as ``.client`` or ``._client``), an official ``anthropic``/``openai`` client
-whose ``max_retries`` is not 0 is refused with a ``ConfigError`` before anything
-is sent: 3 SDK retries x 5 engine retries would be 15 requests. Build the client
-with ``max_retries=0``, or use the ready-made providers of
-``statemachine.providers``, which call ``client.with_options(max_retries=0)``.
+**One retry owner.** The engine owns retries. A model provider that is, or holds in
+one of its attributes (``.client``, ``._client``, any other), an official
+``anthropic``/``openai`` client whose ``max_retries`` is not 0 is refused with a
+``ConfigError`` before anything is sent: 3 SDK retries x 5 engine retries would be
+15 requests. Build the client with ``max_retries=0``, or use the ready-made
+providers of ``statemachine.providers``, which call
+``client.with_options(max_retries=0)``.
 """
 
 from __future__ import annotations
@@ -100,11 +101,13 @@ class AsyncToolProvider(Protocol):
 
 def check_retry_owner(model: object) -> None:
     """Refuse a model provider that is or holds an SDK client retrying on its own."""
-    for where, candidate in (
-        ("model", model),
-        ("model.client", getattr(model, "client", None)),
-        ("model._client", getattr(model, "_client", None)),
-    ):
+    candidates: list[tuple[str, object]] = [("model", model)]
+    try:
+        attributes = dict(vars(model))
+    except TypeError:  # no __dict__ (slots, builtins): look at the usual names only
+        attributes = {name: getattr(model, name, None) for name in ("client", "_client")}
+    candidates += [(f"model.{name}", value) for name, value in attributes.items()]
+    for where, candidate in candidates:
         if candidate is None or not _is_sdk_client(candidate):
             continue
         retries = getattr(candidate, "max_retries", None)

@@ -483,3 +483,22 @@ def test_sync_driver_refuses_a_retrying_sdk_client() -> None:
             session().new_turn(), model=Glue(quiet), tools=Tools(), context=Context()
         )
         assert finish.status is sm.TurnStatus.COMPLETED
+
+
+@pytest.mark.requirement("ER-51")
+def test_a_retrying_client_under_any_attribute_name_is_refused() -> None:
+    """The retry-owner check looks at every attribute of the provider, not only
+    ``client``: a retrying client kept as ``self.llm`` is refused too."""
+
+    class Glue:
+        def __init__(self, llm: openai.OpenAI) -> None:
+            self.llm = llm
+
+        def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            return sm.ModelReplied()
+
+    with (
+        openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9/v1", max_retries=4) as llm,
+        pytest.raises(sm.ConfigError, match=r"model.llm: .*max_retries=4"),
+    ):
+        sm.run_turn(session().new_turn(), model=Glue(llm), tools=Tools(), context=Context())
