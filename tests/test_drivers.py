@@ -502,3 +502,48 @@ def test_a_retrying_client_under_any_attribute_name_is_refused() -> None:
         pytest.raises(sm.ConfigError, match=r"model.llm: .*max_retries=4"),
     ):
         sm.run_turn(session().new_turn(), model=Glue(llm), tools=Tools(), context=Context())
+
+
+@pytest.mark.requirement("ER-46")
+def test_tool_routers_dispatch_by_provider_and_name_the_unknown() -> None:
+    """ToolRouter / AsyncToolRouter hand each call to its provider by name; a call
+    for an unknown provider is a not_found error result naming the known ones; the
+    async router closes its providers."""
+    from statemachine.tools import AsyncToolRouter, ToolRouter
+
+    class Named(AsyncTools):
+        def __init__(self, label: str) -> None:
+            super().__init__(lambda call: sm.ToolOutcome(call.id, ok=True, content=label))
+            self.closed = False
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    reply = sm.ModelReplied(
+        tool_calls=(
+            sm.ToolCall("1", "files", "read"),
+            sm.ToolCall("2", "web", "get"),
+            sm.ToolCall("3", "ghost", "boo"),
+        )
+    )
+    files, web = Named("from files"), Named("from web")
+
+    async def scenario() -> sm.Finish:
+        async with AsyncToolRouter({"files": files, "web": web}) as tools:
+            return await sm.arun_turn(
+                session().new_turn(),
+                model=AsyncScript(reply, sm.ModelReplied()),
+                tools=tools,
+                context=AsyncContext(),
+            )
+
+    first, second, third = asyncio.run(scenario()).tool_results
+    assert (first.content, second.content) == ("from files", "from web")
+    assert third.category is sm.ToolErrorCategory.NOT_FOUND
+    assert "ghost" in third.content and "files, web" in third.content
+    assert files.closed and web.closed
+    sync = ToolRouter({"files": Tools()})
+    assert sync.invoke(sm.ToolCall("1", "files", "read")).ok
+    assert sync.invoke(sm.ToolCall("2", "nope", "read")).category is sm.ToolErrorCategory.NOT_FOUND
+    with pytest.raises(TypeError, match="invoke"):
+        ToolRouter({"bad": object()})  # type: ignore[dict-item]
