@@ -52,16 +52,26 @@ def redact(text: str) -> str:
 @attrs.frozen
 class ExitInfo:
     """How a child process ended: ``exit_code`` for a normal exit, ``signal`` for a
-    death by signal, and the redacted, bounded tail of its stderr."""
+    death by signal, and the redacted, bounded tail of its stderr; ``reason`` when
+    it did not die but never became usable (and was stopped)."""
 
     pid: int
     exit_code: int | None
     signal: int | None
     stderr_tail: str
+    reason: str | None = None
+    """Why a process that did not die is unusable (it never finished starting)."""
+
+    @property
+    def died(self) -> bool:
+        """Whether the process died (rather than failed to start and was stopped)."""
+        return self.reason is None
 
     @property
     def description(self) -> str:
-        """``exited with code 3`` / ``killed by signal SIGKILL (9)``."""
+        """``exited with code 3`` / ``killed by signal SIGKILL (9)`` / the reason."""
+        if self.reason is not None:
+            return self.reason
         if self.signal is not None:
             try:
                 name = signal.Signals(self.signal).name

@@ -26,7 +26,9 @@ Other failures map to the tool taxonomy: a tool result with ``isError`` is
 ``execution_failed``; JSON-RPC ``-32602`` (invalid params) is
 ``invalid_arguments``; ``-32601`` (method not found) and a call for another
 provider are ``not_found``; a server that exits while *starting* is
-``process_crashed`` too. Asyncio only (the SDK runs on anyio's asyncio backend).
+``process_crashed`` too, one that stays alive but fails the handshake (or does not
+finish it within ``start_timeout_s``) is stopped and is ``execution_failed``; each
+start counts against ``max_restarts``. Asyncio only (the SDK runs on anyio's asyncio backend).
 """
 
 from __future__ import annotations
@@ -175,7 +177,12 @@ class MCPStdioTools:
             )
         conn = await self._connection()
         if isinstance(conn, ExitInfo):
-            return _failed(call, ToolErrorCategory.PROCESS_CRASHED, self._crash_text(call, conn))
+            category = (
+                ToolErrorCategory.PROCESS_CRASHED
+                if conn.died
+                else ToolErrorCategory.EXECUTION_FAILED
+            )
+            return _failed(call, category, self._crash_text(call, conn))
         return await self._call(conn, call)
 
     async def _call(self, conn: _Connection, call: ToolCall) -> ToolOutcome:
@@ -240,10 +247,7 @@ class MCPStdioTools:
                 await asyncio.wait({ready, death}, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
             await self._stop(conn)
-            self._last_exit = ExitInfo(
-                watched.pid, None, None, f"did not start within {self.start_timeout_s:g}s"
-            )
-            return self._last_exit
+            return self._start_failed(conn, f"did not start within {self.start_timeout_s:g}s")
         except BaseException:
             await self._stop(conn)
             raise
@@ -257,9 +261,21 @@ class MCPStdioTools:
             return conn
         if not ready.done():
             ready.cancel()
-        info = await self._record_crash(conn)
+        if conn.alive:  # a failed handshake: most often the process is dying
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):  # EOF can beat the reaping by a hair
+                    await watched.exited.wait()
+        if not conn.alive:
+            info = await self._record_crash(conn)
+            await self._stop(conn)
+            return info
+        error = ready.exception() if not ready.cancelled() else None
         await self._stop(conn)
-        return info
+        return self._start_failed(conn, redact(f"MCP handshake failed: {error!r}"))
+
+    def _start_failed(self, conn: _Connection, reason: str) -> ExitInfo:
+        self._last_exit = ExitInfo(conn.watched.pid, None, None, conn.watched.stderr_tail(), reason)
+        return self._last_exit
 
     async def _record_crash(self, conn: _Connection) -> ExitInfo:
         if self._conn is conn:
@@ -382,7 +398,12 @@ def _connection_lost(request: asyncio.Future[Any]) -> bool:
     """Whether the call failed the way a vanished peer makes it fail."""
     if request.cancelled():
         return True
-    exc = request.exception()
+    return _lost(request.exception())
+
+
+def _lost(exc: BaseException | None) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_lost(inner) for inner in exc.exceptions)
     return isinstance(exc, MCPError | OSError | EOFError | anyio.BrokenResourceError) or (
         exc is not None and "closed" in str(exc).lower()
     )

@@ -288,6 +288,31 @@ def test_a_server_that_dies_while_starting_is_process_crashed() -> None:
     assert tools.starts == 1
 
 
+@pytest.mark.requirement("ER-54", "ER-48")
+def test_a_live_server_that_never_finishes_the_handshake_is_bounded() -> None:
+    """A process that stays alive but never answers the MCP handshake is stopped after
+    start_timeout_s and the call fails execution_failed (it did not crash: no
+    breaker count, nothing in crashes), promptly."""
+    silent = [
+        sys.executable,
+        "-c",
+        "import sys; print('not json-rpc', flush=True); sys.stdin.read()",
+    ]
+
+    async def scenario() -> tuple[sm.ToolOutcome, MCPStdioTools, float]:
+        started = time.monotonic()
+        async with MCPStdioTools("crashy", silent, start_timeout_s=0.3, max_restarts=0) as tools:
+            outcome = await tools.invoke(_call("s1", "echo", text="x"))
+        return outcome, tools, time.monotonic() - started
+
+    outcome, tools, elapsed = asyncio.run(scenario())
+    assert outcome.category is sm.ToolErrorCategory.EXECUTION_FAILED
+    assert "did not start within 0.3s" in outcome.content
+    assert tools.crashes == []
+    assert tools.starts == 1
+    assert elapsed < 3.0
+
+
 @pytest.mark.requirement("ER-54")
 def test_calls_for_another_provider_and_bad_arguments_spawn_nothing() -> None:
     """A call addressed to another provider is not_found and non-object arguments are
