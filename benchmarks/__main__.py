@@ -287,8 +287,8 @@ def _print_hypothesis(r: dict[str, Any]) -> list[str]:
         [
             (
                 name,
-                f"{t['examples']:.0f} examples in {t['seconds']:.2f} s = "
-                f"{t['examples_per_s']:.0f}/s",
+                f"{t['examples']:.0f} examples ({t.get('invalid', 0):.0f} invalid) in "
+                f"{t['seconds']:.2f} s = {t['examples_per_s']:.0f}/s",
             )
             for name, t in r["tests"].items()
         ]

@@ -28,13 +28,16 @@ _COUNTS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) i
 
 
 def parse_statistics(text: str) -> dict[str, dict[str, float]]:
-    """``{test id: {"examples": n, "seconds": s}}`` from hypothesis' statistics output."""
+    """``{test id: {"examples": n, "invalid": k, "seconds": s}}`` from hypothesis'
+    statistics output (``examples`` counts passing, failing and invalid ones)."""
     tests: dict[str, dict[str, float]] = {}
     current: dict[str, float] | None = None
     for line in text.splitlines():
         match = _TEST.match(line.strip())
         if match:
-            current = tests.setdefault(match.group(1), {"examples": 0.0, "seconds": 0.0})
+            current = tests.setdefault(
+                match.group(1), {"examples": 0.0, "invalid": 0.0, "seconds": 0.0}
+            )
             continue
         if current is None:
             continue
@@ -45,10 +48,11 @@ def parse_statistics(text: str) -> dict[str, dict[str, float]]:
         counts = _COUNTS.search(line)
         if counts:
             current["examples"] += sum(int(g) for g in counts.groups())
+            current["invalid"] += int(counts.group(3))
     return tests
 
 
-def run(suite: Path = SUITE, seed: int = 0, timeout: float = 300.0) -> dict[str, Any]:
+def run(suite: Path = SUITE, seed: int = 0, timeout: float = 180.0) -> dict[str, Any]:
     """Examples/s of each test of ``suite`` and overall (or a skip message)."""
     if not suite.exists():
         return {"skipped": f"{suite.relative_to(ROOT)} does not exist yet"}

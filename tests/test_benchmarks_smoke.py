@@ -148,7 +148,11 @@ tests/test_stateful.py::TurnMachine::runTest:
 """
     parsed = hypothesis_rate.parse_statistics(text)
     assert parsed == {
-        "tests/test_stateful.py::TurnMachine::runTest": {"examples": 100.0, "seconds": 1.6}
+        "tests/test_stateful.py::TurnMachine::runTest": {
+            "examples": 100.0,
+            "invalid": 1.0,
+            "seconds": 1.6,
+        }
     }
 
 
