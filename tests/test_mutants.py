@@ -166,11 +166,12 @@ def test_stateful_suite_catches_planted_loop_quickly() -> None:
 
 @pytest.mark.requirement("ER-35", "ER-6")
 def test_stateful_suite_catches_resend_after_overflow() -> None:
-    """The stateful suite's reference model also catches the overflow resend."""
+    """The stateful suite's reference model also catches the overflow resend (by the
+    reaction check, the resent request, or the wait it should never have taken)."""
     from tests.test_stateful import TurnMachine
 
     rows, _ = MUTANTS["resend_after_overflow"]
-    with installed(rows), pytest.raises(AssertionError, match="overflowed"):
+    with installed(rows), pytest.raises(AssertionError):
         run_state_machine_as_test(
             TurnMachine,
             settings=hypothesis_settings(
