@@ -43,9 +43,9 @@ from typing import Any
 
 try:
     import anyio
-    import mcp_types
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from mcp import ClientSession
+    from mcp import types as mcp_types
     from mcp.shared.exceptions import MCPError
     from mcp.shared.message import SessionMessage
 except ImportError as exc:  # pragma: no cover - the extra is installed in CI
@@ -370,11 +370,20 @@ async def _pump_stdout(
             if not line.strip():
                 continue
             try:
-                message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                message = _parse_message(line)
             except ValueError as exc:
                 await sink.send(exc)
                 continue
             await sink.send(SessionMessage(message))
+
+
+def _parse_message(line: bytes) -> Any:
+    """One JSON-RPC message off a stdout line (mcp 2.x adapter; 1.x root model)."""
+    adapter = getattr(mcp_types, "jsonrpc_message_adapter", None)
+    if adapter is not None:
+        return adapter.validate_json(line, by_name=False)
+    root: Any = mcp_types.JSONRPCMessage  # pragma: no cover - mcp 1.x: a pydantic root model
+    return root.model_validate_json(line)  # pragma: no cover
 
 
 async def _pump_stdin(watched: Watched, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
