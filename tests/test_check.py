@@ -164,3 +164,44 @@ def test_installed_restores_the_engine_table() -> None:
     before = _turn._COMPILED
     check(Settings(max_retries=1, session_retry_ceiling=1), rows=ROWS[:-1])
     assert _turn._COMPILED is before
+
+
+TABLE = Path(__file__).resolve().parent.parent / "specs" / "table.md"
+
+
+@pytest.mark.requirement("ER-36")
+def test_table_md_is_generated_from_the_compiled_table() -> None:
+    """specs/table.md is exactly what the compiled table renders to; regenerate it
+    with ``python -m statemachine check --table specs/table.md`` when the table
+    changes."""
+    assert TABLE.read_text(encoding="utf-8") == _check.render_table(), (
+        "specs/table.md drifted: run python -m statemachine check --table specs/table.md"
+    )
+
+
+@pytest.mark.requirement("ER-36")
+def test_table_md_lists_every_row_in_trial_order() -> None:
+    """Each row of the table appears in specs/table.md, in the order it is tried."""
+    text = _check.render_table()
+    for state in {row.source for row in ROWS}:
+        section = text.split(f"### {state}\n", 1)[1].split("###", 1)[0]
+        lines = [
+            line for line in section.splitlines() if line.startswith("| ") and "---" not in line
+        ]
+        expected = [
+            (row.event, " & ".join(row.guards) or "(otherwise)", row.dest)
+            for row in ROWS
+            if row.source == state
+        ]
+        got = [tuple(cell.strip() for cell in line.split("|")[1:4]) for line in lines[1:]]
+        assert sorted(got) == sorted(expected)
+        for event in {e for e, _, _ in expected}:
+            assert [g for g in got if g[0] == event] == [x for x in expected if x[0] == event]
+
+
+def test_table_option_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--table FILE`` writes the rendered table and exits 0."""
+    out = tmp_path / "table.md"
+    assert main(["--table", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == _check.render_table()
+    assert "wrote" in capsys.readouterr().out
