@@ -23,6 +23,10 @@ Each provider:
   to the driver, which classifies them;
 * maps tool-use blocks / tool calls to ``ToolCall``\\ s whose ``provider`` is
   ``tool_provider`` (a name, or a function of the tool name);
+* streams when given ``on_text`` (async providers): text deltas go to it as they
+  arrive, and a failure after one was delivered is returned as
+  ``ModelFailed(..., partial=True)`` so the engine ends the turn
+  ``stream_interrupted`` instead of resending;
 * reports ``cost`` when given ``price_per_mtok=(input_usd, output_usd)`` per
   million tokens; the ``reply`` is the response as plain JSON (``model_dump``),
   so a session holding it can be snapshotted.
@@ -30,11 +34,13 @@ Each provider:
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._actions import CallModel
+from ._classify import classify
 from ._events import ModelFailed, ModelReplied
 from ._model_error import ModelError
 from ._taxonomy import ErrorCategory
@@ -43,6 +49,8 @@ from ._tools import ToolCall
 __all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
 
 ToolProviderName = str | Callable[[str], str]
+TextSink = Callable[[str], Any]
+"""Receives each streamed text delta; may be a coroutine function."""
 
 
 def _no_sdk_retries(client: Any) -> Any:
@@ -156,12 +164,53 @@ class AnthropicModel(_AnthropicBase):
         return self._event(self.client.messages.create(**self._kwargs(action)))
 
 
-class AsyncAnthropicModel(_AnthropicBase):
-    """An asyncio model provider on ``anthropic.AsyncAnthropic`` (``messages.create``)."""
+class _Streaming:
+    """The streaming switch of the async providers.
+
+    With ``on_text`` (a function or coroutine function of one text delta) the call
+    streams and every text delta goes to it as it arrives. A failure *after* a delta
+    was delivered comes back as ``ModelFailed(classify(exc), partial=True)``: the
+    engine never resends it and ends the turn ``stream_interrupted``. A failure
+    before any delta is raised, for the driver to classify and retry as usual.
+    (A driver ``model_timeout_s`` cancels the call from outside and is not marked
+    partial: with streaming, prefer the SDK client's own timeout.)
+    """
+
+    on_text: TextSink | None
+
+    async def _deliver(self, text: str | None) -> None:
+        if text and self.on_text is not None:
+            result = self.on_text(text)
+            if inspect.isawaitable(result):
+                await result
+
+
+class AsyncAnthropicModel(_AnthropicBase, _Streaming):
+    """An asyncio model provider on ``anthropic.AsyncAnthropic``: ``messages.create``,
+    or ``messages.stream`` when ``on_text`` is given (see :class:`_Streaming`)."""
+
+    def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.on_text = on_text
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
-        return self._event(await self.client.messages.create(**self._kwargs(action)))
+        kwargs = self._kwargs(action)
+        if self.on_text is None:
+            return self._event(await self.client.messages.create(**kwargs))
+        delivered = False
+        try:
+            async with self.client.messages.stream(**kwargs) as stream:
+                async for event in stream:
+                    if getattr(event, "type", None) == "content_block_delta":
+                        delivered = True
+                        await self._deliver(getattr(event.delta, "text", None))
+                message = await stream.get_final_message()
+        except Exception as exc:
+            if not delivered:
+                raise
+            return ModelFailed(classify(exc), partial=True)
+        return self._event(message)
 
 
 # -- OpenAI Chat Completions --------------------------------------------------------
@@ -217,9 +266,37 @@ class OpenAIModel(_OpenAIBase):
         return self._event(self.client.chat.completions.create(**self._kwargs(action)))
 
 
-class AsyncOpenAIModel(_OpenAIBase):
-    """An asyncio model provider on ``openai.AsyncOpenAI`` (``chat.completions.create``)."""
+class AsyncOpenAIModel(_OpenAIBase, _Streaming):
+    """An asyncio model provider on ``openai.AsyncOpenAI``: ``chat.completions.create``,
+    streamed (``stream=True``, chunks accumulated by the SDK's
+    ``ChatCompletionStreamState``) when ``on_text`` is given (see :class:`_Streaming`)."""
+
+    def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.on_text = on_text
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
-        return self._event(await self.client.chat.completions.create(**self._kwargs(action)))
+        kwargs = self._kwargs(action)
+        if self.on_text is None:
+            return self._event(await self.client.chat.completions.create(**kwargs))
+        from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: PLC0415
+
+        state: Any = ChatCompletionStreamState()
+        delivered = False
+        try:
+            stream = await self.client.chat.completions.create(**kwargs, stream=True)
+            async with stream:
+                async for chunk in stream:
+                    state.handle_chunk(chunk)
+                    for choice in getattr(chunk, "choices", None) or ():
+                        delta = getattr(choice, "delta", None)
+                        if getattr(delta, "content", None) or getattr(delta, "tool_calls", None):
+                            delivered = True
+                        await self._deliver(getattr(delta, "content", None))
+            completion = state.get_final_completion()
+        except Exception as exc:
+            if not delivered:
+                raise
+            return ModelFailed(classify(exc), partial=True)
+        return self._event(completion)

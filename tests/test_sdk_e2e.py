@@ -35,6 +35,7 @@ from .servers.fake_llm import (
     anthropic_stream,
     openai_completion,
     openai_error,
+    openai_stream,
 )
 
 
@@ -501,3 +502,129 @@ def test_sync_providers_build_requests_withhold_tools_and_report_cost(server: Fa
     assert refused.status is sm.TurnStatus.CONTENT_FILTERED
     assert refused.error is not None and refused.error.message == "I can't help with that."
     assert server.count(OPENAI) == 3
+
+
+@pytest.mark.requirement("ER-31", "ER-52", "ER-53", "ER-44")
+def test_anthropic_streaming_provider_marks_failures_after_text_partial(server: FakeLLM) -> None:
+    """AsyncAnthropicModel(on_text=...) streams with messages.stream: an overloaded
+    event before any text is retried (turn 1: 2 requests, the text delivered once);
+    a connection lost after a delta ends the turn stream_interrupted without a
+    resend (turn 2: 1 request)."""
+    server.script(
+        ANTHROPIC,
+        anthropic_stream(_stream_start(), _OVERLOADED_EVENT),
+        anthropic_stream(
+            _stream_start(),
+            *_text_delta("Hello"),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 2},
+                },
+            ),
+            ("message_stop", {"type": "message_stop"}),
+        ),
+        anthropic_stream(_stream_start(), *_text_delta("cut off mid"), cut=True),
+    )
+    fake_time = FakeTime()
+    session = _session(fake_time, model="claude-test")
+    texts: list[str] = []
+
+    async def on_text(text: str) -> None:
+        texts.append(text)
+
+    async def two_turns() -> tuple[sm.Finish, sm.Finish]:
+        async with anthropic.AsyncAnthropic(
+            base_url=server.url, api_key="test", max_retries=0
+        ) as client:
+            model = AsyncAnthropicModel(client, on_text=on_text)
+            one = await sm.arun_turn(
+                session.new_turn(),
+                model=model,
+                tools=Tools(),
+                context=Context(),
+                sleep=fake_time.sleep,
+            )
+            two = await sm.arun_turn(
+                session.new_turn(),
+                model=model,
+                tools=Tools(),
+                context=Context(),
+                sleep=fake_time.sleep,
+            )
+        return one, two
+
+    one, two = _run(two_turns())
+    assert one.status is sm.TurnStatus.COMPLETED
+    assert one.reply["content"][0]["text"] == "Hello"
+    assert len(fake_time.waits) == 1
+    assert two.status is sm.TurnStatus.STREAM_INTERRUPTED
+    assert two.error is not None
+    assert (two.error.category, two.error.code) == (sm.ErrorCategory.OVERLOADED, "connection_error")
+    assert texts == ["Hello", "cut off mid"]
+    assert server.count(ANTHROPIC) == 3
+
+
+@pytest.mark.requirement("ER-31", "ER-52", "ER-53")
+def test_openai_streaming_provider_accumulates_tool_calls_and_marks_cuts(server: FakeLLM) -> None:
+    """AsyncOpenAIModel(on_text=...) streams chat completions: tool-call deltas are
+    accumulated into ToolCalls (turn 1), a 429 before the stream is retried, and a
+    connection lost after text ends the turn stream_interrupted (turn 2): 1 + 2
+    requests."""
+    server.script(
+        OPENAI,
+        openai_stream(
+            {"role": "assistant", "content": "Let me look. "},
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_9",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": ""},
+                    }
+                ]
+            },
+            {"tool_calls": [{"index": 0, "function": {"arguments": '{"q": "oslo"}'}}]},
+            finish_reason="tool_calls",
+        ),
+        openai_error(429, "slow", "requests", "rate_limit_exceeded", retry_after="1"),
+        openai_stream({"role": "assistant", "content": "Half an ans"}, cut=True),
+    )
+    fake_time = FakeTime()
+    session = _session(fake_time, model="gpt-test")
+    texts: list[str] = []
+    tools = Tools()
+
+    async def two_turns() -> tuple[sm.Finish, sm.Finish]:
+        async with openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="test", max_retries=0
+        ) as client:
+            model = AsyncOpenAIModel(client, on_text=texts.append)
+            one = await sm.arun_turn(
+                session.new_turn(),
+                model=model,
+                tools=tools,
+                context=Context(),
+                sleep=fake_time.sleep,
+            )
+            two = await sm.arun_turn(
+                session.new_turn(),
+                model=model,
+                tools=tools,
+                context=Context(),
+                sleep=fake_time.sleep,
+            )
+        return one, two
+
+    one, two = _run(two_turns())
+    assert one.status is sm.TurnStatus.COMPLETED
+    assert tools.calls == [sm.ToolCall("call_9", "tools", "lookup", {"q": "oslo"})]
+    assert two.status is sm.TurnStatus.STREAM_INTERRUPTED
+    assert fake_time.waits[0] >= 1.0
+    assert texts == ["Let me look. ", "Half an ans"]
+    assert server.count(OPENAI) == 3
+    assert all(seen.body.get("stream") is True for seen in server.requests(OPENAI))

@@ -29,6 +29,8 @@ class Canned:
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+    cut: bool = False
+    """Announce more bytes than are sent, then close: a connection lost mid-body."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ class FakeLLM:
                 )
                 self.send_response(canned.status)
                 self.send_header("content-type", canned.content_type)
-                self.send_header("content-length", str(len(payload)))
+                self.send_header("content-length", str(len(payload) + (4096 if canned.cut else 0)))
+                if canned.cut:
+                    self.close_connection = True
                 for name, value in canned.headers.items():
                     self.send_header(name, value)
                 self.end_headers()
@@ -155,10 +159,11 @@ def anthropic_message(
     )
 
 
-def anthropic_stream(*events: tuple[str, dict[str, Any]]) -> Canned:
-    """A server-sent-events reply with HTTP 200: ``(event name, data)`` pairs."""
+def anthropic_stream(*events: tuple[str, dict[str, Any]], cut: bool = False) -> Canned:
+    """A server-sent-events reply with HTTP 200: ``(event name, data)`` pairs; with
+    ``cut`` the connection drops after them."""
     text = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
-    return Canned(200, text.encode(), content_type="text/event-stream")
+    return Canned(200, text.encode(), content_type="text/event-stream", cut=cut)
 
 
 # -- OpenAI Chat Completions wire format ----------------------------------------------
@@ -213,3 +218,25 @@ def openai_completion(
             },
         },
     )
+
+
+def openai_stream(
+    *deltas: dict[str, Any], finish_reason: str | None = "stop", cut: bool = False
+) -> Canned:
+    """A streamed chat completion: one chunk per delta, then the finish chunk and
+    ``[DONE]``; with ``cut`` the connection drops after the deltas instead."""
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> str:
+        body = {
+            "id": "chatcmpl-s",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "gpt-test",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+        return f"data: {json.dumps(body)}\n\n"
+
+    text = "".join(chunk(delta, None) for delta in deltas)
+    if not cut:
+        text += chunk({}, finish_reason) + "data: [DONE]\n\n"
+    return Canned(200, text.encode(), content_type="text/event-stream", cut=cut)
