@@ -75,6 +75,23 @@ class _Base:
         price_per_mtok: tuple[float, float] | None = None,
         **create_kwargs: Any,
     ) -> None:
+        if price_per_mtok is not None and (
+            not isinstance(price_per_mtok, tuple)
+            or len(price_per_mtok) != 2
+            or not all(
+                isinstance(p, int | float) and not isinstance(p, bool) and p >= 0
+                for p in price_per_mtok
+            )
+        ):
+            raise TypeError(
+                "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
+                f"two numbers >= 0, got {price_per_mtok!r}"
+            )
+        if not (isinstance(tool_provider, str) and tool_provider) and not callable(tool_provider):
+            raise TypeError(
+                f"tool_provider: expected a provider name or a function of the tool name, "
+                f"got {tool_provider!r}"
+            )
         self.client = _no_sdk_retries(client)
         self.model = model
         self.tool_provider = tool_provider

@@ -547,3 +547,21 @@ def test_tool_routers_dispatch_by_provider_and_name_the_unknown() -> None:
     assert sync.invoke(sm.ToolCall("2", "nope", "read")).category is sm.ToolErrorCategory.NOT_FOUND
     with pytest.raises(TypeError, match="invoke"):
         ToolRouter({"bad": object()})  # type: ignore[dict-item]
+
+
+@pytest.mark.requirement("ER-52")
+def test_providers_refuse_bad_construction_with_named_errors() -> None:
+    """The ready-made providers name what is wrong: not an SDK client, a bad price,
+    a bad tool_provider; and a request that is neither a mapping nor a message list."""
+    with pytest.raises(TypeError, match="client: expected an official SDK client"):
+        OpenAIModel(object())
+    with openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9/v1", max_retries=0) as client:
+        with pytest.raises(TypeError, match="price_per_mtok"):
+            OpenAIModel(client, price_per_mtok=(1.0,))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="tool_provider"):
+            OpenAIModel(client, tool_provider="")
+        model = OpenAIModel(client, model="gpt-test")
+        with pytest.raises(TypeError, match=r"CallModel\.request"):
+            model.complete(sm.CallModel(request=42, attempt=0))
+        with pytest.raises(TypeError, match="model: no model named"):
+            OpenAIModel(client).complete(sm.CallModel(request=[], attempt=0))
