@@ -26,7 +26,7 @@ settings.register_profile(
     "ci",
     derandomize=True,
     database=None,
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -41,12 +43,14 @@ from statemachine import (
     ModelFailed,
     ModelReplied,
     Session,
+    SessionEnded,
     Settings,
     SnapshotError,
     ToolCall,
     ToolErrorCategory,
     ToolOutcome,
     ToolsDone,
+    TurnInProgress,
     TurnStatus,
     Wait,
     WaitDone,
@@ -281,6 +285,17 @@ class TurnMachine(RuleBasedStateMachine):
         if self.settings.max_turns is not None:
             assert self.session.turns <= self.settings.max_turns + 1
 
+    @precondition(lambda self: self.session.status is not None or self.running())
+    @rule()
+    def new_turn_refused(self) -> None:
+        """new_turn raises SessionEnded after the final-answer turn, TurnInProgress
+        while a turn runs, and changes nothing."""
+        before = self.fingerprint()
+        expected = SessionEnded if self.session.status is not None else TurnInProgress
+        with pytest.raises(expected):
+            self.session.new_turn()
+        assert self.fingerprint() == before
+
     @precondition(lambda self: self.running() and type(self.turn.action) is Assemble)
     @rule(size=st.integers(0, 2000), reuse=st.booleans())
     def assembled(self, size: int, reuse: bool) -> None:
@@ -452,10 +467,23 @@ class TurnMachine(RuleBasedStateMachine):
     # -- invariants and the replay ---------------------------------------------
 
     @invariant()
-    def turns_bounded(self) -> None:
-        """A session with max_turns = N ends within N + 1 turns."""
-        if getattr(self, "settings", None) is not None and self.settings.max_turns is not None:
-            assert self.session.turns <= self.settings.max_turns + 1
+    def session_bounded(self) -> None:
+        """A session with max_turns = N ends within N + 1 turns; a finished final-answer
+        turn ends the session with the limit that fired; a tripped breaker has fired
+        the limit-reached path."""
+        if getattr(self, "settings", None) is None:
+            return
+        session, turn = self.session, self.turn
+        if self.settings.max_turns is not None:
+            assert session.turns <= self.settings.max_turns + 1
+            if session.turns == self.settings.max_turns + 1 and turn.done:
+                assert session.status is not None
+        if turn is not None and turn.final_answer:
+            assert session.limit_reached is not None
+            if turn.done:
+                assert session.status is session.limit_reached
+        if session.tripped_providers:
+            assert session.limit_reached is not None
 
     def teardown(self) -> None:
         """Replaying the recorded events on a fresh session gives the same actions."""
@@ -479,6 +507,14 @@ class TurnMachine(RuleBasedStateMachine):
         assert repr(actions) == repr(self.actions)
 
 
+# CI runs more examples of this suite than the profile's default (it is the one that
+# explores sequences); the fuzz profile's own, much larger, count wins when selected.
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+TurnMachine.TestCase.settings = settings(
+    parent=settings.default,
+    max_examples=max(settings.default.max_examples, 400 if _PROFILE == "ci" else 0),
+    stateful_step_count=60,
+)
 TestTurnMachine = pytest.mark.requirement(
     "ER-1",
     "ER-3",
