@@ -22,7 +22,29 @@ def defaults() -> _check.CheckReport:
     return check(Settings())
 
 
-@pytest.mark.requirement("ER-29", "ER-33")
+@pytest.mark.requirement(
+    "ER-1",
+    "ER-3",
+    "ER-5",
+    "ER-6",
+    "ER-7",
+    "ER-8",
+    "ER-9",
+    "ER-10",
+    "ER-11",
+    "ER-12",
+    "ER-13",
+    "ER-16",
+    "ER-18",
+    "ER-22",
+    "ER-24",
+    "ER-27",
+    "ER-29",
+    "ER-30",
+    "ER-31",
+    "ER-32",
+    "ER-33",
+)
 def test_defaults_pass_exactly_and_fast(defaults: _check.CheckReport) -> None:
     """The defaults are explored with exact counters, every property holds, no turn is
     longer than the settings' bound, and the check takes well under 5 s."""
@@ -74,7 +96,7 @@ def test_edge_settings_include_the_ci_cases() -> None:
     assert any(s.max_retries >= 50 and s.session_retry_ceiling >= 1000 for s in loaded.values())
 
 
-@pytest.mark.requirement("ER-34")
+@pytest.mark.requirement("ER-34", "ER-19", "ER-20", "ER-23")
 def test_everything_reaches_every_row_state_and_status() -> None:
     """With every feature on (fallbacks, wall clock, cost, turns), the check reaches
     every row of the table, every state and every TurnStatus."""
