@@ -127,6 +127,36 @@ def fast_call_model_factory() -> Callable[..., CallModel]:
     return make
 
 
+def fast_finish_factory() -> Callable[..., Finish]:
+    """``Finish(...)`` (7 fields) the same way."""
+    new = object.__new__
+    names = ("status", "tool_results", "error", "model", "fallbacks", "retry_at", "reply")
+    setters = _slot_setters(Finish, names)
+    defaults = ((), None, None, (), None, None)
+
+    def make(status: TurnStatus, *rest: Any) -> Finish:
+        f = new(Finish)
+        values = (status, *rest, *defaults[len(rest) :])
+        for setter, value in zip(setters, values, strict=True):
+            setter(f, value)
+        return f
+
+    return make
+
+
+def check_tools_done_fast() -> Callable[[Any, Any], None]:
+    """``_check_tools_done`` with a fast path for the common one-call round."""
+    original = _turn._check_tools_done
+
+    def check(turn: Any, event: Any) -> None:
+        calls, outcomes = turn._calls, event.outcomes
+        if len(calls) == 1 and len(outcomes) == 1 and outcomes[0].call_id == calls[0].id:
+            return
+        original(turn, event)
+
+    return check
+
+
 def fingerprint_prebuilt(call: sm.ToolCall) -> str:
     """``call_fingerprint`` with one module-level encoder instead of ``json.dumps(**opts)``."""
     canonical = _ENCODER.encode([call.name, call.arguments])
@@ -220,12 +250,20 @@ def _parts(number: int) -> dict[str, float]:
 
 @contextlib.contextmanager
 def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(target, name)
-    setattr(target, name, value)
+    """``target.name = value`` (or ``target[name]`` for a dict) for the duration."""
+    if isinstance(target, dict):
+        old = target[name]
+        target[name] = value
+    else:
+        old = getattr(target, name)
+        setattr(target, name, value)
     try:
         yield
     finally:
-        setattr(target, name, old)
+        if isinstance(target, dict):
+            target[name] = old
+        else:
+            setattr(target, name, old)
 
 
 def _step_variant(path: str, label: str, n: int) -> Variant:
@@ -307,6 +345,17 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
             _step_variant("tool crash", tools_done, n),
             [(_session.Session, "_breaker_after", memo_breaker_after())],
             repeats,
+        ),
+        f"{tools_done}: that + one-call fast path in _check_tools_done + fast Finish": (
+            _compare(
+                _step_variant("tool crash", tools_done, n),
+                [
+                    (_session.Session, "_breaker_after", memo_breaker_after()),
+                    (_turn._PAYLOAD_CHECKS, "ToolsDone", check_tools_done_fast()),
+                    (_turn, "Finish", fast_finish_factory()),
+                ],
+                repeats,
+            )
         ),
     }
 
