@@ -19,7 +19,9 @@ and then succeeds (``max_retries=5``, the default, so every failure is retried).
   through an ``add_model``-ed object (``obj.ModelFailed()``) or through
   ``machine.events[name].trigger(obj)`` on an object that was never added.
 * **dict table**: a hand-written ``(state, trigger) -> (guard, dest, effect)`` dict with
-  the same guard and effects: the practical floor for a table-driven engine in Python.
+  the same guard and effects: the practical floor for a table-driven engine in Python;
+  and the same lookups with the guard and the state change only (no effect work, no
+  action built): the physical limit.
 
 All variants run round-robin (one batch of each per round, ``repeats`` rounds after a
 warm-up), so they share the machine's noise; each figure is the median over rounds and
@@ -306,6 +308,22 @@ def _dict_table(n: int) -> Variant:
     return (_deciders(n), body, n * FAILURES)
 
 
+def _dict_lookup_only(n: int) -> Variant:
+    """Lookup, guard and state change, no effect work: the physical limit."""
+    table = TABLE
+
+    def body(deciders: list[_Decider]) -> None:
+        for d in deciders:
+            for _ in range(FAILURES):
+                guard, dest, _ = table[(d.state, "ModelFailed")]
+                if guard(d, None):
+                    d.state = dest
+                _, dest, _ = table[(d.state, "WaitDone")]
+                d.state = dest
+
+    return (_deciders(n), body, n * FAILURES)
+
+
 def _median_us(values: list[float]) -> float:
     return statistics.median(values) * 1e6
 
@@ -324,6 +342,7 @@ def run(n: int = 2000, repeats: int = 9) -> dict[str, Any]:
             "transitions_added": _transitions_added(small),
             "transitions_not_added": _transitions_not_added(small),
             "dict_table": _dict_table(n),
+            "dict_lookup": _dict_lookup_only(n),
         },
         repeats=repeats,
     )
@@ -354,6 +373,7 @@ def run(n: int = 2000, repeats: int = 9) -> dict[str, Any]:
         "transitions, model add_model-ed (2 triggers)": _median_us(runs["transitions_added"]),
         "transitions, model not added (2 triggers)": _median_us(runs["transitions_not_added"]),
         "dict (state, event) table + guard (2 fires)": _median_us(runs["dict_table"]),
+        "dict table, lookup + guard only, no effects (2 fires)": _median_us(runs["dict_lookup"]),
     }
     headline = per_round_ratio(ours, tenacity_best)
     return {
