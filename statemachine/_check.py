@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -169,6 +169,8 @@ class _Ctx:
     settings: Settings
     saturation: int | None
     tracks_turns: bool
+    errors: dict[str, tuple[ModelError, bool, float | None]] = attrs.field(factory=dict, eq=False)
+    """The representative ModelErrors, built once (they are immutable)."""
 
     @property
     def server_too_long(self) -> float:
@@ -229,6 +231,13 @@ def _steps(ctx: _Ctx, session: Session, turn: Turn) -> list[Step]:
 
 def _model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float | None]:
     """(error, partial, the retry-after the engine must honour) for a variant."""
+    cached = ctx.errors.get(variant)
+    if cached is None:
+        cached = ctx.errors[variant] = _new_model_error(ctx, variant)
+    return cached
+
+
+def _new_model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float | None]:
     category, _, how = variant.partition(":")
     if how == "partial":
         return ModelError(category, "stream broke"), True, None
@@ -354,18 +363,35 @@ class _Node:
     """An auth_error / invalid_request came in this turn: nothing but Finish may follow."""
 
 
+def _copier(cls: Any) -> Callable[[Any], Any]:
+    """A shallow copy of a slotted ``cls`` instance, slot by slot.
+
+    Compiled to straight-line attribute copies (twice as fast as a loop of
+    ``getattr``/``setattr``; cloning is the checker's hottest path). The slot names
+    come from the engine's own classes, so the copy follows them when they change.
+    """
+    slots: tuple[str, ...] = cls.__slots__
+    if not all(name.isidentifier() for name in slots):  # pragma: no cover
+        raise TypeError(f"{cls.__name__}: unexpected slot names {slots!r}")
+    body = "".join(f"    new.{name} = old.{name}\n" for name in slots)
+    source = f"def copy(old):\n    new = new_instance(cls)\n{body}    return new\n"
+    namespace: dict[str, Any] = {"new_instance": cls.__new__, "cls": cls}
+    exec(compile(source, f"<copy {cls.__name__}>", "exec"), namespace)  # noqa: S102
+    return cast(Callable[[Any], Any], namespace["copy"])
+
+
+_copy_session = _copier(Session)
+_copy_turn = _copier(Turn)
+
+
 def _clone(node: _Node) -> _Node:
     clock = _Clock(node.clock.now)
-    session = Session.__new__(Session)
     old = node.session
-    for name in Session.__slots__:
-        setattr(session, name, getattr(old, name))
+    session = _copy_session(old)
     session._clock = clock
     if old._breakers is not None:
         session._breakers = dict(old._breakers)
-    turn = Turn.__new__(Turn)
-    for name in Turn.__slots__:
-        setattr(turn, name, getattr(node.turn, name))
+    turn = _copy_turn(node.turn)
     turn._session = session
     turn._trace = list(node.turn._trace)
     turn._probe = None
@@ -405,16 +431,23 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     session, turn = node.session, node.turn
     limit = ctx.settings.max_wall_clock_s
     late = limit is not None and session.elapsed_s >= limit
+    if turn._state in TERMINAL_STATES:
+        # a finished turn's future (the next turn) depends on the session alone
+        turn_part: tuple[Any, ...] = (turn._state, turn.status, turn.final_answer)
+    else:
+        turn_part = (
+            turn._state,
+            turn.status,
+            turn.final_answer,
+            turn._attempt,
+            turn._reductions,
+            turn._model_index,
+            turn._request in node.poisoned if node.poisoned else False,
+            node.fatal,
+            tuple(call.provider for call in turn._calls),
+        )
     return (
-        turn._state,
-        turn.status,
-        turn.final_answer,
-        turn._attempt,
-        turn._reductions,
-        turn._model_index,
-        turn._request in node.poisoned if node.poisoned else False,
-        node.fatal,
-        tuple(call.provider for call in turn._calls),
+        *turn_part,
         session._retries,
         tuple(sorted((session._breakers or {}).items())),
         session._tripped,
