@@ -27,6 +27,8 @@ SMALL = Settings(
     max_context_reductions=1,
     breaker_threshold=1,
     fallback_models=("fb",),
+    max_wall_clock_s=60,
+    max_server_wait_s=5,
 )
 
 
@@ -93,6 +95,35 @@ MUTANTS: dict[str, tuple[tuple[Row, ...], set[str]]] = {
     "invoke_open_breaker": (
         _drop(_at(CALLING, "ModelReplied", ("final_answer",))),
         {"ER-16", "ER-18"},
+    ),
+    # a partial stream resent: the partial row is gone
+    "resend_partial_stream": (
+        _drop(_at(CALLING, "ModelFailed", ("partial",))),
+        {"ER-31"},
+    ),
+    # content_filtered reported as a generic failure
+    "filtered_as_failure": (
+        _replace(
+            _at(CALLING, "ModelFailed", ("content_filtered",)),
+            Row(CALLING, "ModelFailed", ("content_filtered",), "failed", "finish", "unknown_error"),
+        ),
+        {"ER-11"},
+    ),
+    # the wait is taken whatever the server asked for and whatever the clock says
+    "wait_ignores_server_and_clock": (
+        _replace(
+            _at(CALLING, "ModelFailed", ("transient", "retries_left", "wait_fits")),
+            Row(CALLING, "ModelFailed", ("transient", "retries_left"), BACKING_OFF, "wait"),
+        ),
+        {"ER-19", "ER-20"},
+    ),
+    # reductions without a cap
+    "unbounded_reductions": (
+        _replace(
+            _at(CALLING, "ModelFailed", ("context_length_exceeded", "reductions_left")),
+            Row(CALLING, "ModelFailed", ("context_length_exceeded",), "reducing_context", "reduce"),
+        ),
+        {"ER-8"},
     ),
     # a planted unbounded loop: WaitDone -> backing_off, Wait again, nothing consumed
     "planted_loop": (
