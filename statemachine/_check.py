@@ -514,6 +514,8 @@ class CheckReport:
     violations: tuple[Violation, ...]
     reached_states: frozenset[str]
     reached_statuses: frozenset[str]
+    reached_session_statuses: frozenset[str]
+    """The ``SessionStatus`` values (limits that ended a session) reached."""
     required_states: frozenset[str]
     required_statuses: frozenset[str]
     rows: tuple[Row, ...]
@@ -1108,6 +1110,9 @@ def check(
     reached_statuses = frozenset(
         node.turn.status.value for node in explorer.nodes if node.turn.status is not None
     )
+    reached_session = frozenset(
+        node.session._status.value for node in explorer.nodes if node.session._status is not None
+    )
     required_states, required_statuses = _required(settings)
     for state in sorted(required_states - reached_states):
         explorer.violate("reachability", f"state {state!r} is never reached", None)
@@ -1127,6 +1132,7 @@ def check(
         violations=tuple(explorer.violations),
         reached_states=reached_states,
         reached_statuses=reached_statuses,
+        reached_session_statuses=reached_session,
         required_states=required_states,
         required_statuses=required_statuses,
         rows=table,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from statemachine import ConfigError, Settings, TurnStatus, _check
+from statemachine import ConfigError, SessionStatus, Settings, TurnStatus, _check
 from statemachine._check import check, main, step_bound
 from statemachine._table import BACKING_OFF, CALLING, ROWS, STATES, Row
 
@@ -96,16 +96,18 @@ def test_edge_settings_include_the_ci_cases() -> None:
     assert any(s.max_retries >= 50 and s.session_retry_ceiling >= 1000 for s in loaded.values())
 
 
-@pytest.mark.requirement("ER-34", "ER-19", "ER-20", "ER-23")
+@pytest.mark.requirement("ER-34", "ER-15", "ER-17", "ER-19", "ER-20", "ER-23")
 def test_everything_reaches_every_row_state_and_status() -> None:
     """With every feature on (fallbacks, wall clock, cost, turns), the check reaches
-    every row of the table, every state and every TurnStatus."""
+    every row of the table, every state, every TurnStatus, and every limit that ends a
+    session (turns, cost, wall clock, breaker, doom loop)."""
     report = check(Settings.from_toml(SETTINGS_DIR / "everything.toml"))
     assert report.ok, report.render()
     assert report.uncovered_rows == ()
     assert len(report.row_paths) == len(ROWS)
     assert report.reached_states == frozenset(STATES)
     assert report.reached_statuses == {s.value for s in TurnStatus}
+    assert report.reached_session_statuses == {s.value for s in SessionStatus}
 
 
 @pytest.mark.requirement("ER-33")
