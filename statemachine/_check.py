@@ -169,6 +169,8 @@ class _Ctx:
     settings: Settings
     saturation: int | None
     tracks_turns: bool
+    last_steps: frozenset[str] = frozenset()
+    """Running states all of whose rows lead to a terminal state."""
     errors: dict[str, tuple[ModelError, bool, float | None]] = attrs.field(factory=dict, eq=False)
     """The representative ModelErrors, built once (they are immutable)."""
 
@@ -434,6 +436,14 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     if turn._state in TERMINAL_STATES:
         # a finished turn's future (the next turn) depends on the session alone
         turn_part: tuple[Any, ...] = (turn._state, turn.status, turn.final_answer)
+    elif turn._state in ctx.last_steps:
+        # every row out of this state finishes the turn: only what its events read
+        # (the calls in flight) and the session matter
+        turn_part = (
+            turn._state,
+            turn.final_answer,
+            tuple(call.provider for call in turn._calls),
+        )
     else:
         turn_part = (
             turn._state,
@@ -1099,7 +1109,13 @@ def check(
     if k is not None and k < 1:
         raise ConfigError(f"saturation: must be >= 1, got {k!r}")
     table = tuple(rows) if rows is not None else _table.ROWS
-    ctx = _Ctx(settings, k, settings.max_turns is not None)
+    last_steps = frozenset(
+        state
+        for state in RUNNING_STATES
+        if all(row.dest in TERMINAL_STATES for row in table if row.source == state)
+        and any(row.source == state and row.event != "Cancelled" for row in table)
+    )
+    ctx = _Ctx(settings, k, settings.max_turns is not None, last_steps)
     started = time.perf_counter()
     context = installed(table, effects) if rows is not None or effects else contextlib.nullcontext()
     with context:
