@@ -1,7 +1,7 @@
 """Measurement 3: creating a session and a turn, and whether it grows with live turns.
 
 * ``Session(settings, seed, clock)``, ``session.new_turn()`` and ``turn.start()``, each
-  timed alone over a batch (median of repeats, GC off).
+  timed alone over a batch (median of interleaved rounds, GC off).
 * Growth: with L session+turn pairs alive (each turn mid-flight in ``calling``), the
   time to create ``batch`` more (session + turn + start) for L = 1k, 10k, 100k. A flat
   line means no per-turn registration anywhere (no ``add_model`` into a shared machine).
@@ -20,7 +20,7 @@ from transitions import Machine
 
 import statemachine as sm
 
-from ._timing import measure, ratio
+from ._timing import interleaved, ratio
 
 
 def _clock() -> float:
@@ -53,12 +53,16 @@ def _creation(n: int, repeats: int) -> dict[str, float]:
         for i in range(n):
             session_cls(settings, i, _clock).new_turn()
 
-    return {
-        "Session()": measure(lambda: None, make_sessions, n, repeats=repeats)["median_us"],
-        "session.new_turn()": measure(sessions, new_turns, n, repeats=repeats)["median_us"],
-        "turn.start()": measure(turns, start, n, repeats=repeats)["median_us"],
-        "Session() + new_turn()": measure(lambda: None, both, n, repeats=repeats)["median_us"],
-    }
+    runs = interleaved(
+        {
+            "Session()": (lambda: None, make_sessions, n),
+            "session.new_turn()": (sessions, new_turns, n),
+            "turn.start()": (turns, start, n),
+            "Session() + new_turn()": (lambda: None, both, n),
+        },
+        repeats=repeats,
+    )
+    return {name: statistics.median(values) * 1e6 for name, values in runs.items()}
 
 
 def _live(count: int) -> list[sm.Turn]:

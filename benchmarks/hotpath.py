@@ -269,13 +269,7 @@ def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
 def _step_variant(path: str, label: str, n: int) -> Variant:
     steps = ev.PATHS[path]
     k = next(i for i, (name, _) in enumerate(steps) if name == label)
-    event = steps[k][1]
-
-    def body(turns: list[sm.Turn]) -> None:
-        for turn in turns:
-            turn.send(event)
-
-    return (lambda: ev._turns_at(steps, k, n), body, n)
+    return ev.step_variant(steps, k, n)
 
 
 def _retry_variant(n: int) -> Variant:
