@@ -159,6 +159,9 @@ class TurnMachine(RuleBasedStateMachine):
         self.tripped: set[str] = set()
         self.retries = 0
         self.steps = 0
+        self.doom_last: tuple[str, int] | None = None
+        self.doom_run = 0
+        self.doom_fired = False
 
     # -- helpers -------------------------------------------------------------
 
@@ -231,6 +234,21 @@ class TurnMachine(RuleBasedStateMachine):
                 assert action.attempt == 0 and action.withhold_tools
         if type(previous) is Wait and type(action) is CallModel:
             assert action.attempt == turn.attempt
+
+        # the bounds are checked after every turn (ER-15, ER-19)
+        if type(action) is Finish and not turn.final_answer:
+            session = self.session
+            fired = (
+                (settings.max_turns is not None and session.turns >= settings.max_turns)
+                or (settings.max_cost_usd is not None and session.cost_usd >= settings.max_cost_usd)
+                or (
+                    settings.max_wall_clock_s is not None
+                    and session.elapsed_s >= settings.max_wall_clock_s
+                )
+                or action.status is TurnStatus.BUDGET_EXHAUSTED
+            )
+            if fired:
+                assert session.limit_reached is not None, f"a bound fired but no limit: {action}"
         return action
 
     def fingerprint(self) -> str:
@@ -328,6 +346,18 @@ class TurnMachine(RuleBasedStateMachine):
         action = self.send(ModelReplied(tool_calls, cost=cost, reply="text"))
         if final or not tool_calls:
             assert type(action) is Finish and action.status is TurnStatus.COMPLETED
+            return
+        # the reference doom-loop detector (ER-17): identical consecutive calls
+        for call in tool_calls:
+            fingerprint = (call.name, call.arguments["x"])
+            if fingerprint == self.doom_last:
+                self.doom_run += 1
+            else:
+                self.doom_last, self.doom_run = fingerprint, 1
+            if self.doom_run >= self.settings.doom_loop_threshold:
+                self.doom_fired = True
+        if self.doom_fired:
+            assert self.session.limit_reached is not None, "a doom loop did not fire a limit"
 
     @precondition(lambda self: self.running() and type(self.turn.action) is CallModel)
     @rule(
@@ -528,6 +558,7 @@ TestTurnMachine = pytest.mark.requirement(
     "ER-13",
     "ER-15",
     "ER-16",
+    "ER-17",
     "ER-18",
     "ER-19",
     "ER-20",
