@@ -548,6 +548,7 @@ TurnMachine.TestCase.settings = settings(
 TestTurnMachine = pytest.mark.requirement(
     "ER-1",
     "ER-3",
+    "ER-4",
     "ER-5",
     "ER-6",
     "ER-7",
