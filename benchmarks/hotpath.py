@@ -22,6 +22,7 @@ import gc
 import hashlib
 import io
 import json
+import math
 import pstats
 import statistics
 import timeit
@@ -242,7 +243,13 @@ def _parts(number: int) -> dict[str, float]:
             "session._breaker_after(calls, outcomes)"
         ),
     }
-    return {label: _best(stmt, ns, number) for label, stmt in parts.items()}
+    out: dict[str, float] = {}
+    for label, stmt in parts.items():
+        try:
+            out[label] = _best(stmt, ns, number)
+        except Exception:  # the engine's internals moved: report the rest
+            out[label] = math.nan
+    return out
 
 
 # -- what-if runs ------------------------------------------------------------------
@@ -316,8 +323,8 @@ def _compare(
 def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
     replied = "ModelReplied(1 tool call)"
     tools_done = "ToolsDone(process_crashed)"
-    return {
-        "retry decision: Wait/CallModel built via slot descriptors": _compare(
+    plans: dict[str, Callable[[], dict[str, float]]] = {
+        "retry decision: Wait/CallModel built via slot descriptors": lambda: _compare(
             _retry_variant(n),
             [
                 (_turn, "Wait", fast_wait_factory()),
@@ -325,22 +332,22 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
             ],
             repeats,
         ),
-        f"{replied}: call_fingerprint with a module-level encoder": _compare(
+        f"{replied}: call_fingerprint with a module-level encoder": lambda: _compare(
             _step_variant("tool crash", replied, n),
             [(_session, "call_fingerprint", fingerprint_prebuilt)],
             repeats,
         ),
-        f"{replied}: no fingerprint at all (the floor, not a proposal)": _compare(
+        f"{replied}: no fingerprint at all (the floor, not a proposal)": lambda: _compare(
             _step_variant("tool crash", replied, n),
             [(_session, "call_fingerprint", lambda call: call.name)],
             repeats,
         ),
-        f"{tools_done}: _breaker_after computed once (guard result reused)": _compare(
+        f"{tools_done}: _breaker_after computed once (guard result reused)": lambda: _compare(
             _step_variant("tool crash", tools_done, n),
             [(_session.Session, "_breaker_after", memo_breaker_after())],
             repeats,
         ),
-        f"{tools_done}: that + one-call fast path in _check_tools_done + fast Finish": (
+        f"{tools_done}: that + one-call fast path in _check_tools_done + fast Finish": lambda: (
             _compare(
                 _step_variant("tool crash", tools_done, n),
                 [
@@ -352,6 +359,13 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
             )
         ),
     }
+    out: dict[str, dict[str, float]] = {}
+    for label, plan in plans.items():
+        try:
+            out[label] = plan()
+        except Exception:  # the engine's internals moved: report the rest
+            out[label] = {"before_us": math.nan, "after_us": math.nan}
+    return out
 
 
 def memo_breaker_after() -> Callable[..., Any]:
@@ -455,7 +469,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         "retry decision loop (5 x ModelFailed + WaitDone per turn)": _profile(_retry_loop(n), top),
         "tool round with a crash (ModelReplied + ToolsDone)": _profile(_tool_round(n), top),
     }
-    parts = _parts(number)
+    try:
+        parts = _parts(number)
+    except Exception as exc:  # the engine's internals moved
+        parts = {f"(parts unavailable: {type(exc).__name__}: {exc})": math.nan}
     what_if = _what_if(n, repeats)
     memory = _trace_memory(count=100 if quick else 2000)
     memory.update(_session_memory(count=100 if quick else 2000))
