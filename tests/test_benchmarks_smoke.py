@@ -214,3 +214,16 @@ def test_hotpath_what_if_factories_build_equal_actions() -> None:
     from statemachine._session import call_fingerprint
 
     assert hotpath.fingerprint_prebuilt(tool) == call_fingerprint(tool)
+
+
+def test_hotpath_profile_quick() -> None:
+    """The profiler returns its profiles, part timings, what-ifs and memory table."""
+    result = hotpath.run(quick=True)
+    assert "== hot path profile" in result["text"]
+    assert len(result["profiles"]) == 2
+    assert all(math.isfinite(v) for v in result["parts_us"].values()), result["parts_us"]
+    for label, gain in result["what_if_us"].items():
+        assert math.isfinite(gain["before_us"]), label
+        assert math.isfinite(gain["after_us"]), label
+    memory = result["trace_memory"]
+    assert memory["9-tuple per transition (now), bytes/transition"] > 0
