@@ -265,6 +265,7 @@ def _print_memory(r: dict[str, Any]) -> list[str]:
 
 
 def _print_driver(r: dict[str, Any]) -> list[str]:
+    paths = [(f"  µs/event, {k}", _fmt(v, " µs")) for k, v in r["us_per_event_by_path"].items()]
     return _table(
         [
             ("concurrent turns", _fmt(r["concurrent_turns"])),
@@ -275,6 +276,7 @@ def _print_driver(r: dict[str, Any]) -> list[str]:
             ("events/s by hand (turn.send, no asyncio)", _fmt(r["by_hand_events_per_s"])),
             ("driver cost / engine cost", f"{r['driver_overhead_x']:.2f}x"),
             ("statuses", str(r["statuses"])),
+            *paths,
         ]
     )
 

@@ -8,7 +8,7 @@ fifth model call first fails with a rate limit that the driver turns into a
 ``Wait`` (a no-op ``sleep``) and a retry. Events per second = transitions taken (the
 sum of the turns' trace lengths) / wall-clock seconds of the ``gather``. Also
 reported: the same turns driven by hand through ``turn.send`` (no asyncio), to show
-what the driver adds.
+what the driver adds, and µs per event through the driver for each path alone.
 
 If the driver is not implemented yet (``NotImplementedError``), the measurement is
 skipped with a message.
@@ -158,6 +158,24 @@ def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
         _by_hand(jobs)
         t1 = time.perf_counter()
         hand_rates.append(sum(len(turn.trace) for turn, _ in jobs) / (t1 - t0))
+    by_path = {}
+    for label, tools, flaky in (
+        ("happy path (3 events)", False, False),
+        ("tool round, 2 calls, 1 crash (4 events)", True, False),
+        ("one rate limit, then happy (5 events)", False, True),
+    ):
+        jobs = [
+            (
+                sm.Session(seed=i, clock=time.monotonic).new_turn(),
+                FakeModel(tools=tools, flaky=flaky),
+            )
+            for i in range(n)
+        ]
+        gc.collect()
+        t0 = time.perf_counter()
+        asyncio.run(_gather(jobs))
+        t1 = time.perf_counter()
+        by_path[label] = (t1 - t0) * 1e6 / sum(len(turn.trace) for turn, _ in jobs)
     statuses: dict[str, int] = {}
     for finish in finishes:
         statuses[str(finish.status.value)] = statuses.get(str(finish.status.value), 0) + 1
@@ -171,5 +189,6 @@ def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
         "us_per_event": 1e6 / rate,
         "by_hand_events_per_s": hand,
         "driver_overhead_x": hand / rate,
+        "us_per_event_by_path": by_path,
         "statuses": statuses,
     }
