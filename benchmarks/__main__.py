@@ -69,7 +69,7 @@ def machine_info() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    versions = {}
+    versions: dict[str, str | None] = {}
     for dist in ("turnstate", "transitions", "attrs", "tenacity", "hypothesis"):
         try:
             versions[dist] = metadata.version(dist)

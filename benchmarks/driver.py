@@ -79,7 +79,7 @@ def _rate_limited_exception() -> Exception:
     """What a real SDK raises for HTTP 429: ``anthropic.RateLimitError`` if installed."""
     try:
         import anthropic
-        import httpx
+        import httpx2 as httpx  # what current anthropic SDKs are built on
 
         request = httpx.Request("POST", "http://127.0.0.1/v1/messages")
         response = httpx.Response(429, request=request, headers={"retry-after": "0"})
