@@ -125,6 +125,10 @@ calls_strategy = st.lists(
     max_size=3,
 )
 
+category_strategy = st.sampled_from(
+    [ErrorCategory.RATE_LIMITED, ErrorCategory.OVERLOADED] * 3 + list(ErrorCategory)
+)
+
 outcome_strategy = st.sampled_from(
     ["ok", "crash", "crash", "timeout", "execution_failed", "not_found"]
 )
@@ -284,10 +288,6 @@ class TurnMachine(RuleBasedStateMachine):
     def running(self) -> bool:
         return self.turn is not None and not self.turn.done
 
-    @precondition(
-        lambda self: self.session.status is None and (self.turn is None or self.turn.done)
-    )
-    @rule()
     def new_turn(self) -> None:
         """The next turn (the final-answer one once a limit fired)."""
         self.turn = self.session.new_turn()
@@ -303,6 +303,59 @@ class TurnMachine(RuleBasedStateMachine):
         if self.settings.max_turns is not None:
             assert self.session.turns <= self.settings.max_turns + 1
 
+    def drive(self, data: st.DataObject) -> None:
+        """One legal step of the host: the event the last action asks for (a new turn
+        when the last one finished), drawn with its details; sometimes a cancel."""
+        turn = self.turn
+        if turn is None or turn.done:
+            if self.session.status is None:
+                self.new_turn()
+            return
+        if data.draw(st.integers(0, 29), label="cancel if 0") == 0:
+            self.cancel()
+            return
+        action = turn.action
+        if type(action) is Assemble:
+            if data.draw(st.integers(0, 5), label="cannot shrink if 0") == 0:
+                self.cannot_shrink()
+            else:
+                self.assembled(
+                    data.draw(st.integers(0, 2000), label="size"),
+                    data.draw(st.booleans(), label="reuse the overflowed request"),
+                )
+        elif type(action) is CallModel:
+            if data.draw(st.integers(0, 4), label="reply if < 2") < 2:
+                self.replied(
+                    data.draw(calls_strategy, label="tool calls"),
+                    data.draw(st.sampled_from([0.0, 0.0, 0.6]), label="cost"),
+                )
+            else:
+                self.failed(
+                    data.draw(category_strategy, label="category"),
+                    data.draw(st.sampled_from([False] * 7 + [True]), label="partial"),
+                    data.draw(retry_after_strategy, label="retry-after"),
+                )
+        elif type(action) is Wait:
+            self.wait_done(data.draw(st.sampled_from([0.0, 0.0, 1.0, 30.0]), label="extra"))
+        elif type(action) is InvokeTools:
+            self.tools_done(data)
+
+    # three rules for the same step: the host's events are most of what happens
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        """The host takes the next legal step."""
+        self.drive(data)
+
+    @rule(data=st.data())
+    def step_again(self, data: st.DataObject) -> None:
+        """The host takes the next legal step."""
+        self.drive(data)
+
+    @rule(data=st.data())
+    def step_on(self, data: st.DataObject) -> None:
+        """The host takes the next legal step."""
+        self.drive(data)
+
     @precondition(lambda self: self.session.status is not None or self.running())
     @rule()
     def new_turn_refused(self) -> None:
@@ -314,8 +367,6 @@ class TurnMachine(RuleBasedStateMachine):
             self.session.new_turn()
         assert self.fingerprint() == before
 
-    @precondition(lambda self: self.running() and type(self.turn.action) is Assemble)
-    @rule(size=st.integers(0, 2000), reuse=st.booleans())
     def assembled(self, size: int, reuse: bool) -> None:
         """The context is assembled (maybe reusing the overflowed request)."""
         if reuse and self.turn.action.reduce and self.poisoned:
@@ -325,17 +376,11 @@ class TurnMachine(RuleBasedStateMachine):
             request = f"req-{self.requests}"
         self.send(Assembled(request, size))
 
-    @precondition(lambda self: self.running() and type(self.turn.action) is Assemble)
-    @rule(rarely=st.integers(0, 5))
-    def cannot_shrink(self, rarely: int) -> None:
-        """The providers cannot shrink the context (rarely: it ends the turn)."""
-        if rarely:
-            return
+    def cannot_shrink(self) -> None:
+        """The providers cannot shrink the context."""
         action = self.send(CannotShrink())
         assert type(action) is Finish and action.status is TurnStatus.CONTEXT_EXHAUSTED
 
-    @precondition(lambda self: self.running() and type(self.turn.action) is CallModel)
-    @rule(calls=calls_strategy, cost=st.sampled_from([0.0, 0.0, 0.6]))
     def replied(self, calls: list[tuple[str, str, int]], cost: float) -> None:
         """The model replies, maybe asking for tools."""
         tool_calls = [
@@ -359,14 +404,6 @@ class TurnMachine(RuleBasedStateMachine):
         if self.doom_fired:
             assert self.session.limit_reached is not None, "a doom loop did not fire a limit"
 
-    @precondition(lambda self: self.running() and type(self.turn.action) is CallModel)
-    @rule(
-        category=st.sampled_from(
-            [ErrorCategory.RATE_LIMITED, ErrorCategory.OVERLOADED] * 4 + list(ErrorCategory)
-        ),
-        partial=st.sampled_from([False] * 7 + [True]),
-        retry=retry_after_strategy,
-    )
     def failed(self, category: ErrorCategory, partial: bool, retry: Any) -> None:
         """The model call fails (every category, usable and garbage retry-afters)."""
         kwargs, honoured = retry
@@ -392,8 +429,6 @@ class TurnMachine(RuleBasedStateMachine):
             assert honoured is not None and honoured > self.settings.max_server_wait_s
             assert action.retry_at is not None
 
-    @precondition(lambda self: self.running() and type(self.turn.action) is Wait)
-    @rule(extra=st.sampled_from([0.0, 0.0, 1.0, 30.0]))
     def wait_done(self, extra: float) -> None:
         """The host slept the wait (and maybe a little more)."""
         self.clock.now += self.turn.action.seconds + extra
@@ -401,8 +436,6 @@ class TurnMachine(RuleBasedStateMachine):
         action = self.send(WaitDone())
         assert type(action) is CallModel and action.request == request
 
-    @precondition(lambda self: self.running() and type(self.turn.action) is InvokeTools)
-    @rule(data=st.data())
     def tools_done(self, data: st.DataObject) -> None:
         """Every tool call comes back: ok, failed, or its plugin crashed."""
         outcomes = []
@@ -430,12 +463,8 @@ class TurnMachine(RuleBasedStateMachine):
         assert [r.is_error for r in action.tool_results] == [not o.ok for o in outcomes]
         assert set(self.session.tripped_providers) == self.tripped
 
-    @precondition(lambda self: self.running())
-    @rule(rarely=st.integers(0, 5))
-    def cancel(self, rarely: int) -> None:
-        """The host cancels the running turn (rarely: it ends the turn)."""
-        if rarely:
-            return
+    def cancel(self) -> None:
+        """The host cancels the running turn."""
         action = self.send(Cancelled("user"))
         assert type(action) is Finish and action.status is TurnStatus.CANCELLED
 
@@ -542,7 +571,7 @@ class TurnMachine(RuleBasedStateMachine):
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 TurnMachine.TestCase.settings = settings(
     parent=settings.default,
-    max_examples=max(settings.default.max_examples, 400 if _PROFILE == "ci" else 0),
+    max_examples=max(settings.default.max_examples, 800 if _PROFILE == "ci" else 0),
     stateful_step_count=60,
 )
 TestTurnMachine = pytest.mark.requirement(
