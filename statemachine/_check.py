@@ -24,10 +24,13 @@ that has run out. Then it proves, over every node and edge it found:
 * **reachability**: every state and every ``TurnStatus`` the settings allow.
 
 Counters are explored exactly while the space is small (the defaults are). With
-huge caps a counter is *accelerated*: once it has left zero and is more than
-``saturation`` steps from its cap, it jumps to ``cap - saturation``. Guards read a
-counter only as ``counter < cap``, so the jump keeps every guard valuation reachable
-(``specs/invariants.md`` has the argument) and the space stays small.
+huge caps they are *accelerated*: the call's attempt, the reductions, crash counts
+and the turn counter, once they have left zero and are more than ``saturation``
+steps from their cap, jump to ``cap - saturation``; the session's retries collapse
+their middle into one value, from which a synthetic ``jump`` step leads close to
+the ceiling. Guards read a counter only as ``counter < cap``, so every guard
+valuation stays reachable (``specs/invariants.md`` has the argument) and the space
+stays small.
 
 To check a mutated table, pass ``rows`` (and ``effects`` for extra effect
 functions): :func:`installed` binds it into the engine for the duration.
