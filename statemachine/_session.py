@@ -51,19 +51,38 @@ def final_answer_instruction(limit: SessionStatus, settings: Settings) -> str:
     )
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr
+)
+# json's C encoder, built once: JSONEncoder.encode builds a new one on every call,
+# which is two thirds of a fingerprint's cost. Same output as _CANONICAL.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_C_CANONICAL = (
+    _c_make_encoder(None, repr, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+    if _c_make_encoder is not None
+    else None
+)
+
+
+def _canonical_json(value: object) -> str:
+    if _C_CANONICAL is not None:
+        try:
+            return "".join(_C_CANONICAL(value, 0))
+        except RecursionError:  # a cyclic structure: the pure encoder names it
+            pass
+    try:
+        return _CANONICAL.encode(value)
+    except ValueError:
+        return repr(value)
+
+
 def call_fingerprint(call: ToolCall) -> str:
     """A stable hash of (tool name, canonical JSON of the arguments).
 
     The provider is left out on purpose: the same call routed elsewhere is still
     the same call. Non-JSON arguments are hashed by their ``repr``.
     """
-    canonical = json.dumps(
-        [call.name, call.arguments],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        default=repr,
-    )
+    canonical = _canonical_json([call.name, call.arguments])
     return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
 
 
@@ -139,7 +158,7 @@ class Session:
         self._turns = 0
         self._cost = 0.0
         self._breakers: dict[str, int] | None = None
-        self._tripped: frozenset[str] = frozenset()
+        self._tripped = _NO_PROVIDERS
         self._doom_last: str | None = None
         self._doom_run = 0
         self._limit: SessionStatus | None = None
@@ -220,10 +239,7 @@ class Session:
                 counts[provider] = 0
         return counts, tripped
 
-    def _apply_breakers(
-        self, calls: tuple[ToolCall, ...], outcomes: tuple[ToolOutcome, ...]
-    ) -> None:
-        counts, tripped = self._breaker_after(calls, outcomes)
+    def _apply_breakers(self, counts: dict[str, int], tripped: list[str]) -> None:
         self._breakers = {p: n for p, n in counts.items() if n} or None
         if tripped:
             self._tripped = self._tripped | frozenset(tripped)
@@ -389,6 +405,7 @@ class Session:
 
 
 _DEFAULT_SETTINGS = Settings()
+_NO_PROVIDERS: frozenset[str] = frozenset()
 _ACTION_TYPES = (Assemble, CallModel, Wait, InvokeTools, Finish)
 
 

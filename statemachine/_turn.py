@@ -107,7 +107,8 @@ class Turn:
         self._reply: Any = None
         self._fallbacks: tuple[Fallback, ...] = ()
         self._trace: list[TraceEntry] = []
-        self._probe: tuple[object, float | None, float, bool, bool] | None = None
+        self._probe: tuple[Any, ...] | None = None
+        """A guard's derived values for the event being handled (reset after it)."""
 
     # -- the protocol ------------------------------------------------------
 
@@ -349,8 +350,18 @@ def _wait_fits(turn: Turn, event: ModelFailed) -> bool:
     return not (probe[3] or probe[4])
 
 
+def _breaker_probe(turn: Turn, event: ToolsDone) -> tuple[dict[str, int], list[str]]:
+    """The crash counts after this event and the providers it trips, computed once."""
+    probe = turn._probe
+    if probe is not None and probe[0] is event:
+        return probe[1], probe[2]
+    counts, tripped = turn._session._breaker_after(turn._calls, event.outcomes)
+    turn._probe = (event, counts, tripped)
+    return counts, tripped
+
+
 def _trips_breaker(turn: Turn, event: ToolsDone) -> bool:
-    return bool(turn._session._breaker_after(turn._calls, event.outcomes)[1])
+    return bool(_breaker_probe(turn, event)[1])
 
 
 def _shrank(turn: Turn, event: Assembled) -> bool:
@@ -457,7 +468,7 @@ def _invoke_tools(turn: Turn, event: ModelReplied, _status: TurnStatus | None) -
 
 
 def _finish_tools(turn: Turn, event: ToolsDone, status: TurnStatus | None) -> Action:
-    turn._session._apply_breakers(turn._calls, event.outcomes)
+    turn._session._apply_breakers(*_breaker_probe(turn, event))
     by_id = {outcome.call_id: outcome for outcome in event.outcomes}
     results = []
     for call in turn._calls:

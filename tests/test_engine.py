@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import statemachine as sm
+from statemachine._session import call_fingerprint
 
 from .helpers import ManualClock, calling_turn, complete_turn, fail, new_session, tool_round
 
@@ -767,3 +772,29 @@ def test_a_failure_storm_ends_within_the_derived_step_bound() -> None:
     bound = 2 + 3 * (2 * 4 * 2) + 1
     assert steps <= bound
     assert turn.status is sm.TurnStatus.RETRIES_EXHAUSTED
+
+
+@pytest.mark.requirement("ER-17")
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=8,
+    )
+)
+def test_fingerprint_is_the_hash_of_canonical_json(arguments: object) -> None:
+    """The fast encoder gives exactly ``json.dumps(sort_keys=True)``'s canonical form, so
+    the same arguments in any key order are the same call."""
+    canonical = json.dumps(
+        ["t", arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    expected = hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+    assert call_fingerprint(sm.ToolCall("c", "p", "t", arguments)) == expected
+
+
+def test_fingerprint_of_odd_arguments_does_not_raise() -> None:
+    """Cyclic or non-JSON arguments still fingerprint (by repr), never raise."""
+    cyclic: dict[str, object] = {}
+    cyclic["self"] = cyclic
+    for arguments in (cyclic, {"o": object()}, {1: 2}):
+        assert len(call_fingerprint(sm.ToolCall("c", "p", "t", arguments))) == 24
