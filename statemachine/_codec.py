@@ -1,7 +1,8 @@
 """Plain-JSON encoding of the package's value types, for snapshots.
 
 An attrs value becomes ``{"$type": "ClassName", field: value, ...}``; tuples become
-lists, enums their value, ``Headers`` a dict. Fields marked opaque (the host's own
+lists, enums their value, ``Headers`` a dict, and a NaN or infinite float (JSON has
+none; a garbage ``retry_after_seconds`` can be one) ``{"$float": "nan"}``. Fields marked opaque (the host's own
 requests, replies, arguments and bodies) are stored as they are, never interpreted,
 so a host's data that happens to hold a ``"$type"`` key survives unchanged.
 """
@@ -9,6 +10,7 @@ so a host's data that happens to hold a ``"$type"`` key survives unchanged.
 from __future__ import annotations
 
 import enum
+import math
 import types
 import typing
 from typing import Any
@@ -69,6 +71,8 @@ def encode(value: Any) -> Any:
         return out
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": repr(value)}
     if isinstance(value, Headers):
         return dict(value)
     if isinstance(value, tuple | list):
@@ -81,7 +85,13 @@ def decode(data: Any, where: str) -> Any:
     it is not such data."""
     if isinstance(data, list):
         return tuple(decode(item, f"{where}[{i}]") for i, item in enumerate(data))
-    if not isinstance(data, dict) or "$type" not in data:
+    if not isinstance(data, dict):
+        return data
+    if "$float" in data and len(data) == 1:
+        if data["$float"] not in ("nan", "inf", "-inf"):
+            raise ValueError(f"{where}: {data['$float']!r} is not a non-finite float")
+        return float(data["$float"])
+    if "$type" not in data:
         return data
     name = data["$type"]
     plan = _PLANS.get(name) if isinstance(name, str) else None

@@ -201,3 +201,24 @@ def test_snapshot_is_versioned_plain_data() -> None:
     assert data["format"] == "statemachine.session"
     assert data["version"] == 1
     assert json.loads(json.dumps(data)) == data
+
+
+@pytest.mark.requirement("ER-26")
+@pytest.mark.requirement("ER-21")
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_retry_after_on_a_kept_error_survives_the_snapshot(garbage: float) -> None:
+    """A garbage retry_after_seconds kept on the Finish's ModelError does not make the
+    session un-snapshottable; it comes back as the same float."""
+    session = new_session()
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 10))
+    turn.send(sm.ModelFailed(sm.ModelError("auth_error", retry_after_seconds=garbage)))
+    data = json.loads(json.dumps(session.snapshot(), allow_nan=False))
+    restored = sm.Session.restore(data, clock=ManualClock())
+    assert restored.current_turn is not None
+    finish = restored.current_turn.finish
+    assert finish is not None and finish.error is not None
+    got = finish.error.retry_after_seconds
+    assert repr(got) == repr(garbage)
+    assert restored.snapshot() == data

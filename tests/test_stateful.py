@@ -45,7 +45,6 @@ from statemachine import (
     Session,
     SessionEnded,
     Settings,
-    SnapshotError,
     ToolCall,
     ToolErrorCategory,
     ToolOutcome,
@@ -509,12 +508,7 @@ class TurnMachine(RuleBasedStateMachine):
     @rule()
     def snapshot_restore(self) -> None:
         """Snapshot through JSON and restore: the session continues from there."""
-        try:
-            data = json.loads(json.dumps(self.session.snapshot()))
-        except SnapshotError:
-            # engine finding (reported): a garbage retry_after_seconds (NaN, inf) kept
-            # on the last Finish's ModelError makes the session not JSON-able
-            return
+        data = json.loads(json.dumps(self.session.snapshot(), allow_nan=False))
         restored = Session.restore(data, clock=self.clock, wall_clock=wall_clock)
         assert restored.snapshot() == data
         self.session = restored
