@@ -266,7 +266,7 @@ def _new_model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float |
 def _event(ctx: _Ctx, step: Step, session: Session, turn: Turn, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""
     kind, variant = step.kind, step.variant
-    request = f"t{turn.index}s{len(turn._trace)}"
+    request = f"t{turn.index}s{len(turn._actions)}"
     if kind == "Assembled":
         overflowed = turn._overflowed_size if turn._overflowed_size is not None else _SIZE
         if variant == "shrunk":
@@ -310,7 +310,7 @@ def _event(ctx: _Ctx, step: Step, session: Session, turn: Turn, clock: _Clock) -
             _run_out(ctx, session, clock)
         return ModelReplied(calls, cost=cost, reply=f"reply {index}")
     if kind == "WaitDone":
-        action = turn._action
+        action = turn.action
         if type(action) is Wait and math.isfinite(action.seconds):
             clock.now += action.seconds
         return WaitDone()
@@ -398,7 +398,8 @@ def _clone(node: _Node) -> _Node:
         session._breakers = dict(old._breakers)
     turn = _copy_turn(node.turn)
     turn._session = session
-    turn._trace = list(node.turn._trace)
+    turn._path = list(node.turn._path)
+    turn._actions = list(node.turn._actions)
     turn._probe = None
     session._current = turn
     return _Node(session, turn, clock, node.poisoned, node.fatal)
@@ -692,8 +693,7 @@ class _Explorer:
                 path,
             )
             return None
-        record = node.turn._trace[-1]
-        row = self.row_index.get((record[1], record[2], record[3], record[4]))
+        row = self.row_index.get(node.turn._path[-1][:4])
         if row is not None and row not in self.row_paths:
             self.row_paths[row] = self.resolve(path)
         self.check_edge(source, node, step, event, action, before, path)
@@ -817,7 +817,7 @@ class _Explorer:
             ):
                 v("ER-8", f"a context that cannot shrink gave {action!r}", path)
         elif isinstance(event, WaitDone):
-            prev = source.turn._action
+            prev = source.turn.action
             if not (
                 type(action) is CallModel
                 and action.request == source.turn._request
@@ -988,7 +988,7 @@ class _Explorer:
             if trigger in legal:
                 continue
             node = _clone(source)
-            before = (_key(self.ctx, node), len(node.turn._trace), node.turn._action)
+            before = (_key(self.ctx, node), len(node.turn._actions), node.turn.action)
             try:
                 node.turn.send(event)
             except IllegalEvent:
@@ -998,7 +998,7 @@ class _Explorer:
                     "ER-27", f"{trigger} in {state!r} did not raise IllegalEvent", _At(index)
                 )
                 continue
-            after = (_key(self.ctx, node), len(node.turn._trace), node.turn._action)
+            after = (_key(self.ctx, node), len(node.turn._actions), node.turn.action)
             if after != before:
                 self.violate(
                     "ER-27", f"an illegal {trigger} in {state!r} changed the turn", _At(index)

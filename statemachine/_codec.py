@@ -2,9 +2,10 @@
 
 An attrs value becomes ``{"$type": "ClassName", field: value, ...}``; tuples become
 lists, enums their value, ``Headers`` a dict, and a NaN or infinite float (JSON has
-none; a garbage ``retry_after_seconds`` can be one) ``{"$float": "nan"}``. Fields marked opaque (the host's own
-requests, replies, arguments and bodies) are stored as they are, never interpreted,
-so a host's data that happens to hold a ``"$type"`` key survives unchanged.
+none; a garbage ``retry_after_seconds`` can be one) ``{"$float": "nan"}``. Fields
+marked opaque (the host's own requests, replies, arguments and bodies) are stored as
+they are, never interpreted, so a host's data that happens to hold a ``"$type"`` key
+survives unchanged.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from ._table import STATES, TERMINAL_STATES
 from ._taxonomy import SessionStatus, ToolErrorCategory, TurnStatus
 from ._tools import ToolCall, ToolOutcome
 from ._trace import TraceRecord
-from ._turn import Turn
+from ._turn import Turn, row_infos
 
 SNAPSHOT_FORMAT = "statemachine.session"
 SNAPSHOT_VERSION = 1
@@ -426,8 +426,11 @@ def _turn_data(turn: Turn) -> dict[str, Any]:
         "calls": encode(turn._calls),
         "reply": turn._reply,
         "fallbacks": encode(turn._fallbacks),
-        "action": encode(turn._action),
-        "trace": [[*entry[:5], encode(entry[5]), *entry[6:]] for entry in turn._trace],
+        "retries_at_start": turn._retries_at_start,
+        "trace": [
+            [*info[:4], encode(action)]
+            for info, action in zip(turn._path, turn._actions, strict=True)
+        ],
     }
 
 
@@ -455,20 +458,21 @@ def _restore_turn(session: Session, reader: _Reader) -> Turn:
     turn._calls = reader.values("calls", ToolCall)
     turn._reply = reader.raw("reply")
     turn._fallbacks = reader.values("fallbacks", Fallback)
-    action = reader.raw("action")
-    if action is not None:
-        action = reader.decoded("action", action)
+    turn._retries_at_start = reader.count("retries_at_start")
+    rows = row_infos()
+    for i, entry in enumerate(reader.get("trace", list)):
+        if not isinstance(entry, list) or len(entry) != 5:
+            raise SnapshotError(f"turn.trace[{i}]: must be a list of 5 items, got {entry!r}")
+        info = rows.get(tuple(entry[:4]))
+        if info is None:
+            raise SnapshotError(
+                f"turn.trace[{i}]: {entry[:4]!r} is not a transition of this engine's table"
+            )
+        action = reader.decoded(f"trace[{i}]", entry[4])
         if not isinstance(action, _ACTION_TYPES):
-            raise SnapshotError(f"turn.action: not an action: {action!r}")
-    turn._action = action
-    trace = reader.get("trace", list)
-    for i, entry in enumerate(trace):
-        if not isinstance(entry, list) or len(entry) != 9:
-            raise SnapshotError(f"turn.trace[{i}]: must be a list of 9 items, got {entry!r}")
-        decoded = reader.decoded(f"trace[{i}]", entry[5])
-        if not isinstance(decoded, _ACTION_TYPES):
-            raise SnapshotError(f"turn.trace[{i}]: not an action: {decoded!r}")
-        turn._trace.append((*entry[:5], decoded, *entry[6:]))
+            raise SnapshotError(f"turn.trace[{i}]: not an action: {action!r}")
+        turn._path.append(info)
+        turn._actions.append(action)
     return turn
 
 

@@ -43,8 +43,9 @@ _TRIGGERS: dict[type, str] = {
 _ASSEMBLE = Assemble(reduce=False)
 _REDUCE = Assemble(reduce=True)
 
-TraceEntry = tuple[int, str, str, str, str, Action, int, int, int]
-"""(step, source, trigger, guard label, dest, action, attempt, session retries, reductions)."""
+RowInfo = tuple[str, str, str, str, str]
+"""(source, trigger, guard label, dest, effect) of one row: shared by every turn whose
+trace passes through it, so a trace costs two pointers per transition."""
 
 
 class Turn:
@@ -57,21 +58,22 @@ class Turn:
     """
 
     __slots__ = (
-        "_action",
+        "_actions",
         "_attempt",
         "_calls",
         "_fallbacks",
         "_model_index",
         "_overflowed_request",
         "_overflowed_size",
+        "_path",
         "_probe",
         "_reductions",
         "_reply",
         "_request",
+        "_retries_at_start",
         "_session",
         "_size",
         "_state",
-        "_trace",
         "final_answer",
         "index",
         "instruction",
@@ -95,7 +97,6 @@ class Turn:
         """The synthetic final-answer instruction (final-answer turn only)."""
         self.status: TurnStatus | None = None
         self._state = IDLE
-        self._action: Action | None = None
         self._attempt = 0
         self._reductions = 0
         self._model_index = -1
@@ -106,7 +107,12 @@ class Turn:
         self._calls: tuple[ToolCall, ...] = ()
         self._reply: Any = None
         self._fallbacks: tuple[Fallback, ...] = ()
-        self._trace: list[TraceEntry] = []
+        self._path: list[RowInfo] = []
+        """The row of every transition taken, in order."""
+        self._actions: list[Action] = []
+        """The action of every transition taken, in order."""
+        self._retries_at_start = session._retries
+        """The session's retries when the turn began: the trace's counters replay from it."""
         self._probe: tuple[Any, ...] | None = None
         """A guard's derived values for the event being handled (reset after it)."""
 
@@ -146,29 +152,29 @@ class Turn:
                 break
         else:  # pragma: no cover - the model check proves every row list is total
             raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
-        _, label, dest, effect, status = row
+        _, info, dest, effect, status = row
         action = effect(self, event, status)
         self._state = dest
         self._probe = None
+        self._path.append(info)
+        self._actions.append(action)
         session = self._session
-        entry = (
-            len(self._trace),
-            state,
-            trigger,
-            label,
-            dest,
-            action,
-            self._attempt,
-            session._retries,
-            self._reductions,
-        )
-        self._trace.append(entry)
-        self._action = action
         if type(action) is Finish:
             self.status = action.status
             session._turn_finished(self, action)
         if session._observers:
-            record = self._record(entry)
+            record = TraceRecord(
+                turn=self.index,
+                step=len(self._actions) - 1,
+                source=state,
+                event=trigger,
+                guard=info[2],
+                dest=dest,
+                action=action,
+                attempt=self._attempt,
+                session_retries=session._retries,
+                reductions=self._reductions,
+            )
             for observer in session._observers:
                 observer(record)
         return action
@@ -188,12 +194,13 @@ class Turn:
     @property
     def action(self) -> Action | None:
         """The last action emitted: what the host owes an event for."""
-        return self._action
+        return self._actions[-1] if self._actions else None
 
     @property
     def finish(self) -> Finish | None:
         """The :class:`Finish` the turn ended with, or ``None`` while it runs."""
-        return self._action if type(self._action) is Finish else None
+        action = self._actions[-1] if self._actions else None
+        return action if type(action) is Finish else None
 
     @property
     def attempt(self) -> int:
@@ -217,23 +224,34 @@ class Turn:
 
     @property
     def trace(self) -> tuple[TraceRecord, ...]:
-        """One frozen record per transition taken so far, in order."""
-        return tuple(self._record(entry) for entry in self._trace)
+        """One frozen record per transition taken so far, in order.
 
-    def _record(self, entry: TraceEntry) -> TraceRecord:
-        step, source, trigger, label, dest, action, attempt, retries, reductions = entry
-        return TraceRecord(
-            turn=self.index,
-            step=step,
-            source=source,
-            event=trigger,
-            guard=label,
-            dest=dest,
-            action=action,
-            attempt=attempt,
-            session_retries=retries,
-            reductions=reductions,
-        )
+        The counters of each record are replayed from the rows' effects (see
+        ``COUNTER_EFFECTS``): a turn stores only its rows and actions.
+        """
+        records = []
+        attempt, retries, reductions = 0, self._retries_at_start, 0
+        for step, (info, action) in enumerate(zip(self._path, self._actions, strict=True)):
+            source, trigger, guard, dest, effect = info
+            resets, retried, waited, reduced = COUNTER_EFFECTS.get(effect, _NO_COUNTS)
+            attempt = 0 if resets else attempt + retried
+            retries += waited
+            reductions += reduced
+            records.append(
+                TraceRecord(
+                    turn=self.index,
+                    step=step,
+                    source=source,
+                    event=trigger,
+                    guard=guard,
+                    dest=dest,
+                    action=action,
+                    attempt=attempt,
+                    session_retries=retries,
+                    reductions=reductions,
+                )
+            )
+        return tuple(records)
 
     def __repr__(self) -> str:
         return f"<Turn {self.index} state={self._state!r} status={self.status!s}>"
@@ -510,6 +528,18 @@ def _finish_action(
     return Finish(status, results, error, _model(turn), turn._fallbacks, retry_at, turn._reply)
 
 
+COUNTER_EFFECTS: dict[str, tuple[bool, int, int, int]] = {
+    # effect: (resets the attempt, attempt +, session retries +, reductions +)
+    "call_model": (True, 0, 0, 0),
+    "retry": (False, 1, 0, 0),
+    "wait": (False, 0, 1, 0),
+    "fall_back": (True, 0, 1, 0),
+    "reduce": (False, 0, 0, 1),
+}
+"""How each effect moves the counters a trace record carries (``Turn.trace`` replays
+them; a test checks the replay against what observers saw live)."""
+_NO_COUNTS = (False, 0, 0, 0)
+
 EFFECT_FUNCTIONS: dict[str, Callable[[Turn, Any, Any], Action]] = {
     "assemble": _assemble,
     "call_model": _call_model,
@@ -526,7 +556,7 @@ EFFECT_FUNCTIONS: dict[str, Callable[[Turn, Any, Any], Action]] = {
 
 _Row = tuple[
     tuple[Callable[[Turn, Any], bool], ...],
-    str,
+    RowInfo,
     str,
     Callable[[Turn, Any, Any], Action],
     "TurnStatus | None",
@@ -556,11 +586,11 @@ def _bind(
     for key, rows in compiled.items():
         by_category = any(g in _CATEGORY_GUARDS for guards, *_ in rows for g in guards)
         if not by_category:
-            bound[key] = tuple(_bind_row(row, ()) for row in rows)
+            bound[key] = tuple(_bind_row(*key, row, ()) for row in rows)
             continue
         bound[key] = {
             category: tuple(
-                _bind_row(row, tuple(_CATEGORY_GUARDS))
+                _bind_row(*key, row, tuple(_CATEGORY_GUARDS))
                 for row in rows
                 if all(category in _CATEGORY_GUARDS[g] for g in row[0] if g in _CATEGORY_GUARDS)
             )
@@ -570,12 +600,15 @@ def _bind(
 
 
 def _bind_row(
-    row: tuple[tuple[str, ...], str, str, str | None], evaluated: tuple[str, ...]
+    source: str,
+    trigger: str,
+    row: tuple[tuple[str, ...], str, str, str | None],
+    evaluated: tuple[str, ...],
 ) -> _Row:
     guards, dest, effect, status = row
     return (
         tuple(GUARD_FUNCTIONS[g] for g in guards if g not in evaluated),
-        " & ".join(guards),
+        (source, trigger, " & ".join(guards), dest, effect),
         dest,
         EFFECT_FUNCTIONS[effect],
         TurnStatus(status) if status else None,
@@ -583,3 +616,13 @@ def _bind_row(
 
 
 _COMPILED = _bind(COMPILED)
+
+
+def row_infos() -> dict[tuple[str, str, str, str], RowInfo]:
+    """Every row of the bound table by (source, trigger, guard label, dest)."""
+    infos: dict[tuple[str, str, str, str], RowInfo] = {}
+    for rows in _COMPILED.values():
+        for group in rows.values() if isinstance(rows, dict) else (rows,):
+            for row in group:
+                infos.setdefault(row[1][:4], row[1])
+    return infos

@@ -798,3 +798,36 @@ def test_fingerprint_of_odd_arguments_does_not_raise() -> None:
     cyclic["self"] = cyclic
     for arguments in (cyclic, {"o": object()}, {1: 2}):
         assert len(call_fingerprint(sm.ToolCall("c", "p", "t", arguments))) == 24
+
+
+@pytest.mark.requirement("ER-30")
+def test_replayed_trace_counters_equal_what_observers_saw_live() -> None:
+    """``Turn.trace`` replays its counters from the rows' effects; on a turn with waits,
+    a fallback, a reduction and tools they equal the live records, field by field."""
+    seen: list[sm.TraceRecord] = []
+    session = sm.Session(
+        sm.Settings(max_retries=1, fallback_models=("b",)),
+        seed=4,
+        clock=ManualClock(),
+        observers=[seen.append],
+    )
+    complete_turn(session)
+    turn = session.new_turn()
+    turn.start()
+    for event in [
+        sm.Assembled("r", 100),
+        fail("overloaded"),
+        sm.WaitDone(),
+        fail("overloaded"),
+        fail("context_length_exceeded"),
+        sm.Assembled("r2", 50),
+        fail("rate_limited"),
+        sm.WaitDone(),
+        sm.ModelReplied(tool_calls=[_call(1)]),
+        sm.ToolsDone([_crash("c1")]),
+    ]:
+        turn.send(event)
+    live = [r for r in seen if r.turn == 2]
+    assert list(turn.trace) == live
+    assert [r.session_retries for r in live][-1] == session.retries_used == 3
+    assert max(r.reductions for r in live) == 1

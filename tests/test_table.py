@@ -125,7 +125,7 @@ def test_compiled_hot_path_agrees_with_transitions_on_every_guard_valuation() ->
                 rows = rows[category]
             hot = next(r for r in rows if all(valuation[names_of[g]] for g in r[0]))
             assert (hot[2], hot[3]) == (expected.dest, EFFECT_FUNCTIONS[expected.effect])
-            assert hot[1] == " & ".join(expected.guards)
+            assert hot[1] == (*key, " & ".join(expected.guards), expected.dest, expected.effect)
             checked += 1
     assert checked > 3000
 
