@@ -9,7 +9,7 @@
 3. *what-if* runs: the same end-to-end event timings as ``benchmarks.events`` with one
    change applied in-process (monkeypatched, the engine's files untouched), so each
    suggestion comes with a measured gain;
-4. the bytes a trace holds per transition now, and in a flat layout.
+4. the bytes a trace holds per transition, in the old and current layouts.
 
 Nothing here is a test: it informs whoever tunes the engine.
 """
@@ -93,9 +93,6 @@ def _best(stmt: str, namespace: dict[str, Any], number: int) -> float:
     return min(times) / number * 1e6
 
 
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
-
-
 def _slot_setters(cls: type, names: tuple[str, ...]) -> list[Callable[[Any, Any], None]]:
     return [cls.__dict__[name].__set__ for name in names]
 
@@ -134,18 +131,48 @@ def fast_call_model_factory() -> Callable[..., CallModel]:
 
 
 def fast_finish_factory() -> Callable[..., Finish]:
-    """``Finish(...)`` (7 fields) the same way."""
+    """``Finish(...)`` (7 fields, all passed, as ``_finish_action`` does) the same way."""
     new = object.__new__
-    names = ("status", "tool_results", "error", "model", "fallbacks", "retry_at", "reply")
-    setters = _slot_setters(Finish, names)
-    defaults = ((), None, None, (), None, None)
+    st, tr, er, mo, fb, ra, rp = _slot_setters(
+        Finish, ("status", "tool_results", "error", "model", "fallbacks", "retry_at", "reply")
+    )
 
-    def make(status: TurnStatus, *rest: Any) -> Finish:
+    def make(
+        status: TurnStatus,
+        tool_results: Any = (),
+        error: Any = None,
+        model: Any = None,
+        fallbacks: Any = (),
+        retry_at: Any = None,
+        reply: Any = None,
+    ) -> Finish:
         f = new(Finish)
-        values = (status, *rest, *defaults[len(rest) :])
-        for setter, value in zip(setters, values, strict=True):
-            setter(f, value)
+        st(f, status)
+        tr(f, tool_results)
+        er(f, error)
+        mo(f, model)
+        fb(f, fallbacks)
+        ra(f, retry_at)
+        rp(f, reply)
         return f
+
+    return make
+
+
+def fast_tool_result_factory() -> Callable[..., sm.ToolResult]:
+    """``ToolResult(...)`` (4 fields) through its slot descriptors."""
+    new = object.__new__
+    i, c, e, k = _slot_setters(sm.ToolResult, ("call_id", "content", "is_error", "category"))
+
+    def make(
+        call_id: str, content: Any, is_error: bool = False, category: Any = None
+    ) -> sm.ToolResult:
+        r = new(sm.ToolResult)
+        i(r, call_id)
+        c(r, content)
+        e(r, is_error)
+        k(r, category)
+        return r
 
     return make
 
@@ -163,10 +190,10 @@ def check_tools_done_fast() -> Callable[[Any, Any], None]:
     return check
 
 
-def fingerprint_prebuilt(call: sm.ToolCall) -> str:
-    """``call_fingerprint`` with one module-level encoder instead of ``json.dumps(**opts)``."""
-    canonical = _ENCODER.encode([call.name, call.arguments])
-    return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+def fingerprint_unhashed(call: sm.ToolCall) -> str:
+    """The canonical JSON of (name, arguments) itself, unhashed (a snapshot would hold
+    it as is, or hash it only when it is long)."""
+    return str(_session._canonical_json([call.name, call.arguments]))
 
 
 def _parts(number: int) -> dict[str, float]:
@@ -200,13 +227,16 @@ def _parts(number: int) -> dict[str, float]:
         "call": CALL,
         "json": json,
         "hashlib": hashlib,
-        "ENC": _ENCODER,
-        "fp2": fingerprint_prebuilt,
         "trace": [],
         "calls": (CALL,),
         "outcomes": (ev.CRASH,),
         "ToolResult": sm.ToolResult,
+        "fast_result": fast_tool_result_factory(),
+        "fast_finish": fast_finish_factory(),
     }
+    tool_steps = ev.PATHS["tool crash"]
+    (ns["tturn"],) = ev._turns_at(tool_steps, 3, 1)
+    ns["tdone"] = tool_steps[3][1]
     parts = {
         "dispatch: _TRIGGERS.get + _COMPILED.get + [category] + _PAYLOAD_CHECKS.get": (
             "T._TRIGGERS.get(type(ev)); T._COMPILED.get(('calling', 'ModelFailed'))"
@@ -227,26 +257,24 @@ def _parts(number: int) -> dict[str, float]:
         "CallModel(...) (attrs frozen __init__)": "CallModel('r', 1, None, False)",
         "CallModel via slot descriptors": "fast_call('r', 1, None, False)",
         "Finish(7 fields) (attrs frozen __init__)": "Finish(done, (), None, None, (), None, None)",
+        "Finish via slot descriptors": "fast_finish(done, (), None, None, (), None, None)",
         "ToolResult(4 fields) (attrs frozen __init__)": "ToolResult('c', 'x', True, None)",
-        "trace entry: 9-tuple + append": (
-            "trace.append((0, 'a', 'b', 'c', 'd', None, 1, 2, 3))\n"
-            "if len(trace) > 1000: trace.clear()"
+        "ToolResult via slot descriptors": "fast_result('c', 'x', True, None)",
+        "trace: two appends (shared row info, action)": (
+            "trace.append(None); trace.append(None)\nif len(trace) > 1000: trace.clear()"
         ),
         "_model(turn)": "T._model(turn)",
         "session._check_bounds()": "session._check_bounds()",
-        "call_fingerprint (json.dumps(**opts) + blake2b)": "S.call_fingerprint(call)",
-        "  json.dumps with options (builds an encoder per call)": (
+        "call_fingerprint (the engine's)": "S.call_fingerprint(call)",
+        "  json.dumps with options (builds an encoder per call, the old way)": (
             "json.dumps([call.name, call.arguments], sort_keys=True, separators=(',', ':'),"
             " ensure_ascii=False, default=repr)"
         ),
-        "  a module-level JSONEncoder.encode": "ENC.encode([call.name, call.arguments])",
         "  blake2b of the canonical text": (
             'hashlib.blake2b(b\'["search",{"limit":3}]\', digest_size=12).hexdigest()'
         ),
-        "call_fingerprint with a module-level encoder": "fp2(call)",
-        "session._breaker_after(calls, outcomes) (runs twice per ToolsDone)": (
-            "session._breaker_after(calls, outcomes)"
-        ),
+        "session._breaker_after(calls, outcomes)": "session._breaker_after(calls, outcomes)",
+        "_check_tools_done, one call": "T._check_tools_done(tturn, tdone)",
     }
     out: dict[str, float] = {}
     for label, stmt in parts.items():
@@ -337,9 +365,9 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
             ],
             repeats,
         ),
-        f"{replied}: call_fingerprint with a module-level encoder": lambda: _compare(
+        f"{replied}: the canonical JSON itself as the fingerprint (no blake2b)": lambda: _compare(
             _step_variant("tool crash", replied, n),
-            [(_session, "call_fingerprint", fingerprint_prebuilt)],
+            [(_session, "call_fingerprint", fingerprint_unhashed)],
             repeats,
         ),
         f"{replied}: no fingerprint at all (the floor, not a proposal)": lambda: _compare(
@@ -347,21 +375,19 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
             [(_session, "call_fingerprint", lambda call: call.name)],
             repeats,
         ),
-        f"{tools_done}: _breaker_after computed once (guard result reused)": lambda: _compare(
+        f"{tools_done}: one-call fast path in _check_tools_done": lambda: _compare(
             _step_variant("tool crash", tools_done, n),
-            [(_session.Session, "_breaker_after", memo_breaker_after())],
+            [(_turn._PAYLOAD_CHECKS, "ToolsDone", check_tools_done_fast())],
             repeats,
         ),
-        f"{tools_done}: that + one-call fast path in _check_tools_done + fast Finish": lambda: (
-            _compare(
-                _step_variant("tool crash", tools_done, n),
-                [
-                    (_session.Session, "_breaker_after", memo_breaker_after()),
-                    (_turn._PAYLOAD_CHECKS, "ToolsDone", check_tools_done_fast()),
-                    (_turn, "Finish", fast_finish_factory()),
-                ],
-                repeats,
-            )
+        f"{tools_done}: that + Finish and ToolResult built via slot descriptors": lambda: _compare(
+            _step_variant("tool crash", tools_done, n),
+            [
+                (_turn._PAYLOAD_CHECKS, "ToolsDone", check_tools_done_fast()),
+                (_turn, "Finish", fast_finish_factory()),
+                (_turn, "ToolResult", fast_tool_result_factory()),
+            ],
+            repeats,
         ),
     }
     out: dict[str, dict[str, float]] = {}
@@ -371,22 +397,6 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
         except Exception:  # the engine's internals moved: report the rest
             out[label] = {"before_us": math.nan, "after_us": math.nan}
     return out
-
-
-def memo_breaker_after() -> Callable[..., Any]:
-    """``Session._breaker_after`` remembering its last answer: the ``trips_breaker``
-    guard and the ``finish_tools`` effect ask the same question back to back."""
-    original = _session.Session._breaker_after
-    last: list[Any] = [None, None, None, None]
-
-    def breaker_after(self: Any, calls: Any, outcomes: Any) -> Any:
-        if last[0] is self and last[1] is calls and last[2] is outcomes:
-            return last[3]
-        answer = original(self, calls, outcomes)
-        last[:] = [self, calls, outcomes, answer]
-        return answer
-
-    return breaker_after
 
 
 # -- trace memory -------------------------------------------------------------------
@@ -433,38 +443,14 @@ def _trace_memory(count: int = 2000, transitions: int = 12) -> dict[str, float]:
 
     results = {}
     for label, build in (
-        ("9-tuple per transition (now)", tuples),
+        ("9-tuple per transition (the layout before de4cdc2)", tuples),
+        ("shared row info + action, two appends (the layout now)", flat(2)),
         ("flat list: row, action, attempt, retries, reductions", flat(5)),
-        ("flat list: row, action, one small int", flat(3)),
     ):
         size, kept = _bytes(build)
         del kept
         results[f"{label}, bytes/transition"] = size / count / transitions
     return results
-
-
-def _session_memory(count: int = 2000) -> dict[str, float]:
-    """Bytes per ``Session()``, and with its empty ``_tripped`` frozenset shared."""
-    settings = sm.Settings()
-    shared = frozenset[str]()
-
-    def sessions() -> list[sm.Session]:
-        return [sm.Session(settings, i, lambda: 0.0) for i in range(count)]
-
-    def sessions_shared() -> list[sm.Session]:
-        out = sessions()
-        for session in out:
-            session._tripped = shared
-        return out
-
-    now, kept = _bytes(sessions)
-    del kept
-    after, kept = _bytes(sessions_shared)
-    del kept
-    return {
-        "Session() now, bytes": now / count,
-        "Session() with one shared empty frozenset for _tripped, bytes": after / count,
-    }
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -480,7 +466,6 @@ def run(quick: bool = False) -> dict[str, Any]:
         parts = {f"(parts unavailable: {type(exc).__name__}: {exc})": math.nan}
     what_if = _what_if(n, repeats)
     memory = _trace_memory(count=100 if quick else 2000)
-    memory.update(_session_memory(count=100 if quick else 2000))
     lines = ["== hot path profile"]
     for title, text in profiles.items():
         lines += [f"-- cProfile: {title}", text, ""]
@@ -493,7 +478,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"  {k}: {v['before_us']:.2f} -> {v['after_us']:.2f} "
             f"({v['before_us'] - v['after_us']:+.2f})"
         )
-    lines.append("-- trace and session memory (tracemalloc)")
+    lines.append("-- trace memory (tracemalloc, synthetic traces of 12 transitions)")
     lines += [f"  {k}: {v:.0f} B" for k, v in memory.items()]
     return {
         "parts_us": parts,

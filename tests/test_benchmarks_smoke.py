@@ -38,6 +38,7 @@ def _positive(value: Any) -> bool:
 
 def test_measure_reports_median_per_operation() -> None:
     """``measure`` divides by the op count and reports the repeats it was asked for."""
+
     def total(values: list[int]) -> int:
         return sum(values)
 
@@ -214,9 +215,9 @@ def test_hotpath_what_if_factories_build_equal_actions() -> None:
     call = hotpath.fast_call_model_factory()("req", 2, "m", True)
     assert call == sm.CallModel("req", 2, "m", True)
     tool = sm.ToolCall("c", "p", "search", {"b": 1, "a": [1, 2]})
-    from statemachine._session import call_fingerprint
-
-    assert hotpath.fingerprint_prebuilt(tool) == call_fingerprint(tool)
+    assert hotpath.fingerprint_unhashed(tool) == '["search",{"a":[1,2],"b":1}]'
+    result = hotpath.fast_tool_result_factory()("c", "x", True, None)
+    assert result == sm.ToolResult("c", "x", True, None)
 
 
 def test_hotpath_profile_quick() -> None:
@@ -229,4 +230,4 @@ def test_hotpath_profile_quick() -> None:
         assert math.isfinite(gain["before_us"]), label
         assert math.isfinite(gain["after_us"]), label
     memory = result["trace_memory"]
-    assert memory["9-tuple per transition (now), bytes/transition"] > 0
+    assert all(v > 0 for v in memory.values()), memory
