@@ -69,15 +69,17 @@ class Finish:
     any. ``model`` is the model that served the last attempt and ``fallbacks`` the
     moves that led to it. ``retry_at`` (``retry_deferred`` only) is when, on the
     session's clock, the server said to come back. ``reply`` is the host's reply.
+    ``==`` compares the contract's fields (status, tool results, error); the rest
+    is provenance.
     """
 
     status: TurnStatus
     tool_results: tuple[ToolResult, ...] = ()
     error: ModelError | None = None
-    model: str | None = None
-    fallbacks: tuple[Fallback, ...] = ()
-    retry_at: float | None = None
-    reply: Any = attrs.field(default=None, metadata=OPAQUE)
+    model: str | None = attrs.field(default=None, eq=False)
+    fallbacks: tuple[Fallback, ...] = attrs.field(default=(), eq=False)
+    retry_at: float | None = attrs.field(default=None, eq=False)
+    reply: Any = attrs.field(default=None, metadata=OPAQUE, eq=False)
 
 
 Action = Assemble | CallModel | Wait | InvokeTools | Finish

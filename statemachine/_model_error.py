@@ -16,18 +16,27 @@ OPAQUE = {"opaque": True}
 class Headers(Mapping[str, str]):
     """An immutable, case-insensitive view of raw HTTP response headers.
 
-    Built from a mapping (``dict``, ``httpx.Headers``) or from ``(name, value)`` pairs;
-    bytes are decoded as latin-1, as HTTP does. ``headers["Retry-After"]`` and
-    ``headers["retry-after"]`` are the same header; the last of repeated names wins.
+    Built from a mapping (``dict``, ``httpx.Headers``, anything with ``items()``) or
+    from ``(name, value)`` pairs; bytes are decoded as latin-1, as HTTP does, and
+    numbers are written as text. A pair whose name or value is none of these is
+    dropped, never raised on. ``headers["Retry-After"]`` and ``headers["retry-after"]``
+    are the same header; the last of repeated names wins.
     """
 
     __slots__ = ("_items",)
 
     def __init__(self, raw: Mapping[Any, Any] | Iterable[tuple[Any, Any]] = ()) -> None:
-        pairs = raw.items() if isinstance(raw, Mapping) else raw
+        items_of = getattr(raw, "items", None)
+        pairs = items_of() if callable(items_of) else raw
         items: dict[str, str] = {}
-        for name, value in pairs:
-            items[_text(name).lower()] = _text(value)
+        for pair in pairs:
+            try:
+                name, value = pair
+            except (TypeError, ValueError):
+                continue
+            name_text, value_text = _text(name), _text(value)
+            if name_text is not None and value_text is not None:
+                items[name_text.lower()] = value_text
         self._items = items
 
     def __getitem__(self, name: str) -> str:
@@ -56,19 +65,21 @@ class Headers(Mapping[str, str]):
         return f"Headers({self._items!r})"
 
 
-def _text(value: object) -> str:
+def _text(value: object) -> str | None:
+    if isinstance(value, str):
+        return value
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("latin-1")
-    if not isinstance(value, str):
-        raise TypeError(f"headers: names and values must be str or bytes, got {value!r}")
-    return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
 
 
 def _to_headers(raw: object) -> Headers | None:
     if raw is None or isinstance(raw, Headers):
         return raw
-    if isinstance(raw, Mapping | list | tuple):
-        return Headers(raw)
+    if isinstance(raw, Mapping | list | tuple) or callable(getattr(raw, "items", None)):
+        return Headers(raw)  # type: ignore[arg-type]
     raise TypeError(f"headers: expected a mapping or (name, value) pairs, got {raw!r}")
 
 

@@ -21,7 +21,7 @@ from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from ._codec import decode, encode
 from ._exceptions import ConfigError, SessionEnded, SnapshotError, TurnInProgress
 from ._settings import Settings
-from ._table import STATES, TERMINAL_STATES
+from ._table import IDLE, STATES, TERMINAL_STATES
 from ._taxonomy import SessionStatus, ToolErrorCategory, TurnStatus
 from ._tools import ToolCall, ToolOutcome
 from ._trace import TraceRecord
@@ -65,14 +65,16 @@ _C_CANONICAL = (
 
 
 def _canonical_json(value: object) -> str:
+    """Canonical JSON of ``value``; its ``repr`` when JSON cannot hold it (cycles,
+    keys of mixed types): a fingerprint never raises."""
     if _C_CANONICAL is not None:
         try:
             return "".join(_C_CANONICAL(value, 0))
-        except RecursionError:  # a cyclic structure: the pure encoder names it
+        except (RecursionError, TypeError, ValueError):
             pass
     try:
         return _CANONICAL.encode(value)
-    except ValueError:
+    except (RecursionError, TypeError, ValueError):
         return repr(value)
 
 
@@ -179,7 +181,10 @@ class Session:
                 status=self._status,
             )
         current = self._current
-        if current is not None and current._state not in TERMINAL_STATES:
+        if current is not None and current._state == IDLE:
+            # never started: nothing happened in it, so it is replaced, not counted
+            self._turns -= 1
+        elif current is not None and current._state not in TERMINAL_STATES:
             raise TurnInProgress(
                 f"turn {current.index} is still running (state {current._state!r}); "
                 "finish it or send it Cancelled() first"
@@ -244,6 +249,11 @@ class Session:
         if tripped:
             self._tripped = self._tripped | frozenset(tripped)
             self._fire(SessionStatus.ERROR_CIRCUIT_BREAKER)
+
+    def _end_doom_run(self) -> None:
+        """A reply with no tool call ends any run of identical calls."""
+        self._doom_last = None
+        self._doom_run = 0
 
     def _watch_doom_loop(self, calls: tuple[ToolCall, ...]) -> None:
         threshold = self.settings.doom_loop_threshold

@@ -11,14 +11,16 @@ Defaults we chose where the specification leaves the value open:
   wall clock and money rather than retry on.
 * ``doom_loop_threshold = 3``: the third identical call in a row (same tool, same
   arguments) has shown the model learned nothing from the first two results.
-* ``max_server_wait_s = 60``: a server asking for more than a minute is better
-  parked (``retry_deferred``, with ``Finish.retry_at``) than slept on.
+* ``max_server_wait_s = 300``: a server asking for more than five minutes (a
+  daily quota, an outage) is better parked (``retry_deferred``, with
+  ``Finish.retry_at``) than slept on; shorter requests are honoured as asked.
 * ``max_context_reductions = 3``: a context that overflows after three reductions
   is not converging.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import tomllib
@@ -110,7 +112,7 @@ class Settings:
     session_retry_ceiling: int = attrs.field(
         default=20, validator=_integer("session_retry_ceiling")
     )
-    max_server_wait_s: float = attrs.field(default=60.0, validator=_number("max_server_wait_s"))
+    max_server_wait_s: float = attrs.field(default=300.0, validator=_number("max_server_wait_s"))
     max_context_reductions: int = attrs.field(
         default=3, validator=_integer("max_context_reductions")
     )
@@ -138,9 +140,16 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "settings") -> Settings:
-        """Build settings from a mapping; an unknown key raises ``ConfigError``."""
+        """Build settings from a mapping; an unknown key raises ``ConfigError``.
+
+        A ``retry`` sub-table (the specification's ``settings.retry`` block) may hold
+        ``base_delay_ms``, ``backoff_factor``, ``max_retries`` and the other retry
+        keys; a key given both there and at the top level is an error.
+        """
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: must be a table of settings, got {data!r}")
+        if "retry" in data:
+            data = _flatten_retry(data, source)
         unknown = sorted(set(data) - FIELD_NAMES)
         if unknown:
             raise ConfigError(
@@ -175,6 +184,35 @@ class Settings:
 
 
 FIELD_NAMES = frozenset(f.name for f in attrs.fields(Settings))
+RETRY_FIELD_NAMES = frozenset(
+    {
+        "base_delay_ms",
+        "backoff_factor",
+        "max_retries",
+        "max_delay_ms",
+        "session_retry_ceiling",
+        "max_server_wait_s",
+    }
+)
+
+
+def _flatten_retry(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    retry = data["retry"]
+    if not isinstance(retry, Mapping):
+        raise ConfigError(f"retry: must be a table of retry settings in {source}, got {retry!r}")
+    flat = {key: value for key, value in data.items() if key != "retry"}
+    for key, value in retry.items():
+        if key not in RETRY_FIELD_NAMES:
+            raise ConfigError(
+                f"retry.{key}: unknown retry setting in {source} "
+                f"(known: {', '.join(sorted(RETRY_FIELD_NAMES))})"
+            )
+        if key in flat:
+            raise ConfigError(f"{key}: given both in {source} and in its retry table")
+        flat[key] = value
+    return flat
+
+
 _attrs_init = Settings.__init__
 
 
@@ -189,6 +227,8 @@ def _init(self: Settings, *args: Any, **kwargs: Any) -> None:
     _attrs_init(self, **kwargs)
 
 
+_init.__signature__ = inspect.signature(_attrs_init)  # type: ignore[attr-defined]
+_init.__doc__ = _attrs_init.__doc__
 Settings.__init__ = _init  # type: ignore[method-assign]
 
 

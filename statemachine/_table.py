@@ -28,8 +28,9 @@ Why the rows are ordered as they are, for a ``ModelFailed``:
   spent session cannot retry even a fresh call; a wait that fits (not beyond
   ``max_server_wait_s``, not across ``max_wall_clock_s``) is taken while the call
   has retries left; otherwise the next fallback model takes over at once; with
-  no fallback left, the reason the wait could not be taken, or the spent per-call
-  cap, names the status.
+  no fallback left, the reason the wait could not be taken (the wall clock first:
+  a wait past the session's budget is ``budget_exhausted`` even if the server also
+  asked for too long), or the spent per-call cap, names the status.
 
 A tripped breaker needs no row of its own: it fires the session's limit, so every
 later turn is the final-answer turn, whose reply is never invoked. That is how no call
@@ -166,14 +167,14 @@ ROWS: tuple[Row, ...] = (
     _failed(
         CALLING,
         "ModelFailed",
-        ("transient", "retries_left", "server_wait_too_long"),
-        "retry_deferred",
+        ("transient", "retries_left", "wait_crosses_wall_clock"),
+        "budget_exhausted",
     ),
     _failed(
         CALLING,
         "ModelFailed",
-        ("transient", "retries_left", "wait_crosses_wall_clock"),
-        "budget_exhausted",
+        ("transient", "retries_left", "server_wait_too_long"),
+        "retry_deferred",
     ),
     _failed(CALLING, "ModelFailed", ("transient",), "retries_exhausted"),
     # -- backing_off: the wait is over, the same request goes again

@@ -72,10 +72,11 @@ class ToolResult:
     """What goes back to the model for one tool call.
 
     ``is_error`` marks an error-flagged result (the model reads it and adapts);
-    ``category`` says which tool error it was.
+    ``category`` says which tool error it was (detail: it takes no part in ``==``,
+    so a result compares equal to ``ToolResult(call_id, content, is_error=True)``).
     """
 
     call_id: str
     content: Any = attrs.field(metadata=OPAQUE)
     is_error: bool = False
-    category: ToolErrorCategory | None = None
+    category: ToolErrorCategory | None = attrs.field(default=None, eq=False)

@@ -316,18 +316,29 @@ _PAYLOAD_CHECKS: dict[str, Callable[[Turn, Any], None]] = {
 }
 
 
+_CATEGORY_GUARDS: dict[str, frozenset[ErrorCategory]] = {
+    "auth_error": frozenset({ErrorCategory.AUTH_ERROR}),
+    "invalid_request": frozenset({ErrorCategory.INVALID_REQUEST}),
+    "content_filtered": frozenset({ErrorCategory.CONTENT_FILTERED}),
+    "unknown": frozenset({ErrorCategory.UNKNOWN}),
+    "context_length_exceeded": frozenset({ErrorCategory.CONTEXT_LENGTH_EXCEEDED}),
+    "transient": frozenset({ErrorCategory.RATE_LIMITED, ErrorCategory.OVERLOADED}),
+}
+
+
 # -- guards ---------------------------------------------------------------------
 
 
-def _category_is(category: ErrorCategory) -> Callable[[Turn, ModelFailed], bool]:
+def _category_in(name: str) -> Callable[[Turn, ModelFailed], bool]:
+    """The guard ``name`` of ``_CATEGORY_GUARDS``, as a function (for the model
+    check and the agreement test; the hot path pre-sorts rows by category instead)."""
+    categories = _CATEGORY_GUARDS[name]
+
     def guard(_turn: Turn, event: ModelFailed) -> bool:
-        return event.error.category is category
+        return event.error.category in categories
 
+    guard.__name__ = name
     return guard
-
-
-def _transient(_turn: Turn, event: ModelFailed) -> bool:
-    return event.error.retryable
 
 
 def _probe(turn: Turn, event: ModelFailed) -> tuple[object, float | None, float, bool, bool]:
@@ -396,12 +407,7 @@ GUARD_FUNCTIONS: dict[str, Callable[[Turn, Any], bool]] = {
     "final_answer": lambda turn, _event: turn.final_answer,
     "no_tool_calls": lambda _turn, event: not event.tool_calls,
     "partial": lambda _turn, event: event.partial,
-    "auth_error": _category_is(ErrorCategory.AUTH_ERROR),
-    "invalid_request": _category_is(ErrorCategory.INVALID_REQUEST),
-    "content_filtered": _category_is(ErrorCategory.CONTENT_FILTERED),
-    "unknown": _category_is(ErrorCategory.UNKNOWN),
-    "context_length_exceeded": _category_is(ErrorCategory.CONTEXT_LENGTH_EXCEEDED),
-    "transient": _transient,
+    **{name: _category_in(name) for name in _CATEGORY_GUARDS},
     "reductions_left": lambda turn, _event: (
         turn._reductions < turn._session.settings.max_context_reductions
     ),
@@ -433,8 +439,6 @@ def _reduce(turn: Turn, _event: ModelFailed, _status: TurnStatus | None) -> Acti
     turn._reductions += 1
     turn._overflowed_size = turn._size
     turn._overflowed_request = turn._request
-    if turn.final_answer:  # pragma: no cover - the table never reduces a final turn
-        return Assemble(reduce=True, withhold_tools=True, instruction=turn.instruction)
     return _REDUCE
 
 
@@ -475,6 +479,8 @@ def _take_reply(turn: Turn, event: ModelReplied) -> None:
 
 def _complete(turn: Turn, event: ModelReplied, _status: TurnStatus | None) -> Action:
     _take_reply(turn, event)
+    if not event.tool_calls:
+        turn._session._end_doom_run()
     return _finish_action(turn, TurnStatus.COMPLETED, (), None)
 
 
@@ -561,15 +567,6 @@ _Row = tuple[
     Callable[[Turn, Any, Any], Action],
     "TurnStatus | None",
 ]
-
-_CATEGORY_GUARDS: dict[str, frozenset[ErrorCategory]] = {
-    "auth_error": frozenset({ErrorCategory.AUTH_ERROR}),
-    "invalid_request": frozenset({ErrorCategory.INVALID_REQUEST}),
-    "content_filtered": frozenset({ErrorCategory.CONTENT_FILTERED}),
-    "unknown": frozenset({ErrorCategory.UNKNOWN}),
-    "context_length_exceeded": frozenset({ErrorCategory.CONTEXT_LENGTH_EXCEEDED}),
-    "transient": frozenset({ErrorCategory.RATE_LIMITED, ErrorCategory.OVERLOADED}),
-}
 
 
 def _bind(

@@ -184,3 +184,15 @@ def test_spec_table_of_default_waits_matches_settings() -> None:
         assert float(delay) == nominal_delay_ms(
             int(n), settings.base_delay_ms, settings.backoff_factor, settings.max_delay_ms
         )
+
+
+@pytest.mark.requirement("ER-21")
+@pytest.mark.requirement("ER-4")
+def test_headers_with_numbers_or_odd_values_never_raise() -> None:
+    """A header value given as a number is read as text; one of another type is
+    dropped; neither raises."""
+    numeric = sm.ModelError("rate_limited", headers={"retry-after": 5})
+    assert retry_after(numeric, lambda: WALL) == 5.0
+    odd = sm.ModelError("rate_limited", headers={"retry-after": None, "x": object()})
+    assert retry_after(odd, lambda: WALL) is None
+    assert sm.Headers([("a", "1"), "not-a-pair"]) == {"a": "1"}

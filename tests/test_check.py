@@ -126,7 +126,11 @@ def test_huge_caps_are_accelerated_and_fast() -> None:
     [
         Settings(max_retries=3, session_retry_ceiling=7, max_context_reductions=3),
         Settings(
-            max_retries=1, session_retry_ceiling=3, fallback_models=("a",), max_wall_clock_s=50
+            max_retries=1,
+            session_retry_ceiling=3,
+            fallback_models=("a",),
+            max_wall_clock_s=50,
+            max_server_wait_s=10,
         ),
     ],
     ids=["caps", "fallbacks-clock"],

@@ -796,7 +796,7 @@ def test_fingerprint_of_odd_arguments_does_not_raise() -> None:
     """Cyclic or non-JSON arguments still fingerprint (by repr), never raise."""
     cyclic: dict[str, object] = {}
     cyclic["self"] = cyclic
-    for arguments in (cyclic, {"o": object()}, {1: 2}):
+    for arguments in (cyclic, {"o": object()}, {1: 2}, {1: "x", "a": 2}, {(1, 2): 3}):
         assert len(call_fingerprint(sm.ToolCall("c", "p", "t", arguments))) == 24
 
 
@@ -831,3 +831,64 @@ def test_replayed_trace_counters_equal_what_observers_saw_live() -> None:
     assert list(turn.trace) == live
     assert [r.session_retries for r in live][-1] == session.retries_used == 3
     assert max(r.reductions for r in live) == 1
+
+
+@pytest.mark.requirement("ER-19")
+@pytest.mark.requirement("ER-20")
+def test_a_wait_past_the_wall_clock_is_budget_exhausted_even_when_also_too_long() -> None:
+    """When the server asks for more than max_server_wait_s *and* the wait would cross
+    the wall clock, the wall clock names the status and fires the session limit."""
+    session = new_session(max_wall_clock_s=30, max_server_wait_s=60)
+    finish = calling_turn(session).send(fail("rate_limited", retry_after_seconds=100))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.BUDGET_EXHAUSTED
+    assert session.limit_reached is sm.SessionStatus.ERROR_MAX_WALL_CLOCK
+
+
+@pytest.mark.requirement("ER-27")
+def test_a_reply_whose_arguments_json_cannot_hold_is_taken_once() -> None:
+    """Tool arguments with keys JSON cannot sort are still a legal reply: the cost is
+    counted once and the calls are invoked."""
+    session = new_session()
+    turn = calling_turn(session)
+    call = sm.ToolCall("c1", "p", "x", {1: "x", "a": 2})
+    action = turn.send(sm.ModelReplied(tool_calls=[call], cost=1.0))
+    assert isinstance(action, sm.InvokeTools)
+    assert session.cost_usd == 1.0
+
+
+def test_results_and_finishes_compare_on_the_contract_fields() -> None:
+    """A ToolResult equals ``ToolResult(call_id, content, is_error=True)`` whatever its
+    category; a Finish compares on status, results and error, not on provenance."""
+    finish = tool_round(
+        new_session(),
+        [_call(1)],
+        [sm.ToolOutcome("c1", ok=False, content="boom", category="execution_failed")],
+    )
+    assert isinstance(finish, sm.Finish)
+    assert finish.tool_results == (sm.ToolResult("c1", "boom", is_error=True),)
+    assert finish.tool_results[0].category is sm.ToolErrorCategory.EXECUTION_FAILED
+    replied = calling_turn(new_session(model="m")).send(sm.ModelReplied(reply="hi"))
+    assert replied == sm.Finish(sm.TurnStatus.COMPLETED)
+
+
+def test_an_idle_turn_is_replaced_not_counted() -> None:
+    """A turn created but never started (its host failed before ``start``) does not
+    block the session, nor count toward max_turns."""
+    session = new_session(max_turns=1)
+    session.new_turn()
+    turn = session.new_turn()
+    assert turn.index == 1 and not turn.final_answer
+    assert session.turns == 1
+
+
+@pytest.mark.requirement("ER-17")
+def test_a_reply_without_tool_calls_ends_a_run_of_identical_calls() -> None:
+    """The loop finished between two identical calls: they are not consecutive."""
+    session = new_session(doom_loop_threshold=2)
+    same = {"q": "status"}
+    tool_round(session, [sm.ToolCall("c1", "p", "check", same)], [sm.ToolOutcome("c1", ok=True)])
+    complete_turn(session)
+    tool_round(session, [sm.ToolCall("c2", "p", "check", same)], [sm.ToolOutcome("c2", ok=True)])
+    assert session.limit_reached is None
+    tool_round(session, [sm.ToolCall("c3", "p", "check", same)], [sm.ToolOutcome("c3", ok=True)])
+    assert session.limit_reached is sm.SessionStatus.ERROR_DOOM_LOOP

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import attrs
@@ -119,3 +120,24 @@ def test_to_dict_round_trips() -> None:
     """``to_dict`` gives plain data that ``from_dict`` reads back to equal settings."""
     settings = sm.Settings(fallback_models=("a",), max_turns=4, max_cost_usd=1.5)
     assert sm.Settings.from_dict(settings.to_dict()) == settings
+
+
+@pytest.mark.requirement("ER-2")
+@pytest.mark.requirement("ER-28")
+def test_a_retry_sub_table_is_read_like_the_specs_settings_block() -> None:
+    """``[settings.retry]`` holds the retry keys; unknown or doubled keys are errors."""
+    settings = sm.Settings.from_toml(
+        "[settings]\nmax_turns = 4\n[settings.retry]\nbase_delay_ms = 100\nmax_retries = 2\n"
+    )
+    assert (settings.base_delay_ms, settings.max_retries, settings.max_turns) == (100, 2, 4)
+    with pytest.raises(sm.ConfigError, match=r"^retry\.max_turns: unknown retry setting"):
+        sm.Settings.from_toml("[settings.retry]\nmax_turns = 4\n")
+    with pytest.raises(sm.ConfigError, match=r"^max_retries: given both"):
+        sm.Settings.from_toml("[settings]\nmax_retries = 1\n[settings.retry]\nmax_retries = 2\n")
+
+
+def test_the_constructor_shows_its_fields() -> None:
+    """``inspect.signature(Settings)`` lists the fields with their defaults."""
+    parameters = inspect.signature(sm.Settings).parameters
+    assert parameters["base_delay_ms"].default == 500
+    assert parameters["max_retries"].kind is inspect.Parameter.KEYWORD_ONLY
