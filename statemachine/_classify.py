@@ -33,11 +33,15 @@ shape is ``unknown``, carrying its ``repr``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from ._events import ModelFailed
 from ._model_error import Headers, ModelError
+from ._retry_after import retry_after
 from ._taxonomy import ErrorCategory
 
 _MAX_MESSAGE = 2000
@@ -145,6 +149,10 @@ def _from_exception(exc: BaseException) -> ModelError:
         )
     status = getattr(exc, "status_code", None)
     response = getattr(exc, "response", None)
+    response_status = getattr(response, "status_code", None)
+    if status is None and isinstance(response_status, int) and hasattr(response, "headers"):
+        # httpx.HTTPStatusError (raise_for_status()): the response tells it all
+        return _from_response(response, response_status)
     if isinstance(status, int) and not isinstance(status, bool):
         headers = _headers(getattr(response, "headers", None))
         return _from_parts(status, headers, _parse_body(_body_of(exc)), message)
@@ -241,7 +249,13 @@ def _from_parts(
     lowered = message.lower()
 
     def make(category: ErrorCategory, code_: str | None = vendor) -> ModelError:
-        return ModelError(category, message, headers=headers, code=code_, status=status, body=body)
+        error = ModelError(category, message, headers=headers, code=code_, status=status, body=body)
+        if headers:
+            # carry the server's requested wait on the field too; the headers stay
+            seconds = retry_after(error, time.time)
+            if seconds is not None:
+                error = attrs.evolve(error, retry_after_seconds=seconds)
+        return error
 
     if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
         return make(ErrorCategory.UNKNOWN, vendor or "payment_required")

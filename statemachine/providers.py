@@ -14,7 +14,10 @@ Each provider:
   arguments (``{"messages": [...], "tools": [...], "system": ...}``) or a bare
   list of messages, over the ``create_kwargs`` given at construction; the model is
   ``action.model`` (a fallback) or else the provider's ``model``;
-* drops ``tools`` and ``tool_choice`` when ``action.withhold_tools`` (the
+* withholds tools when ``action.withhold_tools``: drops ``tools`` and
+  ``tool_choice``, or, when the conversation already holds tool calls or results
+  (which both APIs refuse without tool definitions), keeps ``tools`` and sets
+  ``tool_choice`` to none (the
   final-answer turn);
 * *returns* ``ModelFailed(content_filtered)`` for a refusal (Anthropic
   ``stop_reason == "refusal"``) or a content filter (OpenAI ``finish_reason ==
@@ -117,9 +120,16 @@ class _Base:
             )
         kwargs["model"] = model
         if action.withhold_tools:
-            kwargs.pop("tools", None)
             kwargs.pop("tool_choice", None)
+            if "tools" in kwargs and _has_tool_history(kwargs.get("messages")):
+                # The APIs refuse tool_use / tool_result history without tool
+                # definitions: keep the definitions, forbid their use.
+                kwargs["tool_choice"] = self._no_tool_choice
+            else:
+                kwargs.pop("tools", None)
         return kwargs
+
+    _no_tool_choice: Any = "none"
 
     def _provider_of(self, name: str) -> str:
         chosen = self.tool_provider
@@ -148,10 +158,30 @@ def _filtered(message: str, code: str, response: Any) -> ModelFailed:
     )
 
 
+def _has_tool_history(messages: Any) -> bool:
+    """Whether a conversation already holds tool calls or results (either API's form)."""
+    if not isinstance(messages, list | tuple):
+        return False
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        if message.get("role") == "tool" or message.get("tool_calls"):
+            return True
+        content = message.get("content")
+        if isinstance(content, list | tuple) and any(
+            isinstance(block, Mapping) and block.get("type") in {"tool_use", "tool_result"}
+            for block in content
+        ):
+            return True
+    return False
+
+
 # -- Anthropic Messages -------------------------------------------------------------
 
 
 class _AnthropicBase(_Base):
+    _no_tool_choice: Any = {"type": "none"}  # noqa: RUF012 - a constant, never mutated
+
     def _kwargs(self, action: CallModel) -> dict[str, Any]:
         kwargs = super()._kwargs(action)
         kwargs.setdefault("max_tokens", 1024)

@@ -322,3 +322,31 @@ def test_any_triple_gives_a_legal_model_failed(status: Any, headers: Any, body: 
     turn.send(sm.Assembled("req", 1))
     action = turn.send(sm.ModelFailed(error))
     assert isinstance(action, sm.Wait | sm.Finish | sm.Assemble | sm.CallModel)
+
+
+@pytest.mark.requirement("ER-4")
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_http_status_errors_classify_by_their_response(module: Any) -> None:
+    """``raise_for_status()``'s HTTPStatusError is read through its response: a 429 is a
+    rate limit carrying its retry-after, on the field as well as in the headers."""
+    request = module.Request("POST", "http://127.0.0.1/v1/messages")
+    response = module.Response(
+        429,
+        headers={"retry-after": "7"},
+        json={"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
+        request=request,
+    )
+    with pytest.raises(module.HTTPStatusError) as info:
+        response.raise_for_status()
+    error = sm.classify(info.value)
+    assert error.category is C.RATE_LIMITED
+    assert error.retry_after_seconds == 7.0
+    assert error.headers is not None and error.headers["Retry-After"] == "7"
+
+
+@pytest.mark.requirement("ER-4")
+def test_retry_after_ms_is_carried_on_the_field() -> None:
+    """A raw triple's ``retry-after-ms`` is carried through as seconds on the field."""
+    error = sm.classify((529, {"retry-after-ms": "1500"}, b'{"error":{"type":"overloaded_error"}}'))
+    assert error.category is C.OVERLOADED
+    assert error.retry_after_seconds == 1.5

@@ -565,3 +565,71 @@ def test_providers_refuse_bad_construction_with_named_errors() -> None:
             model.complete(sm.CallModel(request=42, attempt=0))
         with pytest.raises(TypeError, match="model: no model named"):
             OpenAIModel(client).complete(sm.CallModel(request=[], attempt=0))
+
+
+@pytest.mark.requirement("ER-14")
+def test_a_tool_raising_any_libraries_timeout_is_a_timeout_outcome() -> None:
+    """Not only the builtin TimeoutError: an httpx timeout raised by a tool is reported
+    as a ``timeout`` outcome too."""
+
+    def slow(call: sm.ToolCall) -> sm.ToolOutcome:
+        raise httpx2.ReadTimeout("the tool's HTTP call timed out")
+
+    session = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0)
+    turn = session.new_turn()
+    model = Script(sm.ModelReplied(tool_calls=[sm.ToolCall("c1", "web", "fetch")]))
+    finish = sm.run_turn(turn, model=model, tools=Tools(slow), context=Context(), sleep=Sleeps())
+    assert finish.tool_results[0].is_error
+    assert finish.tool_results[0].category is sm.ToolErrorCategory.TIMEOUT
+
+
+@pytest.mark.requirement("ER-16")
+def test_withheld_tools_stay_defined_when_the_history_holds_tool_blocks() -> None:
+    """On the final-answer turn the providers drop ``tools`` from a fresh conversation,
+    but keep them with tool_choice none when the history already holds tool calls
+    (both APIs refuse tool history without tool definitions)."""
+    from statemachine.providers import AnthropicModel
+
+    tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
+    fresh = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    history = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}],
+            },
+        ],
+        "tools": tools,
+        "tool_choice": {"type": "any"},
+    }
+    anthropic_model = AnthropicModel(_NoRetryClient(), model="m")
+    openai_model = OpenAIModel(_NoRetryClient(), model="m")
+    withheld = sm.CallModel(fresh, 0, None, withhold_tools=True)
+    assert "tools" not in anthropic_model._kwargs(withheld)
+    kept = anthropic_model._kwargs(sm.CallModel(history, 0, None, withhold_tools=True))
+    assert kept["tools"] == tools and kept["tool_choice"] == {"type": "none"}
+    openai_history = {
+        "messages": [
+            {"role": "assistant", "tool_calls": [{"id": "t1"}]},
+            {"role": "tool", "content": "x"},
+        ],
+        "tools": tools,
+    }
+    kept = openai_model._kwargs(sm.CallModel(openai_history, 0, None, withhold_tools=True))
+    assert kept["tool_choice"] == "none"
+    normal = anthropic_model._kwargs(sm.CallModel(history, 0, None, withhold_tools=False))
+    assert normal["tool_choice"] == {"type": "any"}
+
+
+class _NoRetryClient:
+    """The least an SDK client needs to be for a provider: max_retries and with_options."""
+
+    max_retries = 0
+
+    def with_options(self, **_: Any) -> _NoRetryClient:
+        return self
