@@ -116,17 +116,14 @@ def installed(
     ``statemachine._machine`` does; ``effects`` adds effect functions a mutated row
     may name. Not thread-safe: the engine has one table per process.
     """
-    saved_rows = getattr(_machine, "ROWS")  # noqa: B009 - not re-exported by _machine
     saved_compiled = _turn._COMPILED
     saved_effects = dict(_turn.EFFECT_FUNCTIONS)
     try:
-        setattr(_machine, "ROWS", tuple(rows))  # noqa: B010 - build_machine reads it
         _turn.EFFECT_FUNCTIONS.update(effects or {})
-        compiled = _machine.compile_table(_machine.build_machine())
+        compiled = _machine.compile_table(_machine.build_machine(rows=tuple(rows)))
         _turn._COMPILED = _turn._bind(compiled)
         yield
     finally:
-        setattr(_machine, "ROWS", saved_rows)  # noqa: B010
         _turn._COMPILED = saved_compiled
         _turn.EFFECT_FUNCTIONS.clear()
         _turn.EFFECT_FUNCTIONS.update(saved_effects)

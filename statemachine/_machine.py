@@ -13,6 +13,7 @@ Nothing outside this module touches the attributes ``transitions`` sets on a mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 from transitions import Machine
@@ -25,8 +26,11 @@ def effect_tag(row: Row) -> str:
     return f"{row.effect}:{row.status}" if row.status else row.effect
 
 
-def build_machine(machine_class: type[Machine] = Machine, **options: Any) -> Machine:
-    """A fresh machine of ``machine_class`` (``GraphMachine`` for diagrams), no model."""
+def build_machine(
+    machine_class: type[Machine] = Machine, *, rows: Sequence[Row] = ROWS, **options: Any
+) -> Machine:
+    """A fresh machine of ``machine_class`` (``GraphMachine`` for diagrams), no model,
+    from ``rows`` (the table; the model check passes mutated tables)."""
     states = [{"name": name, "final": name in TERMINAL_STATES} for name in STATES]
     machine = machine_class(
         model=None,
@@ -36,7 +40,7 @@ def build_machine(machine_class: type[Machine] = Machine, **options: Any) -> Mac
         ignore_invalid_triggers=False,
         **options,
     )
-    for row in ROWS:
+    for row in rows:
         machine.add_transition(
             row.event,
             row.source,

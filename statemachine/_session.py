@@ -456,6 +456,15 @@ def _restore_turn(session: Session, reader: _Reader) -> Turn:
         raise SnapshotError(f"turn.state: {state!r} is not a state of the machine")
     turn._state = state
     turn.status = reader.enum("status", TurnStatus)
+    if (turn.status is None) != (state not in TERMINAL_STATES):
+        raise SnapshotError(
+            f"turn.status: {turn.status!s} does not fit state {state!r} "
+            "(a finished turn has a status, a running one none)"
+        )
+    if turn.index > session._turns:
+        raise SnapshotError(
+            f"turn.index: {turn.index} is beyond the session's {session._turns} turns"
+        )
     turn._attempt = reader.count("attempt")
     turn._reductions = reader.count("reductions")
     turn._model_index = reader.get("model_index", int)

@@ -236,3 +236,20 @@ def test_non_finite_retry_after_on_a_kept_error_survives_the_snapshot(garbage: f
     got = finish.error.retry_after_seconds
     assert repr(got) == repr(garbage)
     assert restored.snapshot() == data
+
+
+@pytest.mark.requirement("ER-26")
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"turn.status": "completed"}, "^turn.status: completed does not fit state"),
+        ({"turn.index": 99}, "^turn.index: 99 is beyond"),
+    ],
+)
+def test_inconsistent_turn_data_is_refused(changes: dict[str, object], match: str) -> None:
+    """A running turn with a status, or a turn beyond the session's count, is refused."""
+    data = _snapshot()
+    for path, value in changes.items():
+        data = _set(data, path, value)
+    with pytest.raises(sm.SnapshotError, match=match):
+        sm.Session.restore(data, clock=ManualClock())

@@ -390,6 +390,8 @@ class TurnMachine(RuleBasedStateMachine):
         action = self.send(ModelReplied(tool_calls, cost=cost, reply="text"))
         if final or not tool_calls:
             assert type(action) is Finish and action.status is TurnStatus.COMPLETED
+            if not final:  # the loop finished: a run of identical calls ends here
+                self.doom_last, self.doom_run = None, 0
             return
         # the reference doom-loop detector (ER-17): identical consecutive calls
         for call in tool_calls:
