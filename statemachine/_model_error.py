@@ -84,6 +84,8 @@ def _to_headers(raw: object) -> Headers | None:
 
 
 def _to_category(raw: Any) -> ErrorCategory:
+    if type(raw) is ErrorCategory:
+        return raw
     try:
         return ErrorCategory(raw)
     except ValueError:
