@@ -75,7 +75,6 @@ _ACTIONS: dict[str, str] = {
     "reduce": "Assemble(reduce)",
     "invoke_tools": "InvokeTools",
     "complete": "Finish(completed)",
-    "complete_blocked": "Finish(completed)",
 }
 """Short names of the actions the effects emit (``Finish`` rows name their status)."""
 
