@@ -37,11 +37,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
 from ._events import ModelFailed
 from ._model_error import Headers, ModelError
-from ._retry_after import retry_after
+from ._retry_after import header_retry_after
 from ._taxonomy import ErrorCategory
 
 _MAX_MESSAGE = 2000
@@ -156,7 +154,7 @@ def _from_exception(exc: BaseException) -> ModelError:
     if isinstance(status, int) and not isinstance(status, bool):
         headers = _headers(getattr(response, "headers", None))
         return _from_parts(status, headers, _parse_body(_body_of(exc)), message)
-    if _is_timeout(exc, names):
+    if is_timeout(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
     if _is_connection_error(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="connection_error")
@@ -166,7 +164,7 @@ def _from_exception(exc: BaseException) -> ModelError:
     return ModelError(ErrorCategory.UNKNOWN, message, code=type(exc).__name__, body=None)
 
 
-def _is_timeout(exc: BaseException, names: set[str]) -> bool:
+def is_timeout(exc: BaseException, names: set[str]) -> bool:
     return isinstance(exc, TimeoutError) or any(
         name in names for name in ("APITimeoutError", "TimeoutException", "Timeout", "ReadTimeout")
     )
@@ -190,7 +188,7 @@ def _exception_message(exc: BaseException) -> str:
     return _clip(message)
 
 
-def _plain(obj: object) -> Any:
+def plain_data(obj: object) -> Any:
     """An SDK model as plain JSON data (so a snapshot can hold it), else itself."""
     dump = getattr(obj, "model_dump", None)
     if callable(dump):
@@ -211,7 +209,7 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
             "the model refused",
             code="refusal",
             status=200,
-            body=_plain(obj),
+            body=plain_data(obj),
         )
     choices = getattr(obj, "choices", None)
     if isinstance(choices, list | tuple) and choices:
@@ -222,7 +220,7 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
                 "the reply was stopped by the content filter",
                 code="content_filter",
                 status=200,
-                body=_plain(obj),
+                body=plain_data(obj),
             )
         refusal = getattr(getattr(choice, "message", None), "refusal", None)
         if isinstance(refusal, str) and refusal:
@@ -231,7 +229,7 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
                 _clip(refusal),
                 code="refusal",
                 status=200,
-                body=_plain(obj),
+                body=plain_data(obj),
             )
     return None
 
@@ -248,14 +246,19 @@ def _from_parts(
     vendor = code or etype
     lowered = message.lower()
 
+    # the server's requested wait, carried on the field too; the headers stay
+    waited = header_retry_after(headers, time.time) if headers else None
+
     def make(category: ErrorCategory, code_: str | None = vendor) -> ModelError:
-        error = ModelError(category, message, headers=headers, code=code_, status=status, body=body)
-        if headers:
-            # carry the server's requested wait on the field too; the headers stay
-            seconds = retry_after(error, time.time)
-            if seconds is not None:
-                error = attrs.evolve(error, retry_after_seconds=seconds)
-        return error
+        return ModelError(
+            category,
+            message,
+            retry_after_seconds=waited,
+            headers=headers,
+            code=code_,
+            status=status,
+            body=body,
+        )
 
     if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
         return make(ErrorCategory.UNKNOWN, vendor or "payment_required")

@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ._classify import _is_timeout, classify
+from ._classify import classify, is_timeout
 from ._events import (
     Assembled,
     Cancelled,
@@ -173,7 +173,7 @@ def _tool_outcome(call: ToolCall, outcome: object) -> ToolOutcome:
 
 
 def _tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
-    if _is_timeout(exc, {cls.__name__ for cls in type(exc).__mro__}):
+    if is_timeout(exc, {cls.__name__ for cls in type(exc).__mro__}):
         category = ToolErrorCategory.TIMEOUT
     else:
         category = ToolErrorCategory.UNKNOWN

@@ -51,7 +51,8 @@ def _http_date(raw: str) -> float | None:
     return moment.timestamp()
 
 
-def _header_retry_after(headers: Headers, wall_clock: Callable[[], float]) -> float | None:
+def header_retry_after(headers: Headers, wall_clock: Callable[[], float]) -> float | None:
+    """The requested wait in ``headers`` alone (sources 2 and 3), or ``None``."""
     if "retry-after-ms" in headers:
         millis = _seconds(headers["retry-after-ms"])
         if millis is not None:
@@ -85,5 +86,5 @@ def retry_after(error: ModelError, wall_clock: Callable[[], float]) -> float | N
     if seconds is not None:
         return seconds
     if error.headers:
-        return _header_retry_after(error.headers, wall_clock)
+        return header_retry_after(error.headers, wall_clock)
     return None

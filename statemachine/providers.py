@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._actions import CallModel
-from ._classify import classify
+from ._classify import classify, plain_data
 from ._events import ModelFailed, ModelReplied
 from ._model_error import ModelError
 from ._taxonomy import ErrorCategory
@@ -145,15 +145,14 @@ class _Base:
         )
 
 
-def _plain(response: Any) -> Any:
-    dump = getattr(response, "model_dump", None)
-    return dump(mode="json") if callable(dump) else response
-
-
 def _filtered(message: str, code: str, response: Any) -> ModelFailed:
     return ModelFailed(
         ModelError(
-            ErrorCategory.CONTENT_FILTERED, message, code=code, status=200, body=_plain(response)
+            ErrorCategory.CONTENT_FILTERED,
+            message,
+            code=code,
+            status=200,
+            body=plain_data(response),
         )
     )
 
@@ -197,7 +196,7 @@ class _AnthropicBase(_Base):
         )
         usage = getattr(message, "usage", None)
         cost = self._cost(getattr(usage, "input_tokens", 0), getattr(usage, "output_tokens", 0))
-        return ModelReplied(tool_calls=calls, cost=cost, reply=_plain(message))
+        return ModelReplied(tool_calls=calls, cost=cost, reply=plain_data(message))
 
 
 class AnthropicModel(_AnthropicBase):
@@ -276,7 +275,7 @@ class _OpenAIBase(_Base):
     def _event(self, completion: Any) -> ModelReplied | ModelFailed:
         choices = getattr(completion, "choices", None) or ()
         if not choices:
-            return ModelReplied(reply=_plain(completion))
+            return ModelReplied(reply=plain_data(completion))
         choice = choices[0]
         message = getattr(choice, "message", None)
         if getattr(choice, "finish_reason", None) == "content_filter":
@@ -302,7 +301,7 @@ class _OpenAIBase(_Base):
         cost = self._cost(
             getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0)
         )
-        return ModelReplied(tool_calls=calls, cost=cost, reply=_plain(completion))
+        return ModelReplied(tool_calls=calls, cost=cost, reply=plain_data(completion))
 
 
 class OpenAIModel(_OpenAIBase):
