@@ -455,10 +455,10 @@ def _restore_turn(session: Session, reader: _Reader) -> Turn:
     if state not in STATES:
         raise SnapshotError(f"turn.state: {state!r} is not a state of the machine")
     turn._state = state
-    turn.status = reader.enum("status", TurnStatus)
-    if (turn.status is None) != (state not in TERMINAL_STATES):
+    status = reader.enum("status", TurnStatus)
+    if (status is None) != (state not in TERMINAL_STATES):
         raise SnapshotError(
-            f"turn.status: {turn.status!s} does not fit state {state!r} "
+            f"turn.status: {status!s} does not fit state {state!r} "
             "(a finished turn has a status, a running one none)"
         )
     if turn.index > session._turns:
@@ -492,6 +492,10 @@ def _restore_turn(session: Session, reader: _Reader) -> Turn:
             raise SnapshotError(f"turn.trace[{i}]: not an action: {action!r}")
         turn._path.append(info)
         turn._actions.append(action)
+    if (turn._path[-1][3] if turn._path else IDLE) != state:
+        raise SnapshotError(f"turn.state: {state!r} is not where the turn's trace ends")
+    if turn.status != status:
+        raise SnapshotError(f"turn.status: {status!s} is not the status its trace ends with")
     return turn
 
 

@@ -77,7 +77,6 @@ class Turn:
         "final_answer",
         "index",
         "instruction",
-        "status",
     )
 
     def __init__(
@@ -95,7 +94,6 @@ class Turn:
         """Whether this is the final-answer turn of the limit-reached path."""
         self.instruction = instruction
         """The synthetic final-answer instruction (final-answer turn only)."""
-        self.status: TurnStatus | None = None
         self._state = IDLE
         self._attempt = 0
         self._reductions = 0
@@ -160,7 +158,6 @@ class Turn:
         self._actions.append(action)
         session = self._session
         if type(action) is Finish:
-            self.status = action.status
             session._turn_finished(self, action)
         if session._observers:
             record = TraceRecord(
@@ -185,6 +182,12 @@ class Turn:
     def state(self) -> str:
         """The current state's name (``idle`` before ``start()``)."""
         return self._state
+
+    @property
+    def status(self) -> TurnStatus | None:
+        """``None`` while the turn runs, then the status its :class:`Finish` carries."""
+        action = self._actions[-1] if self._actions else None
+        return action.status if type(action) is Finish else None
 
     @property
     def done(self) -> bool:

@@ -244,6 +244,10 @@ def test_non_finite_retry_after_on_a_kept_error_survives_the_snapshot(garbage: f
     [
         ({"turn.status": "completed"}, "^turn.status: completed does not fit state"),
         ({"turn.index": 99}, "^turn.index: 99 is beyond"),
+        (
+            {"turn.state": "assembling"},
+            "^turn.state: 'assembling' is not where the turn's trace ends",
+        ),
     ],
 )
 def test_inconsistent_turn_data_is_refused(changes: dict[str, object], match: str) -> None:
