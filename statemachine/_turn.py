@@ -280,6 +280,8 @@ def _model(turn: Turn) -> str | None:
 
 
 def _check_replied(turn: Turn, event: ModelReplied) -> None:
+    if len(event.tool_calls) < 2:
+        return
     seen: set[str] = set()
     for call in event.tool_calls:
         if call.id in seen:
