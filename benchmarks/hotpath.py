@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import statemachine as sm
-from statemachine import _backoff, _session, _turn
-from statemachine._actions import CallModel, Finish, Wait
-from statemachine._taxonomy import ErrorCategory, TurnStatus
+from statemachine.core import _backoff, _session, _turn
+from statemachine.core._actions import CallModel, Finish, Wait
+from statemachine.core._taxonomy import ErrorCategory, TurnStatus
 
 from . import events as ev
 from ._timing import Variant, interleaved

@@ -6,19 +6,8 @@ actions back (``sm.Wait``, ``sm.CallModel``...); the engine never sleeps, calls 
 reads a clock of its own. See ``README.md`` and ``specs/``.
 """
 
-from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._classify import classify
-from ._drivers import (
-    AsyncContextProvider,
-    AsyncModelProvider,
-    AsyncToolProvider,
-    ContextProvider,
-    ModelProvider,
-    ToolProvider,
-    arun_turn,
-    run_turn,
-)
-from ._events import (
+from .core._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from .core._events import (
     Assembled,
     Cancelled,
     CannotShrink,
@@ -28,14 +17,25 @@ from ._events import (
     ToolsDone,
     WaitDone,
 )
-from ._exceptions import ConfigError, IllegalEvent, SessionEnded, SnapshotError, TurnInProgress
-from ._model_error import Headers, ModelError
-from ._session import Session
-from ._settings import Settings
-from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
-from ._tools import ToolCall, ToolOutcome, ToolResult
-from ._trace import TraceRecord
-from ._turn import Turn
+from .core._exceptions import ConfigError, IllegalEvent, SessionEnded, SnapshotError, TurnInProgress
+from .core._model_error import Headers, ModelError
+from .core._session import Session
+from .core._settings import Settings
+from .core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
+from .core._tool_calls import ToolCall, ToolOutcome, ToolResult
+from .core._trace import TraceRecord
+from .core._turn import Turn
+from .io._classify import classify
+from .io._drivers import (
+    AsyncContextProvider,
+    AsyncModelProvider,
+    AsyncToolProvider,
+    ContextProvider,
+    ModelProvider,
+    ToolProvider,
+    arun_turn,
+    run_turn,
+)
 
 __all__ = [
     "Action",

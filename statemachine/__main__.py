@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code."""
-    from statemachine._cli import main as cli_main  # noqa: PLC0415 - keep `import` cheap
+    from statemachine.dev._cli import main as cli_main  # noqa: PLC0415 - keep `import` cheap
 
     try:
         return cli_main(argv)

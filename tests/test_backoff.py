@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine import _backoff
-from statemachine._backoff import jitter, nominal_delay_ms, wait_seconds
-from statemachine._retry_after import retry_after
+from statemachine.core import _backoff
+from statemachine.core._backoff import jitter, nominal_delay_ms, wait_seconds
+from statemachine.core._retry_after import retry_after
 
 from .helpers import calling_turn, fail, new_session
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from statemachine import ConfigError, SessionStatus, Settings, TurnStatus, _check
-from statemachine._check import check, main, step_bound
-from statemachine._table import BACKING_OFF, CALLING, ROWS, STATES, Row
+from statemachine import ConfigError, SessionStatus, Settings, TurnStatus
+from statemachine.core._table import BACKING_OFF, CALLING, ROWS, STATES, Row
+from statemachine.dev import _check
+from statemachine.dev._check import check, main, step_bound
 
 SETTINGS_DIR = Path(__file__).resolve().parent.parent / "specs" / "check-settings"
 SETTINGS_FILES = sorted(SETTINGS_DIR.glob("*.toml"))
@@ -187,7 +188,7 @@ def test_main_exits_non_zero_on_a_violation(
 
 def test_installed_restores_the_engine_table() -> None:
     """Checking a mutated table leaves the engine's own table in place afterwards."""
-    from statemachine import _turn
+    from statemachine.core import _turn
 
     before = _turn._COMPILED
     check(Settings(max_retries=1, session_retry_ceiling=1), rows=ROWS[:-1])

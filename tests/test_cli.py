@@ -15,9 +15,9 @@ import pytest
 
 import statemachine as sm
 from statemachine import __main__ as entry
-from statemachine._cli import main
-from statemachine._scenarios import builtin, builtin_names, parse
-from statemachine._simulate import run
+from statemachine.dev._cli import main
+from statemachine.dev._scenarios import builtin, builtin_names, parse
+from statemachine.dev._simulate import run
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -74,11 +74,11 @@ def test_main_module_and_console_script_share_one_entry_point() -> None:
 
 @pytest.mark.requirement("ER-68")
 def test_check_is_dispatched_to_the_model_checker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``check ARGS`` calls ``statemachine._check.main(ARGS)`` and returns its code."""
+    """``check ARGS`` calls ``statemachine.dev._check.main(ARGS)`` and returns its code."""
     seen: list[list[str]] = []
-    fake = types.ModuleType("statemachine._check")
+    fake = types.ModuleType("statemachine.dev._check")
     fake.main = lambda argv: seen.append(list(argv)) or 3  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "statemachine._check", fake)
+    monkeypatch.setitem(sys.modules, "statemachine.dev._check", fake)
     assert main(["check", "--settings", "x.toml"]) == 3
     assert seen == [["--settings", "x.toml"]]
 
@@ -87,12 +87,12 @@ def test_check_is_dispatched_to_the_model_checker(monkeypatch: pytest.MonkeyPatc
 def test_check_without_the_model_checker_says_so_and_exits_2(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """If ``statemachine._check`` is not installed, ``check`` prints a clear message."""
+    """If ``statemachine.dev._check`` is not installed, ``check`` prints a clear message."""
 
     def missing(name: str) -> None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
-    monkeypatch.setattr("statemachine._cli.importlib.import_module", missing)
+    monkeypatch.setattr("statemachine.dev._cli.importlib.import_module", missing)
     code, _, err = _run("check")
     assert code == 2
     assert "model checker" in err

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from statemachine import ErrorCategory
-from statemachine._cli import main
-from statemachine._diagrams import (
+from statemachine.core._table import GUARDS, ROWS, TERMINAL_KIND
+from statemachine.dev._cli import main
+from statemachine.dev._diagrams import (
     KIND_COLOURS,
     SOURCE_MARK,
     action_label,
@@ -26,7 +27,6 @@ from statemachine._diagrams import (
     views,
     write_diagrams,
 )
-from statemachine._table import GUARDS, ROWS, TERMINAL_KIND
 
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "diagrams"
@@ -164,7 +164,7 @@ def test_missing_dot_still_writes_text_diagrams_and_says_how_to_install(
 ) -> None:
     """Without ``dot`` the command writes every .dot and the .mmd, says to
     ``apt-get install graphviz`` and exits 0; with ``--require-svg`` it exits 1."""
-    monkeypatch.setattr("statemachine._diagrams.shutil.which", lambda _name: None)
+    monkeypatch.setattr("statemachine.dev._diagrams.shutil.which", lambda _name: None)
     out, err = io.StringIO(), io.StringIO()
     assert main(["diagram", "--out", str(tmp_path)], stdout=out, stderr=err) == 0
     assert "apt-get install graphviz" in err.getvalue()

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine._session import call_fingerprint
+from statemachine.core._session import call_fingerprint
 
 from .helpers import ManualClock, calling_turn, complete_turn, fail, new_session, tool_round
 

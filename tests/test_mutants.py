@@ -1,8 +1,8 @@
 """The checks check: seeded mutants of the transition table must each be caught.
 
-Each mutant is a small edit of ``statemachine._table.ROWS`` (a new, dropped or
+Each mutant is a small edit of ``statemachine.core._table.ROWS`` (a new, dropped or
 changed row) that breaks one promise. The model check runs the real engine on the
-mutated table (``statemachine._check.installed`` binds it) and must report the
+mutated table (``statemachine.dev._check.installed`` binds it) and must report the
 requirement it breaks; the planted unbounded loop must also be caught by the
 stateful suite's per-step ranking check, quickly.
 """
@@ -18,8 +18,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from statemachine import Settings, Turn
-from statemachine._check import check, installed
-from statemachine._table import BACKING_OFF, CALLING, ROWS, Row
+from statemachine.core._table import BACKING_OFF, CALLING, ROWS, Row
+from statemachine.dev._check import check, installed
 
 SMALL = Settings(
     max_retries=2,

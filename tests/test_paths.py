@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from statemachine import Settings
-from statemachine._check import CheckReport, check, replay
-from statemachine._table import ROWS
+from statemachine.core._table import ROWS
+from statemachine.dev._check import CheckReport, check, replay
 
 EVERYTHING = Settings.from_toml(
     Path(__file__).resolve().parent.parent / "specs" / "check-settings" / "everything.toml"

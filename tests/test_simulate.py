@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import statemachine as sm
-from statemachine._cli import main
-from statemachine._scenarios import (
+from statemachine.dev._cli import main
+from statemachine.dev._scenarios import (
     ORDER,
     Scenario,
     ScenarioError,
@@ -19,7 +19,7 @@ from statemachine._scenarios import (
     load,
     parse,
 )
-from statemachine._simulate import EPOCH, StepRecord, run
+from statemachine.dev._simulate import EPOCH, StepRecord, run
 
 BUILTINS = builtin_names()
 

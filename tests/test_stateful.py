@@ -54,7 +54,7 @@ from statemachine import (
     Wait,
     WaitDone,
 )
-from statemachine._check import step_bound
+from statemachine.dev._check import step_bound
 
 WALL = 1_700_000_000.0
 RECOVERY = ("backing_off", "reducing_context")

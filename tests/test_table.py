@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from statemachine import ErrorCategory
-from statemachine._machine import COMPILED, build_machine, effect_tag
-from statemachine._table import (
+from statemachine.core._machine import COMPILED, build_machine, effect_tag
+from statemachine.core._table import (
     EFFECTS,
     GUARDS,
     ROWS,
@@ -19,7 +19,7 @@ from statemachine._table import (
     TERMINAL_STATES,
     Row,
 )
-from statemachine._turn import _CATEGORY_GUARDS, _COMPILED, EFFECT_FUNCTIONS, GUARD_FUNCTIONS
+from statemachine.core._turn import _CATEGORY_GUARDS, _COMPILED, EFFECT_FUNCTIONS, GUARD_FUNCTIONS
 
 _CATEGORY_OF = {
     category: {name for name, cats in _CATEGORY_GUARDS.items() if category in cats}

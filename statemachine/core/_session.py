@@ -23,7 +23,7 @@ from ._exceptions import ConfigError, SessionEnded, SnapshotError, TurnInProgres
 from ._settings import Settings
 from ._table import IDLE, STATES, TERMINAL_STATES
 from ._taxonomy import SessionStatus, ToolErrorCategory, TurnStatus
-from ._tools import ToolCall, ToolOutcome
+from ._tool_calls import ToolCall, ToolOutcome
 from ._trace import TraceRecord
 from ._turn import Turn, row_infos
 

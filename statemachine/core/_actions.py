@@ -8,7 +8,7 @@ import attrs
 
 from ._model_error import OPAQUE, ModelError
 from ._taxonomy import ErrorCategory, TurnStatus
-from ._tools import ToolCall, ToolResult
+from ._tool_calls import ToolCall, ToolResult
 
 
 @attrs.frozen

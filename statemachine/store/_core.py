@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ._exceptions import ConfigError, SnapshotError
+from ..core._exceptions import ConfigError, SnapshotError
 
 SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """Session ids and tenant names: letters, digits, ``.``, ``_``, ``-``; 1 to 128 of them.

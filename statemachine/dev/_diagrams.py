@@ -7,11 +7,11 @@
 * ``category-<name>.dot`` and ``.svg``: one view per model error category, with the
   rows that category can take highlighted and the rest greyed.
 
-Every diagram comes from :func:`statemachine._machine.build_machine` with a
+Every diagram comes from :func:`statemachine.core._machine.build_machine` with a
 ``GraphMachine`` subclass and an explicit graph engine: the same states and rows the
 engine runs on. Edges read ``Event [guards] / Action``, one table row per line; the
-guards are the names of :data:`statemachine._table.GUARDS`. Terminal states are
-coloured by :data:`statemachine._table.TERMINAL_KIND` and a legend says what the
+guards are the names of :data:`statemachine.core._table.GUARDS`. Terminal states are
+coloured by :data:`statemachine.core._table.TERMINAL_KIND` and a legend says what the
 colours mean.
 
 The output is deterministic (no timestamps, table order), so a test regenerates it
@@ -36,9 +36,9 @@ from transitions.extensions import GraphMachine
 from transitions.extensions import diagrams_graphviz as _gv
 from transitions.extensions import diagrams_mermaid as _mm
 
-from ._machine import build_machine
-from ._table import GUARDS, ROWS, RUNNING_STATES, START, TERMINAL_KIND, TERMINAL_STATES, Row
-from ._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
+from ..core._machine import build_machine
+from ..core._table import GUARDS, ROWS, RUNNING_STATES, START, TERMINAL_KIND, TERMINAL_STATES, Row
+from ..core._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
 
 INSTALL_HINT = (
     "graphviz's `dot` was not found on PATH: install it (Debian/Ubuntu: "

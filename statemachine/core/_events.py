@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from ._model_error import OPAQUE, ModelError
-from ._tools import ToolCall, ToolOutcome
+from ._tool_calls import ToolCall, ToolOutcome
 
 
 def _size(_instance: object, _attribute: object, value: Any) -> None:

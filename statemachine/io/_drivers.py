@@ -41,9 +41,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ._classify import classify, is_timeout
-from ._events import (
+from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._events import (
     Assembled,
     Cancelled,
     CannotShrink,
@@ -52,10 +51,11 @@ from ._events import (
     ToolsDone,
     WaitDone,
 )
-from ._exceptions import ConfigError
-from ._taxonomy import ToolErrorCategory
-from ._tools import ToolCall, ToolOutcome
-from ._turn import Turn
+from ..core._exceptions import ConfigError
+from ..core._taxonomy import ToolErrorCategory
+from ..core._tool_calls import ToolCall, ToolOutcome
+from ..core._turn import Turn
+from ._classify import classify, is_timeout
 
 _T = TypeVar("_T")
 

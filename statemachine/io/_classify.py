@@ -37,10 +37,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ._events import ModelFailed
-from ._model_error import Headers, ModelError
-from ._retry_after import header_retry_after
-from ._taxonomy import ErrorCategory
+from ..core._events import ModelFailed
+from ..core._model_error import Headers, ModelError
+from ..core._retry_after import header_retry_after
+from ..core._taxonomy import ErrorCategory
 
 _MAX_MESSAGE = 2000
 """Longest message kept from a body or an exception; logs do not need more."""

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._store_core import (
+from ._core import (
     DEFAULT_MAX_BYTES,
     CorruptSession,
     Stored,

@@ -20,7 +20,7 @@ import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from ._model_error import Headers, ModelError
-from ._tools import ToolCall, ToolOutcome, ToolResult
+from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls

@@ -21,12 +21,12 @@ from typing import Any
 
 import attrs
 
-from ._codec import decode, encode
-from ._exceptions import SnapshotError
-from ._session import Session
-from ._store_core import CorruptSession
-from ._tools import ToolOutcome
-from ._trace import TraceRecord
+from ..core._codec import decode, encode
+from ..core._exceptions import SnapshotError
+from ..core._session import Session
+from ..core._tool_calls import ToolOutcome
+from ..core._trace import TraceRecord
+from ._core import CorruptSession
 
 RECORD_FORMAT = "statemachine.store.record"
 RECORD_VERSION = 1

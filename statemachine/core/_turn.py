@@ -29,7 +29,7 @@ from ._model_error import ModelError
 from ._retry_after import retry_after
 from ._table import IDLE, START, TERMINAL_STATES
 from ._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
-from ._tools import ToolCall, ToolResult
+from ._tool_calls import ToolCall, ToolResult
 from ._trace import TraceRecord
 
 if TYPE_CHECKING:

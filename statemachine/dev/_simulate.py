@@ -1,6 +1,6 @@
 """The simulator: scripted scenarios through the real engine, on a virtual clock.
 
-:func:`run` plays a :class:`~statemachine._scenarios.Scenario` through a real
+:func:`run` plays a :class:`~statemachine.dev._scenarios.Scenario` through a real
 :class:`~statemachine.Session` and its turns: it sends the scripted events, honours
 every ``Wait`` by moving a virtual clock (instantly; or really sleeping, for demos),
 and reports each transition as a :class:`StepRecord` as it happens. The result says
@@ -16,9 +16,9 @@ from typing import Any
 
 import attrs
 
-from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ._codec import encode
-from ._events import (
+from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._codec import encode
+from ..core._events import (
     Assembled,
     Cancelled,
     CannotShrink,
@@ -27,13 +27,13 @@ from ._events import (
     ToolsDone,
     WaitDone,
 )
-from ._exceptions import IllegalEvent, SessionEnded
-from ._model_error import ModelError
+from ..core._exceptions import IllegalEvent, SessionEnded
+from ..core._model_error import ModelError
+from ..core._session import Session
+from ..core._tool_calls import ToolCall, ToolOutcome
+from ..core._trace import TraceRecord
+from ..core._turn import Turn
 from ._scenarios import OPEN, Scenario, Step, TurnSpec
-from ._session import Session
-from ._tools import ToolCall, ToolOutcome
-from ._trace import TraceRecord
-from ._turn import Turn
 
 EPOCH = 1_767_225_600.0
 """The virtual wall clock's start, 2026-01-01T00:00:00Z, so HTTP-date retry-after

@@ -51,9 +51,9 @@ from typing import Any, cast
 
 import attrs
 
-from . import _machine, _table, _turn
-from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ._events import (
+from ..core import _machine, _table, _turn
+from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._events import (
     Assembled,
     Cancelled,
     CannotShrink,
@@ -62,11 +62,11 @@ from ._events import (
     ToolsDone,
     WaitDone,
 )
-from ._exceptions import ConfigError, IllegalEvent
-from ._model_error import ModelError
-from ._session import Session
-from ._settings import Settings
-from ._table import (
+from ..core._exceptions import ConfigError, IllegalEvent
+from ..core._model_error import ModelError
+from ..core._session import Session
+from ..core._settings import Settings
+from ..core._table import (
     BACKING_OFF,
     CALLING,
     IDLE,
@@ -78,9 +78,9 @@ from ._table import (
     TERMINAL_STATES,
     Row,
 )
-from ._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
-from ._tools import ToolCall, ToolOutcome
-from ._turn import Turn
+from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
+from ..core._tool_calls import ToolCall, ToolOutcome
+from ..core._turn import Turn
 
 RECOVERY_STATES = (BACKING_OFF, REDUCING_CONTEXT)
 """States a turn enters only to recover; with a fallback ``calling``, each entry
@@ -113,7 +113,7 @@ def installed(
     """Run the engine on ``rows`` instead of the table, for the ``with`` block.
 
     The machine is built by ``transitions`` from ``rows`` and compiled exactly as
-    ``statemachine._machine`` does; ``effects`` adds effect functions a mutated row
+    ``statemachine.core._machine`` does; ``effects`` adds effect functions a mutated row
     may name. Not thread-safe: the engine has one table per process.
     """
     saved_compiled = _turn._COMPILED
@@ -1182,7 +1182,7 @@ def replay(settings: Settings, path: Sequence[Step]) -> Session:
 def render_table() -> str:
     """``specs/table.md``: the compiled table the engine runs, as Markdown.
 
-    Generated from ``statemachine._machine.COMPILED`` (which is read back from the
+    Generated from ``statemachine.core._machine.COMPILED`` (which is read back from the
     ``transitions`` machine), so the document cannot disagree with the engine.
     """
     compiled = _machine.COMPILED

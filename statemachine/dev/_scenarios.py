@@ -62,9 +62,9 @@ from typing import Any
 
 import attrs
 
-from ._exceptions import ConfigError
-from ._settings import Settings
-from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
+from ..core._exceptions import ConfigError
+from ..core._settings import Settings
+from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 
 EVENTS = (
     "Assembled",
@@ -627,7 +627,7 @@ then tools, then the session-wide limits. Files not listed here run after them."
 
 def builtin_names() -> tuple[str, ...]:
     """The built-in scenarios, in the order ``simulate`` runs them."""
-    folder = resources.files("statemachine") / "scenarios"
+    folder = resources.files("statemachine.dev") / "scenarios"
     found = {
         entry.name.removesuffix(".toml")
         for entry in folder.iterdir()
@@ -642,5 +642,5 @@ def builtin(name: str) -> Scenario:
         raise ScenarioError(
             name, "", f"no such built-in scenario (built-ins: {', '.join(builtin_names())})"
         )
-    text = (resources.files("statemachine") / "scenarios" / f"{name}.toml").read_text("utf-8")
+    text = (resources.files("statemachine.dev") / "scenarios" / f"{name}.toml").read_text("utf-8")
     return parse(text, f"built-in:{name}.toml", name)

@@ -5,7 +5,7 @@ Subcommands:
 * ``simulate [SCENARIO...]``: run scripted failure storms through the real engine
   on a virtual clock and print their traces; with no argument, every built-in.
 * ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
-* ``check``: the exhaustive model check (``statemachine._check``).
+* ``check``: the exhaustive model check (``statemachine.dev._check``).
 
 Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
 (``diagram --check``), or the SVGs could not be drawn under ``--require-svg``;
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -139,9 +139,9 @@ def main(
 
 def _check(argv: list[str], err: IO[str]) -> int:
     try:
-        module = importlib.import_module("statemachine._check")
+        module = importlib.import_module("statemachine.dev._check")
     except ModuleNotFoundError as exc:
-        if exc.name != "statemachine._check":
+        if exc.name != "statemachine.dev._check":
             raise
         print(
             "statemachine check: the model checker (statemachine/_check.py) is not "
@@ -279,8 +279,8 @@ def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def _text_printer(write: Callable[[str], None]) -> Callable[[Any], None]:
+    from ..core._actions import Finish  # noqa: PLC0415
     from . import _simulate as sim  # noqa: PLC0415
-    from ._actions import Finish  # noqa: PLC0415
 
     current: list[int] = []
 
