@@ -19,12 +19,11 @@ from .core._events import (
 )
 from .core._exceptions import ConfigError, IllegalEvent, SessionEnded, SnapshotError, TurnInProgress
 from .core._model_error import Headers, ModelError
-from .core._session import Session
+from .core._session import Session, Turn
 from .core._settings import Settings
 from .core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from .core._tool_calls import ToolCall, ToolOutcome, ToolResult
 from .core._trace import TraceRecord
-from .core._turn import Turn
 from .io._classify import classify
 from .io._drivers import (
     AsyncContextProvider,

@@ -132,12 +132,14 @@ _DELETE = object()
     ("path", "value", "match"),
     [
         ("format", "something.else", "^format:"),
-        ("version", 2, "^version: 2 is not supported"),
-        ("version", "1", "^version: must be int"),
+        ("version", 3, "^version: 3 is not supported"),
+        ("version", "1", "^version: '1' is not supported"),
         ("seed", _DELETE, "^seed: missing"),
         ("draws", -1, "^draws: must be >= 0"),
         ("retries", 1.5, "^retries: must be int"),
+        ("retries", 2**70, r"^retries: must be < 2\*\*63"),
         ("cost_usd", float("nan"), "^cost_usd: must be a finite number"),
+        ("cost_usd", 10**400, "^cost_usd: must be a finite number"),
         ("settings", {"max_retries": -1}, "^settings: max_retries"),
         ("settings", {"bogus": 1}, "^settings: bogus"),
         ("breakers", {"p": "x"}, "^breakers.p:"),
@@ -146,24 +148,25 @@ _DELETE = object()
         ("turn.attempt", None, "^turn.attempt: must be int"),
         ("turn.model_index", 7, "^turn.model_index: 7 is out of range"),
         (
-            "turn.trace",
-            [["idle", "start", "", "assembling", {"$type": "Explode"}]],
-            r"^turn.trace\[0\]: unknown value type",
+            "turn.actions",
+            [{"$type": "Explode"}],
+            r"^turn.actions\[0\]: unknown value type",
         ),
         (
-            "turn.trace",
-            [["idle", "start", "", "assembling", {"$type": "Wait", "seconds": 1.0}]],
-            r"^turn.trace\[0\]: Wait has missing",
+            "turn.actions",
+            [{"$type": "Wait", "seconds": 1.0}],
+            r"^turn.actions\[0\]: Wait has missing",
         ),
         (
-            "turn.trace",
-            [["idle", "start", "", "completed", {"$type": "Assemble"}]],
-            r"^turn.trace\[0\]: .* is not a transition of this engine's table",
+            "turn.path",
+            [["idle", "start", "", "completed", 0, 0, 0]],
+            r"^turn.path\[0\]: .* is not a transition of this engine's table",
         ),
-        ("turn.trace", [[0, "idle"]], r"^turn.trace\[0\]: must be a list of 5"),
-        ("turn.retries_at_start", -3, "^turn.retries_at_start: must be >= 0"),
+        ("turn.path", [[0, "idle"]], r"^turn.path\[0\]: must be \[source"),
+        ("turn.path", [["idle", "start", "", "assembling", 0, -3, 0]], r"^turn.path\[0\]\[5\]: must be >= 0"),
         ("turn.calls", "nope", "^turn.calls: must be list"),
-        ("doom", [], "^doom: must be dict"),
+        ("doom_run", [], "^doom_run: must be int"),
+        ("unknown_key", 1, "^unknown_key: not a field"),
     ],
 )
 def test_corrupt_snapshots_are_refused_naming_the_key(path: str, value: object, match: str) -> None:
@@ -185,14 +188,16 @@ def test_non_mapping_and_truncated_snapshots_are_refused() -> None:
 
 
 @pytest.mark.requirement("ER-26")
-def test_snapshot_names_non_json_host_data() -> None:
-    """A request that JSON cannot hold is reported at snapshot time, not later."""
+def test_non_json_host_data_is_refused_when_it_arrives() -> None:
+    """A request that JSON cannot hold is refused when the event is built, naming the
+    field, so the session that never took it can still be snapshotted."""
     session = new_session()
     turn = session.new_turn()
     turn.start()
-    turn.send(sm.Assembled(object(), 1))
-    with pytest.raises(sm.SnapshotError, match="non-JSON"):
-        session.snapshot()
+    with pytest.raises(ValueError, match="^request: must be JSON data"):
+        turn.send(sm.Assembled(object(), 1))
+    assert turn.state == "assembling"
+    json.dumps(session.snapshot(), allow_nan=False)
 
 
 @pytest.mark.requirement("ER-26")
@@ -213,7 +218,7 @@ def test_snapshot_is_versioned_plain_data() -> None:
     """The snapshot is a dict of JSON types with a format and a version."""
     data = _snapshot()
     assert data["format"] == "statemachine.session"
-    assert data["version"] == 1
+    assert data["version"] == 2
     assert json.loads(json.dumps(data)) == data
 
 
@@ -242,11 +247,11 @@ def test_non_finite_retry_after_on_a_kept_error_survives_the_snapshot(garbage: f
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"turn.status": "completed"}, "^turn.status: completed does not fit state"),
-        ({"turn.index": 99}, "^turn.index: 99 is beyond"),
+        ({"status": "error_max_turns"}, "^status: error_max_turns is set but the limit"),
+        ({"turn.index": 99}, "^turn.index: 99 is not the session's latest turn"),
         (
             {"turn.state": "assembling"},
-            "^turn.state: 'assembling' is not where the turn's trace ends",
+            "^turn.state: 'assembling' is not where the turn's path ends",
         ),
     ],
 )

@@ -21,6 +21,7 @@ draw can be *previewed* without being consumed, which lets the table's guards as
 from __future__ import annotations
 
 _MASK = (1 << 64) - 1
+_INFINITY = float("inf")
 _GAMMA = 0x9E3779B97F4A7C15
 
 
@@ -36,9 +37,10 @@ def jitter(seed: int, draw: int) -> float:
 def nominal_delay_ms(n: int, base_delay_ms: float, factor: float, max_delay_ms: float) -> float:
     """``delay_ms(n)``: the n-th retry's delay before jitter, capped."""
     try:
-        return min(base_delay_ms * factor**n, max_delay_ms)
+        delay = base_delay_ms * factor**n
     except OverflowError:
         return max_delay_ms
+    return delay if delay < max_delay_ms else max_delay_ms
 
 
 def wait_seconds(
@@ -49,8 +51,15 @@ def wait_seconds(
     factor: float,
     max_delay_ms: float,
 ) -> float:
-    """``wait_ms(n) / 1000``: the seconds to wait before the n-th retry."""
-    seconds = nominal_delay_ms(n, base_delay_ms, factor, max_delay_ms) * (0.5 + u) / 1000.0
+    """``wait_ms(n) / 1000``: the seconds to wait before the n-th retry.
+
+    Finite whatever the (finite) settings: a delay so near the largest float that
+    jittering it would overflow is divided before it is jittered.
+    """
+    delay = nominal_delay_ms(n, base_delay_ms, factor, max_delay_ms)
+    seconds = delay * (0.5 + u) / 1000.0
+    if seconds == _INFINITY:
+        seconds = delay / 1000.0 * (0.5 + u)
     if retry_after is not None and retry_after > seconds:
         return retry_after
     return seconds

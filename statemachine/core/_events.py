@@ -7,13 +7,19 @@ from typing import Any
 
 import attrs
 
+from ._json_data import json_validator
 from ._model_error import OPAQUE, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
 
 
+_MAX_SIZE = (1 << 63) - 1
+
+
 def _size(_instance: object, _attribute: object, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TypeError(f"size: must be an int >= 0, got {value!r}")
+        raise TypeError(f"size: must be an int >= 0, got {value!r:.60}")
+    if value > _MAX_SIZE:
+        raise ValueError(f"size: must be < 2**63, got an int of {value.bit_length()} bits")
 
 
 def _tuple_of(value: Any, kind: type, name: str) -> tuple[Any, ...]:
@@ -35,13 +41,15 @@ def _outcomes(value: Any) -> tuple[ToolOutcome, ...]:
 
 
 def _cost(_instance: object, _attribute: object, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(f"cost: must be a finite number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        raise ValueError(f"cost: must be a finite number >= 0, got {value!r:.60}")
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:
+        return False
 
 
 @attrs.frozen
@@ -50,7 +58,7 @@ class Assembled:
     measure). After ``Assemble(reduce=True)`` a size that is not strictly smaller
     than the one that overflowed counts as "cannot shrink"."""
 
-    request: Any = attrs.field(metadata=OPAQUE)
+    request: Any = attrs.field(metadata=OPAQUE, validator=json_validator("request"))
     size: int = attrs.field(validator=_size)
 
 
@@ -67,7 +75,7 @@ class ModelReplied:
 
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
     cost: float = attrs.field(default=0.0, validator=_cost)
-    reply: Any = attrs.field(default=None, metadata=OPAQUE)
+    reply: Any = attrs.field(default=None, metadata=OPAQUE, validator=json_validator("reply"))
 
 
 @attrs.frozen
@@ -102,7 +110,10 @@ class Cancelled:
     flight come back as error results, so the conversation stays well-formed.
     """
 
-    reason: str = ""
+    reason: str = attrs.field(
+        default="",
+        validator=[attrs.validators.instance_of(str), json_validator("reason")],
+    )
 
 
 Event = Assembled | CannotShrink | ModelReplied | ModelFailed | WaitDone | ToolsDone | Cancelled

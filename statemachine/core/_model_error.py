@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
+from ._json_data import json_problem
 from ._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
 
 OPAQUE = {"opaque": True}
@@ -65,9 +67,20 @@ class Headers(Mapping[str, str]):
         return f"Headers({self._items!r})"
 
 
+def _valid_text(text: str) -> str:
+    """``text`` with any lone surrogate replaced: header text must survive UTF-8."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def _text(value: object) -> str | None:
     if isinstance(value, str):
-        return value
+        return _valid_text(value)
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("latin-1")
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -93,6 +106,66 @@ def _to_category(raw: Any) -> ErrorCategory:
         raise ValueError(f"category: {raw!r} is not one of {names}") from None
 
 
+_MAX_TEXT = 65_536
+"""Longest message or body text kept (the rest is cut): vendor bodies can be huge."""
+
+
+def _message(raw: object) -> str:
+    text = raw if isinstance(raw, str) else _safe_str(raw)
+    return _valid_text(text[:_MAX_TEXT])
+
+
+def _safe_str(raw: object) -> str:
+    try:
+        return str(raw)
+    except Exception:  # noqa: BLE001 - a hostile __str__ must not escape classify
+        return f"<{type(raw).__name__}>"
+
+
+def _optional_text(raw: object) -> str | None:
+    return None if raw is None else _message(raw)
+
+
+def _status(raw: object) -> int | None:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 999:
+        return None
+    return int(raw)
+
+
+def _retry_after_field(raw: object) -> float | str | None:
+    """What a provider said, kept when it can be read later, else dropped.
+
+    Numbers become floats (an int too large for a float becomes infinity, which is
+    never waited on); text is kept when short; anything else (booleans, objects) is
+    garbage and dropped. Whether the value is *usable* is decided when it is read.
+    """
+    if raw is None or type(raw) is float:
+        return raw  # type: ignore[return-value]
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        try:
+            return float(raw)
+        except OverflowError:
+            return math.inf
+    if isinstance(raw, float):
+        return float(raw)
+    if isinstance(raw, str):
+        return _valid_text(raw) if len(raw) <= 256 else None
+    return None
+
+
+def _body(raw: object) -> Any:
+    """The vendor's raw body, as JSON data: bytes are decoded, other objects kept as text."""
+    if json_problem(raw) is None:
+        return raw
+    if isinstance(raw, bytes | bytearray):
+        return bytes(raw[:_MAX_TEXT]).decode("utf-8", "replace")
+    if isinstance(raw, str):
+        return _message(raw)
+    return _message(_safe_str(raw))
+
+
 @attrs.frozen
 class ModelError:
     """A model-provider failure, classified.
@@ -104,15 +177,23 @@ class ModelError:
 
     ``code``, ``status`` and ``body`` keep the vendor's raw error for logs and for
     ``unknown`` errors, which are not retried.
+
+    Nothing here raises on a provider's data: a message or code that is not text is
+    written as text, a body that is not JSON data is kept as text (bytes decoded), a
+    status that is not an HTTP status is dropped, and so is a ``retry_after_seconds``
+    that is neither a number nor short text. So every ``ModelError`` can be saved in a
+    snapshot.
     """
 
     category: ErrorCategory = attrs.field(converter=_to_category)
-    message: str = ""
-    retry_after_seconds: float | None = None
+    message: str = attrs.field(default="", converter=_message)
+    retry_after_seconds: float | str | None = attrs.field(
+        default=None, converter=_retry_after_field
+    )
     headers: Headers | None = attrs.field(default=None, converter=_to_headers)
-    code: str | None = None
-    status: int | None = None
-    body: Any = attrs.field(default=None, metadata=OPAQUE, eq=False)
+    code: str | None = attrs.field(default=None, converter=_optional_text)
+    status: int | None = attrs.field(default=None, converter=_status)
+    body: Any = attrs.field(default=None, metadata=OPAQUE, eq=False, converter=_body)
 
     @property
     def retryable(self) -> bool:

@@ -33,13 +33,24 @@ import attrs
 from ._exceptions import ConfigError
 
 
+_MAX_INT = (1 << 63) - 1
+"""The largest integer setting: every counter fits in 64 bits (and in a snapshot)."""
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _number(name: str, *, minimum: float = 0.0, optional: bool = False) -> Any:
     def check(_instance: object, _attribute: object, value: Any) -> None:
         if value is None and optional:
             return
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name}: must be a number, got {value!r}")
-        if not math.isfinite(value) or value < minimum:
+            raise ConfigError(f"{name}: must be a number, got {value!r:.60}")
+        if not _finite(value) or value < minimum:
             raise ConfigError(f"{name}: must be a finite number >= {minimum:g}, got {value!r}")
 
     return check
@@ -50,9 +61,11 @@ def _integer(name: str, *, minimum: int = 0, optional: bool = False) -> Any:
         if value is None and optional:
             return
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name}: must be an int, got {value!r}")
+            raise ConfigError(f"{name}: must be an int, got {value!r:.60}")
         if value < minimum:
             raise ConfigError(f"{name}: must be >= {minimum}, got {value!r}")
+        if value > _MAX_INT:
+            raise ConfigError(f"{name}: must be < 2**63, got an int of {value.bit_length()} bits")
 
     return check
 
@@ -62,8 +75,8 @@ def _positive(name: str) -> Any:
         if value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name}: must be a number or None, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{name}: must be a number or None, got {value!r:.60}")
+        if not _finite(value) or value <= 0:
             raise ConfigError(f"{name}: must be a finite number > 0, got {value!r}")
 
     return check

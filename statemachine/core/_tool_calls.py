@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from ._json_data import json_validator
 from ._model_error import OPAQUE
 from ._taxonomy import ToolErrorCategory
 
@@ -13,7 +14,12 @@ from ._taxonomy import ToolErrorCategory
 def _nonempty_str(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: Any) -> None:
         if not isinstance(value, str) or not value:
-            raise TypeError(f"{name}: must be a non-empty str, got {value!r}")
+            raise TypeError(f"{name}: must be a non-empty str, got {value!r:.60}")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{name}: a string with a lone surrogate") from None
 
     return check
 
@@ -31,7 +37,9 @@ class ToolCall:
     id: str = attrs.field(validator=_nonempty_str("ToolCall.id"))
     provider: str = attrs.field(validator=_nonempty_str("ToolCall.provider"))
     name: str = attrs.field(validator=_nonempty_str("ToolCall.name"))
-    arguments: Any = attrs.field(default=None, metadata=OPAQUE)
+    arguments: Any = attrs.field(
+        default=None, metadata=OPAQUE, validator=json_validator("ToolCall.arguments")
+    )
 
 
 def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
@@ -54,7 +62,9 @@ class ToolOutcome:
 
     call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
     ok: bool = attrs.field(validator=attrs.validators.instance_of(bool))
-    content: Any = attrs.field(default="", metadata=OPAQUE)
+    content: Any = attrs.field(
+        default="", metadata=OPAQUE, validator=json_validator("ToolOutcome.content")
+    )
     category: ToolErrorCategory | None = attrs.field(
         default=None, converter=_optional_tool_category
     )

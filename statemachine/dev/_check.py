@@ -64,7 +64,7 @@ from ..core._events import (
 )
 from ..core._exceptions import ConfigError, IllegalEvent
 from ..core._model_error import ModelError
-from ..core._session import Session
+from ..core._session import Session, Turn
 from ..core._settings import Settings
 from ..core._table import (
     BACKING_OFF,
@@ -80,7 +80,6 @@ from ..core._table import (
 )
 from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall, ToolOutcome
-from ..core._turn import Turn
 
 RECOVERY_STATES = (BACKING_OFF, REDUCING_CONTEXT)
 """States a turn enters only to recover; with a fallback ``calling``, each entry

@@ -29,10 +29,9 @@ from ..core._events import (
 )
 from ..core._exceptions import IllegalEvent, SessionEnded
 from ..core._model_error import ModelError
-from ..core._session import Session
+from ..core._session import Session, Turn
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
-from ..core._turn import Turn
 from ._scenarios import OPEN, Scenario, Step, TurnSpec
 
 EPOCH = 1_767_225_600.0

@@ -52,9 +52,9 @@ from ..core._events import (
     WaitDone,
 )
 from ..core._exceptions import ConfigError
+from ..core._session import Turn
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
-from ..core._turn import Turn
 from ._classify import classify, is_timeout
 
 _T = TypeVar("_T")

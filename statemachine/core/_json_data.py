@@ -1,0 +1,132 @@
+"""What "JSON data" means for the host's own values, checked once at the door.
+
+A session's snapshot is plain JSON, so every value of the host's that the engine keeps
+(requests, replies, tool arguments and contents, error bodies) must be data that
+``json.dumps(..., allow_nan=False)`` writes and ``json.loads`` reads back: ``dict``
+with ``str`` keys, ``list`` (or ``tuple``, written as a list), ``str``, ``int``,
+finite ``float``, ``bool`` and ``None``. On top of JSON's own rules:
+
+* nesting is at most :data:`MAX_DEPTH` containers deep (no recursion limit is ever
+  near, in this process or the one that restores it);
+* at most :data:`MAX_NODES` values in one piece of data;
+* integers fit in :data:`MAX_INT_BITS` bits (JSON writers refuse integers of more
+  than 4,300 digits);
+* keys are ``str``, or an ``int``, finite ``float``, ``bool`` or ``None``, which JSON
+  writes as text (and reads back as text);
+* strings are valid Unicode (no lone surrogate, which UTF-8 cannot encode).
+
+The check walks the value iteratively, so hostile data cannot raise ``RecursionError``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_DEPTH = 100
+MAX_NODES = 1_000_000
+MAX_INT_BITS = 14_000
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` is not JSON data as defined above, or ``None`` if it is.
+
+    The reason names the path inside ``value`` (``[2].content``...).
+    """
+    kind = type(value)
+    if kind is str:
+        return None if value.isascii() else _text_problem(value, "")
+    if value is None or kind is bool or kind is float and math.isfinite(value):
+        return None
+    if kind is int:
+        return None if value.bit_length() <= MAX_INT_BITS else "an integer too large"
+    return _walk(value)
+
+
+def _text_problem(text: str, where: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{where or 'the value'}: a string with a lone surrogate (not valid Unicode)"
+    return None
+
+
+def _scalar_key(key: object) -> bool:
+    if key is None or type(key) is bool:
+        return True
+    if type(key) is int:
+        return key.bit_length() <= MAX_INT_BITS
+    return type(key) is float and math.isfinite(key)
+
+
+def _walk(root: Any) -> str | None:
+    stack: list[tuple[Any, str, int]] = [(root, "", 0)]
+    nodes = 0
+    while stack:
+        value, where, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            return f"more than {MAX_NODES} values"
+        kind = type(value)
+        if kind not in _EXACT:
+            kind = _base_kind(value)
+        if kind is str:
+            if not value.isascii():
+                problem = _text_problem(value, where)
+                if problem:
+                    return problem
+        elif value is None or kind is bool:
+            continue
+        elif kind is int:
+            if value.bit_length() > MAX_INT_BITS:
+                return f"{where or 'the value'}: an integer of more than {MAX_INT_BITS} bits"
+        elif kind is float:
+            if not math.isfinite(value):
+                return f"{where or 'the value'}: {value!r} (JSON has no NaN or infinity)"
+        elif kind is dict:
+            if depth >= MAX_DEPTH:
+                return f"{where or 'the value'}: nested more than {MAX_DEPTH} levels deep"
+            for key, item in value.items():
+                if type(key) is str:
+                    if not key.isascii() and _text_problem(key, where):
+                        return f"{where or 'the value'}: a key with a lone surrogate"
+                elif not _scalar_key(key):
+                    return f"{where or 'the value'}: a key JSON cannot write ({key!r:.40})"
+                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
+        elif kind is list or kind is tuple:
+            if depth >= MAX_DEPTH:
+                return f"{where or 'the value'}: nested more than {MAX_DEPTH} levels deep"
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+        else:
+            return f"{where or 'the value'}: a {kind.__name__}, which is not JSON data"
+    return None
+
+
+_EXACT = frozenset({str, int, float, bool, dict, list, tuple, type(None)})
+_BASES = (bool, str, int, float, dict, list, tuple)
+
+
+def _base_kind(value: object) -> type:
+    """The JSON kind of a subclass (a ``StrEnum`` is a str, an ``OrderedDict`` a dict)."""
+    for base in _BASES:
+        if isinstance(value, base):
+            return base
+    return type(value)
+
+
+def check_json(value: Any, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` if ``value`` is not JSON data."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise ValueError(f"{name}: must be JSON data: {problem}")
+
+
+def json_validator(name: str) -> Any:
+    """An attrs validator: the field holds JSON data (``ValueError`` naming it)."""
+
+    def validate(_instance: object, _attribute: object, value: Any) -> None:
+        problem = json_problem(value)
+        if problem is not None:
+            raise ValueError(f"{name}: must be JSON data: {problem}")
+
+    return validate

@@ -1,0 +1,145 @@
+"""The snapshot format: a session's declared state as plain JSON data.
+
+Version 2 (written now) is the declaration of ``_state.py``, field by field::
+
+    {"format": "statemachine.session", "version": 2, "settings": {...},
+     "seed": 7, "draws": 1, "retries": 1, "turns": 1, "cost_usd": 0.0,
+     "elapsed_s": 0.5, "breakers": {}, "tripped": [], "doom_last": null,
+     "doom_run": 0, "limit": null, "status": null,
+     "turn": {"index": 1, "final_answer": false, "instruction": null,
+              "state": "backing_off", "attempt": 0, "reductions": 0,
+              "model_index": -1, "request": ..., "size": 900,
+              "overflowed_size": null, "overflowed_request": null, "calls": [],
+              "reply": null, "fallbacks": [],
+              "path": [[source, event, guard, dest, attempt, reductions,
+                        session_retries], ...],
+              "actions": [{"$type": "Assemble", ...}, ...]}}
+
+Version 1 (the first release) is read too: it is rewritten into version 2 (its
+``doom`` object split in two, its turn's counters replayed along its trace from
+``retries_at_start``) and then read like any other.
+
+:func:`read_snapshot` refuses anything the engine could not have written: each field is
+checked by its kind, then the whole state by ``reachable_problem``. Every refusal is a
+:class:`SnapshotError` naming the key, whatever the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._exceptions import ConfigError, SnapshotError
+from ._settings import Settings
+from ._state import SessionState, check_reachable, decode_state, encode_state
+
+SNAPSHOT_FORMAT = "statemachine.session"
+SNAPSHOT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
+    """The snapshot of ``state`` under ``settings``, the session's clock reading ``now``."""
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "version": SNAPSHOT_VERSION,
+        "settings": settings.to_dict(),
+        **encode_state(state, now),
+    }
+
+
+def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:
+    """The settings and state in ``data``; :class:`SnapshotError` if it is not a snapshot
+    this engine could have written."""
+    if not isinstance(data, Mapping):
+        raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != SNAPSHOT_FORMAT:
+        raise SnapshotError(f"format: not a statemachine session snapshot: {_short(data)}")
+    version = data.get("version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise SnapshotError(
+            f"version: {version!r:.40} is not supported (this engine reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
+        )
+    body = dict(data)
+    v1_status: object = None
+    if version == 1:
+        body, v1_status = _from_version_1(body)
+    del body["format"], body["version"]
+    if "settings" not in body:
+        raise SnapshotError("settings: missing")
+    raw_settings = body.pop("settings")
+    if type(raw_settings) is not dict:
+        raise SnapshotError("settings: must be a JSON object")
+    try:
+        settings = Settings.from_dict(raw_settings)
+    except ConfigError as exc:
+        raise SnapshotError(f"settings: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # pragma: no cover - defensive
+        raise SnapshotError(f"settings: {exc}") from None
+    state: SessionState = decode_state(SessionState, body, now)
+    state.seed &= (1 << 64) - 1
+    check_reachable(state, settings)
+    if version == 1 and state.turn is not None:
+        status = state.turn.status
+        if v1_status != (status.value if status else None):
+            raise SnapshotError(f"turn.status: {v1_status!r:.40} is not where its trace ends")
+    return settings, state
+
+
+def _short(data: Mapping[Any, Any]) -> str:
+    text = repr(data.get("format"))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- version 1 --------------------------------------------------------------------------
+
+_V1_COUNTERS: dict[str, tuple[bool, int, int, int]] = {
+    # effect: (resets the attempt, attempt +, session retries +, reductions +)
+    "call_model": (True, 0, 0, 0),
+    "retry": (False, 1, 0, 0),
+    "wait": (False, 0, 1, 0),
+    "fall_back": (True, 0, 1, 0),
+    "reduce": (False, 0, 0, 1),
+}
+"""How each effect moved the counters: version 1 stored none, so they are replayed."""
+
+def _from_version_1(body: dict[str, Any]) -> tuple[dict[str, Any], object]:
+    """Version 1's layout rewritten as version 2's (values are checked afterwards)."""
+    doom = body.pop("doom", None)
+    if type(doom) is not dict or set(doom) != {"last", "run"}:
+        raise SnapshotError("doom: must be an object with 'last' and 'run'")
+    body["doom_last"], body["doom_run"] = doom["last"], doom["run"]
+    turn = body.get("turn")
+    if turn is None:
+        return body, None
+    if type(turn) is not dict:
+        raise SnapshotError("turn: must be a JSON object")
+    turn = dict(turn)
+    for key in ("status", "retries_at_start", "trace"):
+        if key not in turn:
+            raise SnapshotError(f"turn.{key}: missing")
+    status = turn.pop("status")
+    retries = turn.pop("retries_at_start")
+    trace = turn.pop("trace")
+    if type(retries) is not int or type(trace) is not list:
+        raise SnapshotError("turn.trace: must be a list, from a count of retries_at_start")
+    from ._state import ROW_INFOS  # noqa: PLC0415 - version 1 only
+
+    path, actions = [], []
+    attempt = reductions = 0
+    for i, entry in enumerate(trace):
+        if type(entry) is not list or len(entry) != 5:
+            raise SnapshotError(f"turn.trace[{i}]: must be a list of 5 items")
+        info = ROW_INFOS.get(tuple(entry[:4])) if all(type(x) is str for x in entry[:4]) else None
+        if info is None:
+            raise SnapshotError(f"turn.trace[{i}]: not a transition of this engine's table")
+        resets, retried, waited, reduced = _V1_COUNTERS.get(info[4], (False, 0, 0, 0))
+        attempt = 0 if resets else attempt + retried
+        retries += waited
+        reductions += reduced
+        path.append([*entry[:4], attempt, reductions, retries])
+        actions.append(entry[4])
+    turn["path"], turn["actions"] = path, actions
+    body["turn"] = turn
+    return body, status

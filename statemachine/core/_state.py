@@ -1,0 +1,633 @@
+"""The engine's state, declared once.
+
+Everything a session knows between two events is a field of :class:`SessionState` or
+of the current turn's :class:`TurnState`: counters, bounds reached, breakers, the
+doom-loop window, the jitter position, the limit, and the turn's state and history.
+Each field is declared with :func:`declared`, which gives it a *kind* (how it is
+written to a snapshot, read back and validated, and whether a copy must copy it) and
+says how the model checker sees it (``key``) and whether a trace record carries it
+(``trace``). From that one declaration come:
+
+* the snapshot codec (:func:`encode_state`, :func:`decode_state`): one key per field,
+  each value checked by its kind, every failure a ``SnapshotError`` naming the key;
+* the copy the model checker explores from (:func:`copy_session_state`);
+* the model checker's state key (:func:`key_fields`);
+* the counters of every trace record (:data:`TRACED`).
+
+Adding a counter is one :func:`declared` line here plus the rows that use it.
+
+What the declaration cannot say per field (a status implies its limit, a trace ends
+where the state is...) is checked by :func:`reachable_problem`, which ``restore``
+runs on every snapshot and the model checker on every state it reaches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from ._codec import decode, encode
+from ._exceptions import SnapshotError
+from ._json_data import json_problem
+from ._settings import Settings
+from ._table import IDLE, ROWS, STATES, TERMINAL_STATES
+from ._taxonomy import SessionStatus, TurnStatus
+from ._tool_calls import ToolCall
+
+MAX_COUNT = (1 << 63) - 1
+"""The largest counter a snapshot may hold (and any counter can reach)."""
+
+# -- kinds: how one field is written, read back and copied ------------------------
+
+
+@attrs.frozen
+class Kind:
+    """How a declared field is encoded into a snapshot and decoded (validated) back.
+
+    ``decode(raw, key)`` raises :class:`SnapshotError` naming ``key``; ``copy`` is
+    ``None`` for immutable values (shared between copies).
+    """
+
+    name: str
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any, str], Any]
+    copy: Callable[[Any], Any] | None = None
+    relative: bool = False
+    """A reading of the session's clock: written as the seconds elapsed since it."""
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _count(raw: Any, key: str) -> int:
+    if type(raw) is not int:
+        raise SnapshotError(f"{key}: must be int, got {_type_name(raw)}")
+    if raw < 0:
+        raise SnapshotError(f"{key}: must be >= 0, got {_short(raw)}")
+    if raw > MAX_COUNT:
+        raise SnapshotError(f"{key}: must be < 2**63, got {_short(raw)}")
+    return raw
+
+
+def _optional_count(raw: Any, key: str) -> int | None:
+    return None if raw is None else _count(raw, key)
+
+
+def _model_index(raw: Any, key: str) -> int:
+    if type(raw) is not int:
+        raise SnapshotError(f"{key}: must be int, got {_type_name(raw)}")
+    if not -1 <= raw <= MAX_COUNT:
+        raise SnapshotError(f"{key}: {_short(raw)} is out of range")
+    return raw
+
+
+def _flag(raw: Any, key: str) -> bool:
+    if type(raw) is not bool:
+        raise SnapshotError(f"{key}: must be bool, got {_type_name(raw)}")
+    return raw
+
+
+def _text(raw: Any, key: str) -> str | None:
+    if raw is None:
+        return None
+    if type(raw) is not str or json_problem(raw) is not None:
+        raise SnapshotError(f"{key}: must be str or null, got {_type_name(raw)}")
+    return raw
+
+
+def _number(raw: Any, key: str) -> float:
+    if type(raw) not in (int, float) or not _finite_non_negative(raw):
+        raise SnapshotError(f"{key}: must be a finite number >= 0, got {_short(raw)}")
+    return float(raw)
+
+
+def _finite_non_negative(value: float) -> bool:
+    try:
+        return math.isfinite(value) and value >= 0 and math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _state_name(raw: Any, key: str) -> str:
+    if type(raw) is not str or raw not in STATES:
+        raise SnapshotError(f"{key}: {_short(raw)} is not a state of the machine")
+    return raw
+
+
+def _session_status(raw: Any, key: str) -> SessionStatus | None:
+    if raw is None:
+        return None
+    try:
+        return SessionStatus(raw)
+    except (TypeError, ValueError):
+        raise SnapshotError(f"{key}: {_short(raw)} is not a SessionStatus") from None
+
+
+def _opaque(raw: Any, key: str) -> Any:
+    problem = json_problem(raw)
+    if problem is not None:
+        raise SnapshotError(f"{key}: must be JSON data: {problem}")
+    return raw
+
+
+def _values_of(kind: type) -> Callable[[Any, str], tuple[Any, ...]]:
+    def read(raw: Any, key: str) -> tuple[Any, ...]:
+        if type(raw) is not list:
+            raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
+        items = _decoded(raw, key)
+        if not all(type(item) is kind for item in items):
+            raise SnapshotError(f"{key}: must hold {kind.__name__} values")
+        return items  # type: ignore[no-any-return]
+
+    return read
+
+
+def _decoded(raw: Any, key: str) -> Any:
+    problem = json_problem(raw)
+    if problem is not None:
+        raise SnapshotError(f"{key}: must be JSON data: {problem}")
+    try:
+        return decode(raw, key)
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(str(exc)) from None
+
+
+def _crash_counts(raw: Any, key: str) -> dict[str, int] | None:
+    if type(raw) is not dict:
+        raise SnapshotError(f"{key}: must be dict of provider: count, got {_type_name(raw)}")
+    counts: dict[str, int] = {}
+    for provider, count in raw.items():
+        _provider_name(provider, key)
+        if _count(count, f"{key}.{provider}"):
+            counts[provider] = count
+    return counts or None
+
+
+def _provider_name(raw: Any, key: str) -> str:
+    if type(raw) is not str or not raw or json_problem(raw) is not None:
+        raise SnapshotError(f"{key}: provider names must be non-empty str, got {_short(raw)}")
+    return raw
+
+
+def _providers(raw: Any, key: str) -> frozenset[str]:
+    if type(raw) is not list:
+        raise SnapshotError(f"{key}: must be list of provider names, got {_type_name(raw)}")
+    return frozenset(_provider_name(item, key) for item in raw)
+
+
+def _short(value: object) -> str:
+    """``repr`` of a refused value, cut short (it may be huge or hostile)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not escape restore
+        return f"a {_type_name(value)}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+COUNT = Kind("count", _same, _count)
+OPTIONAL_COUNT = Kind("optional count", _same, _optional_count)
+MODEL_INDEX = Kind("model index", _same, _model_index)
+FLAG = Kind("flag", _same, _flag)
+TEXT = Kind("text", _same, _text)
+NUMBER = Kind("number", _same, _number)
+STATE = Kind("state", _same, _state_name)
+SESSION_STATUS = Kind(
+    "session status", lambda v: None if v is None else v.value, _session_status
+)
+OPAQUE = Kind("host data", _same, _opaque)
+"""The host's own data (requests, replies): JSON data, never interpreted."""
+CALLS = Kind("tool calls", encode, _values_of(ToolCall))
+FALLBACKS = Kind("fallbacks", encode, _values_of(Fallback))
+CRASH_COUNTS = Kind(
+    "crash counts",
+    lambda v: dict(v or {}),
+    _crash_counts,
+    lambda v: None if v is None else dict(v),
+)
+PROVIDERS = Kind("providers", sorted, _providers)
+CLOCK = Kind("clock reading", _same, _number, relative=True)
+
+
+def _encode_path(path: list[Step]) -> list[list[Any]]:
+    return [[*step[0][:4], *step[1:]] for step in path]
+
+
+def _decode_path(raw: Any, key: str) -> list[Step]:
+    if type(raw) is not list:
+        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
+    path: list[Step] = []
+    for i, entry in enumerate(raw):
+        if type(entry) is not list or len(entry) != 7:
+            raise SnapshotError(
+                f"{key}[{i}]: must be [source, event, guard, dest, attempt, "
+                f"reductions, session_retries], got {_short(entry)}"
+            )
+        if not all(type(item) is str for item in entry[:4]):
+            raise SnapshotError(f"{key}[{i}]: names a transition with non-str parts")
+        info = ROW_INFOS.get(tuple(entry[:4]))
+        if info is None:
+            raise SnapshotError(
+                f"{key}[{i}]: {_short(entry[:4])} is not a transition of this engine's table"
+            )
+        counters = tuple(_count(c, f"{key}[{i}][{4 + j}]") for j, c in enumerate(entry[4:]))
+        path.append(make_step(info, *counters))
+    return path
+
+
+def _decode_actions(raw: Any, key: str) -> list[Action]:
+    if type(raw) is not list:
+        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
+    actions = _decoded(raw, key)
+    for i, action in enumerate(actions):
+        if type(action) not in ACTION_TYPES:
+            raise SnapshotError(f"{key}[{i}]: not an action: {_short(action)}")
+    return list(actions)
+
+
+PATH = Kind("path", _encode_path, _decode_path, list)
+ACTIONS = Kind("actions", encode, _decode_actions, list)
+ACTION_TYPES = (Assemble, CallModel, Wait, InvokeTools, Finish)
+
+# -- the trace's rows and steps -------------------------------------------------------
+
+RowInfo = tuple[str, str, str, str, str]
+"""(source, trigger, guard label, dest, effect) of one table row, shared by every
+trace that passes through it."""
+
+Step = tuple[RowInfo, int, int, int]
+"""A transition taken: its row and the counters after it, in the order of
+:data:`TRACED` (attempt, reductions, session retries)."""
+
+
+def _row_infos() -> dict[tuple[str, str, str, str], RowInfo]:
+    infos: dict[tuple[str, str, str, str], RowInfo] = {}
+    for row in ROWS:
+        info = (row.source, row.event, " & ".join(row.guards), row.dest, row.effect)
+        infos.setdefault(info[:4], info)
+    return infos
+
+
+ROW_INFOS = _row_infos()
+"""Every row of the table by (source, trigger, guard label, dest)."""
+
+_STEPS: dict[Step, Step] = {}
+_MAX_INTERNED = 1 << 16
+
+
+def make_step(info: RowInfo, *counters: int) -> Step:
+    """The step for ``info`` with these counters (in :data:`TRACED` order), shared
+    between every trace that has it (a trace then costs one pointer per transition),
+    up to a bounded number of distinct steps."""
+    step: Step = (info, *counters)  # type: ignore[assignment]
+    shared = _STEPS.get(step)
+    if shared is not None:
+        return shared
+    if len(_STEPS) < _MAX_INTERNED:
+        _STEPS[step] = step
+    return step
+
+
+# -- the declaration -----------------------------------------------------------------
+
+
+def declared(
+    kind: Kind,
+    default: Any = attrs.NOTHING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    key: str = "exact",
+    trace: str | None = None,
+    snapshot_key: str | None = None,
+) -> Any:
+    """Declare one field of the state.
+
+    ``key`` says how the model checker's state key sees the field: ``"exact"`` (as it
+    is), ``"omit"`` (left out: host data, history, the jitter position), or
+    ``"cap:<setting>"`` (a counter bounded by that setting, which the checker may
+    accelerate far from its cap). ``trace`` names the :class:`TraceRecord` field that
+    carries the value after each transition; ``snapshot_key`` the snapshot's key for
+    it, when not the field's name.
+    """
+    metadata = {"kind": kind, "key": key, "trace": trace, "snapshot_key": snapshot_key}
+    if factory is not None:
+        return attrs.field(factory=factory, metadata=metadata)
+    return attrs.field(default=default, metadata=metadata)
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class TurnState:
+    """The state of one turn: where it is, its counters, the request it holds and the
+    history of its transitions."""
+
+    index: int = declared(COUNT, key="omit")
+    """This turn's number in its session, from 1."""
+    final_answer: bool = declared(FLAG, False)
+    """Whether this is the final-answer turn of the limit-reached path."""
+    instruction: str | None = declared(TEXT, None, key="omit")
+    """The synthetic final-answer instruction (final-answer turn only)."""
+    state: str = declared(STATE, IDLE)
+    attempt: int = declared(COUNT, 0, key="cap:max_retries", trace="attempt")
+    """The current call's attempt number (0 for a first try)."""
+    reductions: int = declared(COUNT, 0, key="cap:max_context_reductions", trace="reductions")
+    model_index: int = declared(MODEL_INDEX, -1)
+    """-1 for ``Settings.model``, else the index into ``fallback_models``."""
+    request: Any = declared(OPAQUE, None, key="omit")
+    size: int = declared(COUNT, 0, key="omit")
+    overflowed_size: int | None = declared(OPTIONAL_COUNT, None, key="omit")
+    overflowed_request: Any = declared(OPAQUE, None, key="omit")
+    calls: tuple[ToolCall, ...] = declared(CALLS, (), key="providers")
+    reply: Any = declared(OPAQUE, None, key="omit")
+    fallbacks: tuple[Fallback, ...] = declared(FALLBACKS, (), key="omit")
+    path: list[Step] = declared(PATH, factory=list, key="omit")
+    """The row and counters of every transition taken, in order."""
+    actions: list[Action] = declared(ACTIONS, factory=list, key="omit")
+    """The action of every transition taken, in order."""
+
+    @property
+    def status(self) -> TurnStatus | None:
+        """The status of the :class:`Finish` the turn ended with, if it has."""
+        actions = self.actions
+        action = actions[-1] if actions else None
+        return action.status if type(action) is Finish else None
+
+
+TURN = Kind("turn", _same, _same, lambda t: None if t is None else copy_turn_state(t))
+"""The current turn: a nested :class:`TurnState` (encoded field by field)."""
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class SessionState:
+    """Everything a session carries from one event to the next."""
+
+    seed: int = declared(COUNT, 0, key="omit")
+    """The jitter seed, a 64-bit unsigned int."""
+    draws: int = declared(COUNT, 0, key="omit")
+    """How many jitter draws the session has consumed."""
+    retries: int = declared(COUNT, 0, key="cap:session_retry_ceiling", trace="session_retries")
+    """Retries (waits and fallbacks) taken across the session."""
+    turns: int = declared(COUNT, 0, key="cap:max_turns")
+    """How many turns have been created, the final-answer turn included."""
+    cost_usd: float = declared(NUMBER, 0.0, key="omit")
+    started: float = declared(CLOCK, 0.0, key="omit", snapshot_key="elapsed_s")
+    """The session's clock when it started (a snapshot holds the seconds since)."""
+    breakers: dict[str, int] | None = declared(CRASH_COUNTS, None)
+    """Consecutive ``process_crashed`` outcomes per provider, where not zero."""
+    tripped: frozenset[str] = declared(PROVIDERS, frozenset())
+    doom_last: str | None = declared(TEXT, None, key="omit")
+    """The fingerprint of the last tool call, for the doom-loop detector."""
+    doom_run: int = declared(COUNT, 0, key="omit")
+    """How many identical calls in a row end with ``doom_last``."""
+    limit: SessionStatus | None = declared(SESSION_STATUS, None)
+    status: SessionStatus | None = declared(SESSION_STATUS, None)
+    turn: TurnState | None = declared(TURN, None)
+    """The current turn (the latest one created)."""
+
+
+# -- what follows from the declaration --------------------------------------------------
+
+_Plan = tuple[tuple[str, str, Kind], ...]
+
+
+def _plan(cls: type) -> _Plan:
+    return tuple(
+        (f.name, f.metadata["snapshot_key"] or f.name, f.metadata["kind"])
+        for f in attrs.fields(cls)
+    )
+
+
+_PLANS: dict[type, _Plan] = {cls: _plan(cls) for cls in (TurnState, SessionState)}
+
+TRACED: tuple[tuple[type, str, str], ...] = tuple(
+    (cls, f.name, f.metadata["trace"])
+    for cls in (TurnState, SessionState)
+    for f in attrs.fields(cls)
+    if f.metadata["trace"]
+)
+"""(state class, field, TraceRecord field) of every counter a trace record carries,
+in the order a :data:`Step` holds them."""
+TRACE_FIELDS = tuple(name for _, _, name in TRACED)
+
+
+def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
+    """The state as plain JSON data: one key per declared field. ``now`` is the
+    session's clock, which clock readings are written relative to."""
+    out: dict[str, Any] = {}
+    for name, key, kind in _PLANS[type(state)]:
+        value = getattr(state, name)
+        if kind.relative:
+            value = now - value
+        elif kind is TURN:
+            value = None if value is None else encode_state(value, now)
+            out[key] = value
+            continue
+        out[key] = kind.encode(value)
+    return out
+
+
+def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
+    """The ``cls`` state that ``encode_state`` wrote into ``raw``, every field checked
+    by its kind. Raises :class:`SnapshotError` naming the first key that is missing,
+    unknown or wrong."""
+    if type(raw) is not dict:
+        raise SnapshotError(
+            f"{prefix.rstrip('.') or 'snapshot'}: must be a JSON object, got {_type_name(raw)}"
+        )
+    plan = _PLANS[cls]
+    values = {}
+    for name, key, kind in plan:
+        if key not in raw:
+            raise SnapshotError(f"{prefix}{key}: missing")
+        if kind is TURN:
+            item = raw[key]
+            values[name] = None if item is None else decode_state(TurnState, item, now, "turn.")
+            continue
+        value = kind.decode(raw[key], prefix + key)
+        values[name] = now - value if kind.relative else value
+    if len(raw) != len(plan):
+        known = {key for _, key, _ in plan}
+        extra = sorted(str(k) for k in raw if k not in known)
+        raise SnapshotError(f"{prefix}{extra[0]}: not a field of the {cls.__name__}")
+    return cls(**values)
+
+
+def _compile(source: str, name: str, namespace: dict[str, Any]) -> Any:
+    exec(compile(source, f"<{name}, derived from the state declaration>", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def _copier(cls: type) -> Callable[[Any], Any]:
+    """Straight-line field copies (the model checker's hottest path), generated from the
+    declaration: mutable kinds copied by their ``copy``, the rest shared."""
+    lines = ["def copy(old):", "    new = new_instance(cls)"]
+    namespace: dict[str, Any] = {"new_instance": cls.__new__, "cls": cls}
+    for f in attrs.fields(cls):
+        kind: Kind = f.metadata["kind"]
+        if kind.copy is None:
+            lines.append(f"    new.{f.name} = old.{f.name}")
+        else:
+            namespace[f"copy_{f.name}"] = kind.copy
+            lines.append(f"    new.{f.name} = copy_{f.name}(old.{f.name})")
+    lines.append("    return new")
+    return _compile("\n".join(lines) + "\n", "copy", namespace)  # type: ignore[no-any-return]
+
+
+copy_turn_state: Callable[[TurnState], TurnState] = _copier(TurnState)
+"""An independent copy of a turn's state."""
+copy_session_state: Callable[[SessionState], SessionState] = _copier(SessionState)
+"""An independent copy of a session's state, its current turn's included."""
+
+
+def _step_maker() -> Callable[[RowInfo, TurnState, SessionState], Step]:
+    reads = ", ".join(
+        f"{'turn' if cls is TurnState else 'session'}.{name}" for cls, name, _ in TRACED
+    )
+    source = f"def step_after(info, turn, session):\n    return make_step(info, {reads})\n"
+    return _compile(source, "step_after", {"make_step": make_step})  # type: ignore[no-any-return]
+
+
+step_after: Callable[[RowInfo, TurnState, SessionState], Step] = _step_maker()
+"""The :data:`Step` of a transition through ``info``, with the counters as they now
+stand (generated from :data:`TRACED`)."""
+
+
+def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, ...]:
+    """The counters of :data:`TRACED`, as they stand."""
+    return tuple(
+        getattr(turn if cls is TurnState else session, name) for cls, name, _ in TRACED
+    )
+
+
+def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field, key mode) of every field the model checker's state key reads."""
+    return tuple(
+        (f.name, f.metadata["key"]) for f in attrs.fields(cls) if f.metadata["key"] != "omit"
+    )
+
+
+# -- the reachable states ---------------------------------------------------------------
+
+_ACTION_OF_STATE: dict[str, type] = {
+    "assembling": Assemble,
+    "reducing_context": Assemble,
+    "calling": CallModel,
+    "backing_off": Wait,
+    "invoking_tools": InvokeTools,
+    **dict.fromkeys(TERMINAL_STATES, Finish),
+}
+_ACTION_OF_EFFECT: dict[str, type] = {
+    "assemble": Assemble,
+    "reduce": Assemble,
+    "call_model": CallModel,
+    "retry": CallModel,
+    "fall_back": CallModel,
+    "wait": Wait,
+    "invoke_tools": InvokeTools,
+    "complete": Finish,
+    "finish_tools": Finish,
+    "finish": Finish,
+    "cancel": Finish,
+}
+_STATUS_OF_ROW: dict[RowInfo, str | None] = {
+    (r.source, r.event, " & ".join(r.guards), r.dest, r.effect): r.status for r in ROWS
+}
+_BOUND_OF_LIMIT: dict[SessionStatus, str] = {
+    SessionStatus.ERROR_MAX_TURNS: "max_turns",
+    SessionStatus.ERROR_MAX_BUDGET_USD: "max_cost_usd",
+    SessionStatus.ERROR_MAX_WALL_CLOCK: "max_wall_clock_s",
+}
+
+
+def reachable_problem(state: SessionState, settings: Settings) -> str | None:
+    """Why the engine could never be in ``state`` under ``settings`` (naming the key),
+    or ``None``. These are the invariants the model checker checks on every state."""
+    limit, status = state.limit, state.status
+    if status is not None and status is not limit:
+        return f"status: {status.value} is set but the limit that fired is {limit!s}"
+    if limit in _BOUND_OF_LIMIT and getattr(settings, _BOUND_OF_LIMIT[limit]) is None:
+        return f"limit: {limit.value} fired but settings.{_BOUND_OF_LIMIT[limit]} is unset"
+    if state.tripped and limit is None:
+        return "tripped: a provider's breaker is open but no limit has fired"
+    if limit is SessionStatus.ERROR_CIRCUIT_BREAKER and not state.tripped:
+        return "limit: error_circuit_breaker fired but no provider is tripped"
+    for provider, count in (state.breakers or {}).items():
+        if count >= settings.breaker_threshold and provider not in state.tripped:
+            return f"breakers.{provider}: {count} crashes reach the threshold but it is not tripped"
+    if state.retries > settings.session_retry_ceiling:
+        return f"retries: {state.retries} is over session_retry_ceiling"
+    if state.draws > state.retries:
+        return f"draws: {state.draws} jitter draws for {state.retries} retries"
+    if (state.doom_last is None) != (state.doom_run == 0):
+        return "doom_run: a run of identical calls needs its fingerprint, and only then"
+    if settings.max_turns is not None and state.turns > settings.max_turns + 1:
+        return f"turns: {state.turns} is beyond max_turns + the final-answer turn"
+    turn = state.turn
+    if turn is None:
+        if state.turns or status is not None:
+            return "turn: missing, but the session has turns"
+        return None
+    if turn.index != state.turns:
+        return f"turn.index: {turn.index} is not the session's latest turn ({state.turns})"
+    if status is not None and not (turn.final_answer and turn.state in TERMINAL_STATES):
+        return "status: the session ended, but not with a finished final-answer turn"
+    return _turn_problem(turn, state, settings)
+
+
+def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) -> str | None:
+    if turn.final_answer != (turn.instruction is not None):
+        return "turn.instruction: a final-answer turn has an instruction, and only it"
+    if turn.final_answer and session.limit is None:
+        return "turn.final_answer: a final-answer turn, but no limit has fired"
+    if turn.attempt > settings.max_retries:
+        return f"turn.attempt: {turn.attempt} is over max_retries"
+    if turn.reductions > settings.max_context_reductions:
+        return f"turn.reductions: {turn.reductions} is over max_context_reductions"
+    if not -1 <= turn.model_index < len(settings.fallback_models):
+        return f"turn.model_index: {turn.model_index} is out of range"
+    if len(turn.fallbacks) != turn.model_index + 1:
+        return "turn.fallbacks: not one fallback per move down fallback_models"
+    if turn.final_answer and (turn.attempt or turn.fallbacks):
+        return "turn.attempt: the final-answer turn makes one attempt only"
+    if len(turn.path) != len(turn.actions):
+        return "turn.actions: not one action per transition of turn.path"
+    where = IDLE
+    for i, (step, action) in enumerate(zip(turn.path, turn.actions, strict=True)):
+        info = step[0]
+        if info[0] != where:
+            return f"turn.path[{i}]: starts in {info[0]!r}, but the turn was in {where!r}"
+        if type(action) is not _ACTION_OF_EFFECT[info[4]]:
+            return f"turn.actions[{i}]: a {type(action).__name__} for effect {info[4]}"
+        row_status = _STATUS_OF_ROW[info]
+        if row_status is not None and action.status.value != row_status:  # type: ignore[union-attr]
+            return f"turn.actions[{i}]: status {action.status} for a {row_status} row"  # type: ignore[union-attr]
+        where = info[3]
+    if where != turn.state:
+        return f"turn.state: {turn.state!r} is not where the turn's path ends ({where!r})"
+    if turn.path:
+        counters = tuple(turn.path[-1][1:])
+        live = traced_counters(turn, session)
+        if counters != live:
+            return f"turn.path: its last counters {counters} are not the turn's {live}"
+    if turn.state == "invoking_tools" and (
+        not turn.calls or turn.actions[-1] != InvokeTools(turn.calls)
+    ):
+        return "turn.calls: the calls in flight are not those of the last InvokeTools"
+    return None
+
+
+def check_reachable(state: SessionState, settings: Settings) -> None:
+    """Raise :class:`SnapshotError` if the engine could never be in ``state``."""
+    problem = reachable_problem(state, settings)
+    if problem is not None:
+        raise SnapshotError(problem)
+
