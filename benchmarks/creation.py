@@ -66,7 +66,7 @@ def _creation(n: int, repeats: int) -> dict[str, float]:
 
 
 def _live(count: int) -> list[sm.Turn]:
-    request = object()
+    request = {"messages": [{"role": "user", "content": "hi"}]}
     assembled = sm.Assembled(request, 1000)
     live = []
     for i in range(count):

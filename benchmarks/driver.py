@@ -24,7 +24,7 @@ from typing import Any
 
 import statemachine as sm
 
-REQUEST = object()
+REQUEST = {"messages": [{"role": "user", "content": "hi"}]}
 ASSEMBLED = sm.Assembled(REQUEST, 1000)
 CALLS = (
     sm.ToolCall("call-1", "plugin-a", "search", {"query": "weather"}),

@@ -26,8 +26,8 @@ import statemachine as sm
 from ._timing import Variant, interleaved
 
 START = "start()"
-REQUEST = object()
-SMALLER = object()
+REQUEST = {"messages": [{"role": "user", "content": "hi"}]}
+SMALLER = {"messages": []}
 
 CALL = sm.ToolCall("call-1", "plugin-a", "search", {"query": "weather", "limit": 3})
 CRASH = sm.ToolOutcome("call-1", ok=False, content="plugin died", category="process_crashed")

@@ -31,7 +31,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import statemachine as sm
-from statemachine.core import _backoff, _session, _turn
+from statemachine.core import _backoff
+from statemachine.core import _engine as _session
+from statemachine.core import _engine as _turn
 from statemachine.core._actions import CallModel, Finish, Wait
 from statemachine.core._taxonomy import ErrorCategory, TurnStatus
 
@@ -181,11 +183,11 @@ def check_tools_done_fast() -> Callable[[Any, Any], None]:
     """``_check_tools_done`` with a fast path for the common one-call round."""
     original = _turn._check_tools_done
 
-    def check(turn: Any, event: Any) -> None:
-        calls, outcomes = turn._calls, event.outcomes
+    def check(core: Any, turn: Any, event: Any) -> None:
+        calls, outcomes = turn.calls, event.outcomes
         if len(calls) == 1 and len(outcomes) == 1 and outcomes[0].call_id == calls[0].id:
             return
-        original(turn, event)
+        original(core, turn, event)
 
     return check
 
@@ -193,7 +195,7 @@ def check_tools_done_fast() -> Callable[[Any, Any], None]:
 def fingerprint_unhashed(call: sm.ToolCall) -> str:
     """The canonical JSON of (name, arguments) itself, unhashed (a snapshot would hold
     it as is, or hash it only when it is long)."""
-    return str(_session._canonical_json([call.name, call.arguments]))
+    return str(_session.canonical_json([call.name, call.arguments]))
 
 
 def _parts(number: int) -> dict[str, float]:
@@ -201,11 +203,11 @@ def _parts(number: int) -> dict[str, float]:
     turn = session.new_turn()
     turn.start()
     turn.send(sm.Assembled("r", 10))
-    rows = _turn._COMPILED[("calling", "ModelFailed")]
-    assert isinstance(rows, dict)
-    rate_rows = rows[ErrorCategory.RATE_LIMITED]
-    cheap_guards = [g for row in rate_rows[:3] for g in row[0]]  # partial, final, ceiling
-    retries_left = _turn.GUARD_FUNCTIONS["retries_left"]
+    rate_rows = _turn.DISPATCH.groups[("calling", "ModelFailed", ErrorCategory.RATE_LIMITED)].rows
+    cheap_guards = [g for row in rate_rows[:3] for g in row.guards]  # partial, final, ceiling
+    retries_left = _turn.GUARDS["retries_left"]
+    core = session._core
+    turn_state = core.state.turn
     fast_wait = fast_wait_factory()
     fast_call = fast_call_model_factory()
     ns: dict[str, Any] = {
@@ -214,6 +216,8 @@ def _parts(number: int) -> dict[str, float]:
         "S": _session,
         "turn": turn,
         "session": session,
+        "core": core,
+        "ts": turn_state,
         "ev": RATE,
         "cat": ErrorCategory.RATE_LIMITED,
         "guards": cheap_guards,
@@ -235,23 +239,22 @@ def _parts(number: int) -> dict[str, float]:
         "fast_finish": fast_finish_factory(),
     }
     tool_steps = ev.PATHS["tool crash"]
-    (ns["tturn"],) = ev._turns_at(tool_steps, 3, 1)
+    (tturn,) = ev._turns_at(tool_steps, 3, 1)
+    ns["tcore"] = tturn.session._core
+    ns["tts"] = tturn.session._core.state.turn
     ns["tdone"] = tool_steps[3][1]
     parts = {
-        "dispatch: _TRIGGERS.get + _COMPILED.get + [category] + _PAYLOAD_CHECKS.get": (
-            "T._TRIGGERS.get(type(ev)); T._COMPILED.get(('calling', 'ModelFailed'))"
-            "[ev.error.category]; T._PAYLOAD_CHECKS.get('ModelFailed')"
+        "dispatch: TRIGGERS.get + groups.get((state, trigger, category)) + checks": (
+            "T.TRIGGERS.get(type(ev)); T.DISPATCH.groups.get(('calling', 'ModelFailed',"
+            " ev.error.category)); T._PAYLOAD_CHECKS.get('ModelFailed')"
         ),
         "guards partial, final_answer, ceiling_reached, retries_left (4 calls)": (
-            "[g(turn, ev) for g in guards]; retries_left(turn, ev)"
+            "[g(core, ts, ev, None) for g in guards]; retries_left(core, ts, ev, None)"
         ),
-        "_probe, uncached (retry_after + jitter + wait_seconds)": (
-            "turn._probe = None; T._probe(turn, ev)"
-        ),
-        "  retry_after(error, wall_clock)": "T.retry_after(ev.error, session._wall_clock)",
-        "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(session._seed, 3)",
+        "_wait_facts (retry_after + jitter + wait_seconds)": "T._wait_facts(core, ts, ev)",
+        "  retry_after(error, wall_clock)": "T.retry_after(ev.error, core.wall_clock)",
+        "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(core.state.seed, 3)",
         "  wait_seconds(...)": "B.wait_seconds(2, 0.3, None, 500.0, 2.0, 30000.0)",
-        "_wait_fits guard, probe cached": "T._wait_fits(turn, ev)",
         "Wait(...) (attrs frozen __init__)": "Wait(0.5, cat, 0)",
         "Wait via slot descriptors (no frozen __setattr__ dance)": "fast_wait(0.5, cat, 0)",
         "CallModel(...) (attrs frozen __init__)": "CallModel('r', 1, None, False)",
@@ -263,8 +266,8 @@ def _parts(number: int) -> dict[str, float]:
         "trace: two appends (shared row info, action)": (
             "trace.append(None); trace.append(None)\nif len(trace) > 1000: trace.clear()"
         ),
-        "_model(turn)": "T._model(turn)",
-        "session._check_bounds()": "session._check_bounds()",
+        "_model(core, turn)": "T._model(core, ts)",
+        "core.check_bounds()": "core.check_bounds()",
         "call_fingerprint (the engine's)": "S.call_fingerprint(call)",
         "  json.dumps with options (builds an encoder per call, the old way)": (
             "json.dumps([call.name, call.arguments], sort_keys=True, separators=(',', ':'),"
@@ -273,8 +276,8 @@ def _parts(number: int) -> dict[str, float]:
         "  blake2b of the canonical text": (
             'hashlib.blake2b(b\'["search",{"limit":3}]\', digest_size=12).hexdigest()'
         ),
-        "session._breaker_after(calls, outcomes)": "session._breaker_after(calls, outcomes)",
-        "_check_tools_done, one call": "T._check_tools_done(tturn, tdone)",
+        "_breaker_facts(core, turn, ToolsDone)": "T._breaker_facts(tcore, tts, tdone)",
+        "_check_tools_done, one call": "T._check_tools_done(tcore, tts, tdone)",
     }
     out: dict[str, float] = {}
     for label, stmt in parts.items():

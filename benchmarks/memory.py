@@ -29,7 +29,7 @@ from transitions import Machine
 
 import statemachine as sm
 
-REQUEST = object()
+REQUEST = {"messages": [{"role": "user", "content": "hi"}]}
 ASSEMBLED = sm.Assembled(REQUEST, 1000)
 FAILED = sm.ModelFailed(sm.ModelError("rate_limited"))
 DONE = sm.WaitDone()

@@ -73,7 +73,7 @@ def _noop_sleep(_seconds: float) -> None:
 
 def _calling_turns(n: int) -> list[sm.Turn]:
     turns = []
-    request = object()
+    request = {"messages": [{"role": "user", "content": "hi"}]}
     for i in range(n):
         session = sm.Session(seed=i, clock=lambda: 0.0)
         turn = session.new_turn()

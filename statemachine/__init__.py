@@ -6,6 +6,8 @@ actions back (``sm.Wait``, ``sm.CallModel``...); the engine never sleeps, calls 
 reads a clock of its own. See ``README.md`` and ``specs/``.
 """
 
+from importlib import metadata as _metadata
+
 from .core._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from .core._events import (
     Assembled,
@@ -35,6 +37,12 @@ from .io._drivers import (
     arun_turn,
     run_turn,
 )
+
+try:
+    __version__: str = _metadata.version("turnstate")
+    """The installed version of the ``turnstate`` distribution."""
+except _metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+    __version__ = "0+unknown"
 
 __all__ = [
     "Action",

@@ -186,13 +186,14 @@ def test_main_exits_non_zero_on_a_violation(
     assert "path: start -> Assembled(fresh) -> ModelFailed(auth_error)" in out
 
 
-def test_installed_restores_the_engine_table() -> None:
-    """Checking a mutated table leaves the engine's own table in place afterwards."""
-    from statemachine.core import _turn
+def test_checking_a_mutated_table_leaves_the_engine_table_alone() -> None:
+    """A mutated table runs in its own ``Dispatch``: the engine's stays the table's."""
+    from statemachine.core._engine import DISPATCH
 
-    before = _turn._COMPILED
+    before = DISPATCH.groups.copy()
     check(Settings(max_retries=1, session_retry_ceiling=1), rows=ROWS[:-1])
-    assert _turn._COMPILED is before
+    assert DISPATCH.rows == ROWS
+    assert before == DISPATCH.groups
 
 
 TABLE = Path(__file__).resolve().parent.parent / "specs" / "table.md"

@@ -808,7 +808,7 @@ def test_fingerprint_of_odd_arguments_does_not_raise() -> None:
             call = sm.ToolCall("c", "p", "t", arguments)
         assert len(call_fingerprint(call)) == 24
     for arguments in (cyclic, {"o": object()}, {(1, 2): 3}):
-        with pytest.raises(ValueError, match="^ToolCall.arguments: must be JSON data"):
+        with pytest.raises(ValueError, match=r"^ToolCall\.arguments: must be JSON data"):
             sm.ToolCall("c", "p", "t", arguments)
 
 

@@ -2,7 +2,7 @@
 
 Each mutant is a small edit of ``statemachine.core._table.ROWS`` (a new, dropped or
 changed row) that breaks one promise. The model check runs the real engine on the
-mutated table (``statemachine.dev._check.installed`` binds it) and must report the
+mutated table (a ``Dispatch`` built from it, which the sessions run) and must report the
 requirement it breaks; the planted unbounded loop must also be caught by the
 stateful suite's per-step ranking check, quickly.
 """
@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hypothesis_settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from statemachine import Settings, Turn
+from statemachine import Settings
+from statemachine.core._engine import Dispatch
 from statemachine.core._table import BACKING_OFF, CALLING, ROWS, Row
-from statemachine.dev._check import check, installed
+from statemachine.dev._check import check
 
 SMALL = Settings(
     max_retries=2,
@@ -50,9 +51,9 @@ def _drop(at: int) -> tuple[Row, ...]:
     return (*ROWS[:at], *ROWS[at + 1 :])
 
 
-def _wait_again(turn: Turn, event: Any, status: Any) -> Any:
+def _wait_again(_core: Any, turn: Any, _event: Any, _facts: Any, _status: Any) -> Any:
     """A planted effect: answer WaitDone with the same Wait, consuming nothing."""
-    return turn.action
+    return turn.actions[-1]
 
 
 MUTANTS: dict[str, tuple[tuple[Row, ...], set[str]]] = {
@@ -176,12 +177,12 @@ def test_stateful_suite_catches_planted_loop_quickly() -> None:
 
     rows, _ = MUTANTS["planted_loop"]
     started = time.perf_counter()
-    with (
-        installed(rows, {"wait_again": _wait_again}),
-        pytest.raises(AssertionError, match="ranking"),
-    ):
+    planted = type(
+        "PlantedLoop", (TurnMachine,), {"DISPATCH": Dispatch(rows, {"wait_again": _wait_again})}
+    )
+    with pytest.raises(AssertionError, match="ranking"):
         run_state_machine_as_test(
-            TurnMachine,
+            planted,
             settings=hypothesis_settings(
                 max_examples=200,
                 derandomize=True,
@@ -202,9 +203,10 @@ def test_stateful_suite_catches_resend_after_overflow() -> None:
     from tests.test_stateful import TurnMachine
 
     rows, _ = MUTANTS["resend_after_overflow"]
-    with installed(rows), pytest.raises(AssertionError):
+    planted = type("ResendAfterOverflow", (TurnMachine,), {"DISPATCH": Dispatch(rows)})
+    with pytest.raises(AssertionError):
         run_state_machine_as_test(
-            TurnMachine,
+            planted,
             settings=hypothesis_settings(
                 max_examples=300,
                 derandomize=True,

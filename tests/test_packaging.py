@@ -54,3 +54,27 @@ def test_enums_are_str_valued_and_statuses_distinct() -> None:
 def test_package_is_typed() -> None:
     """The package ships ``py.typed`` for type checkers."""
     assert (ROOT / "statemachine" / "py.typed").exists()
+
+
+def test_version_is_the_installed_distributions() -> None:
+    """``statemachine.__version__`` is the installed ``turnstate`` version."""
+    from importlib import metadata
+
+    import statemachine
+
+    assert statemachine.__version__ == metadata.version("turnstate")
+
+
+def test_import_loads_no_dev_tool() -> None:
+    """``import statemachine`` imports none of the dev tools (model check, simulate,
+    scenarios, diagrams, CLI): they live in ``statemachine.dev``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, statemachine, statemachine.providers, statemachine.tools, "
+        "statemachine.store; "
+        "print(sorted(m for m in sys.modules if m.startswith('statemachine.dev')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -194,7 +194,7 @@ def test_non_json_host_data_is_refused_when_it_arrives() -> None:
     session = new_session()
     turn = session.new_turn()
     turn.start()
-    with pytest.raises(ValueError, match="^request: must be JSON data"):
+    with pytest.raises(ValueError, match=r"^request: must be JSON data"):
         turn.send(sm.Assembled(object(), 1))
     assert turn.state == "assembling"
     json.dumps(session.snapshot(), allow_nan=False)

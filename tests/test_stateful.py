@@ -54,6 +54,8 @@ from statemachine import (
     Wait,
     WaitDone,
 )
+from statemachine.core._engine import DISPATCH as DEFAULT_DISPATCH
+from statemachine.core._engine import Dispatch
 from statemachine.dev._check import step_bound
 
 WALL = 1_700_000_000.0
@@ -142,6 +144,8 @@ def nominal_ms(settings: Settings, n: int) -> float:
 
 
 class TurnMachine(RuleBasedStateMachine):
+    DISPATCH: Dispatch = DEFAULT_DISPATCH
+    """The table the sessions run (a subclass plants a mutant's)."""
     """A session driven by arbitrary legal events, checked against a reference model."""
 
     def __init__(self) -> None:
@@ -168,6 +172,12 @@ class TurnMachine(RuleBasedStateMachine):
 
     # -- helpers -------------------------------------------------------------
 
+    def _declared_turn(self) -> Any:
+        """The current turn's declared state (a copy, read only)."""
+        turn = self.session.state.turn
+        assert turn is not None
+        return turn
+
     def rank(self) -> tuple[int, int, int, int]:
         """(session retries left, reductions left, fallbacks left, call retries left)."""
         s, t = self.settings, self.turn
@@ -175,7 +185,7 @@ class TurnMachine(RuleBasedStateMachine):
         return (
             s.session_retry_ceiling - self.session.retries_used,
             s.max_context_reductions - t.reductions,
-            len(s.fallback_models) - 1 - t._model_index,
+            len(s.fallback_models) - 1 - self._declared_turn().model_index,
             s.max_retries - t.attempt if in_call else s.max_retries,
         )
 
@@ -282,7 +292,9 @@ class TurnMachine(RuleBasedStateMachine):
         """A fresh session."""
         self.settings = settings
         self.seed = seed
-        self.session = Session(settings, seed, self.clock, wall_clock=wall_clock)
+        self.session = Session(
+            settings, seed, self.clock, wall_clock=wall_clock, dispatch=self.DISPATCH
+        )
 
     def running(self) -> bool:
         return self.turn is not None and not self.turn.done
@@ -433,7 +445,7 @@ class TurnMachine(RuleBasedStateMachine):
     def wait_done(self, extra: float) -> None:
         """The host slept the wait (and maybe a little more)."""
         self.clock.now += self.turn.action.seconds + extra
-        request = self.turn._request
+        request = self._declared_turn().request
         action = self.send(WaitDone())
         assert type(action) is CallModel and action.request == request
 
@@ -510,6 +522,8 @@ class TurnMachine(RuleBasedStateMachine):
     @rule()
     def snapshot_restore(self) -> None:
         """Snapshot through JSON and restore: the session continues from there."""
+        if self.DISPATCH is not DEFAULT_DISPATCH:
+            return  # a planted mutant's states are not the engine's: restore refuses them
         data = json.loads(json.dumps(self.session.snapshot(), allow_nan=False))
         restored = Session.restore(data, clock=self.clock, wall_clock=wall_clock)
         assert restored.snapshot() == data
@@ -542,7 +556,9 @@ class TurnMachine(RuleBasedStateMachine):
         if not self.log:
             return
         clock = Clock()
-        session = Session(self.settings, self.seed, clock, wall_clock=wall_clock)
+        session = Session(
+            self.settings, self.seed, clock, wall_clock=wall_clock, dispatch=self.DISPATCH
+        )
         turn = None
         actions = []
         for now, kind, event in self.log:

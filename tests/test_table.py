@@ -8,6 +8,10 @@ from typing import Any
 import pytest
 
 from statemachine import ErrorCategory
+from statemachine.core._engine import CATEGORY_GUARDS as _CATEGORY_GUARDS
+from statemachine.core._engine import DISPATCH
+from statemachine.core._engine import EFFECTS as EFFECT_FUNCTIONS
+from statemachine.core._engine import GUARDS as GUARD_FUNCTIONS
 from statemachine.core._machine import COMPILED, build_machine, effect_tag
 from statemachine.core._table import (
     EFFECTS,
@@ -19,7 +23,6 @@ from statemachine.core._table import (
     TERMINAL_STATES,
     Row,
 )
-from statemachine.core._turn import _CATEGORY_GUARDS, _COMPILED, EFFECT_FUNCTIONS, GUARD_FUNCTIONS
 
 _CATEGORY_OF = {
     category: {name for name, cats in _CATEGORY_GUARDS.items() if category in cats}
@@ -34,7 +37,8 @@ def test_every_row_names_known_states_guards_and_effects() -> None:
         assert row.source in STATES and row.dest in STATES, row
         assert row.effect in EFFECTS, row
         assert all(g in GUARDS for g in row.guards), row
-    assert set(GUARDS) == set(GUARD_FUNCTIONS)
+    assert set(GUARDS) == set(GUARD_FUNCTIONS) | set(_CATEGORY_GUARDS)
+    assert not set(GUARD_FUNCTIONS) & set(_CATEGORY_GUARDS)
     assert set(EFFECTS) == set(EFFECT_FUNCTIONS)
 
 
@@ -104,28 +108,25 @@ def _table_row(key: tuple[str, str], valuation: dict[str, bool]) -> Row:
 @pytest.mark.requirement("ER-29")
 def test_compiled_hot_path_agrees_with_transitions_on_every_guard_valuation() -> None:
     """For every (state, event) and every valuation of the guards its rows name, the
-    transitions machine, the table and the hot path's specialised rows pick the same
-    destination and effect."""
+    transitions machine, the table and the dispatch the engine runs (built from the
+    rows in one step) pick the same destination and effect."""
     machine = build_machine()
     model = _Model()
     machine.add_model(model, initial="idle")
     for row in ROWS:
         setattr(model, effect_tag(row), lambda *_a, **_k: None)
     checked = 0
-    names_of = {fn: name for name, fn in GUARD_FUNCTIONS.items()}
     for key in COMPILED:
         for category, valuation in _valuations(key):
             for name, value in valuation.items():
                 setattr(model, name, value)
             expected = _table_row(key, valuation)
             assert _machine_dest(machine, model, *key) == expected.dest
-            rows = _COMPILED[key]
-            if isinstance(rows, dict):
-                assert category is not None
-                rows = rows[category]
-            hot = next(r for r in rows if all(valuation[names_of[g]] for g in r[0]))
-            assert (hot[2], hot[3]) == (expected.dest, EFFECT_FUNCTIONS[expected.effect])
-            assert hot[1] == (*key, " & ".join(expected.guards), expected.dest, expected.effect)
+            group = DISPATCH.groups[(*key, category)]
+            hot = next(r for r in group.rows if all(valuation[g] for g in r.names))
+            assert (hot.dest, hot.effect) == (expected.dest, EFFECT_FUNCTIONS[expected.effect])
+            assert hot.info == (*key, " & ".join(expected.guards), expected.dest, expected.effect)
+            assert hot.guards == tuple(GUARD_FUNCTIONS[g] for g in hot.names)
             checked += 1
     assert checked > 3000
 

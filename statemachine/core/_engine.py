@@ -149,7 +149,7 @@ def _shrank(_core: Core, turn: TurnState, event: Assembled, _facts: None) -> boo
         return False
     try:
         return bool(event.request != turn.overflowed_request)
-    except Exception:  # noqa: BLE001 - a host's __eq__ must not break the turn
+    except Exception:
         return True
 
 
@@ -179,7 +179,8 @@ category guards)."""
 
 # -- effects ------------------------------------------------------------------------------
 
-Effect = Callable[["Core", TurnState, Any, Any, "TurnStatus | None"], Action]
+Effect = Callable[..., Action]
+"""``effect(core, turn, event, facts, status) -> action``."""
 
 
 def _model(core: Core, turn: TurnState) -> str | None:
@@ -304,9 +305,7 @@ def _finish_action(
     error: ModelError | None,
     retry_at: float | None = None,
 ) -> Finish:
-    return Finish(
-        status, results, error, _model(core, turn), turn.fallbacks, retry_at, turn.reply
-    )
+    return Finish(status, results, error, _model(core, turn), turn.fallbacks, retry_at, turn.reply)
 
 
 EFFECTS: dict[str, Effect] = {
@@ -546,6 +545,13 @@ class Core:
 
     __slots__ = ("clock", "dispatch", "observers", "settings", "state", "wall_clock")
 
+    settings: Settings
+    state: SessionState
+    clock: Callable[[], float]
+    wall_clock: Callable[[], float]
+    observers: tuple[Observer, ...]
+    dispatch: Dispatch
+
     def __init__(
         self,
         settings: Settings,
@@ -573,8 +579,7 @@ class Core:
         state = self.state
         if state.status is not None:
             raise SessionEnded(
-                f"the session has ended ({state.status.value}); "
-                "it can be replayed, not continued",
+                f"the session has ended ({state.status.value}); it can be replayed, not continued",
                 status=state.status,
             )
         current = state.turn
@@ -617,8 +622,7 @@ class Core:
         elif settings.max_cost_usd is not None and state.cost_usd >= settings.max_cost_usd:
             state.limit = SessionStatus.ERROR_MAX_BUDGET_USD
         elif (
-            settings.max_wall_clock_s is not None
-            and self.elapsed_s() >= settings.max_wall_clock_s
+            settings.max_wall_clock_s is not None and self.elapsed_s() >= settings.max_wall_clock_s
         ):
             state.limit = SessionStatus.ERROR_MAX_WALL_CLOCK
 

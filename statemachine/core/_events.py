@@ -11,7 +11,6 @@ from ._json_data import json_validator
 from ._model_error import OPAQUE, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
 
-
 _MAX_SIZE = (1 << 63) - 1
 
 

@@ -36,7 +36,7 @@ def json_problem(value: Any) -> str | None:
     kind = type(value)
     if kind is str:
         return None if value.isascii() else _text_problem(value, "")
-    if value is None or kind is bool or kind is float and math.isfinite(value):
+    if value is None or kind is bool or (kind is float and math.isfinite(value)):
         return None
     if kind is int:
         return None if value.bit_length() <= MAX_INT_BITS else "an integer too large"

@@ -118,7 +118,7 @@ def _message(raw: object) -> str:
 def _safe_str(raw: object) -> str:
     try:
         return str(raw)
-    except Exception:  # noqa: BLE001 - a hostile __str__ must not escape classify
+    except Exception:
         return f"<{type(raw).__name__}>"
 
 
@@ -140,7 +140,7 @@ def _retry_after_field(raw: object) -> float | str | None:
     garbage and dropped. Whether the value is *usable* is decided when it is read.
     """
     if raw is None or type(raw) is float:
-        return raw  # type: ignore[return-value]
+        return raw
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):

@@ -85,17 +85,22 @@ class Session:
         observers: Iterable[Observer] = (),
         dispatch: Dispatch = DISPATCH,
     ) -> Session:
-        """A session over a copy of ``state`` (a declared :class:`SessionState`, as the
-        model checker holds them). The state is taken as it is: ``restore`` is the way
-        in for data from outside."""
+        """A session that takes over ``state`` (a declared :class:`SessionState`, such as
+        a copy from :attr:`state`): the model checker explores this way. The state is
+        taken as it is, unchecked: ``restore`` is the way in for data from outside."""
         if not isinstance(settings, Settings):
             raise ConfigError(f"settings: must be a Settings, got {settings!r}")
         _check_clocks(clock, wall_clock)
-        session = cls.__new__(cls)
-        state = copy_session_state(state)
-        session._core = Core(settings, state, clock, wall_clock, tuple(observers), dispatch)
-        session._handle = None if state.turn is None else Turn(session, session._core, state.turn)
-        return session
+        return cls._over(Core(settings, state, clock, wall_clock, tuple(observers), dispatch))
+
+    @classmethod
+    def _over(cls, core: Core) -> Session:
+        """A session handle over ``core``, with a turn handle for its current turn."""
+        self = cls.__new__(cls)
+        self._core = core
+        turn = core.state.turn
+        self._handle = None if turn is None else Turn(self, core, turn)
+        return self
 
     # -- turns -----------------------------------------------------------------
 
@@ -208,10 +213,7 @@ class Session:
         """
         _check_clocks(clock, wall_clock)
         settings, state = read_snapshot(data, clock())
-        session = cls.__new__(cls)
-        session._core = Core(settings, state, clock, wall_clock, tuple(observers), DISPATCH)
-        session._handle = None if state.turn is None else Turn(session, session._core, state.turn)
-        return session
+        return cls._over(Core(settings, state, clock, wall_clock, tuple(observers), DISPATCH))
 
 
 class Turn:
@@ -262,8 +264,7 @@ class Turn:
         status = self._core.state.status
         if status is not None and turn.state in TERMINAL_STATES:
             raise SessionEnded(
-                f"{event}: turn {turn.index} belongs to a session that has ended "
-                f"({status.value})",
+                f"{event}: turn {turn.index} belongs to a session that has ended ({status.value})",
                 status=status,
             )
         latest = current.index if current is not None else "none"

@@ -32,7 +32,6 @@ import attrs
 
 from ._exceptions import ConfigError
 
-
 _MAX_INT = (1 << 63) - 1
 """The largest integer setting: every counter fits in 64 bits (and in a snapshot)."""
 

@@ -104,6 +104,7 @@ _V1_COUNTERS: dict[str, tuple[bool, int, int, int]] = {
 }
 """How each effect moved the counters: version 1 stored none, so they are replayed."""
 
+
 def _from_version_1(body: dict[str, Any]) -> tuple[dict[str, Any], object]:
     """Version 1's layout rewritten as version 2's (values are checked afterwards)."""
     doom = body.pop("doom", None)

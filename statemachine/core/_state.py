@@ -190,7 +190,7 @@ def _short(value: object) -> str:
         return f"an int of {value.bit_length()} bits"
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a hostile __repr__ must not escape restore
+    except Exception:
         return f"a {_type_name(value)}"
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -202,9 +202,7 @@ FLAG = Kind("flag", _same, _flag)
 TEXT = Kind("text", _same, _text)
 NUMBER = Kind("number", _same, _number)
 STATE = Kind("state", _same, _state_name)
-SESSION_STATUS = Kind(
-    "session status", lambda v: None if v is None else v.value, _session_status
-)
+SESSION_STATUS = Kind("session status", lambda v: None if v is None else v.value, _session_status)
 OPAQUE = Kind("host data", _same, _opaque)
 """The host's own data (requests, replies): JSON data, never interpreted."""
 CALLS = Kind("tool calls", encode, _values_of(ToolCall))
@@ -362,7 +360,9 @@ class TurnState:
         return action.status if type(action) is Finish else None
 
 
-TURN = Kind("turn", _same, _same, lambda t: None if t is None else copy_turn_state(t))
+TURN = Kind(
+    "turn", _same, lambda raw, _key: raw, lambda t: None if t is None else copy_turn_state(t)
+)
 """The current turn: a nested :class:`TurnState` (encoded field by field)."""
 
 
@@ -390,7 +390,7 @@ class SessionState:
     """How many identical calls in a row end with ``doom_last``."""
     limit: SessionStatus | None = declared(SESSION_STATUS, None)
     status: SessionStatus | None = declared(SESSION_STATUS, None)
-    turn: TurnState | None = declared(TURN, None)
+    turn: TurnState | None = declared(TURN, None, key="nested")
     """The current turn (the latest one created)."""
 
 
@@ -503,9 +503,7 @@ stand (generated from :data:`TRACED`)."""
 
 def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, ...]:
     """The counters of :data:`TRACED`, as they stand."""
-    return tuple(
-        getattr(turn if cls is TurnState else session, name) for cls, name, _ in TRACED
-    )
+    return tuple(getattr(turn if cls is TurnState else session, name) for cls, name, _ in TRACED)
 
 
 def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
@@ -630,4 +628,3 @@ def check_reachable(state: SessionState, settings: Settings) -> None:
     problem = reachable_problem(state, settings)
     if problem is not None:
         raise SnapshotError(problem)
-

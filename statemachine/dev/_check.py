@@ -39,20 +39,20 @@ functions): :func:`installed` binds it into the engine for the duration.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import re
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import attrs
 
-from ..core import _machine, _table, _turn
+from ..core import _machine, _table
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._engine import DISPATCH, Dispatch, Effect
 from ..core._events import (
     Assembled,
     Cancelled,
@@ -66,6 +66,7 @@ from ..core._exceptions import ConfigError, IllegalEvent
 from ..core._model_error import ModelError
 from ..core._session import Session, Turn
 from ..core._settings import Settings
+from ..core._state import SessionState, TurnState, key_fields, step_after
 from ..core._table import (
     BACKING_OFF,
     CALLING,
@@ -100,32 +101,6 @@ _JUMP = "jump"
 _CLOCK_ZERO = 1_000.0
 _SIZE = 1_000_000
 _WALL = 1_700_000_000.0
-
-
-# -- binding a (mutated) table into the engine ----------------------------------
-
-
-@contextlib.contextmanager
-def installed(
-    rows: Sequence[Row], effects: Mapping[str, Callable[[Turn, Any, Any], Action]] | None = None
-) -> Iterator[None]:
-    """Run the engine on ``rows`` instead of the table, for the ``with`` block.
-
-    The machine is built by ``transitions`` from ``rows`` and compiled exactly as
-    ``statemachine.core._machine`` does; ``effects`` adds effect functions a mutated row
-    may name. Not thread-safe: the engine has one table per process.
-    """
-    saved_compiled = _turn._COMPILED
-    saved_effects = dict(_turn.EFFECT_FUNCTIONS)
-    try:
-        _turn.EFFECT_FUNCTIONS.update(effects or {})
-        compiled = _machine.compile_table(_machine.build_machine(rows=tuple(rows)))
-        _turn._COMPILED = _turn._bind(compiled)
-        yield
-    finally:
-        _turn._COMPILED = saved_compiled
-        _turn.EFFECT_FUNCTIONS.clear()
-        _turn.EFFECT_FUNCTIONS.update(saved_effects)
 
 
 # -- representative events ---------------------------------------------------------
@@ -170,6 +145,8 @@ class _Ctx:
     tracks_turns: bool
     last_steps: frozenset[str] = frozenset()
     """Running states all of whose rows lead to a terminal state."""
+    dispatch: Dispatch = DISPATCH
+    """The table the sessions run (a mutated one for the mutants)."""
     errors: dict[str, tuple[ModelError, bool, float | None]] = attrs.field(factory=dict, eq=False)
     """The representative ModelErrors, built once (they are immutable)."""
 
@@ -178,12 +155,12 @@ class _Ctx:
         return self.settings.max_server_wait_s + 1.0
 
 
-def _steps(ctx: _Ctx, session: Session, turn: Turn) -> list[Step]:
+def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
     """The representative steps available at a node."""
-    state = turn._state
+    state = turn.state
     settings = ctx.settings
     if state in TERMINAL_STATES:
-        if session._status is not None:
+        if session.status is not None:
             return []
         return [Step(_NEW_TURN)]
     steps: list[Step] = []
@@ -221,11 +198,11 @@ def _steps(ctx: _Ctx, session: Session, turn: Turn) -> list[Step]:
         steps.append(Step("WaitDone"))
     elif state == "invoking_tools":
         steps += [Step("ToolsDone", "ok"), Step("ToolsDone", "fail")]
-        if any(call.provider == "p" for call in turn._calls):
+        if any(call.provider == "p" for call in turn.calls):
             steps.append(Step("ToolsDone", "crash"))
     steps.append(Step("Cancelled", "host"))
     k = ctx.saturation
-    if k is not None and session._retries == k + 1 < settings.session_retry_ceiling - k:
+    if k is not None and session.retries == k + 1 < settings.session_retry_ceiling - k:
         steps.append(Step(_JUMP, "session_retries"))
     return steps
 
@@ -259,18 +236,18 @@ def _new_model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float |
     return ModelError(category, f"{category} error", code=category), False, None
 
 
-def _event(ctx: _Ctx, step: Step, session: Session, turn: Turn, clock: _Clock) -> object:
+def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""
     kind, variant = step.kind, step.variant
-    request = f"t{turn.index}s{len(turn._actions)}"
+    request = f"t{turn.index}s{len(turn.actions)}"
     if kind == "Assembled":
-        overflowed = turn._overflowed_size if turn._overflowed_size is not None else _SIZE
+        overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
         if variant == "shrunk":
             return Assembled(request, max(overflowed - 1, 0))
         if variant == "same_size":
             return Assembled(request, overflowed)
         if variant == "same_request":
-            return Assembled(turn._overflowed_request, max(overflowed - 1, 0))
+            return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
         return Assembled(request, _SIZE)
     if kind == "CannotShrink":
         return CannotShrink()
@@ -306,13 +283,13 @@ def _event(ctx: _Ctx, step: Step, session: Session, turn: Turn, clock: _Clock) -
             _run_out(ctx, session, clock)
         return ModelReplied(calls, cost=cost, reply=f"reply {index}")
     if kind == "WaitDone":
-        action = turn.action
+        action = turn.actions[-1] if turn.actions else None
         if type(action) is Wait and math.isfinite(action.seconds):
             clock.now += action.seconds
         return WaitDone()
     if kind == "ToolsDone":
         outcomes = []
-        for call in turn._calls:
+        for call in turn.calls:
             if variant == "fail":
                 outcomes.append(
                     ToolOutcome(call.id, False, "it failed", ToolErrorCategory.EXECUTION_FAILED)
@@ -336,10 +313,10 @@ def _many(ctx: _Ctx) -> int:
     return threshold if ctx.saturation is None else min(threshold, ctx.saturation + 1)
 
 
-def _run_out(ctx: _Ctx, session: Session, clock: _Clock) -> None:
+def _run_out(ctx: _Ctx, session: SessionState, clock: _Clock) -> None:
     limit = ctx.settings.max_wall_clock_s
     if limit is not None:
-        clock.now = max(clock.now, session._started + limit)
+        clock.now = max(clock.now, session.started + limit)
 
 
 @attrs.frozen
@@ -357,48 +334,38 @@ class _At:
 class _Node:
     session: Session
     turn: Turn
+    state: SessionState
+    """The session's declared state (the session owns it; the checker reads it)."""
     clock: _Clock
     poisoned: frozenset[Any]
     """Requests that overflowed in this turn: never to be sent again."""
     fatal: bool
     """An auth_error / invalid_request came in this turn: nothing but Finish may follow."""
 
-
-def _copier(cls: Any) -> Callable[[Any], Any]:
-    """A shallow copy of a slotted ``cls`` instance, slot by slot.
-
-    Compiled to straight-line attribute copies (twice as fast as a loop of
-    ``getattr``/``setattr``; cloning is the checker's hottest path). The slot names
-    come from the engine's own classes, so the copy follows them when they change.
-    """
-    slots: tuple[str, ...] = cls.__slots__
-    if not all(name.isidentifier() for name in slots):  # pragma: no cover
-        raise TypeError(f"{cls.__name__}: unexpected slot names {slots!r}")
-    body = "".join(f"    new.{name} = old.{name}\n" for name in slots)
-    source = f"def copy(old):\n    new = new_instance(cls)\n{body}    return new\n"
-    namespace: dict[str, Any] = {"new_instance": cls.__new__, "cls": cls}
-    exec(compile(source, f"<copy {cls.__name__}>", "exec"), namespace)  # noqa: S102
-    return cast(Callable[[Any], Any], namespace["copy"])
+    @property
+    def ts(self) -> TurnState:
+        """The current turn's declared state."""
+        turn = self.state.turn
+        if turn is None:  # pragma: no cover - every node is made after new_turn()
+            raise RuntimeError("a node without a turn")
+        return turn
 
 
-_copy_session = _copier(Session)
-_copy_turn = _copier(Turn)
+def _node(
+    ctx: _Ctx, state: SessionState, clock: _Clock, poisoned: frozenset[Any], fatal: bool
+) -> _Node:
+    """A node over ``state`` (which the new session takes over)."""
+    session = Session.from_state(
+        ctx.settings, state, clock, wall_clock=_wall_clock, dispatch=ctx.dispatch
+    )
+    turn = session.current_turn
+    if turn is None:  # pragma: no cover - every node is made after new_turn()
+        raise RuntimeError("a node without a turn")
+    return _Node(session, turn, state, clock, poisoned, fatal)
 
 
-def _clone(node: _Node) -> _Node:
-    clock = _Clock(node.clock.now)
-    old = node.session
-    session = _copy_session(old)
-    session._clock = clock
-    if old._breakers is not None:
-        session._breakers = dict(old._breakers)
-    turn = _copy_turn(node.turn)
-    turn._session = session
-    turn._path = list(node.turn._path)
-    turn._actions = list(node.turn._actions)
-    turn._probe = None
-    session._current = turn
-    return _Node(session, turn, clock, node.poisoned, node.fatal)
+def _clone(ctx: _Ctx, node: _Node) -> _Node:
+    return _node(ctx, node.session.state, _Clock(node.clock.now), node.poisoned, node.fatal)
 
 
 def _canon(value: int, cap: int, saturation: int | None) -> int:
@@ -407,76 +374,90 @@ def _canon(value: int, cap: int, saturation: int | None) -> int:
     return max(cap - saturation, value)
 
 
+_TURN_KEY = key_fields(TurnState)
+_SESSION_KEY = key_fields(SessionState)
+
+
 def _accelerate(ctx: _Ctx, node: _Node) -> None:
-    """Jump counters far from their caps to ``cap - saturation`` (no-op when exact)."""
+    """Jump counters far from their caps to ``cap - saturation`` (no-op when exact).
+
+    The counters are the declared fields whose key mode is ``cap:<setting>``.
+    """
     k = ctx.saturation
     if k is None:
         return
     settings = ctx.settings
-    session, turn = node.session, node.turn
-    turn._attempt = _canon(turn._attempt, settings.max_retries, k)
-    turn._reductions = _canon(turn._reductions, settings.max_context_reductions, k)
-    ceiling = settings.session_retry_ceiling
-    if k < session._retries < ceiling - k:
-        # the middle of a huge ceiling is one class: "some retries used, many left";
-        # the _JUMP step takes it close to the ceiling
-        session._retries = k + 1
-    if session._breakers:
-        session._breakers = {
-            p: _canon(n, settings.breaker_threshold, k) for p, n in session._breakers.items()
+    state, turn = node.state, node.ts
+    for target, fields in ((turn, _TURN_KEY), (state, _SESSION_KEY)):
+        for name, mode in fields:
+            if not mode.startswith("cap:"):
+                continue
+            cap = getattr(settings, mode[4:])
+            if cap is None or (name == "turns" and not ctx.tracks_turns):
+                continue
+            value = getattr(target, name)
+            if name == "retries":
+                if k < value < cap - k:
+                    # the middle of a huge ceiling is one class: "some retries used, many
+                    # left"; the _JUMP step takes it close to the ceiling
+                    setattr(target, name, k + 1)
+            else:
+                setattr(target, name, _canon(value, cap, k))
+    if state.breakers:
+        state.breakers = {
+            p: _canon(n, settings.breaker_threshold, k) for p, n in state.breakers.items()
         }
-    if ctx.tracks_turns and settings.max_turns is not None:
-        session._turns = _canon(session._turns, settings.max_turns, k)
+    if turn.path:
+        # the trace's last counters follow the state they describe
+        turn.path[-1] = step_after(turn.path[-1][0], turn, state)
+
+
+def _field_key(value: Any, mode: str) -> Any:
+    if mode == "providers":
+        return tuple(call.provider for call in value)
+    if type(value) is dict:
+        return tuple(sorted(value.items()))
+    return value
 
 
 def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
-    session, turn = node.session, node.turn
+    """The abstract state: the declared fields the key reads (``key_fields``), the
+    turn's reduced to what its future reads once that is little, plus what the checker
+    itself tracks (overflowed requests, a fatal error, a clock that has run out)."""
+    state, turn = node.state, node.ts
     limit = ctx.settings.max_wall_clock_s
-    late = limit is not None and session.elapsed_s >= limit
-    if turn._state in TERMINAL_STATES:
+    late = limit is not None and node.clock.now - state.started >= limit
+    if turn.state in TERMINAL_STATES:
         # a finished turn's future (the next turn) depends on the session alone
-        turn_part: tuple[Any, ...] = (turn._state, turn.status, turn.final_answer)
-    elif turn._state in ctx.last_steps:
+        turn_part: tuple[Any, ...] = (turn.state, turn.status, turn.final_answer)
+    elif turn.state in ctx.last_steps:
         # every row out of this state finishes the turn: only what its events read
         # (the calls in flight) and the session matter
-        turn_part = (
-            turn._state,
-            turn.final_answer,
-            tuple(call.provider for call in turn._calls),
-        )
+        turn_part = (turn.state, turn.final_answer, _field_key(turn.calls, "providers"))
     else:
         turn_part = (
-            turn._state,
             turn.status,
-            turn.final_answer,
-            turn._attempt,
-            turn._reductions,
-            turn._model_index,
-            turn._request in node.poisoned if node.poisoned else False,
+            *(_field_key(getattr(turn, name), mode) for name, mode in _TURN_KEY),
+            turn.request in node.poisoned if node.poisoned else False,
             node.fatal,
-            tuple(call.provider for call in turn._calls),
         )
-    return (
-        *turn_part,
-        session._retries,
-        tuple(sorted((session._breakers or {}).items())),
-        session._tripped,
-        session._limit,
-        session._status,
-        session._turns if ctx.tracks_turns else None,
-        late,
+    session_part = tuple(
+        _field_key(getattr(state, name), mode)
+        for name, mode in _SESSION_KEY
+        if mode != "nested" and (name != "turns" or ctx.tracks_turns)
     )
+    return (*turn_part, *session_part, late)
 
 
 def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int]:
     """(session retries left, reductions left, fallbacks left, call retries left)."""
-    session, turn = node.session, node.turn
-    in_call = turn._state in (CALLING, BACKING_OFF, INVOKING_TOOLS)
+    session, turn = node.state, node.ts
+    in_call = turn.state in (CALLING, BACKING_OFF, INVOKING_TOOLS)
     return (
-        settings.session_retry_ceiling - session._retries,
-        settings.max_context_reductions - turn._reductions,
-        len(settings.fallback_models) - 1 - turn._model_index,
-        settings.max_retries - turn._attempt if in_call else settings.max_retries,
+        settings.session_retry_ceiling - session.retries,
+        settings.max_context_reductions - turn.reductions,
+        len(settings.fallback_models) - 1 - turn.model_index,
+        settings.max_retries - turn.attempt if in_call else settings.max_retries,
     )
 
 
@@ -622,9 +603,9 @@ class _Explorer:
     def run(self) -> None:
         ctx = self.ctx
         clock = _Clock(_CLOCK_ZERO)
-        session = Session(ctx.settings, seed=7, clock=clock, wall_clock=_wall_clock)
-        turn = session.new_turn()
-        self.add(_Node(session, turn, clock, frozenset(), False), None)
+        first = Session(ctx.settings, seed=7, clock=clock, wall_clock=_wall_clock)
+        first.new_turn()
+        self.add(_node(ctx, first.state, clock, frozenset(), False), None)
         queue = deque([0])
         while queue:
             index = queue.popleft()
@@ -637,11 +618,11 @@ class _Explorer:
                 )
                 break
             node = self.nodes[index]
-            state = node.turn._state
+            state = node.ts.state
             if state in RUNNING_STATES and state not in self.illegal_checked:
                 self.illegal_checked.add(state)
                 self.check_illegal(index)
-            for step in _steps(ctx, node.session, node.turn):
+            for step in _steps(ctx, node.state, node.ts):
                 result = self.fire(index, step)
                 if result is None:
                     continue
@@ -656,15 +637,15 @@ class _Explorer:
         node = self.nodes[index]
         settings = self.ctx.settings
         return (
-            node.session._retries > settings.session_retry_ceiling
-            or node.turn._attempt > settings.max_retries
-            or node.turn._reductions > settings.max_context_reductions
+            node.state.retries > settings.session_retry_ceiling
+            or node.ts.attempt > settings.max_retries
+            or node.ts.reductions > settings.max_context_reductions
         )
 
     def fire(self, index: int, step: Step) -> tuple[int, bool] | None:
         ctx = self.ctx
         source = self.nodes[index]
-        node = _clone(source)
+        node = _clone(ctx, source)
         path = _At(index, step)
         if step.kind == _NEW_TURN:
             node.turn = node.session.new_turn()
@@ -673,23 +654,21 @@ class _Explorer:
             _accelerate(ctx, node)
             return self.add(node, (index, step))
         if step.kind == _JUMP:
-            node.session._retries = ctx.settings.session_retry_ceiling - (ctx.saturation or 0)
+            node.state.retries = ctx.settings.session_retry_ceiling - (ctx.saturation or 0)
             return self.add(node, (index, step))
         before = _rank(ctx.settings, node)
-        event = (
-            None if step.kind == START else _event(ctx, step, node.session, node.turn, node.clock)
-        )
+        event = None if step.kind == START else _event(ctx, step, node.state, node.ts, node.clock)
         try:
             action = node.turn.start() if step.kind == START else node.turn.send(event)
         except Exception as exc:  # any escape is a finding
             self.violate(
                 "ER-27",
-                f"engine raised: {type(exc).__name__}: {exc} (state {source.turn._state!r}, "
+                f"engine raised: {type(exc).__name__}: {exc} (state {source.ts.state!r}, "
                 f"step {step.describe()})",
                 path,
             )
             return None
-        row = self.row_index.get(node.turn._path[-1][:4])
+        row = self.row_index.get(node.ts.path[-1][0][:4])
         if row is not None and row not in self.row_paths:
             self.row_paths[row] = self.resolve(path)
         self.check_edge(source, node, step, event, action, before, path)
@@ -697,7 +676,7 @@ class _Explorer:
             isinstance(event, ModelFailed)
             and event.error.category is ErrorCategory.CONTEXT_LENGTH_EXCEEDED
         ):
-            node.poisoned = node.poisoned | {source.turn._request}
+            node.poisoned = node.poisoned | {source.ts.request}
         if isinstance(event, ModelFailed) and event.error.category in (
             ErrorCategory.AUTH_ERROR,
             ErrorCategory.INVALID_REQUEST,
@@ -719,8 +698,8 @@ class _Explorer:
         path: _At,
     ) -> None:
         settings = self.ctx.settings
-        turn, session = node.turn, node.session
-        src_state, dest = source.turn._state, turn._state
+        turn, session = node.ts, node.state
+        src_state, dest = source.ts.state, turn.state
         v = self.violate
 
         # ranking function (ER-29)
@@ -736,12 +715,12 @@ class _Explorer:
             )
 
         # caps (ER-5)
-        if turn._attempt > settings.max_retries:
-            v("ER-5", f"attempt beyond max_retries: {turn._attempt}", path)
-        if session._retries > settings.session_retry_ceiling:
-            v("ER-5", f"session retries beyond the ceiling: {session._retries}", path)
-        if turn._reductions > settings.max_context_reductions:
-            v("ER-8", f"reductions beyond max_context_reductions: {turn._reductions}", path)
+        if turn.attempt > settings.max_retries:
+            v("ER-5", f"attempt beyond max_retries: {turn.attempt}", path)
+        if session.retries > settings.session_retry_ceiling:
+            v("ER-5", f"session retries beyond the ceiling: {session.retries}", path)
+        if turn.reductions > settings.max_context_reductions:
+            v("ER-8", f"reductions beyond max_context_reductions: {turn.reductions}", path)
 
         # nothing but Finish after a fatal error; never resend an overflowed request
         if source.fatal and type(action) is not Finish:
@@ -754,7 +733,7 @@ class _Explorer:
 
     def check_action(self, source: _Node, node: _Node, action: Action, path: _At) -> None:
         """What any action must respect: the final-answer turn, breakers, Finish."""
-        turn, dest = node.turn, node.turn._state
+        turn, dest = node.ts, node.ts.state
         v = self.violate
         # the final-answer turn (ER-16) and the breakers (ER-18)
         if turn.final_answer:
@@ -769,7 +748,7 @@ class _Explorer:
             ):
                 v("ER-16", f"final-answer turn assembles wrongly: {action!r}", path)
         if type(action) is InvokeTools:
-            blocked = [c.provider for c in action.calls if c.provider in source.session._tripped]
+            blocked = [c.provider for c in action.calls if c.provider in source.state.tripped]
             if blocked:
                 v("ER-18", f"InvokeTools includes a tripped provider: {blocked}", path)
 
@@ -790,7 +769,7 @@ class _Explorer:
         path: _At,
     ) -> None:
         """The required reaction to each kind of event."""
-        src_state = source.turn._state
+        src_state = source.ts.state
         v = self.violate
         if isinstance(event, ModelFailed):
             self.check_failure(source, node, step, event, action, path)
@@ -802,9 +781,9 @@ class _Explorer:
         elif isinstance(event, Assembled | CannotShrink) and src_state == REDUCING_CONTEXT:
             shrank = (
                 isinstance(event, Assembled)
-                and source.turn._overflowed_size is not None
-                and event.size < source.turn._overflowed_size
-                and event.request != source.turn._overflowed_request
+                and source.ts.overflowed_size is not None
+                and event.size < source.ts.overflowed_size
+                and event.request != source.ts.overflowed_request
             )
             if shrank and not (type(action) is CallModel and action.attempt == 0):
                 v("ER-7", f"a shrunk reassembly is not called: {action!r}", path)
@@ -816,8 +795,8 @@ class _Explorer:
             prev = source.turn.action
             if not (
                 type(action) is CallModel
-                and action.request == source.turn._request
-                and action.attempt == source.turn._attempt + 1
+                and action.request == source.ts.request
+                and action.attempt == source.ts.attempt + 1
                 and type(prev) is Wait
             ):
                 v("ER-1", f"WaitDone did not resend the same request, attempt+1: {action!r}", path)
@@ -846,8 +825,8 @@ class _Explorer:
         }
         if category in fixed:
             requirement, expected, dest = fixed[category]
-            if status is not expected or node.turn._state != dest:
-                v(requirement, f"{category} gave {action!r} into {node.turn._state!r}", path)
+            if status is not expected or node.ts.state != dest:
+                v(requirement, f"{category} gave {action!r} into {node.ts.state!r}", path)
             if type(action) in (CallModel, Wait):
                 v("ER-10", f"{category} was retried or fell back: {action!r}", path)
             return
@@ -865,17 +844,17 @@ class _Explorer:
         settings = self.ctx.settings
         v = self.violate
         status = action.status if type(action) is Finish else None
-        turn = source.turn
-        session = source.session
+        turn = source.ts
+        session = source.state
         _, _, honoured = _model_error(self.ctx, step.variant)
         if type(action) is Wait:
             if turn.final_answer:
                 v("ER-16", "final-answer turn retried", path)
-            if turn._attempt >= settings.max_retries:
-                v("ER-5", f"retry beyond max_retries at attempt {turn._attempt}", path)
-            if session._retries >= settings.session_retry_ceiling:
-                v("ER-5", f"retry at the session ceiling ({session._retries})", path)
-            self.check_wait(action, turn._attempt, honoured, path)
+            if turn.attempt >= settings.max_retries:
+                v("ER-5", f"retry beyond max_retries at attempt {turn.attempt}", path)
+            if session.retries >= settings.session_retry_ceiling:
+                v("ER-5", f"retry at the session ceiling ({session.retries})", path)
+            self.check_wait(action, turn.attempt, honoured, path)
             limit = settings.max_wall_clock_s
             if limit is not None and source.session.elapsed_s + action.seconds > limit:
                 v("ER-19", f"a wait crossing max_wall_clock_s was taken: {action!r}", path)
@@ -883,17 +862,17 @@ class _Explorer:
                 v("ER-20", f"a server wait beyond max_server_wait_s was taken: {action!r}", path)
         elif type(action) is CallModel:
             models = settings.fallback_models
-            index = turn._model_index + 1
+            index = turn.model_index + 1
             if (
                 turn.final_answer
                 or index >= len(models)
                 or action.model != models[index]
                 or action.attempt != 0
-                or action.request != turn._request
+                or action.request != turn.request
             ):
                 v("ER-23", f"transient failure answered by {action!r}", path)
-            if session._retries >= settings.session_retry_ceiling:
-                v("ER-5", f"fallback at the session ceiling ({session._retries})", path)
+            if session.retries >= settings.session_retry_ceiling:
+                v("ER-5", f"fallback at the session ceiling ({session.retries})", path)
         elif status is TurnStatus.RETRY_DEFERRED:
             if honoured is None or honoured <= settings.max_server_wait_s:
                 v("ER-20", f"retry_deferred without a too-long server wait: {action!r}", path)
@@ -908,7 +887,7 @@ class _Explorer:
         elif (
             status is TurnStatus.RETRIES_EXHAUSTED
             and not turn.final_answer
-            and turn._attempt < settings.max_retries
+            and turn.attempt < settings.max_retries
             and settings.max_wall_clock_s is None
             and honoured is None
         ):
@@ -945,9 +924,9 @@ class _Explorer:
     ) -> None:
         settings = self.ctx.settings
         v = self.violate
-        counts = dict(source.session._breakers or {})
+        counts = dict(source.state.breakers or {})
         trips = False
-        for outcome, call in zip(event.outcomes, source.turn._calls, strict=True):
+        for outcome, call in zip(event.outcomes, source.ts.calls, strict=True):
             if outcome.category is ToolErrorCategory.PROCESS_CRASHED:
                 counts[call.provider] = counts.get(call.provider, 0) + 1
                 trips = trips or counts[call.provider] >= settings.breaker_threshold
@@ -959,18 +938,18 @@ class _Explorer:
         expected = TurnStatus.BREAKER_OPEN if trips else TurnStatus.COMPLETED
         if action.status is not expected:
             v("ER-13", f"tool outcomes gave {action.status}, expected {expected}", path)
-        if trips and not node.session._tripped:
+        if trips and not node.state.tripped:
             v("ER-13", "a breaker tripped but no provider is open", path)
         failed = {o.call_id for o in event.outcomes if not o.ok}
         flagged = {r.call_id for r in action.tool_results if r.is_error}
-        if failed - flagged or len(action.tool_results) != len(source.turn._calls):
+        if failed - flagged or len(action.tool_results) != len(source.ts.calls):
             v("ER-12", f"tool results do not mirror the outcomes: {action.tool_results!r}", path)
 
     def check_illegal(self, index: int) -> None:
         """Every event with no row in this state raises IllegalEvent, changes nothing."""
         source = self.nodes[index]
-        state = source.turn._state
-        legal = {trigger for (s, trigger) in _turn._COMPILED if s == state}
+        state = source.ts.state
+        legal = {trigger for (s, trigger, _) in self.ctx.dispatch.groups if s == state}
         samples: list[tuple[str, object]] = [
             ("Assembled", Assembled("x", 1)),
             ("CannotShrink", CannotShrink()),
@@ -983,8 +962,8 @@ class _Explorer:
         for trigger, event in samples:
             if trigger in legal:
                 continue
-            node = _clone(source)
-            before = (_key(self.ctx, node), len(node.turn._actions), node.turn.action)
+            node = _clone(self.ctx, source)
+            before = (_key(self.ctx, node), len(node.ts.actions), node.turn.action)
             try:
                 node.turn.send(event)
             except IllegalEvent:
@@ -994,7 +973,7 @@ class _Explorer:
                     "ER-27", f"{trigger} in {state!r} did not raise IllegalEvent", _At(index)
                 )
                 continue
-            after = (_key(self.ctx, node), len(node.turn._actions), node.turn.action)
+            after = (_key(self.ctx, node), len(node.ts.actions), node.turn.action)
             if after != before:
                 self.violate(
                     "ER-27", f"an illegal {trigger} in {state!r} changed the turn", _At(index)
@@ -1026,11 +1005,11 @@ class _Explorer:
             stuck = min(i for i in range(n) if indegree[i] > 0)
             self.violate(
                 "ER-29",
-                f"loop: a turn can cycle forever through {self.nodes[stuck].turn._state!r}",
+                f"loop: a turn can cycle forever through {self.nodes[stuck].turn.state!r}",
                 _At(stuck),
             )
         # reaches a terminal without Cancelled (backwards, in reverse topological order)
-        done = [self.nodes[i].turn._state in TERMINAL_STATES for i in range(n)]
+        done = [self.nodes[i].turn.state in TERMINAL_STATES for i in range(n)]
         changed = True
         while changed:
             changed = False
@@ -1045,7 +1024,7 @@ class _Explorer:
                 self.violate(
                     "ER-29",
                     f"stuck: no way to a terminal state (but Cancelled) from "
-                    f"{self.nodes[i].turn._state!r}",
+                    f"{self.nodes[i].turn.state!r}",
                     _At(i),
                 )
                 break
@@ -1053,7 +1032,7 @@ class _Explorer:
         longest = [0] * n
         for i in reversed(order):
             longest[i] = max((1 + longest[d] for d, _ in self.intra_turn(i)), default=0)
-        idle = [longest[i] for i in range(n) if self.nodes[i].turn._state == IDLE]
+        idle = [longest[i] for i in range(n) if self.nodes[i].turn.state == IDLE]
         return max(idle, default=0)
 
 
@@ -1091,7 +1070,7 @@ def check(
     settings: Settings | None = None,
     *,
     rows: Sequence[Row] | None = None,
-    effects: Mapping[str, Callable[[Turn, Any, Any], Action]] | None = None,
+    effects: Mapping[str, Effect] | None = None,
     saturation: int | None = None,
     exact: bool | None = None,
 ) -> CheckReport:
@@ -1114,19 +1093,18 @@ def check(
         if all(row.dest in TERMINAL_STATES for row in table if row.source == state)
         and any(row.source == state and row.event != "Cancelled" for row in table)
     )
-    ctx = _Ctx(settings, k, settings.max_turns is not None, last_steps)
+    dispatch = Dispatch(table, effects) if rows is not None or effects else DISPATCH
+    ctx = _Ctx(settings, k, settings.max_turns is not None, last_steps, dispatch)
     started = time.perf_counter()
-    context = installed(table, effects) if rows is not None or effects else contextlib.nullcontext()
-    with context:
-        explorer = _Explorer(ctx, table)
-        explorer.run()
-        longest = explorer.check_termination()
-    reached_states = frozenset(node.turn._state for node in explorer.nodes)
+    explorer = _Explorer(ctx, table)
+    explorer.run()
+    longest = explorer.check_termination()
+    reached_states = frozenset(node.ts.state for node in explorer.nodes)
     reached_statuses = frozenset(
         node.turn.status.value for node in explorer.nodes if node.turn.status is not None
     )
     reached_session = frozenset(
-        node.session._status.value for node in explorer.nodes if node.session._status is not None
+        node.state.status.value for node in explorer.nodes if node.state.status is not None
     )
     required_states, required_statuses = _required(settings)
     for state in sorted(required_states - reached_states):
@@ -1171,7 +1149,10 @@ def replay(settings: Settings, path: Sequence[Step]) -> Session:
         elif step.kind == START:
             turn.start()
         else:
-            turn.send(_event(ctx, step, session, turn, clock))
+            state = session.state
+            if state.turn is None:  # pragma: no cover - new_turn() came first
+                raise RuntimeError("a path that sends an event before new_turn")
+            turn.send(_event(ctx, step, state, state.turn, clock))
     return session
 
 
