@@ -40,7 +40,47 @@ def json_problem(value: Any) -> str | None:
         return None
     if kind is int:
         return None if value.bit_length() <= MAX_INT_BITS else "an integer too large"
+    if _valid(value):
+        return None
     return _walk(value)
+
+
+def _valid(root: Any) -> bool:
+    """Whether ``root`` is JSON data: :func:`_walk` without building paths (the common
+    case, so the paths are only built to explain a refusal)."""
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    pop, push = stack.pop, stack.append
+    nodes = 0
+    while stack:
+        value, depth = pop()
+        nodes += 1
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is dict:
+            if depth >= MAX_DEPTH:
+                return False
+            depth += 1
+            for key, item in value.items():
+                if type(key) is not str or not key.isascii():
+                    return False
+                push((item, depth))
+        elif kind is list or kind is tuple:
+            if depth >= MAX_DEPTH:
+                return False
+            depth += 1
+            for item in value:
+                push((item, depth))
+        elif kind is int:
+            if value.bit_length() > MAX_INT_BITS:
+                return False
+        elif kind is float:
+            if not math.isfinite(value):
+                return False
+        elif value is not None and kind is not bool:
+            return False
+    return nodes <= MAX_NODES
 
 
 def _text_problem(text: str, where: str) -> str | None:
