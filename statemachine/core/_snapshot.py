@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._exceptions import ConfigError, SnapshotError
+from ._json_data import json_problem
 from ._settings import Settings
 from ._state import SessionState, check_reachable, decode_state, encode_state
 
@@ -51,6 +52,13 @@ def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[
 def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:
     """The settings and state in ``data``; :class:`SnapshotError` if it is not a snapshot
     this engine could have written."""
+    try:
+        return _read(data, now)
+    except RecursionError:  # pragma: no cover - every value's depth is checked first
+        raise SnapshotError("snapshot: nested too deep to read") from None
+
+
+def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     if not isinstance(data, Mapping):
         raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}")
     if data.get("format") != SNAPSHOT_FORMAT:
@@ -71,6 +79,9 @@ def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:
     raw_settings = body.pop("settings")
     if type(raw_settings) is not dict:
         raise SnapshotError("settings: must be a JSON object")
+    problem = json_problem(raw_settings)
+    if problem is not None:
+        raise SnapshotError(f"settings: must be JSON data: {problem}")
     try:
         settings = Settings.from_dict(raw_settings)
     except ConfigError as exc:

@@ -78,6 +78,14 @@ def _count(raw: Any, key: str) -> int:
     return raw
 
 
+def _seed(raw: Any, key: str) -> int:
+    if type(raw) is not int:
+        raise SnapshotError(f"{key}: must be int, got {_type_name(raw)}")
+    if not 0 <= raw < 1 << 64:
+        raise SnapshotError(f"{key}: must be a 64-bit unsigned int, got {_short(raw)}")
+    return raw
+
+
 def _optional_count(raw: Any, key: str) -> int | None:
     return None if raw is None else _count(raw, key)
 
@@ -126,6 +134,8 @@ def _state_name(raw: Any, key: str) -> str:
 def _session_status(raw: Any, key: str) -> SessionStatus | None:
     if raw is None:
         return None
+    if type(raw) is not str:
+        raise SnapshotError(f"{key}: must be str or null, got {_type_name(raw)}")
     try:
         return SessionStatus(raw)
     except (TypeError, ValueError):
@@ -196,6 +206,7 @@ def _short(value: object) -> str:
 
 
 COUNT = Kind("count", _same, _count)
+SEED = Kind("seed", _same, _seed)
 OPTIONAL_COUNT = Kind("optional count", _same, _optional_count)
 MODEL_INDEX = Kind("model index", _same, _model_index)
 FLAG = Kind("flag", _same, _flag)
@@ -370,7 +381,7 @@ TURN = Kind(
 class SessionState:
     """Everything a session carries from one event to the next."""
 
-    seed: int = declared(COUNT, 0, key="omit")
+    seed: int = declared(SEED, 0, key="omit")
     """The jitter seed, a 64-bit unsigned int."""
     draws: int = declared(COUNT, 0, key="omit")
     """How many jitter draws the session has consumed."""
