@@ -32,7 +32,7 @@ from typing import Any
 from ._exceptions import ConfigError, SnapshotError
 from ._json_data import json_problem
 from ._settings import Settings
-from ._state import SessionState, check_reachable, decode_state, encode_state
+from ._state import SessionState, check_reachable, decode_state, encode_state, short_repr
 
 SNAPSHOT_FORMAT = "statemachine.session"
 SNAPSHOT_VERSION = 2
@@ -62,11 +62,13 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     if not isinstance(data, Mapping):
         raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}")
     if data.get("format") != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"format: not a statemachine session snapshot: {_short(data)}")
+        raise SnapshotError(
+            f"format: not a statemachine session snapshot: {short_repr(data.get('format'))}"
+        )
     version = data.get("version")
     if type(version) is not int or version not in READABLE_VERSIONS:
         raise SnapshotError(
-            f"version: {version!r:.40} is not supported (this engine reads "
+            f"version: {short_repr(version)} is not supported (this engine reads "
             f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
     body = dict(data)
@@ -94,13 +96,8 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     if version == 1 and state.turn is not None:
         status = state.turn.status
         if v1_status != (status.value if status else None):
-            raise SnapshotError(f"turn.status: {v1_status!r:.40} is not where its trace ends")
+            raise SnapshotError(f"turn.status: {short_repr(v1_status)} is not where its trace ends")
     return settings, state
-
-
-def _short(data: Mapping[Any, Any]) -> str:
-    text = repr(data.get("format"))
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- version 1 --------------------------------------------------------------------------

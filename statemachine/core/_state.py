@@ -72,9 +72,9 @@ def _count(raw: Any, key: str) -> int:
     if type(raw) is not int:
         raise SnapshotError(f"{key}: must be int, got {_type_name(raw)}")
     if raw < 0:
-        raise SnapshotError(f"{key}: must be >= 0, got {_short(raw)}")
+        raise SnapshotError(f"{key}: must be >= 0, got {short_repr(raw)}")
     if raw > MAX_COUNT:
-        raise SnapshotError(f"{key}: must be < 2**63, got {_short(raw)}")
+        raise SnapshotError(f"{key}: must be < 2**63, got {short_repr(raw)}")
     return raw
 
 
@@ -82,7 +82,7 @@ def _seed(raw: Any, key: str) -> int:
     if type(raw) is not int:
         raise SnapshotError(f"{key}: must be int, got {_type_name(raw)}")
     if not 0 <= raw < 1 << 64:
-        raise SnapshotError(f"{key}: must be a 64-bit unsigned int, got {_short(raw)}")
+        raise SnapshotError(f"{key}: must be a 64-bit unsigned int, got {short_repr(raw)}")
     return raw
 
 
@@ -94,7 +94,7 @@ def _model_index(raw: Any, key: str) -> int:
     if type(raw) is not int:
         raise SnapshotError(f"{key}: must be int, got {_type_name(raw)}")
     if not -1 <= raw <= MAX_COUNT:
-        raise SnapshotError(f"{key}: {_short(raw)} is out of range")
+        raise SnapshotError(f"{key}: {short_repr(raw)} is out of range")
     return raw
 
 
@@ -114,7 +114,7 @@ def _text(raw: Any, key: str) -> str | None:
 
 def _number(raw: Any, key: str) -> float:
     if type(raw) not in (int, float) or not _finite_non_negative(raw):
-        raise SnapshotError(f"{key}: must be a finite number >= 0, got {_short(raw)}")
+        raise SnapshotError(f"{key}: must be a finite number >= 0, got {short_repr(raw)}")
     return float(raw)
 
 
@@ -127,7 +127,7 @@ def _finite_non_negative(value: float) -> bool:
 
 def _state_name(raw: Any, key: str) -> str:
     if type(raw) is not str or raw not in STATES:
-        raise SnapshotError(f"{key}: {_short(raw)} is not a state of the machine")
+        raise SnapshotError(f"{key}: {short_repr(raw)} is not a state of the machine")
     return raw
 
 
@@ -139,7 +139,7 @@ def _session_status(raw: Any, key: str) -> SessionStatus | None:
     try:
         return SessionStatus(raw)
     except (TypeError, ValueError):
-        raise SnapshotError(f"{key}: {_short(raw)} is not a SessionStatus") from None
+        raise SnapshotError(f"{key}: {short_repr(raw)} is not a SessionStatus") from None
 
 
 def _opaque(raw: Any, key: str) -> Any:
@@ -184,7 +184,7 @@ def _crash_counts(raw: Any, key: str) -> dict[str, int] | None:
 
 def _provider_name(raw: Any, key: str) -> str:
     if type(raw) is not str or not raw or json_problem(raw) is not None:
-        raise SnapshotError(f"{key}: provider names must be non-empty str, got {_short(raw)}")
+        raise SnapshotError(f"{key}: provider names must be non-empty str, got {short_repr(raw)}")
     return raw
 
 
@@ -194,7 +194,7 @@ def _providers(raw: Any, key: str) -> frozenset[str]:
     return frozenset(_provider_name(item, key) for item in raw)
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
     """``repr`` of a refused value, cut short (it may be huge or hostile)."""
     if type(value) is int and value.bit_length() > 64:
         return f"an int of {value.bit_length()} bits"
@@ -240,14 +240,14 @@ def _decode_path(raw: Any, key: str) -> list[Step]:
         if type(entry) is not list or len(entry) != 7:
             raise SnapshotError(
                 f"{key}[{i}]: must be [source, event, guard, dest, attempt, "
-                f"reductions, session_retries], got {_short(entry)}"
+                f"reductions, session_retries], got {short_repr(entry)}"
             )
         if not all(type(item) is str for item in entry[:4]):
             raise SnapshotError(f"{key}[{i}]: names a transition with non-str parts")
         info = ROW_INFOS.get(tuple(entry[:4]))
         if info is None:
             raise SnapshotError(
-                f"{key}[{i}]: {_short(entry[:4])} is not a transition of this engine's table"
+                f"{key}[{i}]: {short_repr(entry[:4])} is not a transition of this engine's table"
             )
         counters = tuple(_count(c, f"{key}[{i}][{4 + j}]") for j, c in enumerate(entry[4:]))
         path.append(make_step(info, *counters))
@@ -260,7 +260,7 @@ def _decode_actions(raw: Any, key: str) -> list[Action]:
     actions = _decoded(raw, key)
     for i, action in enumerate(actions):
         if type(action) not in ACTION_TYPES:
-            raise SnapshotError(f"{key}[{i}]: not an action: {_short(action)}")
+            raise SnapshotError(f"{key}[{i}]: not an action: {short_repr(action)}")
     return list(actions)
 
 
