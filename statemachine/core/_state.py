@@ -33,10 +33,11 @@ from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools
 from ._codec import decode, encode
 from ._exceptions import SnapshotError
 from ._json_data import json_problem
+from ._model_error import ModelError
 from ._settings import Settings
 from ._table import IDLE, ROWS, STATES, TERMINAL_STATES
 from ._taxonomy import SessionStatus, TurnStatus
-from ._tool_calls import ToolCall
+from ._tool_calls import ToolCall, ToolResult
 
 MAX_COUNT = (1 << 63) - 1
 """The largest counter a snapshot may hold (and any counter can reach)."""
@@ -261,7 +262,60 @@ def _decode_actions(raw: Any, key: str) -> list[Action]:
     for i, action in enumerate(actions):
         if type(action) not in ACTION_TYPES:
             raise SnapshotError(f"{key}[{i}]: not an action: {short_repr(action)}")
+        problem = _action_problem(action)
+        if problem is not None:
+            raise SnapshotError(f"{key}[{i}]: {type(action).__name__}.{problem}")
     return list(actions)
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and 0 <= value <= MAX_COUNT
+
+
+def _is_seconds(value: object, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return type(value) in (int, float) and _finite_non_negative(value)  # type: ignore[arg-type]
+
+
+def _is_text(value: object) -> bool:
+    return value is None or (type(value) is str and json_problem(value) is None)
+
+
+def _all(values: object, kind: type) -> bool:
+    return type(values) is tuple and all(type(v) is kind for v in values)
+
+
+_FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
+    Assemble: (
+        ("reduce", lambda v: type(v) is bool),
+        ("withhold_tools", lambda v: type(v) is bool),
+        ("instruction", _is_text),
+    ),
+    CallModel: (
+        ("attempt", _is_count),
+        ("model", _is_text),
+        ("withhold_tools", lambda v: type(v) is bool),
+    ),
+    Wait: (("seconds", _is_seconds), ("attempt", _is_count)),
+    InvokeTools: (("calls", lambda v: _all(v, ToolCall) and len(v) > 0),),
+    Finish: (
+        ("tool_results", lambda v: _all(v, ToolResult)),
+        ("error", lambda v: v is None or type(v) is ModelError),
+        ("model", _is_text),
+        ("fallbacks", lambda v: _all(v, Fallback)),
+        ("retry_at", lambda v: _is_seconds(v, optional=True)),
+    ),
+}
+"""What a decoded action's fields must hold (the codec builds values without
+validators: the engine builds its actions itself)."""
+
+
+def _action_problem(action: Action) -> str | None:
+    for name, valid in _FIELD_CHECKS[type(action)]:
+        if not valid(getattr(action, name)):
+            return f"{name}: {short_repr(getattr(action, name))} is not what the engine writes"
+    return None
 
 
 PATH = Kind("path", _encode_path, _decode_path, list)
