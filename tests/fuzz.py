@@ -840,7 +840,8 @@ def render(value: Any) -> str:
     if isinstance(value, sm.Headers):
         return render(dict(value))
     if isinstance(value, type):
-        return f"sm.{value.__name__}" if getattr(sm, value.__name__, None) is value else "type"
+        name = str(getattr(value, "__name__", ""))
+        return f"sm.{name}" if getattr(sm, name, None) is value else "type"
     cls = type(value)
     if attrs.has(cls) and getattr(sm, cls.__name__, None) is cls:
         parts = []
@@ -899,7 +900,8 @@ class _Script:
         return f"refused(lambda: {call}, {error})"
 
     def lines(self, entry: list[Any]) -> list[str]:
-        return getattr(self, "op_" + entry[0])(*entry[1:])
+        lines: list[str] = getattr(self, "op_" + entry[0])(*entry[1:])
+        return lines
 
     def op_session(
         self, session: Any, kw: dict[str, Any], seed: int, clock: Any, now: float
@@ -1013,8 +1015,8 @@ class Walk:
         self.ids = 0
         self.requests = 0
         self.clock = ManualClock()
-        self.next_snapshot = stats.steps + self.rng.between(5, 300)
-        """The step of the next snapshot round trip (then every 20-500 steps)."""
+        self.next_snapshot = stats.steps + self.rng.between(5, 600)
+        """The step of the next snapshot round trip (then every 60-1000 steps)."""
         self.next_forge = stats.steps + self.rng.between(20, 800)
         """The step of the next forged snapshot (then every 100-1500 steps)."""
 
@@ -1106,6 +1108,8 @@ class Driver:
         self.enveloped = False
         self.done = True
         """Whether the current turn has finished (or there is none yet)."""
+        self.invoked = False
+        """Whether the current turn has asked for tools."""
         if self.turn is not None:
             self.adopt_turn(self.turn)
 
@@ -1172,7 +1176,7 @@ class Driver:
         if not self.forged:
             w = self.w
             if self.stats.steps >= w.next_snapshot:
-                w.next_snapshot = self.stats.steps + self.rng.between(20, 500)
+                w.next_snapshot = self.stats.steps + self.rng.between(60, 1000)
                 self.round_trip()
                 return True
             if self.stats.steps >= w.next_forge:
@@ -1180,17 +1184,15 @@ class Driver:
                 self.forge()
                 return True
             r = self.rng.random()
-            if r < 0.1:
-                if r < 0.03:
+            if r < 0.055:  # 2 % illegal, 1.3 % stale, 1.5 % cancel, 0.7 % new_turn
+                if r < 0.02:
                     self.illegal_probe()
-                elif r < 0.05:
+                elif r < 0.033:
                     self.stale_probe()
-                elif r < 0.065:
+                elif r < 0.048:
                     self.cancel()
-                elif r < 0.075:
-                    self.new_turn_while_running()
                 else:
-                    self.legal()
+                    self.new_turn_while_running()
                 return True
         self.legal()
         return True
@@ -1328,7 +1330,7 @@ class Driver:
                 self.w.pool_add(turn, session)
                 turn = replacement
         self.begin_turn(turn, limit_before)
-        if not self.forged and rng.random() < 0.02:
+        if not self.forged and rng.random() < 0.01:
             self.round_trip()
         self.start()
         return True
@@ -1369,6 +1371,7 @@ class Driver:
                         "and the next turn is a regular one",
                     )
         self.done = False
+        self.invoked = False
         self.steps = 0
         self.poisoned = []
         self.fatal = False
@@ -1422,6 +1425,7 @@ class Driver:
             self.check_finish(action)
             return
         if kind is sm.InvokeTools:
+            self.invoked = True
             if self.final:
                 raise Violation(p + "final-answer-invoked-tools", short(action))
             tripped = self.tripped_before
@@ -1433,7 +1437,11 @@ class Driver:
                             f"{call.provider!r} is open ({sorted(tripped)}): {short(action)}",
                         )
         elif kind is sm.Assemble:
-            if self.final and not action.withhold_tools:
+            if self.final and (
+                not action.withhold_tools
+                or not isinstance(action.instruction, str)
+                or not action.instruction
+            ):
                 raise Violation(p + "final-answer-tools-offered", short(action))
         else:
             raise Violation(p + "protocol-broken:action", f"not an action: {short(action)}")
@@ -1561,6 +1569,8 @@ class Driver:
                 )
         else:
             self.after_finish = (session.turns, session.cost_usd, session.elapsed_s)
+            if not self.invoked:  # conservative: a turn without a tool round may end a run
+                self.doom_key, self.doom_run = None, 0
             if action.status is sm.TurnStatus.BUDGET_EXHAUSTED and session.limit_reached is None:
                 raise Violation(
                     p + "limit-not-fired:budget_exhausted",
@@ -1847,7 +1857,8 @@ class Driver:
             millis = rng.between(0, 5000)
             return ({"headers": {"retry-after-ms": str(millis)}}, millis / 1000.0, False)
         if r < 0.3005:
-            return rng.pick(RARE_RETRY_AFTERS)
+            rare: RetryAfter = rng.pick(RARE_RETRY_AFTERS)
+            return rare
         return RETRY_AFTERS[rng.below(len(RETRY_AFTERS))]
 
     def fail(self, action: Any) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from statemachine import ConfigError, SessionStatus, Settings, TurnStatus
 from statemachine.core._table import BACKING_OFF, CALLING, ROWS, STATES, Row
-from statemachine.dev import _check
-from statemachine.dev._check import check, main, step_bound
+from statemachine.dev import check as _check
+from statemachine.dev.check import check, main, step_bound
 
 SETTINGS_DIR = Path(__file__).resolve().parent.parent / "specs" / "check-settings"
 SETTINGS_FILES = sorted(SETTINGS_DIR.glob("*.toml"))

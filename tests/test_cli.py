@@ -74,11 +74,11 @@ def test_main_module_and_console_script_share_one_entry_point() -> None:
 
 @pytest.mark.requirement("ER-68")
 def test_check_is_dispatched_to_the_model_checker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``check ARGS`` calls ``statemachine.dev._check.main(ARGS)`` and returns its code."""
+    """``check ARGS`` calls ``statemachine.dev.check.main(ARGS)`` and returns its code."""
     seen: list[list[str]] = []
-    fake = types.ModuleType("statemachine.dev._check")
+    fake = types.ModuleType("statemachine.dev.check")
     fake.main = lambda argv: seen.append(list(argv)) or 3  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "statemachine.dev._check", fake)
+    monkeypatch.setitem(sys.modules, "statemachine.dev.check", fake)
     assert main(["check", "--settings", "x.toml"]) == 3
     assert seen == [["--settings", "x.toml"]]
 
@@ -87,7 +87,7 @@ def test_check_is_dispatched_to_the_model_checker(monkeypatch: pytest.MonkeyPatc
 def test_check_without_the_model_checker_says_so_and_exits_2(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """If ``statemachine.dev._check`` is not installed, ``check`` prints a clear message."""
+    """If ``statemachine.dev.check`` is not installed, ``check`` prints a clear message."""
 
     def missing(name: str) -> None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
@@ -96,7 +96,7 @@ def test_check_without_the_model_checker_says_so_and_exits_2(
     code, _, err = _run("check")
     assert code == 2
     assert "model checker" in err
-    assert "statemachine/_check.py" in err
+    assert "statemachine/dev/check/" in err
 
 
 @pytest.mark.requirement("ER-63")

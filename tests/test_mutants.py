@@ -20,7 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from statemachine import Settings
 from statemachine.core._engine import Dispatch
 from statemachine.core._table import BACKING_OFF, CALLING, ROWS, Row
-from statemachine.dev._check import check
+from statemachine.dev.check import check
 
 SMALL = Settings(
     max_retries=2,

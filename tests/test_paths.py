@@ -15,7 +15,7 @@ import pytest
 
 from statemachine import Settings
 from statemachine.core._table import ROWS
-from statemachine.dev._check import CheckReport, check, replay
+from statemachine.dev.check import CheckReport, check, replay
 
 EVERYTHING = Settings.from_toml(
     Path(__file__).resolve().parent.parent / "specs" / "check-settings" / "everything.toml"

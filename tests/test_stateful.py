@@ -56,7 +56,7 @@ from statemachine import (
 )
 from statemachine.core._engine import DISPATCH as DEFAULT_DISPATCH
 from statemachine.core._engine import Dispatch
-from statemachine.dev._check import step_bound
+from statemachine.dev.check import step_bound
 
 WALL = 1_700_000_000.0
 RECOVERY = ("backing_off", "reducing_context")

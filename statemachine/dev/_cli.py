@@ -5,7 +5,7 @@ Subcommands:
 * ``simulate [SCENARIO...]``: run scripted failure storms through the real engine
   on a virtual clock and print their traces; with no argument, every built-in.
 * ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
-* ``check``: the exhaustive model check (``statemachine.dev._check``).
+* ``check``: the exhaustive model check (``statemachine.dev.check``).
 
 Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
 (``diagram --check``), or the SVGs could not be drawn under ``--require-svg``;
@@ -139,12 +139,12 @@ def main(
 
 def _check(argv: list[str], err: IO[str]) -> int:
     try:
-        module = importlib.import_module("statemachine.dev._check")
+        module = importlib.import_module("statemachine.dev.check")
     except ModuleNotFoundError as exc:
-        if exc.name != "statemachine.dev._check":
+        if exc.name != "statemachine.dev.check":
             raise
         print(
-            "statemachine check: the model checker (statemachine/_check.py) is not "
+            "statemachine check: the model checker (statemachine/dev/check/) is not "
             "part of this installation",
             file=err,
         )

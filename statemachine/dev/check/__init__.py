@@ -1,0 +1,207 @@
+"""``statemachine check``: an exhaustive model check of the turn engine.
+
+The checker explores, breadth first, the *abstract* state space of a session: the
+turn's state x the counters that bound it (the call's attempt, the session's
+retries, the turn's reductions, the fallback model in use, the final-answer flag,
+the crash count of a tool provider, the turn counter, whether the wall clock ran
+out, which limit fired). It drives the **real engine**: every node holds a concrete
+``Session``/``Turn`` (with an injected clock) and every edge is one representative
+event sent to a clone of it -- each error category, a partial stream, usable,
+too-long and garbage retry-afters, tool outcomes including ``process_crashed``,
+shrinking and non-shrinking reassemblies, ``CannotShrink``, ``Cancelled``, a clock
+that has run out. Then it proves, over every node and edge it found:
+
+* **no illegal loop** (ER-29): every edge within a turn leaves the ranking function
+  ``(session retries left, reductions left, fallbacks left, call retries left)``
+  (lexicographic; the last counts only while a call is in flight) no greater, and
+  every edge *into* a recovery state (``backing_off``, ``reducing_context``, a
+  fallback ``calling``) strictly smaller; the turn graph is acyclic, and every
+  reachable node reaches a terminal one without ``Cancelled``;
+* **required reactions** (ER-3, 5, 6, 7, 8, 9, 10, 11, 13, 16, 18, 19, 20, 22, 23,
+  24, 31, 32): each category's edges against the table of ``design/api.md``;
+* **illegal events** (ER-27): every (state, event) pair with no row raises
+  ``IllegalEvent`` and changes nothing;
+* **reachability**: every state and every ``TurnStatus`` the settings allow.
+
+Counters are explored exactly while the space is small (the defaults are). With
+huge caps they are *accelerated*: the call's attempt, the reductions, crash counts
+and the turn counter, once they have left zero and are more than ``saturation``
+steps from their cap, jump to ``cap - saturation``; the session's retries collapse
+their middle into one value, from which a synthetic ``jump`` step leads close to
+the ceiling. Guards read a counter only as ``counter < cap``, so every guard
+valuation stays reachable (``specs/invariants.md`` has the argument) and the space
+stays small.
+
+To check a mutated table, pass ``rows`` (and ``effects`` for extra effect
+functions): the sessions run it in a ``Dispatch`` of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ...core import _table
+from ...core._engine import DISPATCH, Dispatch, Effect
+from ...core._exceptions import ConfigError
+from ...core._session import Session
+from ...core._settings import Settings
+from ...core._table import RUNNING_STATES, START, TERMINAL_STATES, Row
+from ._abstraction import step_bound
+from ._events import (
+    _CLOCK_ZERO,
+    _NEW_TURN,
+    DEFAULT_SATURATION,
+    EXACT_BUDGET,
+    Step,
+    _Clock,
+    _Ctx,
+    _event,
+    _wall_clock,
+)
+from ._explore import _Explorer, _required, _space
+from ._report import CheckReport, Violation, render_table
+
+__all__ = [
+    "CheckReport",
+    "Step",
+    "Violation",
+    "check",
+    "main",
+    "render_table",
+    "replay",
+    "step_bound",
+]
+
+
+def check(
+    settings: Settings | None = None,
+    *,
+    rows: Sequence[Row] | None = None,
+    effects: Mapping[str, Effect] | None = None,
+    saturation: int | None = None,
+    exact: bool | None = None,
+) -> CheckReport:
+    """Explore the abstract state space for ``settings`` and prove the properties.
+
+    ``rows`` (default: the engine's table) and ``effects`` check a mutated table.
+    ``exact`` forces (or forbids) exact counters; by default counters are exact when
+    the space is at most :data:`EXACT_BUDGET`, else accelerated with ``saturation``.
+    """
+    settings = settings if settings is not None else Settings()
+    if exact is None:
+        exact = _space(settings) <= EXACT_BUDGET
+    k = None if exact else (saturation if saturation is not None else DEFAULT_SATURATION)
+    if k is not None and k < 1:
+        raise ConfigError(f"saturation: must be >= 1, got {k!r}")
+    table = tuple(rows) if rows is not None else _table.ROWS
+    last_steps = frozenset(
+        state
+        for state in RUNNING_STATES
+        if all(row.dest in TERMINAL_STATES for row in table if row.source == state)
+        and any(row.source == state and row.event != "Cancelled" for row in table)
+    )
+    dispatch = Dispatch(table, effects) if rows is not None or effects else DISPATCH
+    ctx = _Ctx(settings, k, settings.max_turns is not None, last_steps, dispatch)
+    started = time.perf_counter()
+    explorer = _Explorer(ctx, table)
+    explorer.run()
+    longest = explorer.check_termination()
+    reached_states = frozenset(node.ts.state for node in explorer.nodes)
+    reached_statuses = frozenset(
+        node.turn.status.value for node in explorer.nodes if node.turn.status is not None
+    )
+    reached_session = frozenset(
+        node.state.status.value for node in explorer.nodes if node.state.status is not None
+    )
+    required_states, required_statuses = _required(settings)
+    for state in sorted(required_states - reached_states):
+        explorer.violate("reachability", f"state {state!r} is never reached", None)
+    for status in sorted(required_statuses - reached_statuses):
+        explorer.violate("reachability", f"status {status!r} is never reached", None)
+    bound = step_bound(settings)
+    if exact and longest > bound:
+        explorer.violate("ER-29", f"a turn of {longest} steps exceeds the bound {bound}", None)
+    return CheckReport(
+        settings=settings,
+        exact=exact,
+        states=len(explorer.nodes),
+        edges=explorer.edges,
+        longest_turn=longest,
+        step_bound=bound,
+        seconds=time.perf_counter() - started,
+        violations=tuple(explorer.violations),
+        reached_states=reached_states,
+        reached_statuses=reached_statuses,
+        reached_session_statuses=reached_session,
+        required_states=required_states,
+        required_statuses=required_statuses,
+        rows=table,
+        row_paths=dict(explorer.row_paths),
+    )
+
+
+def replay(settings: Settings, path: Sequence[Step]) -> Session:
+    """Run ``path`` (from a :class:`CheckReport`) on a fresh session; return it.
+
+    Exact-mode paths are real event sequences: this is how the tests re-run the
+    shortest path to every row on the real engine.
+    """
+    ctx = _Ctx(settings, None, settings.max_turns is not None)
+    clock = _Clock(_CLOCK_ZERO)
+    session = Session(settings, seed=7, clock=clock, wall_clock=_wall_clock)
+    turn = session.new_turn()
+    for step in path:
+        if step.kind == _NEW_TURN:
+            turn = session.new_turn()
+        elif step.kind == START:
+            turn.start()
+        else:
+            state = session.state
+            if state.turn is None:  # pragma: no cover - new_turn() came first
+                raise RuntimeError("a path that sends an event before new_turn")
+            turn.send(_event(ctx, step, state, state.turn, clock))
+    return session
+
+
+# -- the command -------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``statemachine check [--settings FILE]``: 0 when every property holds."""
+    parser = argparse.ArgumentParser(
+        prog="statemachine check",
+        description="Exhaustively model-check the turn engine for the given settings.",
+    )
+    parser.add_argument("--settings", metavar="FILE", help="a TOML file with a [settings] table")
+    parser.add_argument(
+        "--saturation",
+        type=int,
+        default=None,
+        help="accelerate counters more than this far from their caps (default: exact if small)",
+    )
+    parser.add_argument(
+        "--table",
+        metavar="FILE",
+        help="write the state x event table (specs/table.md) to FILE and exit",
+    )
+    args = parser.parse_args(argv)
+    if args.table:
+        Path(args.table).write_text(render_table(), encoding="utf-8")
+        print(f"statemachine check: wrote {args.table}")
+        return 0
+    try:
+        settings = Settings.from_toml(Path(args.settings)) if args.settings else Settings()
+        report = check(
+            settings,
+            saturation=args.saturation,
+            exact=False if args.saturation is not None else None,
+        )
+    except ConfigError as exc:
+        print(f"statemachine check: {exc}", file=sys.stderr)
+        return 2
+    print(report.render())
+    return 0 if report.ok else 1

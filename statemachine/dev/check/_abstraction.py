@@ -1,0 +1,165 @@
+"""The abstract state: nodes over the engine's declared state, their key, the copy the
+explorer steps from, counter acceleration and the ranking function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ...core._session import Session, Turn
+from ...core._settings import Settings
+from ...core._state import SessionState, TurnState, key_fields, step_after
+from ...core._table import (
+    BACKING_OFF,
+    CALLING,
+    INVOKING_TOOLS,
+    TERMINAL_STATES,
+)
+
+# -- nodes -------------------------------------------------------------------------
+from ._events import _Clock, _Ctx, _wall_clock
+
+
+@attrs.define
+class _Node:
+    session: Session
+    turn: Turn
+    state: SessionState
+    """The session's declared state (the session owns it; the checker reads it)."""
+    clock: _Clock
+    poisoned: frozenset[Any]
+    """Requests that overflowed in this turn: never to be sent again."""
+    fatal: bool
+    """An auth_error / invalid_request came in this turn: nothing but Finish may follow."""
+
+    @property
+    def ts(self) -> TurnState:
+        """The current turn's declared state."""
+        turn = self.state.turn
+        if turn is None:  # pragma: no cover - every node is made after new_turn()
+            raise RuntimeError("a node without a turn")
+        return turn
+
+
+def _node(
+    ctx: _Ctx, state: SessionState, clock: _Clock, poisoned: frozenset[Any], fatal: bool
+) -> _Node:
+    """A node over ``state`` (which the new session takes over)."""
+    session = Session.from_state(
+        ctx.settings, state, clock, wall_clock=_wall_clock, dispatch=ctx.dispatch
+    )
+    turn = session.current_turn
+    if turn is None:  # pragma: no cover - every node is made after new_turn()
+        raise RuntimeError("a node without a turn")
+    return _Node(session, turn, state, clock, poisoned, fatal)
+
+
+def _clone(ctx: _Ctx, node: _Node) -> _Node:
+    return _node(ctx, node.session.state, _Clock(node.clock.now), node.poisoned, node.fatal)
+
+
+def _canon(value: int, cap: int, saturation: int | None) -> int:
+    if saturation is None or value <= 0 or cap - value <= saturation:
+        return value
+    return max(cap - saturation, value)
+
+
+_TURN_KEY = key_fields(TurnState)
+_SESSION_KEY = key_fields(SessionState)
+
+
+def _accelerate(ctx: _Ctx, node: _Node) -> None:
+    """Jump counters far from their caps to ``cap - saturation`` (no-op when exact).
+
+    The counters are the declared fields whose key mode is ``cap:<setting>``.
+    """
+    k = ctx.saturation
+    if k is None:
+        return
+    settings = ctx.settings
+    state, turn = node.state, node.ts
+    for target, fields in ((turn, _TURN_KEY), (state, _SESSION_KEY)):
+        for name, mode in fields:
+            if not mode.startswith("cap:"):
+                continue
+            cap = getattr(settings, mode[4:])
+            if cap is None or (name == "turns" and not ctx.tracks_turns):
+                continue
+            value = getattr(target, name)
+            if name == "retries":
+                if k < value < cap - k:
+                    # the middle of a huge ceiling is one class: "some retries used, many
+                    # left"; the _JUMP step takes it close to the ceiling
+                    setattr(target, name, k + 1)
+            else:
+                setattr(target, name, _canon(value, cap, k))
+    if state.breakers:
+        state.breakers = {
+            p: _canon(n, settings.breaker_threshold, k) for p, n in state.breakers.items()
+        }
+    if turn.path:
+        # the trace's last counters follow the state they describe
+        turn.path[-1] = step_after(turn.path[-1][0], turn, state)
+
+
+def _field_key(value: Any, mode: str) -> Any:
+    if mode == "providers":
+        return tuple(call.provider for call in value)
+    if type(value) is dict:
+        return tuple(sorted(value.items()))
+    return value
+
+
+def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
+    """The abstract state: the declared fields the key reads (``key_fields``), the
+    turn's reduced to what its future reads once that is little, plus what the checker
+    itself tracks (overflowed requests, a fatal error, a clock that has run out)."""
+    state, turn = node.state, node.ts
+    limit = ctx.settings.max_wall_clock_s
+    late = limit is not None and node.clock.now - state.started >= limit
+    if turn.state in TERMINAL_STATES:
+        # a finished turn's future (the next turn) depends on the session alone
+        turn_part: tuple[Any, ...] = (turn.state, turn.status, turn.final_answer)
+    elif turn.state in ctx.last_steps:
+        # every row out of this state finishes the turn: only what its events read
+        # (the calls in flight) and the session matter
+        turn_part = (turn.state, turn.final_answer, _field_key(turn.calls, "providers"))
+    else:
+        turn_part = (
+            turn.status,
+            *(_field_key(getattr(turn, name), mode) for name, mode in _TURN_KEY),
+            turn.request in node.poisoned if node.poisoned else False,
+            node.fatal,
+        )
+    session_part = tuple(
+        _field_key(getattr(state, name), mode)
+        for name, mode in _SESSION_KEY
+        if mode != "nested" and (name != "turns" or ctx.tracks_turns)
+    )
+    return (*turn_part, *session_part, late)
+
+
+def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int]:
+    """(session retries left, reductions left, fallbacks left, call retries left)."""
+    session, turn = node.state, node.ts
+    in_call = turn.state in (CALLING, BACKING_OFF, INVOKING_TOOLS)
+    return (
+        settings.session_retry_ceiling - session.retries,
+        settings.max_context_reductions - turn.reductions,
+        len(settings.fallback_models) - 1 - turn.model_index,
+        settings.max_retries - turn.attempt if in_call else settings.max_retries,
+    )
+
+
+def step_bound(settings: Settings) -> int:
+    """An upper bound on the events of one turn, derived from the settings.
+
+    start + first assembly + per assembled request (1 + reductions of them): each
+    model in the chain makes up to ``max_retries`` (failure, wait-done) pairs and one
+    more failure, then a reply and a tools-done; plus a reduced reassembly each.
+    """
+    models = 1 + len(settings.fallback_models)
+    per_request = models * (2 * settings.max_retries + 1)
+    reductions = settings.max_context_reductions
+    return 2 + (reductions + 1) * per_request + reductions + 2

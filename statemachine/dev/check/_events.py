@@ -1,0 +1,277 @@
+"""The checker's representative events: one per category, variant and turn boundary,
+built for the node they are sent to."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ...core._actions import Wait
+from ...core._engine import DISPATCH, Dispatch
+from ...core._events import (
+    Assembled,
+    Cancelled,
+    CannotShrink,
+    ModelFailed,
+    ModelReplied,
+    ToolsDone,
+    WaitDone,
+)
+from ...core._model_error import ModelError
+from ...core._settings import Settings
+from ...core._state import SessionState, TurnState
+from ...core._table import (
+    BACKING_OFF,
+    CALLING,
+    IDLE,
+    REDUCING_CONTEXT,
+    START,
+    TERMINAL_STATES,
+)
+from ...core._taxonomy import ErrorCategory, ToolErrorCategory
+from ...core._tool_calls import ToolCall, ToolOutcome
+
+RECOVERY_STATES = (BACKING_OFF, REDUCING_CONTEXT)
+"""States a turn enters only to recover; with a fallback ``calling``, each entry
+must consume a bounded resource."""
+
+EXACT_BUDGET = 20_000
+"""Explore counters exactly when the product of their ranges is at most this."""
+
+DEFAULT_SATURATION = 2
+"""How close to its cap an accelerated counter is explored exactly."""
+
+MAX_NODES = 300_000
+"""A hard stop: a (mutated) table whose space does not close is reported, not hung on."""
+
+_NEW_TURN = "new_turn"
+_JUMP = "jump"
+"""Not an event: an accelerated counter jumps close to its cap (accelerated mode)."""
+_CLOCK_ZERO = 1_000.0
+_SIZE = 1_000_000
+_WALL = 1_700_000_000.0
+
+
+# -- representative events ---------------------------------------------------------
+
+
+@attrs.frozen
+class Step:
+    """One representative event (or turn boundary) the checker sends.
+
+    ``kind`` is the trigger (``start``, ``new_turn`` or an event class name) and
+    ``variant`` which representative of it; :meth:`describe` reads as code.
+    """
+
+    kind: str
+    variant: str = ""
+
+    def describe(self) -> str:
+        """The step as a short, readable line."""
+        return f"{self.kind}({self.variant})" if self.variant else self.kind
+
+
+class _Clock:
+    __slots__ = ("now",)
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _wall_clock() -> float:
+    return _WALL
+
+
+@attrs.frozen
+class _Ctx:
+    """What the checker derives from the settings once."""
+
+    settings: Settings
+    saturation: int | None
+    tracks_turns: bool
+    last_steps: frozenset[str] = frozenset()
+    """Running states all of whose rows lead to a terminal state."""
+    dispatch: Dispatch = DISPATCH
+    """The table the sessions run (a mutated one for the mutants)."""
+    errors: dict[str, tuple[ModelError, bool, float | None]] = attrs.field(factory=dict, eq=False)
+    """The representative ModelErrors, built once (they are immutable)."""
+
+    @property
+    def server_too_long(self) -> float:
+        return self.settings.max_server_wait_s + 1.0
+
+
+def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
+    """The representative steps available at a node."""
+    state = turn.state
+    settings = ctx.settings
+    if state in TERMINAL_STATES:
+        if session.status is not None:
+            return []
+        return [Step(_NEW_TURN)]
+    steps: list[Step] = []
+    if state == IDLE:
+        steps.append(Step(START))
+    elif state == "assembling":
+        steps += [Step("Assembled", "fresh"), Step("CannotShrink")]
+    elif state == REDUCING_CONTEXT:
+        steps += [
+            Step("Assembled", "shrunk"),
+            Step("Assembled", "same_size"),
+            Step("Assembled", "same_request"),
+            Step("CannotShrink"),
+        ]
+    elif state == CALLING:
+        steps += [Step("ModelFailed", category.value) for category in ErrorCategory]
+        steps += [
+            Step("ModelFailed", "rate_limited:partial"),
+            Step("ModelFailed", "auth_error:partial"),
+            Step("ModelFailed", "rate_limited:too_long"),
+            Step("ModelFailed", "overloaded:header_ms"),
+            Step("ModelFailed", "rate_limited:garbage"),
+            Step("ModelReplied", "none"),
+            Step("ModelReplied", "p"),
+            Step("ModelReplied", "pq"),
+            Step("ModelReplied", "doom"),
+        ]
+        if settings.breaker_threshold > 1:
+            steps.append(Step("ModelReplied", "p_many"))
+        if settings.max_wall_clock_s is not None:
+            steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
+        if settings.max_cost_usd is not None:
+            steps.append(Step("ModelReplied", "costly"))
+    elif state == BACKING_OFF:
+        steps.append(Step("WaitDone"))
+    elif state == "invoking_tools":
+        steps += [Step("ToolsDone", "ok"), Step("ToolsDone", "fail")]
+        if any(call.provider == "p" for call in turn.calls):
+            steps.append(Step("ToolsDone", "crash"))
+    steps.append(Step("Cancelled", "host"))
+    k = ctx.saturation
+    if k is not None and session.retries == k + 1 < settings.session_retry_ceiling - k:
+        steps.append(Step(_JUMP, "session_retries"))
+    return steps
+
+
+def _model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float | None]:
+    """(error, partial, the retry-after the engine must honour) for a variant."""
+    cached = ctx.errors.get(variant)
+    if cached is None:
+        cached = ctx.errors[variant] = _new_model_error(ctx, variant)
+    return cached
+
+
+def _new_model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float | None]:
+    category, _, how = variant.partition(":")
+    if how == "partial":
+        return ModelError(category, "stream broke"), True, None
+    if how == "too_long":
+        seconds = ctx.server_too_long
+        return ModelError(category, "slow down", retry_after_seconds=seconds), False, seconds
+    if how == "header_ms":
+        error = ModelError(category, "busy", headers={"Retry-After-Ms": "1500"})
+        return error, False, 1.5
+    if how == "garbage":
+        error = ModelError(
+            category,
+            "busy",
+            retry_after_seconds=math.nan,
+            headers={"retry-after-ms": "-5", "Retry-After": "soon"},
+        )
+        return error, False, None
+    return ModelError(category, f"{category} error", code=category), False, None
+
+
+def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
+    """Build the event of ``step`` for this node (mutating the clock if it says so)."""
+    kind, variant = step.kind, step.variant
+    request = f"t{turn.index}s{len(turn.actions)}"
+    if kind == "Assembled":
+        overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
+        if variant == "shrunk":
+            return Assembled(request, max(overflowed - 1, 0))
+        if variant == "same_size":
+            return Assembled(request, overflowed)
+        if variant == "same_request":
+            return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
+        return Assembled(request, _SIZE)
+    if kind == "CannotShrink":
+        return CannotShrink()
+    if kind == "ModelFailed":
+        if variant.endswith(":late"):
+            _run_out(ctx, session, clock)
+        error, partial, _ = _model_error(ctx, variant)
+        return ModelFailed(error, partial=partial)
+    if kind == "ModelReplied":
+        index = turn.index
+        calls: tuple[ToolCall, ...] = ()
+        cost = 0.0
+        if variant == "p":
+            calls = (ToolCall(f"c{index}p", "p", "read", {"turn": index}),)
+        elif variant == "pq":
+            calls = (
+                ToolCall(f"c{index}p", "p", "read", {"turn": index}),
+                ToolCall(f"c{index}q", "q", "write", {"turn": index}),
+            )
+        elif variant == "p_many":
+            calls = tuple(
+                ToolCall(f"c{index}p{i}", "p", "read", {"turn": index, "i": i})
+                for i in range(_many(ctx))
+            )
+        elif variant == "doom":
+            threshold = ctx.settings.doom_loop_threshold
+            calls = tuple(
+                ToolCall(f"c{index}d{i}", "q", "again", {"same": True}) for i in range(threshold)
+            )
+        elif variant == "costly":
+            cost = float(ctx.settings.max_cost_usd or 0.0)
+        elif variant == "late":
+            _run_out(ctx, session, clock)
+        return ModelReplied(calls, cost=cost, reply=f"reply {index}")
+    if kind == "WaitDone":
+        action = turn.actions[-1] if turn.actions else None
+        if type(action) is Wait and math.isfinite(action.seconds):
+            clock.now += action.seconds
+        return WaitDone()
+    if kind == "ToolsDone":
+        outcomes = []
+        for call in turn.calls:
+            if variant == "fail":
+                outcomes.append(
+                    ToolOutcome(call.id, False, "it failed", ToolErrorCategory.EXECUTION_FAILED)
+                )
+            elif variant == "crash" and call.provider == "p":
+                outcomes.append(
+                    ToolOutcome(call.id, False, "plugin died", ToolErrorCategory.PROCESS_CRASHED)
+                )
+            else:
+                outcomes.append(ToolOutcome(call.id, True, "done"))
+        return ToolsDone(tuple(outcomes))
+    if kind == "Cancelled":
+        return Cancelled(variant)
+    raise ValueError(f"step: unknown kind {kind!r}")  # pragma: no cover
+
+
+def _many(ctx: _Ctx) -> int:
+    """How many calls to ``p`` the ``p_many`` reply makes: enough to trip its breaker
+    in one turn (accelerated: enough to leave zero, the jump does the rest)."""
+    threshold = ctx.settings.breaker_threshold
+    return threshold if ctx.saturation is None else min(threshold, ctx.saturation + 1)
+
+
+def _run_out(ctx: _Ctx, session: SessionState, clock: _Clock) -> None:
+    limit = ctx.settings.max_wall_clock_s
+    if limit is not None:
+        clock.now = max(clock.now, session.started + limit)
+
+
+@attrs.frozen
+class _At:
+    """Where a finding is: a node, and the step taken from it (resolved lazily)."""
+
+    index: int
+    step: Step | None = None

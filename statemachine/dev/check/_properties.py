@@ -1,0 +1,330 @@
+"""The properties: what every edge must respect (ranking, caps, per-category reactions,
+the final-answer turn, breakers, tool results) and that illegal events change nothing."""
+
+from __future__ import annotations
+
+from ...core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ...core._events import (
+    Assembled,
+    Cancelled,
+    CannotShrink,
+    ModelFailed,
+    ModelReplied,
+    ToolsDone,
+    WaitDone,
+)
+from ...core._exceptions import IllegalEvent
+from ...core._model_error import ModelError
+from ...core._table import (
+    CALLING,
+    REDUCING_CONTEXT,
+    TERMINAL_STATES,
+)
+from ...core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
+from ._abstraction import _clone, _key, _Node, _rank
+from ._events import RECOVERY_STATES, Step, _At, _Ctx, _model_error
+
+
+class Properties:
+    """The properties checked on every edge and node (a base of the explorer, which
+    holds the nodes and records violations)."""
+
+    ctx: _Ctx
+    nodes: list[_Node]
+
+    def violate(self, requirement: str, message: str, at: _At | None) -> None:
+        raise NotImplementedError  # pragma: no cover - the explorer records them
+
+    def check_edge(
+        self,
+        source: _Node,
+        node: _Node,
+        step: Step,
+        event: object,
+        action: Action,
+        before: tuple[int, int, int, int],
+        path: _At,
+    ) -> None:
+        settings = self.ctx.settings
+        turn, session = node.ts, node.state
+        src_state, dest = source.ts.state, turn.state
+        v = self.violate
+
+        # ranking function (ER-29)
+        after = _rank(settings, node)
+        fell_back = src_state == CALLING and dest == CALLING
+        if after > before and dest not in TERMINAL_STATES:
+            v("ER-29", f"ranking grew: {before} -> {after} on {src_state} -> {dest}", path)
+        if (dest in RECOVERY_STATES or fell_back) and not after < before:
+            v(
+                "ER-29",
+                f"recovery edge consumed nothing: {src_state} -> {dest} keeps rank {after}",
+                path,
+            )
+
+        # caps (ER-5)
+        if turn.attempt > settings.max_retries:
+            v("ER-5", f"attempt beyond max_retries: {turn.attempt}", path)
+        if session.retries > settings.session_retry_ceiling:
+            v("ER-5", f"session retries beyond the ceiling: {session.retries}", path)
+        if turn.reductions > settings.max_context_reductions:
+            v("ER-8", f"reductions beyond max_context_reductions: {turn.reductions}", path)
+
+        # nothing but Finish after a fatal error; never resend an overflowed request
+        if source.fatal and type(action) is not Finish:
+            v("ER-9", f"action after auth_error/invalid_request: {action!r}", path)
+        if type(action) is CallModel and action.request in source.poisoned:
+            v("ER-6", f"CallModel resends a request that overflowed: {action!r}", path)
+
+        self.check_action(source, node, action, path)
+        self.check_event(source, node, step, event, action, path)
+
+    def check_action(self, source: _Node, node: _Node, action: Action, path: _At) -> None:
+        """What any action must respect: the final-answer turn, breakers, Finish."""
+        turn, dest = node.ts, node.ts.state
+        v = self.violate
+        # the final-answer turn (ER-16) and the breakers (ER-18)
+        if turn.final_answer:
+            if type(action) is Wait:
+                v("ER-16", "final-answer turn waits to retry", path)
+            if type(action) is InvokeTools:
+                v("ER-16", "final-answer turn invokes tools", path)
+            if type(action) is CallModel and (action.attempt or not action.withhold_tools):
+                v("ER-16", f"final-answer turn call is not one tool-less attempt: {action!r}", path)
+            if type(action) is Assemble and (
+                not action.withhold_tools or not action.instruction or action.reduce
+            ):
+                v("ER-16", f"final-answer turn assembles wrongly: {action!r}", path)
+        if type(action) is InvokeTools:
+            blocked = [c.provider for c in action.calls if c.provider in source.state.tripped]
+            if blocked:
+                v("ER-18", f"InvokeTools includes a tripped provider: {blocked}", path)
+
+        if type(action) is Finish and action.status is not turn.status:
+            v("ER-30", f"Finish status {action.status} but turn status {turn.status}", path)
+        if type(action) is Finish and dest not in TERMINAL_STATES:
+            v("ER-29", f"Finish emitted in running state {dest!r}", path)
+        if dest in TERMINAL_STATES and type(action) is not Finish:
+            v("ER-29", f"terminal state {dest!r} reached with {action!r}", path)
+
+    def check_event(
+        self,
+        source: _Node,
+        node: _Node,
+        step: Step,
+        event: object,
+        action: Action,
+        path: _At,
+    ) -> None:
+        """The required reaction to each kind of event."""
+        src_state = source.ts.state
+        v = self.violate
+        if isinstance(event, ModelFailed):
+            self.check_failure(source, node, step, event, action, path)
+        elif isinstance(event, Cancelled):
+            if not (type(action) is Finish and action.status is TurnStatus.CANCELLED):
+                v("ER-32", f"Cancelled in {src_state!r} gave {action!r}", path)
+        elif isinstance(event, ToolsDone):
+            self.check_tools(source, node, event, action, path)
+        elif isinstance(event, Assembled | CannotShrink) and src_state == REDUCING_CONTEXT:
+            shrank = (
+                isinstance(event, Assembled)
+                and source.ts.overflowed_size is not None
+                and event.size < source.ts.overflowed_size
+                and event.request != source.ts.overflowed_request
+            )
+            if shrank and not (type(action) is CallModel and action.attempt == 0):
+                v("ER-7", f"a shrunk reassembly is not called: {action!r}", path)
+            if not shrank and not (
+                type(action) is Finish and action.status is TurnStatus.CONTEXT_EXHAUSTED
+            ):
+                v("ER-8", f"a context that cannot shrink gave {action!r}", path)
+        elif isinstance(event, WaitDone):
+            prev = source.turn.action
+            if not (
+                type(action) is CallModel
+                and action.request == source.ts.request
+                and action.attempt == source.ts.attempt + 1
+                and type(prev) is Wait
+            ):
+                v("ER-1", f"WaitDone did not resend the same request, attempt+1: {action!r}", path)
+
+    def check_failure(
+        self,
+        source: _Node,
+        node: _Node,
+        step: Step,
+        event: ModelFailed,
+        action: Action,
+        path: _At,
+    ) -> None:
+        v = self.violate
+        category = event.error.category
+        status = action.status if type(action) is Finish else None
+        if event.partial:
+            if status is not TurnStatus.STREAM_INTERRUPTED:
+                v("ER-31", f"partial {category} failure gave {action!r}", path)
+            return
+        fixed = {
+            ErrorCategory.AUTH_ERROR: ("ER-9", TurnStatus.AUTH_ERROR, "failed"),
+            ErrorCategory.INVALID_REQUEST: ("ER-9", TurnStatus.INVALID_REQUEST, "failed"),
+            ErrorCategory.CONTENT_FILTERED: ("ER-11", TurnStatus.CONTENT_FILTERED, "filtered"),
+            ErrorCategory.UNKNOWN: ("ER-24", TurnStatus.UNKNOWN_ERROR, "failed"),
+        }
+        if category in fixed:
+            requirement, expected, dest = fixed[category]
+            if status is not expected or node.ts.state != dest:
+                v(requirement, f"{category} gave {action!r} into {node.ts.state!r}", path)
+            if type(action) in (CallModel, Wait):
+                v("ER-10", f"{category} was retried or fell back: {action!r}", path)
+            return
+        if category is ErrorCategory.CONTEXT_LENGTH_EXCEEDED:
+            if type(action) is Assemble:
+                if not action.reduce:
+                    v("ER-7", f"overflow answered by a non-reducing {action!r}", path)
+            elif status is not TurnStatus.CONTEXT_EXHAUSTED:
+                v("ER-6", f"overflow answered by {action!r}", path)
+            return
+        self.check_transient(source, step, action, path)
+
+    def check_transient(self, source: _Node, step: Step, action: Action, path: _At) -> None:
+        """A rate limit or an overload: wait, fall back, or one of the bounded ends."""
+        settings = self.ctx.settings
+        v = self.violate
+        status = action.status if type(action) is Finish else None
+        turn = source.ts
+        session = source.state
+        _, _, honoured = _model_error(self.ctx, step.variant)
+        if type(action) is Wait:
+            if turn.final_answer:
+                v("ER-16", "final-answer turn retried", path)
+            if turn.attempt >= settings.max_retries:
+                v("ER-5", f"retry beyond max_retries at attempt {turn.attempt}", path)
+            if session.retries >= settings.session_retry_ceiling:
+                v("ER-5", f"retry at the session ceiling ({session.retries})", path)
+            self.check_wait(action, turn.attempt, honoured, path)
+            limit = settings.max_wall_clock_s
+            if limit is not None and source.session.elapsed_s + action.seconds > limit:
+                v("ER-19", f"a wait crossing max_wall_clock_s was taken: {action!r}", path)
+            if honoured is not None and honoured > settings.max_server_wait_s:
+                v("ER-20", f"a server wait beyond max_server_wait_s was taken: {action!r}", path)
+        elif type(action) is CallModel:
+            models = settings.fallback_models
+            index = turn.model_index + 1
+            if (
+                turn.final_answer
+                or index >= len(models)
+                or action.model != models[index]
+                or action.attempt != 0
+                or action.request != turn.request
+            ):
+                v("ER-23", f"transient failure answered by {action!r}", path)
+            if session.retries >= settings.session_retry_ceiling:
+                v("ER-5", f"fallback at the session ceiling ({session.retries})", path)
+        elif status is TurnStatus.RETRY_DEFERRED:
+            if honoured is None or honoured <= settings.max_server_wait_s:
+                v("ER-20", f"retry_deferred without a too-long server wait: {action!r}", path)
+            elif type(action) is Finish and action.retry_at is None:
+                v("ER-20", "retry_deferred without retry_at", path)
+        elif status not in (
+            TurnStatus.RETRIES_EXHAUSTED,
+            TurnStatus.RETRY_CEILING_REACHED,
+            TurnStatus.BUDGET_EXHAUSTED,
+        ):
+            v("ER-1", f"transient failure answered by {action!r}", path)
+        elif (
+            status is TurnStatus.RETRIES_EXHAUSTED
+            and not turn.final_answer
+            and turn.attempt < settings.max_retries
+            and settings.max_wall_clock_s is None
+            and honoured is None
+        ):
+            v("ER-5", "retries_exhausted with retries left", path)
+
+    def check_wait(self, action: Wait, attempt: int, honoured: float | None, path: _At) -> None:
+        settings = self.ctx.settings
+        try:
+            nominal = min(
+                settings.base_delay_ms * settings.backoff_factor**attempt, settings.max_delay_ms
+            )
+        except OverflowError:
+            nominal = settings.max_delay_ms
+        low, high = 0.5 * nominal / 1000.0, 1.5 * nominal / 1000.0
+        floor = honoured or 0.0
+        ok = action.seconds >= floor and (
+            action.seconds == floor or low - 1e-9 <= action.seconds < high + 1e-9
+        )
+        if not ok:
+            v = "ER-3" if action.seconds < floor else "ER-22"
+            self.violate(
+                v,
+                f"wait {action.seconds!r} s outside [{low}, {high}) / retry-after {honoured}",
+                path,
+            )
+
+    def check_tools(
+        self,
+        source: _Node,
+        node: _Node,
+        event: ToolsDone,
+        action: Action,
+        path: _At,
+    ) -> None:
+        settings = self.ctx.settings
+        v = self.violate
+        counts = dict(source.state.breakers or {})
+        trips = False
+        for outcome, call in zip(event.outcomes, source.ts.calls, strict=True):
+            if outcome.category is ToolErrorCategory.PROCESS_CRASHED:
+                counts[call.provider] = counts.get(call.provider, 0) + 1
+                trips = trips or counts[call.provider] >= settings.breaker_threshold
+            else:
+                counts[call.provider] = 0
+        if type(action) is not Finish:
+            v("ER-12", f"ToolsDone gave {action!r}", path)
+            return
+        expected = TurnStatus.BREAKER_OPEN if trips else TurnStatus.COMPLETED
+        if action.status is not expected:
+            v("ER-13", f"tool outcomes gave {action.status}, expected {expected}", path)
+        if trips and not node.state.tripped:
+            v("ER-13", "a breaker tripped but no provider is open", path)
+        failed = {o.call_id for o in event.outcomes if not o.ok}
+        flagged = {r.call_id for r in action.tool_results if r.is_error}
+        if failed - flagged or len(action.tool_results) != len(source.ts.calls):
+            v("ER-12", f"tool results do not mirror the outcomes: {action.tool_results!r}", path)
+
+    def check_illegal(self, index: int) -> None:
+        """Every event with no row in this state raises IllegalEvent, changes nothing."""
+        source = self.nodes[index]
+        state = source.ts.state
+        legal = {trigger for (s, trigger, _) in self.ctx.dispatch.groups if s == state}
+        samples: list[tuple[str, object]] = [
+            ("Assembled", Assembled("x", 1)),
+            ("CannotShrink", CannotShrink()),
+            ("ModelReplied", ModelReplied()),
+            ("ModelFailed", ModelFailed(ModelError("overloaded"))),
+            ("WaitDone", WaitDone()),
+            ("ToolsDone", ToolsDone(())),
+            ("Cancelled", Cancelled()),
+        ]
+        for trigger, event in samples:
+            if trigger in legal:
+                continue
+            node = _clone(self.ctx, source)
+            before = (_key(self.ctx, node), len(node.ts.actions), node.turn.action)
+            try:
+                node.turn.send(event)
+            except IllegalEvent:
+                pass
+            else:
+                self.violate(
+                    "ER-27", f"{trigger} in {state!r} did not raise IllegalEvent", _At(index)
+                )
+                continue
+            after = (_key(self.ctx, node), len(node.ts.actions), node.turn.action)
+            if after != before:
+                self.violate(
+                    "ER-27", f"an illegal {trigger} in {state!r} changed the turn", _At(index)
+                )
+
+    # -- global properties ---------------------------------------------------------
