@@ -1,6 +1,6 @@
 """Measurement 5a: the exhaustive model check of default settings, timed.
 
-Calls ``statemachine.dev._check.check(Settings())`` (written by another helper) once as a
+Calls ``statemachine.dev.check.check(Settings())`` (written by another helper) once as a
 warm-up of the imports and then ``repeats`` times, and reports the median wall time
 and the state count the report gives. Skips with a message if the checker is not
 importable yet. Target: < 5 s.
@@ -41,10 +41,10 @@ def _count(report: Any) -> int | None:
 def run(repeats: int = 3) -> dict[str, Any]:
     """Seconds and state count of ``check(Settings())`` (or a skip message)."""
     try:
-        module = importlib.import_module("statemachine.dev._check")
+        module = importlib.import_module("statemachine.dev.check")
         check = module.check
     except (ImportError, AttributeError) as exc:
-        return {"skipped": f"statemachine.dev._check.check is not available yet ({exc})"}
+        return {"skipped": f"statemachine.dev.check.check is not available yet ({exc})"}
     settings = sm.Settings()
     times = []
     report: Any = None

@@ -35,7 +35,7 @@ every built-in runs. Each transition prints as a row: step, virtual time, state 
 next state, the event (with "(auto)" for the WaitDone the simulator sends after a
 Wait), the engine's action, the counters (att: attempt of the current call, ret:
 session retries used, red: context reductions) and the guards of the table row
-that fired. Scenario file schema: see statemachine/_scenarios.py or the README.
+that fired. Scenario file schema: see statemachine/dev/_scenarios.py or the README.
 Exit status: 0 when every expectation held, 1 when one did not, 2 for a bad file.
 """
 
