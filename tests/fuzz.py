@@ -528,9 +528,17 @@ def public_counters(session: Any) -> tuple[Any, ...]:
         turn.status,
         turn.attempt,
         getattr(turn, "reductions", None),
-        repr(turn.action),
+        _safe_repr(turn.action),
         len(turn.trace),
     )
+
+
+def _safe_repr(value: Any) -> str:
+    """``repr(value)``, or a marker when it cannot be written (a 5000-digit int)."""
+    try:
+        return repr(value)
+    except (ValueError, RecursionError) as exc:
+        return f"<{type(value).__name__}: {type(exc).__name__}>"
 
 
 def _timeless(data: Any) -> Any:
@@ -1349,7 +1357,7 @@ class Driver:
             if self.max_turns is not None and session.turns > self.max_turns:
                 raise Violation(
                     p + "turns-over-max",
-                    f"turn {session.turns} is a regular turn with max_turns={self.max_turns}",
+                    f"turn {short(session.turns)} is a regular turn with max_turns={self.max_turns}",
                 )
             after = self.after_finish
             if after is not None:
@@ -1357,7 +1365,7 @@ class Driver:
                 if self.max_cost is not None and cost > self.max_cost:
                     raise Violation(
                         p + "bound-not-fired:max_cost_usd",
-                        f"cost {cost!r} > {self.max_cost!r} after the last turn, "
+                        f"cost {short(cost)} > {self.max_cost!r} after the last turn, "
                         "and the next turn is a regular one",
                     )
                 if (
@@ -1367,7 +1375,7 @@ class Driver:
                 ):
                     raise Violation(
                         p + "bound-not-fired:max_wall_clock_s",
-                        f"elapsed {elapsed!r} s > {self.max_wall!r} after the last turn, "
+                        f"elapsed {short(elapsed)} s > {self.max_wall!r} after the last turn, "
                         "and the next turn is a regular one",
                     )
         self.done = False
@@ -1461,16 +1469,17 @@ class Driver:
         if session.retries_used > self.ceiling:
             raise Violation(
                 p + "retries-over-ceiling",
-                f"retries_used={session.retries_used} > session_retry_ceiling={self.ceiling}",
+                f"retries_used={short(session.retries_used)} > session_retry_ceiling={self.ceiling}",
             )
         if turn.attempt > self.max_retries:
             raise Violation(
-                p + "attempt-over-max", f"attempt={turn.attempt} > max_retries={self.max_retries}"
+                p + "attempt-over-max",
+                f"attempt={short(turn.attempt)} > max_retries={self.max_retries}",
             )
         if self.max_turns is not None and session.turns > self.max_turns + 1:
             raise Violation(
                 p + "turns-over-max",
-                f"turns={session.turns} > max_turns + 1 = {self.max_turns + 1}",
+                f"turns={short(session.turns)} > max_turns + 1 = {self.max_turns + 1}",
             )
         self.check_cost()
 
@@ -1482,9 +1491,12 @@ class Driver:
             ref = self.cost
             if not (_finite(cost) and _finite(ref) and abs(cost - ref) <= 1e-9 * max(1.0, ref)):
                 if not _finite(cost):
-                    raise Violation(p + "cost-not-finite", f"cost_usd={cost!r} (reference {ref!r})")
+                    raise Violation(
+                        p + "cost-not-finite", f"cost_usd={short(cost)} (reference {short(ref)})"
+                    )
                 raise Violation(
-                    p + "cost-mismatch", f"cost_usd={cost!r}, the accepted costs sum to {ref!r}"
+                    p + "cost-mismatch",
+                    f"cost_usd={short(cost)}, the accepted costs sum to {short(ref)}",
                 )
             self.cost = cost
 
@@ -1611,7 +1623,7 @@ class Driver:
             if count >= self.threshold and provider not in tripped:
                 raise Violation(
                     p + "breaker-not-tripped",
-                    f"{provider!r} crashed {count} times in a row (threshold {self.threshold}) "
+                    f"{provider!r} crashed {short(count)} times in a row (threshold {self.threshold}) "
                     "and is not open",
                 )
         turn = session.current_turn
@@ -1624,7 +1636,8 @@ class Driver:
             return
         if turn.attempt > self.max_retries:
             raise Violation(
-                p + "attempt-over-max", f"attempt={turn.attempt} > max_retries={self.max_retries}"
+                p + "attempt-over-max",
+                f"attempt={short(turn.attempt)} > max_retries={self.max_retries}",
             )
         reductions = getattr(turn, "reductions", None)
         if (
@@ -1663,12 +1676,12 @@ class Driver:
             if self.max_turns is not None and turns > self.max_turns:
                 raise Violation(
                     p + "unreachable-state-accepted:turns",
-                    f"{turns} finished turns > max_turns={self.max_turns}, no limit",
+                    f"{short(turns)} finished turns > max_turns={self.max_turns}, no limit",
                 )
             if self.max_cost is not None and cost > self.max_cost:
                 raise Violation(
                     p + "unreachable-state-accepted:cost",
-                    f"cost {cost!r} > max_cost_usd={self.max_cost!r} after a turn, no limit",
+                    f"cost {short(cost)} > max_cost_usd={self.max_cost!r} after a turn, no limit",
                 )
 
     # -- legal events ---------------------------------------------------------------------
@@ -1708,11 +1721,12 @@ class Driver:
         if r < 0.002:
             size: int = rng.pick((HUGE_30, HUGE_5000))
         elif reduce and overflowed is not None:
-            size = (
-                rng.between(0, max(0, overflowed - 1))
-                if r < 0.8
-                else overflowed + rng.between(0, 3)
-            )
+            if r >= 0.8:
+                size = overflowed + rng.between(0, 3)
+            elif overflowed > 2**52:  # a huge size the engine took: exact ints
+                size = rng.randrange(overflowed)
+            else:
+                size = rng.between(0, max(0, overflowed - 1))
         else:
             size = rng.between(0, 5000)
         try:
@@ -1745,7 +1759,7 @@ class Driver:
         if smaller and not self.forged and all(request != bad for bad in self.poisoned):
             raise Violation(
                 self.p + "context-cannot-shrink",
-                f"a strictly smaller, new request ({size} < {overflowed}) ended {result.status}",
+                f"a strictly smaller, new request ({short(size)} < {short(overflowed)}) ended {result.status}",
             )
         if result.status is not sm.TurnStatus.CONTEXT_EXHAUSTED:
             raise Violation(

@@ -297,3 +297,23 @@ def test_the_declared_copy_is_independent() -> None:
     copied.turn.path.clear()
     assert state.retries == 1 and state.turn.path
     assert session.retries_used == 1
+
+
+def test_a_counter_added_to_the_declaration_is_snapshotted_checked_and_restored() -> None:
+    """``waited_s`` was added as one declared field plus one line in the ``wait`` effect:
+    it sums the waits, is in the snapshot, is checked on restore and comes back."""
+    session = new_session(seed=5)
+    turn = calling_turn(session)
+    waits = []
+    for _ in range(3):
+        wait = turn.send(fail("rate_limited"))
+        assert isinstance(wait, sm.Wait)
+        waits.append(wait.seconds)
+        turn.send(sm.WaitDone())
+    assert session.waited_s == pytest.approx(sum(waits))
+    data = json.loads(json.dumps(session.snapshot()))
+    assert data["waited_s"] == session.waited_s
+    assert sm.Session.restore(data, clock=ManualClock()).waited_s == session.waited_s
+    data["waited_s"] = -1.0
+    with pytest.raises(sm.SnapshotError, match="^waited_s: must be a finite number"):
+        sm.Session.restore(data, clock=ManualClock())

@@ -218,6 +218,7 @@ def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s:
     state = core.state
     state.retries += 1
     state.draws += 1
+    state.waited_s += facts.seconds
     return Wait(facts.seconds, event.error.category, turn.attempt)
 
 

@@ -159,6 +159,11 @@ class Session:
         return self._core.state.retries
 
     @property
+    def waited_s(self) -> float:
+        """Seconds of backoff the session's ``Wait`` actions asked for, summed."""
+        return self._core.state.waited_s
+
+    @property
     def cost_usd(self) -> float:
         """The sum of ``ModelReplied.cost`` so far."""
         return self._core.state.cost_usd

@@ -32,7 +32,14 @@ from typing import Any
 from ._exceptions import ConfigError, SnapshotError
 from ._json_data import json_problem
 from ._settings import Settings
-from ._state import SessionState, check_reachable, decode_state, encode_state, short_repr
+from ._state import (
+    SessionState,
+    check_reachable,
+    declared_defaults,
+    decode_state,
+    encode_state,
+    short_repr,
+)
 
 SNAPSHOT_FORMAT = "statemachine.session"
 SNAPSHOT_VERSION = 2
@@ -113,8 +120,19 @@ _V1_COUNTERS: dict[str, tuple[bool, int, int, int]] = {
 """How each effect moved the counters: version 1 stored none, so they are replayed."""
 
 
+_V1_SESSION_KEYS = frozenset(
+    {"seed", "draws", "retries", "turns", "cost_usd", "elapsed_s", "breakers", "tripped"}
+    | {"limit", "status", "turn"}
+)
+"""The session keys version 1 had (besides ``doom``): a field declared since then
+comes in with its declared default."""
+
+
 def _from_version_1(body: dict[str, Any]) -> tuple[dict[str, Any], object]:
     """Version 1's layout rewritten as version 2's (values are checked afterwards)."""
+    for key, value in declared_defaults(SessionState).items():
+        if key not in _V1_SESSION_KEYS:
+            body.setdefault(key, value)
     doom = body.pop("doom", None)
     if type(doom) is not dict or set(doom) != {"last", "run"}:
         raise SnapshotError("doom: must be an object with 'last' and 'run'")

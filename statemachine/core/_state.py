@@ -444,6 +444,8 @@ class SessionState:
     turns: int = declared(COUNT, 0, key="cap:max_turns")
     """How many turns have been created, the final-answer turn included."""
     cost_usd: float = declared(NUMBER, 0.0, key="omit")
+    waited_s: float = declared(NUMBER, 0.0, key="omit")
+    """Seconds of backoff the session's ``Wait`` actions asked for, summed."""
     started: float = declared(CLOCK, 0.0, key="omit", snapshot_key="elapsed_s")
     """The session's clock when it started (a snapshot holds the seconds since)."""
     breakers: dict[str, int] | None = declared(CRASH_COUNTS, None)
@@ -569,6 +571,18 @@ stand (generated from :data:`TRACED`)."""
 def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, ...]:
     """The counters of :data:`TRACED`, as they stand."""
     return tuple(getattr(turn if cls is TurnState else session, name) for cls, name, _ in TRACED)
+
+
+def declared_defaults(cls: type) -> dict[str, Any]:
+    """The snapshot value of every declared field that has a default (for formats that
+    predate a field)."""
+    out: dict[str, Any] = {}
+    for f in attrs.fields(cls):
+        if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
+            kind: Kind = f.metadata["kind"]
+            if kind is not TURN and not kind.relative:
+                out[f.metadata["snapshot_key"] or f.name] = kind.encode(f.default)
+    return out
 
 
 def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
