@@ -81,37 +81,97 @@ def encode(value: Any) -> Any:
     return value
 
 
+MAX_DEPTH = 100
+"""How deep encoded values may nest (the engine's own values nest a few levels)."""
+
+
+class _Bad(Exception):
+    """A refusal on its way up, collecting the path to the value it names."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path: list[str] = []
+
+
 def decode(data: Any, where: str) -> Any:
-    """The value ``encode`` turned into ``data``; ``ValueError`` naming ``where`` if
-    it is not such data."""
-    if isinstance(data, list):
-        return tuple(decode(item, f"{where}[{i}]") for i, item in enumerate(data))
-    if not isinstance(data, dict):
+    """The value ``encode`` turned into ``data``; ``ValueError`` naming ``where`` (and
+    the path inside it) if it is not such data. Never recurses more than
+    :data:`MAX_DEPTH` levels, whatever the data."""
+    try:
+        return _decode(data, 0)
+    except _Bad as bad:
+        raise ValueError(f"{where}{''.join(reversed(bad.path))}: {bad.message}") from None
+
+
+def _short(value: object) -> str:
+    if type(value) is int and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _decode(data: Any, depth: int) -> Any:
+    kind = type(data)
+    if kind is list:
+        if depth >= MAX_DEPTH:
+            raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
+        items = []
+        for i, item in enumerate(data):
+            try:
+                items.append(_decode(item, depth + 1))
+            except _Bad as bad:
+                bad.path.append(f"[{i}]")
+                raise
+        return tuple(items)
+    if kind is not dict:
         return data
     if "$float" in data and len(data) == 1:
         if data["$float"] not in ("nan", "inf", "-inf"):
-            raise ValueError(f"{where}: {data['$float']!r} is not a non-finite float")
+            raise _Bad(f"{_short(data['$float'])} is not a non-finite float")
         return float(data["$float"])
     if "$type" not in data:
         return data
     name = data["$type"]
-    plan = _PLANS.get(name) if isinstance(name, str) else None
+    plan = _PLANS.get(name) if type(name) is str else None
     if plan is None:
-        raise ValueError(f"{where}: unknown value type {name!r}")
-    expected = {field for field, _, _ in plan} | {"$type"}
-    if set(data) != expected:
-        odd = sorted(set(data) ^ expected)
-        raise ValueError(f"{where}: {name} has missing or unknown field(s) {odd}")
+        raise _Bad(f"unknown value type {_short(name)}")
+    if len(data) != len(plan) + 1 or not all(field in data for field, _, _ in plan):
+        expected = {field for field, _, _ in plan} | {"$type"}
+        odd = sorted(str(k)[:40] for k in set(data) ^ expected)
+        raise _Bad(f"{name} has missing or unknown field(s) {odd}")
+    if depth >= MAX_DEPTH:
+        raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
     kwargs: dict[str, Any] = {}
-    try:
-        for field, opaque, enum_class in plan:
-            item = data[field]
-            if opaque:
-                kwargs[field] = item
-            elif enum_class is not None and item is not None:
+    for field, opaque, enum_class in plan:
+        item = data[field]
+        if opaque:
+            kwargs[field] = item
+        elif enum_class is not None and item is not None:
+            try:
                 kwargs[field] = enum_class(item)
-            else:
-                kwargs[field] = decode(item, f"{where}.{field}")
+            except (TypeError, ValueError):
+                raise _Bad(
+                    f"{name}.{field}: {_short(item)} is not a {enum_class.__name__}"
+                ) from None
+        else:
+            try:
+                kwargs[field] = _decode(item, depth + 1)
+            except _Bad as bad:
+                bad.path.append(f".{field}")
+                raise
+    try:
         return _CLASSES[name](**kwargs)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise _Bad(_short_message(exc)) from None
+
+
+def _short_message(exc: Exception) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        return type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

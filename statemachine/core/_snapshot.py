@@ -46,12 +46,48 @@ SNAPSHOT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
+_CACHE_SIZE = 256
+_WRITTEN: dict[int, tuple[Settings, dict[str, Any]]] = {}
+_READ: dict[tuple[Any, ...], Settings] = {}
+"""Settings written and read by snapshots, by identity and by value: a store restores
+and snapshots the same few settings over and over (Settings are immutable)."""
+
+
+def _settings_data(settings: Settings) -> dict[str, Any]:
+    cached = _WRITTEN.get(id(settings))
+    if cached is None or cached[0] is not settings:
+        cached = (settings, settings.to_dict())
+        if len(_WRITTEN) >= _CACHE_SIZE:
+            _WRITTEN.clear()
+        _WRITTEN[id(settings)] = cached
+    data = dict(cached[1])
+    data["fallback_models"] = list(settings.fallback_models)
+    return data
+
+
+def _settings_of(raw: dict[str, Any]) -> Settings:
+    key = tuple(
+        (name, type(value), tuple(value) if type(value) is list else value)
+        for name, value in sorted(raw.items())
+    )
+    try:
+        settings = _READ.get(key)
+    except TypeError:  # an unhashable value (a nested table): read it, don't cache it
+        return Settings.from_dict(raw)
+    if settings is None:
+        settings = Settings.from_dict(raw)
+        if len(_READ) >= _CACHE_SIZE:
+            _READ.clear()
+        _READ[key] = settings
+    return settings
+
+
 def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
     """The snapshot of ``state`` under ``settings``, the session's clock reading ``now``."""
     return {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
-        "settings": settings.to_dict(),
+        "settings": _settings_data(settings),
         **encode_state(state, now),
     }
 
@@ -92,7 +128,7 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     if problem is not None:
         raise SnapshotError(f"settings: must be JSON data: {problem}")
     try:
-        settings = Settings.from_dict(raw_settings)
+        settings = _settings_of(raw_settings)
     except ConfigError as exc:
         raise SnapshotError(f"settings: {exc}") from None
     except (TypeError, ValueError, OverflowError) as exc:  # pragma: no cover - defensive

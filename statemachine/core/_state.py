@@ -150,12 +150,14 @@ def _opaque(raw: Any, key: str) -> Any:
     return raw
 
 
-def _values_of(kind: type) -> Callable[[Any, str], tuple[Any, ...]]:
+def _values_of(
+    kind: type, valid: Callable[[Any], bool] | None = None
+) -> Callable[[Any, str], tuple[Any, ...]]:
     def read(raw: Any, key: str) -> tuple[Any, ...]:
         if type(raw) is not list:
             raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
         items = _decoded(raw, key)
-        if not all(type(item) is kind for item in items):
+        if not all(type(item) is kind for item in items) or (valid and not valid(items)):
             raise SnapshotError(f"{key}: must hold {kind.__name__} values")
         return items  # type: ignore[no-any-return]
 
@@ -163,9 +165,9 @@ def _values_of(kind: type) -> Callable[[Any, str], tuple[Any, ...]]:
 
 
 def _decoded(raw: Any, key: str) -> Any:
-    problem = json_problem(raw)
-    if problem is not None:
-        raise SnapshotError(f"{key}: must be JSON data: {problem}")
+    """The engine's values encoded in ``raw`` (depth-bounded: never a RecursionError);
+    host data inside them is checked by the validators of the classes that hold it, or
+    by :func:`_action_problem`."""
     try:
         return decode(raw, key)
     except (TypeError, ValueError) as exc:
@@ -218,7 +220,7 @@ SESSION_STATUS = Kind("session status", lambda v: None if v is None else v.value
 OPAQUE = Kind("host data", _same, _opaque)
 """The host's own data (requests, replies): JSON data, never interpreted."""
 CALLS = Kind("tool calls", encode, _values_of(ToolCall))
-FALLBACKS = Kind("fallbacks", encode, _values_of(Fallback))
+FALLBACKS = Kind("fallbacks", encode, _values_of(Fallback, lambda v: _fallbacks(v)))  # noqa: PLW0108 - defined below
 CRASH_COUNTS = Kind(
     "crash counts",
     lambda v: dict(v or {}),
@@ -237,20 +239,29 @@ def _decode_path(raw: Any, key: str) -> list[Step]:
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
     path: list[Step] = []
+    infos = ROW_INFOS
     for i, entry in enumerate(raw):
         if type(entry) is not list or len(entry) != 7:
             raise SnapshotError(
                 f"{key}[{i}]: must be [source, event, guard, dest, attempt, "
                 f"reductions, session_retries], got {short_repr(entry)}"
             )
-        if not all(type(item) is str for item in entry[:4]):
-            raise SnapshotError(f"{key}[{i}]: names a transition with non-str parts")
-        info = ROW_INFOS.get(tuple(entry[:4]))
+        source, trigger, guard, dest, *counters = entry
+        info = None
+        if (
+            type(source) is str
+            and type(trigger) is str
+            and type(guard) is str
+            and type(dest) is str
+        ):
+            info = infos.get((source, trigger, guard, dest))
         if info is None:
             raise SnapshotError(
                 f"{key}[{i}]: {short_repr(entry[:4])} is not a transition of this engine's table"
             )
-        counters = tuple(_count(c, f"{key}[{i}][{4 + j}]") for j, c in enumerate(entry[4:]))
+        for j, counter in enumerate(counters):
+            if type(counter) is not int or not 0 <= counter <= MAX_COUNT:
+                _count(counter, f"{key}[{i}][{4 + j}]")  # raises, naming the counter
         path.append(make_step(info, *counters))
     return path
 
@@ -282,8 +293,26 @@ def _is_text(value: object) -> bool:
     return value is None or (type(value) is str and json_problem(value) is None)
 
 
+def _is_data(value: object) -> bool:
+    return json_problem(value) is None
+
+
 def _all(values: object, kind: type) -> bool:
     return type(values) is tuple and all(type(v) is kind for v in values)
+
+
+def _results(values: object) -> bool:
+    return _all(values, ToolResult) and all(
+        type(r.call_id) is str and type(r.is_error) is bool and _is_data(r.content)
+        for r in values  # type: ignore[attr-defined]
+    )
+
+
+def _fallbacks(values: object) -> bool:
+    return _all(values, Fallback) and all(
+        _is_text(f.from_model) and type(f.to_model) is str and type(f.error) is ModelError
+        for f in values  # type: ignore[attr-defined]
+    )
 
 
 _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
@@ -293,6 +322,7 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
         ("instruction", _is_text),
     ),
     CallModel: (
+        ("request", _is_data),
         ("attempt", _is_count),
         ("model", _is_text),
         ("withhold_tools", lambda v: type(v) is bool),
@@ -300,11 +330,12 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
     Wait: (("seconds", _is_seconds), ("attempt", _is_count)),
     InvokeTools: (("calls", lambda v: _all(v, ToolCall) and len(v) > 0),),
     Finish: (
-        ("tool_results", lambda v: _all(v, ToolResult)),
+        ("tool_results", _results),
         ("error", lambda v: v is None or type(v) is ModelError),
         ("model", _is_text),
-        ("fallbacks", lambda v: _all(v, Fallback)),
+        ("fallbacks", _fallbacks),
         ("retry_at", lambda v: _is_seconds(v, optional=True)),
+        ("reply", _is_data),
     ),
 }
 """What a decoded action's fields must hold (the codec builds values without
