@@ -9,7 +9,8 @@
 Measurements: ``retry`` (per retry decision vs tenacity, a hand loop, raw transitions
 and a dict table), ``events`` (µs per event on every path), ``creation`` (session and
 turn creation, and against 1k/10k/100k live turns), ``memory`` (bytes per live turn at
-10,000 live), ``driver`` (events/s through ``sm.arun_turn`` at 10,000 concurrent
+10,000 live), ``copy`` (snapshot + restore against JSON, ``Worker.advance`` against one
+event), ``driver`` (events/s through ``sm.arun_turn`` at 10,000 concurrent
 turns), ``check`` (the model check of default settings), ``hypothesis`` (examples/s
 of the stateful suite), ``crash`` (crash-detection latency of real plugin processes)
 and ``redis`` (the Redis session store), the last two when their modules and
@@ -53,9 +54,21 @@ QUICK: dict[str, dict[str, Any]] = {
     "hypothesis": {},
     "crash": {"kills": 2},
     "redis": {"workers": (1,), "steps": 50, "sessions": 4},
+    "copy": {"n": 10, "repeats": 1},
 }
 
-ALL = ("retry", "events", "creation", "memory", "driver", "check", "hypothesis", "crash", "redis")
+ALL = (
+    "retry",
+    "events",
+    "creation",
+    "memory",
+    "copy",
+    "driver",
+    "check",
+    "hypothesis",
+    "crash",
+    "redis",
+)
 
 
 def machine_info() -> dict[str, Any]:
@@ -130,7 +143,9 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
         return _optional("crash_latency", _nothing)
     if name == "redis":
         return _optional("redis_store", _needs_redis)
-    module = {"check": "model_check", "hypothesis": "hypothesis_rate"}.get(name, name)
+    module = {"check": "model_check", "hypothesis": "hypothesis_rate", "copy": "state_copy"}.get(
+        name, name
+    )
     run: Callable[..., dict[str, Any]] = importlib.import_module(f"benchmarks.{module}").run
     return run
 
@@ -299,7 +314,17 @@ def _print_hypothesis(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print_copy(r: dict[str, Any]) -> list[str]:
+    lines = _table([(k, f"{v:.2f} µs") for k, v in r["snapshot_us"].items()])
+    lines.append(f"  snapshot+restore / json: {r['snapshot_restore_over_json']:.2f}x (target <= 1)")
+    lines += _table([(k, f"{v:.2f} µs per event") for k, v in r["advance_us"].items()])
+    lines.append(f"  Worker.advance / one event: {r['advance_over_event']:.1f}x (target <= 10)")
+    lines.append(f"  json.dumps of the record / one event: {r['record_dumps_over_event']:.1f}x")
+    return lines
+
+
 _PRINTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "copy": _print_copy,
     "retry": _print_retry,
     "events": _print_events,
     "creation": _print_creation,
@@ -313,6 +338,7 @@ TITLES = {
     "events": "2. per event on every path",
     "creation": "3. creating a session and a turn",
     "memory": "4a. memory per live turn",
+    "copy": "6. copying state: snapshot/restore and Worker.advance",
     "driver": "4b. asyncio driver throughput",
     "check": "5a. model check of default settings",
     "hypothesis": "5b. hypothesis examples per second (stateful suite)",

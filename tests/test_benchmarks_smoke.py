@@ -231,3 +231,24 @@ def test_hotpath_profile_quick() -> None:
         assert math.isfinite(gain["after_us"]), label
     memory = result["trace_memory"]
     assert all(v > 0 for v in memory.values()), memory
+
+
+def test_state_copy_quick() -> None:
+    """Measurement 6 reports both contenders of each comparison and their ratios."""
+    from benchmarks import state_copy
+
+    result = state_copy.run(**runner.QUICK["copy"])
+    assert set(result["snapshot_us"]) == {
+        "snapshot() + restore()",
+        "json.dumps + json.loads of that snapshot",
+        "snapshot() alone",
+        "restore() alone",
+    }
+    assert set(result["advance_us"]) == {
+        "Worker.advance, InMemoryStore",
+        "one engine event (turn.send)",
+        "json.dumps of the stored record",
+    }
+    assert result["snapshot_restore_over_json"] > 0
+    assert result["advance_over_event"] > 0
+    assert isinstance(result["met"], bool)

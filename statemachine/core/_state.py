@@ -59,6 +59,9 @@ class Kind:
     copy: Callable[[Any], Any] | None = None
     relative: bool = False
     """A reading of the session's clock: written as the seconds elapsed since it."""
+    grows: bool = False
+    """A list that only grows within a turn (the trace): an earlier encoding of its
+    prefix can be reused."""
 
 
 def _same(value: Any) -> Any:
@@ -349,8 +352,8 @@ def _action_problem(action: Action) -> str | None:
     return None
 
 
-PATH = Kind("path", _encode_path, _decode_path, list)
-ACTIONS = Kind("actions", encode, _decode_actions, list)
+PATH = Kind("path", _encode_path, _decode_path, list, grows=True)
+ACTIONS = Kind("actions", encode, _decode_actions, list, grows=True)
 ACTION_TYPES = (Assemble, CallModel, Wait, InvokeTools, Finish)
 
 # -- the trace's rows and steps -------------------------------------------------------
@@ -517,18 +520,36 @@ in the order a :data:`Step` holds them."""
 TRACE_FIELDS = tuple(name for _, _, name in TRACED)
 
 
-def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
+def encode_state(
+    state: TurnState | SessionState, now: float, previous: Any = None
+) -> dict[str, Any]:
     """The state as plain JSON data: one key per declared field. ``now`` is the
-    session's clock, which clock readings are written relative to."""
+    session's clock, which clock readings are written relative to.
+
+    ``previous`` may be an earlier encoding of the same session (a store's last
+    record): the trace of a turn only grows, so the entries it already holds for the
+    same turn are reused instead of encoded again. Only pass data no one else changes.
+    """
     out: dict[str, Any] = {}
+    reuse = type(previous) is dict and type(state) is TurnState
     for name, key, kind in _PLANS[type(state)]:
         value = getattr(state, name)
         if kind.relative:
             value = now - value
         elif kind is TURN:
-            value = None if value is None else encode_state(value, now)
-            out[key] = value
+            before = previous.get(key) if type(previous) is dict else None
+            if value is None:
+                out[key] = None
+            elif type(before) is dict and before.get("index") == value.index:
+                out[key] = encode_state(value, now, before)
+            else:
+                out[key] = encode_state(value, now)
             continue
+        elif reuse and kind.grows:
+            known = previous.get(key)
+            if type(known) is list and len(known) <= len(value):
+                out[key] = known + kind.encode(value[len(known) :])
+                continue
         out[key] = kind.encode(value)
     return out
 

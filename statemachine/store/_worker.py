@@ -15,8 +15,10 @@ import attrs
 
 from ..core._actions import Action, InvokeTools
 from ..core._events import ToolsDone
-from ..core._exceptions import ConfigError, IllegalEvent
+from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
+from ..core._settings import Settings
+from ..core._state import SessionState, copy_session_state
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
@@ -60,6 +62,9 @@ __all__ = [
     "Stored",
     "Worker",
 ]
+
+_LIVE_SESSIONS = 1024
+"""How many sessions a worker remembers its last record of."""
 
 INTERRUPTED = "interrupted: worker died"
 """The content of the error outcome of a tool call whose worker died in flight."""
@@ -283,15 +288,44 @@ class Worker:
         self._now = now
         self._count_idle = count_idle
         self._observers = tuple(observers)
+        self._live: dict[str, tuple[int, Record, Settings, SessionState]] = {}
+        """The last record this worker read or wrote per session, with its decoded
+        state: the next advance at that version skips reading and restoring it (the
+        compare-and-set still proves the store holds that version)."""
 
     # -- reading ------------------------------------------------------------------
 
     def _read(self, session_id: str) -> tuple[Stored, Record, Session]:
         stored = self.store.load(session_id)
         record = parse_record(session_id, stored.record)
-        idle = max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
-        session = record.restore(self._clock, self._now, self._observers, idle)
+        session = record.restore(self._clock, self._now, self._observers, self._idle(record))
+        self._remember(session_id, stored.version, record, session)
         return stored, record, session
+
+    def _idle(self, record: Record) -> float:
+        return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
+
+    def _remember(self, session_id: str, version: int, record: Record, session: Session) -> None:
+        live = self._live
+        live.pop(session_id, None)
+        live[session_id] = (version, record, session.settings, session.state)
+        if len(live) > _LIVE_SESSIONS:
+            del live[next(iter(live))]
+
+    def _recall(self, session_id: str, version: int) -> tuple[Record, Session] | None:
+        """The session as :meth:`_read` would restore it at ``version``, from the last
+        record this worker saw, if that is the version."""
+        live = self._live.get(session_id)
+        if live is None or live[0] != version:
+            return None
+        _, record, settings, state = live
+        state = copy_session_state(state)
+        elapsed = record.snapshot["elapsed_s"] + self._idle(record)
+        state.started = self._clock() - elapsed
+        session = Session.from_state(
+            settings, state, self._clock, wall_clock=self._now, observers=self._observers
+        )
+        return record, session
 
     def _result(
         self, status: AdvanceStatus, stored: Stored, record: Record, session: Session
@@ -319,10 +353,11 @@ class Worker:
         *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
+        reuse: Mapping[str, Any] | None = None,
     ) -> Record:
         if claim is None and isinstance(action, InvokeTools) and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
-        return Record(session_id, session.snapshot(), self._now(), keys, claim, carried)
+        return Record(session_id, session.snapshot(reuse=reuse), self._now(), keys, claim, carried)
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
         return self.store.compare_and_set(
@@ -341,6 +376,7 @@ class Worker:
         keys = () if key is None else ((1, key),)
         record = self._record(session_id, session, action, keys)
         version = self._write(session_id, 0, record, session)
+        self._remember(session_id, version, record, session)
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
 
     def advance(
@@ -362,20 +398,31 @@ class Worker:
         expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
-        stored, record, session = self._read(session_id)
-        if key is not None and any(k == key for _, k in record.keys):
-            return self._result(AdvanceStatus.DUPLICATE, stored, record, session)
-        if stored.version != expected:
-            return self._result(AdvanceStatus.CONFLICT, stored, record, session)
-        action = self._apply(session_id, session, record, event)
+        action = None
+        recalled = self._recall(session_id, expected)
+        if recalled is not None and (key is None or all(k != key for _, k in recalled[0].keys)):
+            record, session = recalled
+            try:
+                action = self._apply(session_id, session, record, event)
+            except (IllegalEvent, SessionEnded, TurnInProgress):
+                action = None  # maybe the store moved on: read it, and answer from there
+        if action is None:
+            stored, record, session = self._read(session_id)
+            if key is not None and any(k == key for _, k in record.keys):
+                return self._result(AdvanceStatus.DUPLICATE, stored, record, session)
+            if stored.version != expected:
+                return self._result(AdvanceStatus.CONFLICT, stored, record, session)
+            action = self._apply(session_id, session, record, event)
         keys = record.keys
         if key is not None:
-            keys = (*keys, (stored.version + 1, key))[-MAX_KEYS:]
-        new = self._record(session_id, session, action, keys)
+            keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
+        new = self._record(session_id, session, action, keys, reuse=record.snapshot)
         try:
-            version = self._write(session_id, stored.version, new, session)
+            version = self._write(session_id, expected, new, session)
         except StaleWrite:
+            self._live.pop(session_id, None)
             return self._lost_race(session_id, key)
+        self._remember(session_id, version, new, session)
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
