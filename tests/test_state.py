@@ -315,5 +315,5 @@ def test_a_counter_added_to_the_declaration_is_snapshotted_checked_and_restored(
     assert data["waited_s"] == session.waited_s
     assert sm.Session.restore(data, clock=ManualClock()).waited_s == session.waited_s
     data["waited_s"] = -1.0
-    with pytest.raises(sm.SnapshotError, match="^waited_s: must be a finite number"):
+    with pytest.raises(sm.SnapshotError, match=r"^waited_s: must be a finite number"):
         sm.Session.restore(data, clock=ManualClock())
