@@ -33,13 +33,16 @@ import enum
 import inspect
 import json
 import math
+import os
 import random
 import reprlib
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -452,7 +455,10 @@ def backoff_ceiling(settings: sm.Settings, n: int) -> float:
         nominal = min(base * factor**n, cap)
     except OverflowError:
         nominal = cap
-    return 1.5 * nominal / 1000.0
+    try:
+        return 1.5 * nominal / 1000.0
+    except OverflowError:  # a cap beyond the float range (a forged snapshot's settings)
+        return math.inf
 
 
 def _finite(value: Any) -> bool:
@@ -620,14 +626,14 @@ ENUM_WORDS: dict[str, tuple[str, ...]] = {
 ALL_WORDS: tuple[str, ...] = tuple(ENUM_WORDS)
 RETYPES: tuple[Any, ...] = ("x", "", 7, 0, 2.5, None, True, False, [], {}, [1], {"k": 1})
 
-Path = tuple[Any, ...]
+KeyPath = tuple[Any, ...]
 
 
-def _paths(data: Any, max_depth: int = 9) -> list[tuple[Any, Any, Path]]:
+def _paths(data: Any, max_depth: int = 9) -> list[tuple[Any, Any, KeyPath]]:
     """(container, key, path) of every value in ``data`` down to ``max_depth``
     (iterative, in a deterministic order)."""
-    out: list[tuple[Any, Any, Path]] = []
-    stack: list[tuple[Any, Path]] = [(data, ())]
+    out: list[tuple[Any, Any, KeyPath]] = []
+    stack: list[tuple[Any, KeyPath]] = [(data, ())]
     while stack:
         node, path = stack.pop()
         items: Iterable[tuple[Any, Any]]
@@ -645,7 +651,7 @@ def _paths(data: Any, max_depth: int = 9) -> list[tuple[Any, Any, Path]]:
     return out
 
 
-def _where(path: Path) -> str:
+def _where(path: KeyPath) -> str:
     return "data" + "".join(f"[{key!r}]" for key in path)
 
 
@@ -721,7 +727,7 @@ def _nudge_int(data: dict[str, Any], rng: FastRandom, paths: list[Any]) -> str |
     container, key, path = rng.pick(ints)
     value = container[key] + rng.pick((1, 1, 2, -1, 5))
     container[key] = value
-    return f"{_where(path)} = {value!r}"
+    return f"{_where(path)} = {render(value)}"
 
 
 def _session_key(data: dict[str, Any], rng: FastRandom, paths: list[Any]) -> str | None:
@@ -821,9 +827,12 @@ def render(value: Any) -> str:
         return repr(value.value)
     if isinstance(value, int):
         if abs(value) > 2**63:
-            name = _HUGE_NAMES.get(abs(value))
-            if name is not None:
-                return name if value > 0 else f"-{name}"
+            for huge, name in _HUGE_NAMES.items():
+                for sign, base in ((1, huge), (-1, -huge)):
+                    offset = value - base
+                    if abs(offset) < 2**63:
+                        text = name if sign > 0 else f"-{name}"
+                        return text if not offset else f"({text} + {offset})"
             return "<a huge int>"
         return repr(value)
     if isinstance(value, float):
@@ -969,6 +978,9 @@ class _Script:
             lines.append(self.guarded(call, outcome))
         return lines
 
+    def op_build(self, call: str, exc: BaseException) -> list[str]:
+        return [f"{call}  # raised {type(exc).__name__}"]
+
     def op_adopt(self, session: Any, turn: Any) -> list[str]:
         if turn is None:
             return []
@@ -1038,7 +1050,27 @@ class Walk:
             self.pool[self.rng.below(32)] = (turn, session)
 
     def run(self) -> None:
-        """Drive sessions until the budget is spent; raises :class:`Violation`."""
+        """Drive sessions until the budget is spent; raises :class:`Violation`.
+
+        An exception raised inside the engine where the fuzzer only reads a
+        session or a turn (a property) is a violation too; one raised in the
+        fuzzer's own code propagates, as the bug it is."""
+        try:
+            self._run()
+        except Violation:
+            raise
+        except Exception as exc:
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = frames[-1] if frames else None
+            if where is None or f"{os.sep}statemachine{os.sep}" not in where.filename:
+                raise
+            raise Violation(
+                f"unexpected-exception:read:{type(exc).__name__}",
+                f"{type(exc).__name__} from {Path(where.filename).name}:{where.lineno} "
+                f"({where.name}) while reading the engine's state: {short(str(exc))}",
+            ) from None
+
+    def _run(self) -> None:
         stats = self.stats
         end = min(stats.events + self.budget, self.limit)
         while stats.events < end:
@@ -1059,13 +1091,41 @@ class Walk:
 class Driver:
     """Drives one session with legal events and probes, and checks every step.
 
+    What is checked (each failure a :class:`Violation` kind, see :data:`REQUIREMENTS`):
+
+    * a refused call (illegal event, stale handle, ``new_turn()`` while a turn runs
+      or after the end) raises the documented error and changes nothing observable;
+      a legal event is taken; no other exception type escapes ``send``, ``start``,
+      ``new_turn``, ``snapshot``, ``restore`` (or a property);
+    * a turn takes at most :func:`step_bound` transitions;
+    * a ``Wait`` is finite and >= 0, >= a usable retry-after, within the backoff
+      envelope when there is none, and does not cross ``max_wall_clock_s``;
+    * retries <= the ceiling, attempt <= ``max_retries``, reductions <= their cap,
+      turns <= ``max_turns`` + 1, cost = the sum of the accepted costs, finite;
+    * nothing but ``Finish`` after auth/invalid errors, content filters, unknown
+      errors and partial streams; ``Assemble(reduce=True)`` or ``Finish`` after an
+      overflow, whose request is never sent again; ``WaitDone`` retries the same
+      request with attempt + 1;
+    * once a limit fired, the next turn withholds tools (with an instruction), calls
+      the model once, never waits or invokes tools, and then the session has ended
+      with that limit and ``new_turn()`` raises ``SessionEnded``; a bound that
+      fired after a turn makes the next turn the final-answer one;
+    * a breaker trips at ``breaker_threshold`` consecutive crashes (that turn ends
+      ``breaker_open``), its provider is never invoked again; a doom loop fires its
+      limit; every tool outcome comes back as a result, failed ones error-flagged;
+    * snapshots are JSON (``allow_nan=False``) and restore with the same counters
+      and snapshot; a forged one is refused with ``SnapshotError`` or restores into
+      a session that passes all of the above.
+
     The reference it keeps: the sum of accepted costs, a lower bound of each
     provider's consecutive crashes (and the breakers that must have tripped), a
     lower bound of the run of identical tool calls, the bounds seen after the last
     turn, and per turn: the requests that overflowed, a fatal error, the waits and
-    model calls so far, the last ``CallModel``. ``forged`` drivers run a session
-    restored from a forged snapshot: their reference starts from what the session
-    shows, and their violation kinds start with ``forged-``.
+    model calls so far, the last ``CallModel``. Where the contract leaves room (a
+    sliding-window breaker, what ends a run of identical calls) the reference is a
+    lower bound, so only what the contract requires is flagged. ``forged`` drivers
+    run a session restored from a forged snapshot: their reference starts from what
+    the session shows, and their violation kinds start with ``forged-``.
     """
 
     def __init__(
@@ -1222,7 +1282,7 @@ class Driver:
         else:
             raise Violation(
                 self.p + "turn-status-inconsistent",
-                f"the turn runs (status None, state {self.turn.state!r}) after {short(action)}",
+                f"the turn runs (status None, state {short(self.turn.state)}) after {short(action)}",
             )
 
     # -- engine calls ------------------------------------------------------------------
@@ -1252,13 +1312,13 @@ class Driver:
                 return None
             raise Violation(
                 f"{self.p}legal-event-refused:{type(event).__name__}",
-                f"{short(event)} after {short(turn.action)} in state {turn.state!r}: {exc}",
+                f"{short(event)} after {short(turn.action)} in state {short(turn.state)}: {exc}",
             ) from None
         except Exception as exc:
             entry[3] = type(exc).__name__
             raise Violation(
                 f"{self.p}unexpected-exception:send:{type(event).__name__}:{type(exc).__name__}",
-                f"{short(event)} in state {turn.state!r}: {short(str(exc))}",
+                f"{short(event)} in state {short(turn.state)}: {short(str(exc))}",
             ) from None
         self.after(action)
         return action
@@ -1357,7 +1417,7 @@ class Driver:
             if self.max_turns is not None and session.turns > self.max_turns:
                 raise Violation(
                     p + "turns-over-max",
-                    f"turn {short(session.turns)} is a regular turn with max_turns={self.max_turns}",
+                    f"turn {short(session.turns)} is a regular turn with max_turns={short(self.max_turns)}",
                 )
             after = self.after_finish
             if after is not None:
@@ -1365,7 +1425,7 @@ class Driver:
                 if self.max_cost is not None and cost > self.max_cost:
                     raise Violation(
                         p + "bound-not-fired:max_cost_usd",
-                        f"cost {short(cost)} > {self.max_cost!r} after the last turn, "
+                        f"cost {short(cost)} > {short(self.max_cost)} after the last turn, "
                         "and the next turn is a regular one",
                     )
                 if (
@@ -1375,7 +1435,7 @@ class Driver:
                 ):
                     raise Violation(
                         p + "bound-not-fired:max_wall_clock_s",
-                        f"elapsed {short(elapsed)} s > {self.max_wall!r} after the last turn, "
+                        f"elapsed {short(elapsed)} s > {short(self.max_wall)} after the last turn, "
                         "and the next turn is a regular one",
                     )
         self.done = False
@@ -1403,7 +1463,7 @@ class Driver:
 
     def new_turn_while_running(self) -> None:
         """``new_turn()`` while the turn runs: TurnInProgress, nothing changes."""
-        self.refused_new_turn(sm.TurnInProgress, f"while the turn runs ({self.turn.state!r})")
+        self.refused_new_turn(sm.TurnInProgress, f"while the turn runs ({short(self.turn.state)})")
 
     # -- checks after every accepted step ---------------------------------------------------
 
@@ -1416,7 +1476,7 @@ class Driver:
         if steps > self.bound:
             raise Violation(
                 p + "unbounded-turn",
-                f"{steps} transitions in one turn (bound {self.bound} for these settings)",
+                f"{short(steps)} transitions in one turn (bound {short(self.bound)} for these settings)",
             )
         kind = type(action)
         if kind is sm.CallModel:
@@ -1469,17 +1529,17 @@ class Driver:
         if session.retries_used > self.ceiling:
             raise Violation(
                 p + "retries-over-ceiling",
-                f"retries_used={short(session.retries_used)} > session_retry_ceiling={self.ceiling}",
+                f"retries_used={short(session.retries_used)} > session_retry_ceiling={short(self.ceiling)}",
             )
         if turn.attempt > self.max_retries:
             raise Violation(
                 p + "attempt-over-max",
-                f"attempt={short(turn.attempt)} > max_retries={self.max_retries}",
+                f"attempt={short(turn.attempt)} > max_retries={short(self.max_retries)}",
             )
         if self.max_turns is not None and session.turns > self.max_turns + 1:
             raise Violation(
                 p + "turns-over-max",
-                f"turns={short(session.turns)} > max_turns + 1 = {self.max_turns + 1}",
+                f"turns={short(session.turns)} > max_turns + 1 = {short(self.max_turns + 1)}",
             )
         self.check_cost()
 
@@ -1510,11 +1570,13 @@ class Driver:
                 raise Violation(p + "final-answer-tools-offered", short(action))
             if self.model_calls > 1:
                 raise Violation(
-                    p + "final-answer-retried", f"model call {self.model_calls}: {short(action)}"
+                    p + "final-answer-retried",
+                    f"model call {short(self.model_calls)}: {short(action)}",
                 )
         if action.attempt > self.max_retries:
             raise Violation(
-                p + "attempt-over-max", f"{short(action)} with max_retries={self.max_retries}"
+                p + "attempt-over-max",
+                f"{short(action)} with max_retries={short(self.max_retries)}",
             )
         if self.poisoned and not self.forged:
             request = action.request
@@ -1542,7 +1604,7 @@ class Driver:
         if floor is not None and seconds + 1e-9 < floor:
             raise Violation(
                 p + "wait-below-retry-after",
-                f"{short(action)} but the server asked for {floor!r} s",
+                f"{short(action)} but the server asked for {short(floor)} s",
             )
         waits = self.waits
         if self.enveloped and waits is not None:
@@ -1550,7 +1612,7 @@ class Driver:
             if seconds > ceiling * (1 + 1e-9) + 1e-9:
                 raise Violation(
                     p + "wait-above-backoff",
-                    f"{short(action)} is above 1.5 x delay({waits}) = {ceiling!r} s "
+                    f"{short(action)} is above 1.5 x delay({short(waits)}) = {short(ceiling)} s "
                     "with no retry-after",
                 )
         if self.max_wall is not None:
@@ -1558,8 +1620,8 @@ class Driver:
             if elapsed + seconds > self.max_wall + 1e-9:
                 raise Violation(
                     p + "wait-crosses-wall-clock",
-                    f"{short(action)} at elapsed {elapsed!r} s crosses max_wall_clock_s="
-                    f"{self.max_wall!r}",
+                    f"{short(action)} at elapsed {short(elapsed)} s crosses max_wall_clock_s="
+                    f"{short(self.max_wall)}",
                 )
         if waits is not None:
             self.waits = waits + 1
@@ -1599,12 +1661,13 @@ class Driver:
         if retries > self.ceiling:
             raise Violation(
                 p + "retries-over-ceiling",
-                f"retries_used={short(retries)} > session_retry_ceiling={self.ceiling}",
+                f"retries_used={short(retries)} > session_retry_ceiling={short(self.ceiling)}",
             )
         turns = session.turns
         if self.max_turns is not None and turns > self.max_turns + 1:
             raise Violation(
-                p + "turns-over-max", f"turns={short(turns)} > max_turns + 1 = {self.max_turns + 1}"
+                p + "turns-over-max",
+                f"turns={short(turns)} > max_turns + 1 = {short(self.max_turns + 1)}",
             )
         cost = session.cost_usd
         if not _finite(cost) or cost < 0:
@@ -1623,7 +1686,7 @@ class Driver:
             if count >= self.threshold and provider not in tripped:
                 raise Violation(
                     p + "breaker-not-tripped",
-                    f"{provider!r} crashed {short(count)} times in a row (threshold {self.threshold}) "
+                    f"{provider!r} crashed {short(count)} times in a row (threshold {short(self.threshold)}) "
                     "and is not open",
                 )
         turn = session.current_turn
@@ -1637,7 +1700,7 @@ class Driver:
         if turn.attempt > self.max_retries:
             raise Violation(
                 p + "attempt-over-max",
-                f"attempt={short(turn.attempt)} > max_retries={self.max_retries}",
+                f"attempt={short(turn.attempt)} > max_retries={short(self.max_retries)}",
             )
         reductions = getattr(turn, "reductions", None)
         if (
@@ -1647,12 +1710,13 @@ class Driver:
         ):
             raise Violation(
                 p + "reductions-over-max",
-                f"reductions={reductions} > max_context_reductions={self.max_reductions}",
+                f"reductions={short(reductions)} > max_context_reductions={short(self.max_reductions)}",
             )
         done = turn.status is not None
         if status is not None and not done:
             raise Violation(
-                p + "session-status-inconsistent", f"ended ({status}) mid-turn ({turn.state!r})"
+                p + "session-status-inconsistent",
+                f"ended ({status}) mid-turn ({short(turn.state)})",
             )
         final = getattr(turn, "final_answer", None)
         if final and limit is None:
@@ -1676,12 +1740,12 @@ class Driver:
             if self.max_turns is not None and turns > self.max_turns:
                 raise Violation(
                     p + "unreachable-state-accepted:turns",
-                    f"{short(turns)} finished turns > max_turns={self.max_turns}, no limit",
+                    f"{short(turns)} finished turns > max_turns={short(self.max_turns)}, no limit",
                 )
             if self.max_cost is not None and cost > self.max_cost:
                 raise Violation(
                     p + "unreachable-state-accepted:cost",
-                    f"cost {short(cost)} > max_cost_usd={self.max_cost!r} after a turn, no limit",
+                    f"cost {short(cost)} > max_cost_usd={short(self.max_cost)} after a turn, no limit",
                 )
 
     # -- legal events ---------------------------------------------------------------------
@@ -1735,6 +1799,7 @@ class Driver:
             size = rng.between(0, 5000)
             event = sm.Assembled(request, size)
         except Exception as exc:
+            self.log.append(["build", f"sm.Assembled({render(request)}, {render(size)})", exc])
             raise Violation(
                 f"{self.p}constructor-undocumented-error:Assembled:{type(exc).__name__}",
                 f"Assembled(size={render(size)}) raised {short(str(exc))}",
@@ -1818,6 +1883,8 @@ class Driver:
         except (TypeError, ValueError):
             return  # refused by its constructor, naming the field: the host's problem
         except Exception as exc:
+            call = f"sm.ModelReplied({render([c for c, _ in calls])}, cost={render(cost)})"
+            self.log.append(["build", call, exc])
             raise Violation(
                 f"{p}constructor-undocumented-error:ModelReplied:{type(exc).__name__}",
                 f"ModelReplied(cost={render(cost)}) raised {short(str(exc))}",
@@ -1875,27 +1942,39 @@ class Driver:
             return rare
         return RETRY_AFTERS[rng.below(len(RETRY_AFTERS))]
 
+    def make_failure(
+        self, category: sm.ErrorCategory, kwargs: dict[str, Any], partial: bool
+    ) -> Any:
+        """The ModelFailed event (``None`` if its constructor refused the values with
+        TypeError or ValueError, as it may)."""
+        key = (category, id(kwargs), partial)
+        event = FAILURES.get(key)
+        if event is not None:
+            return event
+        try:
+            event = sm.ModelFailed(sm.ModelError(category, "boom", **kwargs), partial=partial)
+        except (TypeError, ValueError):
+            return None
+        except Exception as exc:
+            args = ", ".join(f"{k}={render(v)}" for k, v in kwargs.items())
+            call = f"sm.ModelFailed(sm.ModelError({category.value!r}, 'boom', {args}))"
+            self.log.append(["build", call, exc])
+            raise Violation(
+                f"{self.p}constructor-undocumented-error:ModelError:{type(exc).__name__}",
+                f"ModelError({category.value!r}, **{render(kwargs)}) raised {short(str(exc))}",
+            ) from None
+        if id(kwargs) in FIXED_RETRY_AFTERS:
+            FAILURES[key] = event  # events are values: a fixed one is built once
+        return event
+
     def fail(self, action: Any) -> None:
-        p = self.p
         rng = self.rng
         category = CATEGORIES[rng.below(len(CATEGORIES))]
         kwargs, floor, enveloped = self.pick_retry_after()
         partial = rng.random() < 0.05
-        key = (category, id(kwargs), partial)
-        event = FAILURES.get(key)
-        try:
-            if event is None:
-                error = sm.ModelError(category, "boom", **kwargs)
-                event = sm.ModelFailed(error, partial=partial)
-                if id(kwargs) in FIXED_RETRY_AFTERS:
-                    FAILURES[key] = event  # events are values: a fixed one is built once
-        except (TypeError, ValueError):
+        event = self.make_failure(category, kwargs, partial)
+        if event is None:
             return
-        except Exception as exc:
-            raise Violation(
-                f"{p}constructor-undocumented-error:ModelError:{type(exc).__name__}",
-                f"ModelError({category.value!r}, **{render(kwargs)}) raised {short(str(exc))}",
-            ) from None
         transient = category in TRANSIENT
         self.floor = floor if transient and not partial else None
         self.enveloped = enveloped and transient and not partial
@@ -1904,6 +1983,13 @@ class Driver:
         finally:
             self.floor = None
             self.enveloped = False
+        self.check_failure(category, partial, action, result)
+
+    def check_failure(
+        self, category: sm.ErrorCategory, partial: bool, action: Any, result: Any
+    ) -> None:
+        """The reaction the contract requires to a ``category`` failure of ``action``."""
+        p = self.p
         kind = type(result)
         if partial:
             if kind is not sm.Finish:
@@ -1992,7 +2078,7 @@ class Driver:
             if missing or result.status is not sm.TurnStatus.BREAKER_OPEN:
                 raise Violation(
                     p + "breaker-not-tripped",
-                    f"{newly} reached {threshold} consecutive crashes; tripped={sorted(tripped)}, "
+                    f"{newly} reached {short(threshold)} consecutive crashes; tripped={sorted(tripped)}, "
                     f"the turn ended {result.status}",
                 )
         if result.status is sm.TurnStatus.BREAKER_OPEN and not tripped:
@@ -2000,7 +2086,7 @@ class Driver:
         if (tripped or self.doom_due) and session.limit_reached is None:
             raise Violation(
                 p + ("doom-loop-not-fired" if self.doom_due else "breaker-limit-not-fired"),
-                f"doom run {self.doom_run} (threshold {self.doom_threshold}), tripped "
+                f"doom run {short(self.doom_run)} (threshold {short(self.doom_threshold)}), tripped "
                 f"{sorted(tripped)}; limit_reached is None",
             )
 
@@ -2092,7 +2178,7 @@ class Driver:
                 ["start", turn, None, None],
                 (sm.IllegalEvent,),
                 [self.session],
-                f"start() in state {turn.state!r}",
+                f"start() in state {short(turn.state)}",
             )
             return
         if r < 0.32:
@@ -2116,7 +2202,7 @@ class Driver:
             ["send", turn, event, None],
             (sm.IllegalEvent,),
             [self.session],
-            f"{short(event)} in state {turn.state!r} after {short(action)}",
+            f"{short(event)} in state {short(turn.state)} after {short(action)}",
         )
 
     def bad_tools_done(self, calls: Sequence[sm.ToolCall]) -> sm.ToolsDone:
@@ -2157,7 +2243,7 @@ class Driver:
                 ["start", handle, None, None],
                 (sm.IllegalEvent, sm.SessionEnded),
                 sessions,
-                f"start() of a stale turn (state {handle.state!r})",
+                f"start() of a stale turn (state {short(handle.state)})",
                 handle,
             )
             return
@@ -2168,7 +2254,7 @@ class Driver:
             ["send", handle, event, None],
             (sm.IllegalEvent, sm.SessionEnded),
             sessions,
-            f"{short(event)} to a stale turn (state {handle.state!r}, after {short(action)})",
+            f"{short(event)} to a stale turn (state {short(handle.state)}, after {short(action)})",
             handle,
         )
 

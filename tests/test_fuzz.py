@@ -1,7 +1,7 @@
 """The seeded random-walk fuzzer (``tests/fuzz.py``) on a short profile for CI.
 
 Three seeds (two on the random settings mix, one on the defaults) share
-``FUZZ_EVENTS`` events (default 30 000, a few seconds); set it higher to fuzz longer,
+``FUZZ_EVENTS`` events (default 45 000, about two seconds); set it higher to fuzz longer,
 e.g. ``FUZZ_EVENTS=1000000 python -m pytest tests/test_fuzz.py``. The runs go on
 after a violation (``keep_going``), so each test reports every kind of violation of
 the property it names, each with its seed, step and replay command.
@@ -19,7 +19,7 @@ import statemachine as sm
 
 from . import fuzz
 
-EVENTS = int(os.environ.get("FUZZ_EVENTS", "30000"))
+EVENTS = int(os.environ.get("FUZZ_EVENTS", "45000"))
 PROFILE = ((1, True), (2, True), (3, False))
 """(seed, settings mix) of each run."""
 
