@@ -703,3 +703,25 @@ def test_worker_options_are_checked() -> None:
     with pytest.raises(ValueError, match="ended_ttl_s: must be a number > 0"):
         InMemoryStore(ended_ttl_s=0)
     assert Worker(store, idempotent=lambda call: call.name == "x").owner
+
+
+@pytest.mark.requirement("ER-75")
+def test_a_stored_request_with_a_lone_surrogate_is_corrupt_at_load() -> None:
+    """A record whose request holds "\\ud800" (valid JSON, not valid Unicode) is refused at
+    load with CorruptSession naming the key, and left untouched; such a request is
+    refused at the door when an event carries it."""
+    store = InMemoryStore()
+    w = Worker(store, clock=lambda: 0.0, now=lambda: 1.0)
+    created = w.create("s", sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0))
+    started = w.advance("s", None, expected_version=created.version)
+    w.advance("s", sm.Assembled({"m": "x"}, 1), expected_version=started.version)
+    key = store.key("s")
+    version, payload, expires = store._data[key]
+    forged = payload.replace(b'{"m":"x"}', b'{"m":"\\ud800"}')
+    assert forged != payload
+    store._data[key] = (version, forged, expires)
+    with pytest.raises(CorruptSession, match=r"turn\.request: .*lone surrogate"):
+        Worker(store).load("s")
+    assert store._data[key][1] == forged
+    with pytest.raises(ValueError, match="lone surrogate"):
+        sm.Assembled({"m": "\ud800"}, 1)

@@ -265,3 +265,61 @@ def test_the_benchmark_reports_throughput_and_conflict_rate(server: RedisServer)
     assert result["conflict_rate"]["1"] == 0
     assert 0 <= result["conflict_rate"]["2"] < 1
     assert result["applied"]["1"] == 60
+
+
+@pytest.mark.requirement("ER-79")
+def test_a_frozen_server_is_unavailable_in_bounded_time(tmp_path: Path) -> None:
+    """A SIGSTOPped redis-server (accepting nothing, answering nothing) gives
+    StoreUnavailable from the store's own socket timeout, on a client that left its
+    timeouts unset (as redis-py 5 does by default). The write may still land when the
+    server wakes: after SIGCONT the same advance with the same key is APPLIED (it had
+    not landed) or DUPLICATE (it had), never applied twice."""
+    srv = redis_server_or_skip(tmp_path)
+    c = redis.Redis(
+        host="127.0.0.1",
+        port=srv.port,
+        socket_timeout=None,
+        socket_connect_timeout=None,
+        retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+    )
+    try:
+        store = RedisStore(c, prefix="t", timeout_s=0.3, connect_timeout_s=0.3)
+        kwargs = c.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == 0.3 and kwargs["socket_connect_timeout"] == 0.3
+        w = Worker(store, owner="a", clock=lambda: 0.0, now=Clock())
+        created = w.create("frozen", new_session())
+        first = w.advance("frozen", None, expected_version=created.version)
+        assert srv.proc is not None
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable, match="session 'frozen': Redis is unavailable"):
+                w.advance(
+                    "frozen", sm.Assembled("r", 10), expected_version=first.version, key="k1"
+                )
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        c.connection_pool.disconnect()
+        again = Worker(store, owner="b", clock=lambda: 0.0, now=Clock())
+        result = again.advance(
+            "frozen", sm.Assembled("r", 10), expected_version=first.version, key="k1"
+        )
+        assert result.status in (AdvanceStatus.APPLIED, AdvanceStatus.DUPLICATE)
+        assert result.version == first.version + 1
+        assert result.session.current_turn is not None
+        assert result.session.current_turn.state == "calling"
+    finally:
+        c.close()
+        srv.stop()
+
+
+def test_store_timeouts_are_validated() -> None:
+    """A timeout that is not a finite positive number is a ConfigError naming it."""
+    client = redis.Redis(host="127.0.0.1", port=1)
+    for bad in (0, -1, float("inf"), "2", True):
+        with pytest.raises(sm.ConfigError, match="^timeout_s"):
+            RedisStore(client, timeout_s=bad)  # type: ignore[arg-type]
+    with pytest.raises(sm.ConfigError, match="^connect_timeout_s"):
+        RedisStore.from_url("redis://127.0.0.1:1/0", connect_timeout_s=0)
+    explicit = redis.Redis(host="127.0.0.1", port=1, socket_timeout=7.0)
+    RedisStore(explicit)
+    assert explicit.connection_pool.connection_kwargs["socket_timeout"] == 7.0

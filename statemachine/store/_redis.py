@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ..core._exceptions import ConfigError
 from ._core import (
     DEFAULT_MAX_BYTES,
     CorruptSession,
@@ -68,6 +69,16 @@ return {1, current}
 """
 
 
+DEFAULT_TIMEOUT_S = 2.0
+"""The default socket and connect timeouts of a :class:`RedisStore`, in seconds."""
+
+
+def _check_timeout(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
+        raise ConfigError(f"{name}: must be a finite number of seconds > 0, got {value!r:.60}")
+    return float(value)
+
+
 def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
@@ -82,6 +93,14 @@ class RedisStore:
     so one tenant's ids cannot address another's keys. With ``ended_ttl_s`` a
     session that has ended expires that many seconds after its last write.
     Records over ``max_bytes`` are refused on write and reported corrupt on read.
+
+    Timeouts: a frozen or unreachable server gives :class:`StoreUnavailable` in
+    bounded time, never a hang. ``timeout_s`` (default 2 s) bounds every reply and
+    ``connect_timeout_s`` (default 2 s) every connection attempt; they are set on
+    ``client``'s connection pool where the client left them unset (redis-py 5 blocks
+    forever by default), and a client's own values are kept. :meth:`from_url` builds a
+    client with both and no automatic retries, so one call waits at most about
+    ``timeout_s``; with a client that retries, multiply by its attempts.
     """
 
     def __init__(
@@ -92,7 +111,18 @@ class RedisStore:
         tenant: str | None = None,
         ended_ttl_s: float | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
+        self.timeout_s = _check_timeout("timeout_s", timeout_s)
+        self.connect_timeout_s = _check_timeout("connect_timeout_s", connect_timeout_s)
+        pool = getattr(client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            if kwargs.get("socket_timeout") is None:
+                kwargs["socket_timeout"] = self.timeout_s
+            if kwargs.get("socket_connect_timeout") is None:
+                kwargs["socket_connect_timeout"] = self.connect_timeout_s
         self.client = client
         self._prefix = key_prefix(prefix, tenant)
         self.ended_ttl_s = check_ttl(ended_ttl_s)
@@ -102,10 +132,23 @@ class RedisStore:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
-        """A store on a new client for ``url`` (``redis://127.0.0.1:6379/0``)."""
+        """A store on a new client for ``url`` (``redis://127.0.0.1:6379/0``), with the
+        store's timeouts and no automatic retries (``options`` as for the store)."""
         import redis  # noqa: PLC0415 - an optional dependency
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+        from redis.retry import Retry  # noqa: PLC0415
 
-        return cls(redis.Redis.from_url(url), **options)
+        timeout = _check_timeout("timeout_s", options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        connect = _check_timeout(
+            "connect_timeout_s", options.get("connect_timeout_s", DEFAULT_TIMEOUT_S)
+        )
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=connect,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cls(client, **options)
 
     def key(self, session_id: str) -> str:
         """The Redis key of ``session_id`` (validated)."""
@@ -190,7 +233,10 @@ class RedisStore:
 
         if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
             raise StoreUnavailable(
-                f"session {session_id!r}: Redis is unavailable: {exc}", session_id=session_id
+                f"session {session_id!r}: Redis is unavailable: {exc} (a write sent before "
+                "it stopped answering may still be applied: advance again with the same "
+                "key to find out)",
+                session_id=session_id,
             ) from exc
         if isinstance(exc, UnicodeDecodeError):  # a decode_responses client, binary data
             raise CorruptSession(
