@@ -320,8 +320,11 @@ async def arun_turn(
 
 async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:
     try:
-        async with asyncio.timeout(limit):
+        if limit is None:  # no timeout to enter: the common case, one await
             event = await model.complete(action)
+        else:
+            async with asyncio.timeout(limit):
+                event = await model.complete(action)
     except TimeoutError as exc:
         if limit is not None and not str(exc):
             exc = _timeout_error("model call", limit)
@@ -343,8 +346,11 @@ async def _async_tools(
 
 async def _async_tool(tools: AsyncToolProvider, call: ToolCall, limit: float | None) -> ToolOutcome:
     try:
-        async with asyncio.timeout(limit):
+        if limit is None:
             outcome = await tools.invoke(call)
+        else:
+            async with asyncio.timeout(limit):
+                outcome = await tools.invoke(call)
     except TimeoutError as exc:
         if limit is not None and not str(exc):
             exc = _timeout_error(f"tool {call.name}", limit)
