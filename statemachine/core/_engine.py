@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import attrs
 
@@ -60,24 +60,32 @@ _REDUCE = Assemble(reduce=True)
 # -- facts: what a group of rows' guards read, derived once per event --------------
 
 
-class WaitFacts(NamedTuple):
-    """What a transient failure would lead to, previewing (not consuming) the jitter."""
+class WaitFacts:
+    """What a transient failure would lead to, previewing (not consuming) the jitter.
 
-    server: float | None
-    """The retry-after the server asked for, if usable."""
-    seconds: float
-    """The wait the engine would take."""
-    too_long: bool
-    """The server asked for more than ``max_server_wait_s``."""
-    crosses: bool
-    """The wait would cross ``max_wall_clock_s``."""
+    ``server``: the retry-after the server asked for, if usable; ``seconds``: the wait
+    the engine would take; ``too_long``: the server asked for more than
+    ``max_server_wait_s``; ``crosses``: the wait would cross ``max_wall_clock_s``.
+    (A slotted class: built once per transient failure, on the hot path.)
+    """
+
+    __slots__ = ("crosses", "seconds", "server", "too_long")
+
+    def __init__(self, server: float | None, seconds: float, too_long: bool, crosses: bool) -> None:
+        self.server = server
+        self.seconds = seconds
+        self.too_long = too_long
+        self.crosses = crosses
 
 
-class BreakerFacts(NamedTuple):
+class BreakerFacts:
     """The crash counts after a tool round, and the providers it would trip."""
 
-    counts: dict[str, int]
-    tripped: list[str]
+    __slots__ = ("counts", "tripped")
+
+    def __init__(self, counts: dict[str, int], tripped: list[str]) -> None:
+        self.counts = counts
+        self.tripped = tripped
 
 
 def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
@@ -378,6 +386,8 @@ class BoundRow:
     status: TurnStatus | None
     names: tuple[str, ...]
     """The names of ``guards`` (the category guards already resolved are left out)."""
+    steps: dict[tuple[int, ...], Step] = attrs.field(factory=dict, eq=False, repr=False)
+    """The steps through this row met so far, by their counters: traces share them."""
 
 
 @attrs.frozen
@@ -660,7 +670,7 @@ class Core:
             raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
-        step = step_after(row.info, turn, self.state)
+        step = step_after(row.steps, row.info, turn, self.state)
         turn.path.append(step)
         turn.actions.append(action)
         if type(action) is Finish:

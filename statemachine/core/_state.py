@@ -607,17 +607,30 @@ copy_session_state: Callable[[SessionState], SessionState] = _copier(SessionStat
 """An independent copy of a session's state, its current turn's included."""
 
 
-def _step_maker() -> Callable[[RowInfo, TurnState, SessionState], Step]:
+def _step_maker() -> Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step]:
     reads = ", ".join(
         f"{'turn' if cls is TurnState else 'session'}.{name}" for cls, name, _ in TRACED
     )
-    source = f"def step_after(info, turn, session):\n    return make_step(info, {reads})\n"
-    return _compile(source, "step_after", {"make_step": make_step})  # type: ignore[no-any-return]
+    source = (
+        "def step_after(steps, info, turn, session):\n"
+        f"    counters = ({reads},)\n"
+        "    step = steps.get(counters)\n"
+        "    if step is None:\n"
+        "        step = (info, *counters)\n"
+        "        if len(steps) < limit:\n"
+        "            steps[counters] = step\n"
+        "    return step\n"
+    )
+    namespace = {"limit": _MAX_INTERNED_PER_ROW}
+    return _compile(source, "step_after", namespace)  # type: ignore[no-any-return]
 
 
-step_after: Callable[[RowInfo, TurnState, SessionState], Step] = _step_maker()
+_MAX_INTERNED_PER_ROW = 4096
+
+step_after: Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step] = _step_maker()
 """The :data:`Step` of a transition through ``info``, with the counters as they now
-stand (generated from :data:`TRACED`)."""
+stand (generated from :data:`TRACED`); ``steps`` is the row's cache of the steps met so
+far, shared by every trace that passes through the row with the same counters."""
 
 
 def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, ...]:

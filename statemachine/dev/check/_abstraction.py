@@ -9,7 +9,7 @@ import attrs
 
 from ...core._session import Session, Turn
 from ...core._settings import Settings
-from ...core._state import SessionState, TurnState, key_fields, step_after
+from ...core._state import SessionState, TurnState, key_fields, make_step, traced_counters
 from ...core._table import (
     BACKING_OFF,
     CALLING,
@@ -100,7 +100,7 @@ def _accelerate(ctx: _Ctx, node: _Node) -> None:
         }
     if turn.path:
         # the trace's last counters follow the state they describe
-        turn.path[-1] = step_after(turn.path[-1][0], turn, state)
+        turn.path[-1] = make_step(turn.path[-1][0], *traced_counters(turn, state))
 
 
 def _field_key(value: Any, mode: str) -> Any:
