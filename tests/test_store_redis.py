@@ -316,9 +316,9 @@ def test_store_timeouts_are_validated() -> None:
     """A timeout that is not a finite positive number is a ConfigError naming it."""
     client = redis.Redis(host="127.0.0.1", port=1)
     for bad in (0, -1, float("inf"), "2", True):
-        with pytest.raises(sm.ConfigError, match="^timeout_s"):
+        with pytest.raises(sm.ConfigError, match=r"^timeout_s"):
             RedisStore(client, timeout_s=bad)  # type: ignore[arg-type]
-    with pytest.raises(sm.ConfigError, match="^connect_timeout_s"):
+    with pytest.raises(sm.ConfigError, match=r"^connect_timeout_s"):
         RedisStore.from_url("redis://127.0.0.1:1/0", connect_timeout_s=0)
     explicit = redis.Redis(host="127.0.0.1", port=1, socket_timeout=7.0)
     RedisStore(explicit)
