@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -196,3 +197,53 @@ def test_headers_with_numbers_or_odd_values_never_raise() -> None:
     odd = sm.ModelError("rate_limited", headers={"retry-after": None, "x": object()})
     assert retry_after(odd, lambda: WALL) is None
     assert sm.Headers([("a", "1"), "not-a-pair"]) == {"a": "1"}
+
+
+VECTORS = json.loads((Path(__file__).parent / "data" / "backoff-vectors.json").read_text("utf-8"))
+"""Known answers written once by the first release; any change to the documented formula,
+the jitter's constants, its first draw or the default seed fails here."""
+
+
+@pytest.mark.requirement("ER-22")
+@pytest.mark.parametrize(("seed", "draw", "expected"), VECTORS["jitter"])
+def test_jitter_known_answers(seed: int, draw: int, expected: str) -> None:
+    """``jitter(seed, draw)`` is bit for bit the committed value."""
+    assert repr(jitter(seed, draw)) == expected
+
+
+@pytest.mark.requirement("ER-22", "ER-1")
+@pytest.mark.parametrize("case", VECTORS["schedules"], ids=lambda c: f"{c['settings']}-{c['seed']}")
+def test_backoff_schedule_known_answers(case: dict[str, object]) -> None:
+    """A call failing with rate limits until it stops gets exactly the committed waits,
+    then the committed status."""
+    settings = sm.Settings(**case["settings"])  # type: ignore[arg-type]
+    session = sm.Session(settings, seed=case["seed"], clock=lambda: 0.0, wall_clock=lambda: 1.7e9)  # type: ignore[arg-type]
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 1))
+    waits = []
+    while True:
+        action = turn.send(sm.ModelFailed(sm.ModelError("rate_limited")))
+        if not isinstance(action, sm.Wait):
+            assert isinstance(action, sm.Finish)
+            assert action.status.value == case["then"]
+            break
+        waits.append(repr(action.seconds))
+        turn.send(sm.WaitDone())
+    assert waits == case["waits"]
+
+
+@pytest.mark.requirement("ER-22", "ER-4")
+def test_backoff_with_retry_after_known_answers() -> None:
+    """Server retry-afters raise the committed waits exactly where they are larger."""
+    session = sm.Session(sm.Settings(), seed=5, clock=lambda: 0.0, wall_clock=lambda: 1.7e9)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 1))
+    for retry_after_seconds, expected in VECTORS["with_retry_after"]:
+        error = sm.ModelError("overloaded", retry_after_seconds=retry_after_seconds)
+        action = turn.send(sm.ModelFailed(error))
+        got = repr(action.seconds) if isinstance(action, sm.Wait) else action.status.value  # type: ignore[union-attr]
+        assert got == expected
+        if isinstance(action, sm.Wait):
+            turn.send(sm.WaitDone())
