@@ -317,3 +317,19 @@ def test_a_counter_added_to_the_declaration_is_snapshotted_checked_and_restored(
     data["waited_s"] = -1.0
     with pytest.raises(sm.SnapshotError, match=r"^waited_s: must be a finite number"):
         sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-38")
+def test_from_state_refuses_an_unreachable_state() -> None:
+    """``Session.from_state`` checks the same invariants as restore unless told not to."""
+    session = new_session()
+    calling_turn(session)
+    state = session.state
+    state.retries = 99
+    with pytest.raises(sm.SnapshotError, match="^retries:"):
+        sm.Session.from_state(session.settings, state, ManualClock())
+    with pytest.raises(sm.ConfigError, match="^state:"):
+        sm.Session.from_state(session.settings, {"retries": 1}, ManualClock())  # type: ignore[arg-type]
+    good = session.state
+    again = sm.Session.from_state(session.settings, good, ManualClock())
+    assert again.current_turn is not None and again.current_turn.state == "calling"

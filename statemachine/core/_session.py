@@ -23,7 +23,7 @@ from ._engine import DISPATCH, TRIGGERS, Core, Dispatch, Observer, trace_record
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
-from ._state import SessionState, TurnState, copy_session_state
+from ._state import SessionState, TurnState, check_reachable, copy_session_state
 from ._table import TERMINAL_STATES
 from ._taxonomy import SessionStatus, TurnStatus
 from ._trace import TraceRecord
@@ -84,13 +84,23 @@ class Session:
         wall_clock: Callable[[], float] = time.time,
         observers: Iterable[Observer] = (),
         dispatch: Dispatch = DISPATCH,
+        check: bool = True,
     ) -> Session:
         """A session that takes over ``state`` (a declared :class:`SessionState`, such as
-        a copy from :attr:`state`): the model checker explores this way. The state is
-        taken as it is, unchecked: ``restore`` is the way in for data from outside."""
+        a copy from :attr:`state`): the model checker explores this way.
+
+        With ``check`` (the default) the state must be one the engine can reach under
+        ``settings`` (the invariants ``restore`` checks; :class:`SnapshotError` naming
+        the field otherwise); the model checker, which only holds states the engine
+        made, passes ``check=False``. ``restore`` is the way in for data from outside.
+        """
         if not isinstance(settings, Settings):
             raise ConfigError(f"settings: must be a Settings, got {settings!r}")
+        if not isinstance(state, SessionState):
+            raise ConfigError(f"state: must be a SessionState, got {type(state).__name__}")
         _check_clocks(clock, wall_clock)
+        if check:
+            check_reachable(state, settings)
         return cls._over(Core(settings, state, clock, wall_clock, tuple(observers), dispatch))
 
     @classmethod

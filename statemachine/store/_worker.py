@@ -323,7 +323,12 @@ class Worker:
         elapsed = record.snapshot["elapsed_s"] + self._idle(record)
         state.started = self._clock() - elapsed
         session = Session.from_state(
-            settings, state, self._clock, wall_clock=self._now, observers=self._observers
+            settings,
+            state,
+            self._clock,
+            wall_clock=self._now,
+            observers=self._observers,
+            check=False,
         )
         return record, session
 

@@ -47,7 +47,7 @@ def _node(
 ) -> _Node:
     """A node over ``state`` (which the new session takes over)."""
     session = Session.from_state(
-        ctx.settings, state, clock, wall_clock=_wall_clock, dispatch=ctx.dispatch
+        ctx.settings, state, clock, wall_clock=_wall_clock, dispatch=ctx.dispatch, check=False
     )
     turn = session.current_turn
     if turn is None:  # pragma: no cover - every node is made after new_turn()
