@@ -298,10 +298,14 @@ def test_unknown_error_is_not_retried_and_keeps_the_raw_message() -> None:
 @pytest.mark.parametrize("category", [c.value for c in sm.ErrorCategory])
 def test_partial_stream_failure_is_never_resent(category: str) -> None:
     """A failure after part of the reply streamed out ends stream_interrupted, even for a
-    retryable category."""
+    retryable category; a content filter that cut the stream is surfaced as
+    content_filtered, distinctly (never resent either)."""
     finish = calling_turn(new_session()).send(fail_partial(category))
     assert isinstance(finish, sm.Finish)
-    assert finish.status is sm.TurnStatus.STREAM_INTERRUPTED
+    if category == "content_filtered":
+        assert finish.status is sm.TurnStatus.CONTENT_FILTERED
+    else:
+        assert finish.status is sm.TurnStatus.STREAM_INTERRUPTED
 
 
 def fail_partial(category: str) -> sm.ModelFailed:

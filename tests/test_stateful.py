@@ -424,7 +424,7 @@ class TurnMachine(RuleBasedStateMachine):
         request = self.turn.action.request
         action = self.send(ModelFailed(ModelError(category, "boom", **kwargs), partial=partial))
         status = action.status if type(action) is Finish else None
-        if partial:
+        if partial and category is not ErrorCategory.CONTENT_FILTERED:
             assert status is TurnStatus.STREAM_INTERRUPTED
         elif category in (ErrorCategory.AUTH_ERROR, ErrorCategory.INVALID_REQUEST):
             assert status is TurnStatus(category.value)

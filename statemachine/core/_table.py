@@ -17,7 +17,9 @@ all hold fires, exactly as ``transitions`` tries a trigger's transitions. A
 
 Why the rows are ordered as they are, for a ``ModelFailed``:
 
-* ``partial`` first: a reply that already streamed out partly is never resent,
+* ``content_filtered`` first: a filter is surfaced distinctly even when it cut a
+  stream short (a vendor's safety stop arrives mid-stream); it is never resent.
+* ``partial`` next: a reply that already streamed out partly is never resent,
   whatever its category, because the user has seen half an answer.
 * Non-retryable categories next, each to its own status; ``auth_error`` and
   ``invalid_request`` never reach a retry or a fallback row.
@@ -138,10 +140,10 @@ ROWS: tuple[Row, ...] = (
     Row(CALLING, "ModelReplied", ("no_tool_calls",), COMPLETED, "complete"),
     Row(CALLING, "ModelReplied", (), INVOKING_TOOLS, "invoke_tools"),
     # -- calling: a failure, by category (see the essay for the order)
+    Row(CALLING, "ModelFailed", ("content_filtered",), FILTERED, "finish", "content_filtered"),
     _failed(CALLING, "ModelFailed", ("partial",), "stream_interrupted"),
     _failed(CALLING, "ModelFailed", ("auth_error",), "auth_error"),
     _failed(CALLING, "ModelFailed", ("invalid_request",), "invalid_request"),
-    Row(CALLING, "ModelFailed", ("content_filtered",), FILTERED, "finish", "content_filtered"),
     _failed(CALLING, "ModelFailed", ("unknown",), "unknown_error"),
     _failed(
         CALLING, "ModelFailed", ("context_length_exceeded", "final_answer"), "context_exhausted"

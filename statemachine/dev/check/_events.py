@@ -130,6 +130,7 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
         steps += [
             Step("ModelFailed", "rate_limited:partial"),
             Step("ModelFailed", "auth_error:partial"),
+            Step("ModelFailed", "content_filtered:partial"),
             Step("ModelFailed", "rate_limited:too_long"),
             Step("ModelFailed", "overloaded:header_ms"),
             Step("ModelFailed", "rate_limited:garbage"),

@@ -161,7 +161,7 @@ class Properties:
         v = self.violate
         category = event.error.category
         status = action.status if type(action) is Finish else None
-        if event.partial:
+        if event.partial and category is not ErrorCategory.CONTENT_FILTERED:
             if status is not TurnStatus.STREAM_INTERRUPTED:
                 v("ER-31", f"partial {category} failure gave {action!r}", path)
             return
