@@ -82,11 +82,17 @@ def test_report_renders_the_counts(defaults: _check.CheckReport) -> None:
 @pytest.mark.requirement("ER-29", "ER-33")
 def test_edge_settings_pass(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``statemachine check --settings FILE`` exits 0 on every edge settings file and
-    prints an OK report."""
+    prints an OK report; each ``not reached:`` row ends with the reason these settings
+    give (none is left unexplained)."""
     assert main(["--settings", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("statemachine check: OK")
     assert "longest turn" in out
+    for line in out.splitlines():
+        if line.startswith("  not reached:"):
+            _, why = line.split(" -- ", 1)
+            assert why.strip(), line
+            assert not why.startswith("these settings allow it"), line
 
 
 def test_edge_settings_include_the_ci_cases() -> None:
@@ -235,3 +241,84 @@ def test_table_option_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["--table", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == _check.render_table()
     assert "wrote" in capsys.readouterr().out
+
+
+# -- what the settings require, and why a row is not reached ---------------------------
+
+
+@pytest.mark.requirement("ER-33")
+def test_a_wall_clock_below_the_server_wait_does_not_require_retry_deferred() -> None:
+    """With ``max_wall_clock_s`` at or below ``max_server_wait_s`` a wait the server asks
+    too much for always crosses the wall clock first (``budget_exhausted``), so
+    ``retry_deferred`` is not required: the check passes and says why the row is not
+    reached."""
+    settings = Settings(
+        max_wall_clock_s=100, max_server_wait_s=300, max_retries=2, session_retry_ceiling=4
+    )
+    report = check(settings)
+    assert report.ok, report.render()
+    assert "retry_deferred" not in report.required_statuses
+    assert "budget_exhausted" in report.required_statuses
+    (line,) = [x for x in report.render().splitlines() if "server_wait_too_long" in x]
+    assert line.startswith("  not reached: calling, ModelFailed [transient & retries_left")
+    assert "-- max_wall_clock_s (100 s) <= max_server_wait_s (300 s)" in line
+
+
+def test_the_defaults_not_reached_rows_name_their_setting(defaults: _check.CheckReport) -> None:
+    """On the defaults the two rows left need a fallback model or a wall clock, and the
+    report says so."""
+    text = defaults.render()
+    assert "[transient & fallback_left] -> calling -- fallback_models is empty" in text
+    assert "-> failed -- max_wall_clock_s is not set" in text
+
+
+REASON_CASES = [
+    {"max_wall_clock_s": 0.1},
+    {"max_wall_clock_s": 0.5, "max_retries": 1, "session_retry_ceiling": 2},
+    {"max_turns": 0},
+    {"max_cost_usd": 0},
+    {"max_wall_clock_s": 0},
+    {"max_retries": 1, "session_retry_ceiling": 3, "max_turns": 1, "max_context_reductions": 0},
+    {"session_retry_ceiling": 0, "fallback_models": ("a",)},
+    {"max_retries": 2, "session_retry_ceiling": 2, "fallback_models": ("a",), "max_wall_clock_s": 50},
+    {"max_retries": 1, "session_retry_ceiling": 1, "fallback_models": ("a",), "max_wall_clock_s": 50},
+    {"max_retries": 1, "session_retry_ceiling": 3, "base_delay_ms": 0, "max_wall_clock_s": 5},
+    {"max_retries": 3, "session_retry_ceiling": 6, "max_wall_clock_s": 2, "max_server_wait_s": 1},
+    {"max_retries": 1, "session_retry_ceiling": 3, "max_wall_clock_s": 10.5, "max_server_wait_s": 10},
+    {"max_retries": 1, "session_retry_ceiling": 3, "max_wall_clock_s": 100, "max_server_wait_s": 300},
+    {"max_retries": 0, "session_retry_ceiling": 2, "max_context_reductions": 0},
+    {"max_retries": 1, "session_retry_ceiling": 2, "base_delay_ms": 4000, "max_wall_clock_s": 1},
+]  # fmt: skip
+
+
+@pytest.mark.requirement("ER-33")
+@pytest.mark.parametrize(
+    "fields", REASON_CASES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items())
+)
+def test_row_reasons_agree_with_the_exploration(fields: dict[str, object]) -> None:
+    """On small settings (exact counters) the check passes; every row ``row_reason``
+    finds no reason against is reached, and no row it says cannot be reached is (a
+    reason starting "may" depends on the jitter, either way is fine)."""
+    settings = Settings(**fields)
+    report = check(settings, exact=True)
+    assert report.ok, report.render()
+    for i, row in enumerate(report.rows):
+        why = _check.row_reason(settings, row)
+        where = f"{row.source}, {row.event} {row.guards}: {why}"
+        if why is None:
+            assert i in report.row_paths, where
+        elif not why.startswith("may"):
+            assert i not in report.row_paths, where
+            assert report.row_reasons[i] == why
+
+
+def test_every_builtin_scenarios_settings_are_checked() -> None:
+    """The settings every built-in scenario runs on are an edge settings file, so CI
+    model-checks them (``statemachine check --settings`` on each file)."""
+    from statemachine.dev._scenarios import builtin, builtin_names
+
+    checked = [Settings.from_toml(path) for path in SETTINGS_FILES]
+    for name in builtin_names():
+        scenario = builtin(name)
+        if scenario.settings_table:
+            assert scenario.settings in checked, name

@@ -21,7 +21,10 @@ that has run out. Then it proves, over every node and edge it found:
   24, 31, 32): each category's edges against the table of ``design/api.md``;
 * **illegal events** (ER-27): every (state, event) pair with no row raises
   ``IllegalEvent`` and changes nothing;
-* **reachability**: every state and every ``TurnStatus`` the settings allow.
+* **reachability**: every state and every ``TurnStatus`` the settings allow: the
+  ends of the rows :func:`row_reason` finds no reason against (no retries, no
+  fallbacks, a wall clock every wait of some kind crosses, a ceiling spent first...).
+  Each row the exploration does not fire is reported with that reason.
 
 Counters are explored exactly while the space is small (the defaults are). With
 huge caps they are *accelerated*: the call's attempt, the reductions, crash counts
@@ -62,7 +65,7 @@ from ._events import (
     _event,
     _wall_clock,
 )
-from ._explore import _Explorer, _required, _space
+from ._explore import _Explorer, _required, _space, row_reason
 from ._report import CheckReport, Violation, render_table
 
 __all__ = [
@@ -73,6 +76,7 @@ __all__ = [
     "main",
     "render_table",
     "replay",
+    "row_reason",
     "step_bound",
 ]
 
@@ -141,7 +145,15 @@ def check(
         required_statuses=required_statuses,
         rows=table,
         row_paths=dict(explorer.row_paths),
+        row_reasons={
+            i: row_reason(settings, row) or _NO_REASON
+            for i, row in enumerate(table)
+            if i not in explorer.row_paths
+        },
     )
+
+
+_NO_REASON = "these settings allow it: a dead row, or an event the check's representatives lack"
 
 
 def replay(settings: Settings, path: Sequence[Step]) -> Session:

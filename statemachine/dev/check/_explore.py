@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from ...core._backoff import wait_seconds
 from ...core._events import (
     ModelFailed,
 )
@@ -15,15 +16,16 @@ from ...core._session import Session
 from ...core._settings import Settings
 from ...core._table import (
     BACKING_OFF,
+    CALLING,
     IDLE,
     REDUCING_CONTEXT,
+    ROWS,
     RUNNING_STATES,
     START,
-    STATES,
     TERMINAL_STATES,
     Row,
 )
-from ...core._taxonomy import ErrorCategory, TurnStatus
+from ...core._taxonomy import ErrorCategory
 from ._abstraction import _accelerate, _clone, _key, _Node, _node, _rank
 
 # -- the exploration ---------------------------------------------------------------
@@ -240,22 +242,233 @@ class _Explorer(Properties):
 
 
 def _required(settings: Settings) -> tuple[frozenset[str], frozenset[str]]:
-    """The states and statuses these settings must let a session reach."""
-    retries = settings.max_retries >= 1 and settings.session_retry_ceiling >= 1
-    states = set(STATES)
-    if not retries:
-        states.discard(BACKING_OFF)
-    if settings.max_context_reductions == 0:
-        states.discard(REDUCING_CONTEXT)
-    statuses = {s.value for s in TurnStatus}
-    if not retries:
-        statuses.discard(TurnStatus.RETRY_DEFERRED.value)
-    if not retries or settings.max_wall_clock_s is None:
-        statuses.discard(TurnStatus.BUDGET_EXHAUSTED.value)
-    grows = settings.max_retries >= 1 or bool(settings.fallback_models)
-    if settings.session_retry_ceiling > 0 and (not grows or settings.max_turns is not None):
-        statuses.discard(TurnStatus.RETRY_CEILING_REACHED.value)
+    """The states and statuses these settings must let a session reach: the ends of
+    the rows :func:`row_reason` finds no reason against (``idle`` always)."""
+    states = {IDLE}
+    statuses: set[str] = set()
+    for row in ROWS:
+        if row_reason(settings, row) is not None:
+            continue
+        states.add(row.dest)
+        status = row.status or ("completed" if row.effect == "complete" else None)
+        if status is not None:
+            statuses.add(status)
     return frozenset(states), frozenset(statuses)
+
+
+# -- why a row may not be reached ------------------------------------------------------
+
+_ANY_TURN_GUARDS = frozenset(
+    {("partial",), ("auth_error",), ("invalid_request",), ("content_filtered",), ("unknown",)}
+)
+"""The ``calling`` rows a final-answer turn takes as well as a regular one."""
+
+
+def row_reason(settings: Settings, row: Row) -> str | None:
+    """Why the check may not reach ``row`` on ``settings``; ``None`` when it must.
+
+    The reasons follow from the settings and the order of the rows (a row is tried
+    only when the rows above it did not fire): no retries, no fallbacks, no
+    reductions, a wall clock that every wait of some kind crosses, a ceiling that is
+    spent first, a first turn that is already the final-answer turn. A reason that
+    starts with "may" marks a row whose reach depends on the jitter draws or on a
+    value the check's representative events do not use: it is not required, and it
+    may be reached all the same.
+    """
+    guards = row.guards
+    if row.event == "Cancelled" and row.source in (IDLE, "assembling", CALLING):
+        return None
+    if row.source in (IDLE, "assembling"):
+        return None
+    if row.source == CALLING and ("final_answer" in guards or guards in _ANY_TURN_GUARDS):
+        return None
+    first = _first_turn_is_final(settings)
+    if first is not None:
+        return first
+    if row.source == REDUCING_CONTEXT or "reductions_left" in guards:
+        if settings.max_context_reductions == 0:
+            return "max_context_reductions = 0: a context overflow is never reduced"
+        return None
+    if row.source == BACKING_OFF or "wait_fits" in guards:
+        return _retry_reason(settings) or _first_wait_reason(settings)
+    if "fallback_left" in guards:
+        if not settings.fallback_models:
+            return "fallback_models is empty: there is no model to fall back to"
+        if settings.session_retry_ceiling == 0:
+            return _NO_CEILING
+        return None
+    if "ceiling_reached" in guards:
+        return _ceiling_reason(settings)
+    if "wait_crosses_wall_clock" in guards:
+        return _crosses_reason(settings)
+    if "server_wait_too_long" in guards:
+        return _deferred_reason(settings)
+    if guards == ("transient",):
+        return _spent_reason(settings)
+    if "retries_left" in guards:
+        return _retry_reason(settings)
+    return None
+
+
+_NO_CEILING = "session_retry_ceiling = 0: the session never retries, the ceiling row fires first"
+
+
+def _first_turn_is_final(settings: Settings) -> str | None:
+    for name in ("max_turns", "max_cost_usd", "max_wall_clock_s"):
+        if getattr(settings, name) == 0:
+            return f"{name} = 0: the first turn is already the final-answer turn"
+    return None
+
+
+def _retry_reason(settings: Settings) -> str | None:
+    if settings.max_retries == 0:
+        return "max_retries = 0: a call is never retried"
+    if settings.session_retry_ceiling == 0:
+        return _NO_CEILING
+    return None
+
+
+def _last_model_reason(settings: Settings) -> str | None:
+    """Why the last model's first retry cannot be tried (the fallbacks spend the
+    ceiling first), if so."""
+    fallbacks = len(settings.fallback_models)
+    if fallbacks and settings.session_retry_ceiling <= fallbacks:
+        return (
+            f"session_retry_ceiling ({settings.session_retry_ceiling}) is spent by the "
+            f"{fallbacks} fallback(s) before the last model retries"
+        )
+    return None
+
+
+_EXACT_WAITS = 10_000
+"""Retries whose waits :func:`_waits` adds one by one; the rest are bounded."""
+
+
+def _waits(settings: Settings, retries: int) -> tuple[float, float]:
+    """The least and (exclusive) most seconds the first ``retries`` retries of one call
+    wait, without a retry-after, over every jitter draw. Delays never shrink, so past
+    :data:`_EXACT_WAITS` retries the last delay bounds the rest from below and
+    ``max_delay_ms`` from above (a huge ``max_retries`` costs no time)."""
+    args = (settings.base_delay_ms, settings.backoff_factor, settings.max_delay_ms)
+    low = high = last = 0.0
+    exact = min(retries, _EXACT_WAITS)
+    for n in range(exact):
+        last = wait_seconds(n, 0.0, None, *args)
+        low += last
+        high += wait_seconds(n, 1.0, None, *args)
+    rest = retries - exact
+    if rest:
+        low += rest * last
+        high += rest * wait_seconds(0, 1.0, None, settings.max_delay_ms, 1.0, settings.max_delay_ms)
+    return low, high
+
+
+def _fits(settings: Settings, what: str, low: float, high: float) -> str | None:
+    """``None`` when ``low``..``high`` seconds always fit the wall clock, else why not."""
+    limit = settings.max_wall_clock_s
+    if limit is None or high <= limit:
+        return None
+    if low > limit:
+        return f"{what} is at least {low:g} s, more than max_wall_clock_s ({limit:g} s)"
+    return (
+        f"may: {what} is {low:g} to {high:g} s by the jitter draws, max_wall_clock_s is {limit:g} s"
+    )
+
+
+def _first_wait_reason(settings: Settings) -> str | None:
+    return _fits(settings, "the first retry's wait", *_waits(settings, 1))
+
+
+def _ceiling_reason(settings: Settings) -> str | None:
+    ceiling = settings.session_retry_ceiling
+    if ceiling == 0:
+        return None
+    retries, fallbacks = settings.max_retries, len(settings.fallback_models)
+    # every call of a turn (the first, and one after each reduction) may retry on
+    # each model and fall back to the next
+    calls = settings.max_context_reductions + 1
+    per_turn = calls * ((fallbacks + 1) * retries + fallbacks)
+    if per_turn == 0:
+        return (
+            f"max_retries = 0 and no fallback_models: the session's retries never grow "
+            f"to session_retry_ceiling ({ceiling})"
+        )
+    if settings.max_turns is not None:
+        if settings.max_turns * per_turn < ceiling:
+            return (
+                f"max_turns ({settings.max_turns}) regular turns use at most "
+                f"{settings.max_turns * per_turn} retries, fewer than "
+                f"session_retry_ceiling ({ceiling})"
+            )
+        return f"may: max_turns ({settings.max_turns}) bounds the turns the retries add up in"
+    if fallbacks:
+        return None  # a fallback takes no time: every turn adds one, the clock stays
+    # a turn cancelled mid-backoff has spent a retry and none of the wait's time, so
+    # the retries add up as long as one first wait fits the wall clock
+    return _first_wait_reason(settings)
+
+
+def _crosses_reason(settings: Settings) -> str | None:
+    if settings.max_wall_clock_s is None:
+        return "max_wall_clock_s is not set: no wait crosses the wall clock"
+    reason = _retry_reason(settings) or _last_model_reason(settings)
+    if reason is not None:
+        return reason
+    if _waits(settings, 1)[0] == 0:
+        return (
+            "may: the first retry's delay is 0 ms (base_delay_ms, max_delay_ms): only a "
+            "server's retry-after makes it cross the wall clock, and the check sends "
+            "none once the clock has run out"
+        )
+    return None
+
+
+def _deferred_reason(settings: Settings) -> str | None:
+    reason = _retry_reason(settings) or _last_model_reason(settings)
+    if reason is not None:
+        return reason
+    server = settings.max_server_wait_s
+    asked = _Ctx(settings, None, False).server_too_long
+    limit = settings.max_wall_clock_s
+    if limit is not None and limit <= server:
+        return (
+            f"max_wall_clock_s ({limit:g} s) <= max_server_wait_s ({server:g} s): a wait "
+            "longer than max_server_wait_s always crosses the wall clock first "
+            "(budget_exhausted)"
+        )
+    if not asked > server:
+        return (
+            f"may: max_server_wait_s ({server:g} s) is too large for the check's "
+            "too-long retry-after to exceed it"
+        )
+    low, high = _waits(settings, 1)
+    if limit is not None and low > limit:
+        return (
+            f"the first retry's wait is at least {low:g} s, more than "
+            f"max_wall_clock_s ({limit:g} s)"
+        )
+    if limit is not None and asked > limit:
+        return (
+            f"may: the check's too-long retry-after ({asked:g} s) crosses max_wall_clock_s "
+            f"({limit:g} s); a shorter one over max_server_wait_s would not"
+        )
+    return _fits(settings, "the first retry's wait", max(low, asked), max(high, asked))
+
+
+def _spent_reason(settings: Settings) -> str | None:
+    """The last ``[transient]`` row: the last model's retries are spent."""
+    retries, fallbacks = settings.max_retries, len(settings.fallback_models)
+    ceiling = settings.session_retry_ceiling
+    if ceiling == 0:
+        return _NO_CEILING
+    if ceiling <= retries + fallbacks:
+        return (
+            f"session_retry_ceiling ({ceiling}) is reached before the {retries} retries"
+            + (f" and {fallbacks} fallback(s)" if fallbacks else "")
+            + " of a call are spent (retry_ceiling_reached instead)"
+        )
+    what = f"the sum of the {retries} waits of one call"
+    return _fits(settings, what, *_waits(settings, retries))
 
 
 def _space(settings: Settings) -> int:

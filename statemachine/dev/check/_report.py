@@ -55,6 +55,9 @@ class CheckReport:
     rows: tuple[Row, ...]
     row_paths: Mapping[int, tuple[Step, ...]]
     """For every row index the exploration fired: a shortest step path ending in it."""
+    row_reasons: Mapping[int, str] = attrs.field(factory=dict)
+    """For every row index the exploration did not fire: why, from the settings (a
+    reason starting "may" depends on the jitter or on the check's representatives)."""
 
     @property
     def ok(self) -> bool:
@@ -78,9 +81,14 @@ class CheckReport:
             f"states reached {len(self.reached_states)}/{len(STATES)}, "
             f"statuses reached {len(self.reached_statuses)}/{len(TurnStatus)}",
         ]
-        for row in self.uncovered_rows:
+        for i, row in enumerate(self.rows):
+            if i in self.row_paths:
+                continue
             guards = " & ".join(row.guards)
-            lines.append(f"  not reached: {row.source}, {row.event} [{guards}] -> {row.dest}")
+            why = self.row_reasons.get(i, "no reason recorded")
+            lines.append(
+                f"  not reached: {row.source}, {row.event} [{guards}] -> {row.dest} -- {why}"
+            )
         lines.extend("  " + violation.describe() for violation in self.violations[:20])
         if len(self.violations) > 20:
             lines.append(f"  ... and {len(self.violations) - 20} more violations")
