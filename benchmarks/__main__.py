@@ -11,7 +11,8 @@ and a dict table), ``events`` (µs per event on every path), ``creation`` (sessi
 turn creation, and against 1k/10k/100k live turns), ``memory`` (bytes per live turn at
 10,000 live), ``copy`` (snapshot + restore against JSON, ``Worker.advance`` against one
 event), ``driver`` (events/s through ``sm.arun_turn`` at 10,000 concurrent
-turns), ``check`` (the model check of default settings), ``hypothesis`` (examples/s
+turns), ``classify`` (µs per ``sm.classify`` on a small and on 10 MB bodies),
+``check`` (the model check of default settings), ``hypothesis`` (examples/s
 of the stateful suite), ``crash`` (crash-detection latency of real plugin processes)
 and ``redis`` (the Redis session store), the last two when their modules and
 prerequisites are present. A measurement that cannot run says why and is skipped.
@@ -55,6 +56,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "crash": {"kills": 2},
     "redis": {"workers": (1,), "steps": 50, "sessions": 4},
     "copy": {"n": 10, "repeats": 1},
+    "classify": {"n": 5, "big_n": 2, "repeats": 1, "size": 100_000},
 }
 
 ALL = (
@@ -64,6 +66,7 @@ ALL = (
     "memory",
     "copy",
     "driver",
+    "classify",
     "check",
     "hypothesis",
     "crash",
@@ -143,9 +146,12 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
         return _optional("crash_latency", _nothing)
     if name == "redis":
         return _optional("redis_store", _needs_redis)
-    module = {"check": "model_check", "hypothesis": "hypothesis_rate", "copy": "state_copy"}.get(
-        name, name
-    )
+    module = {
+        "check": "model_check",
+        "hypothesis": "hypothesis_rate",
+        "copy": "state_copy",
+        "classify": "classify_bodies",
+    }.get(name, name)
     run: Callable[..., dict[str, Any]] = importlib.import_module(f"benchmarks.{module}").run
     return run
 
@@ -323,7 +329,16 @@ def _print_copy(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print_classify(r: dict[str, Any]) -> list[str]:
+    lines = [f"  {r['unit']}, big bodies of {r['body_bytes']:,} bytes"]
+    lines += _table([(k, _fmt(v, " µs")) for k, v in r["rows"].items()])
+    bounds = ", ".join(f"{k} {v:,}" for k, v in r["bounds"].items())
+    lines.append(f"  read within: {bounds}")
+    return lines
+
+
 _PRINTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "classify": _print_classify,
     "copy": _print_copy,
     "retry": _print_retry,
     "events": _print_events,
@@ -340,6 +355,7 @@ TITLES = {
     "memory": "4a. memory per live turn",
     "copy": "6. copying state: snapshot/restore and Worker.advance",
     "driver": "4b. asyncio driver throughput",
+    "classify": "7. sm.classify on small and hostile bodies",
     "check": "5a. model check of default settings",
     "hypothesis": "5b. hypothesis examples per second (stateful suite)",
     "crash": "crash-detection latency (real plugin processes)",

@@ -252,3 +252,18 @@ def test_state_copy_quick() -> None:
     assert result["snapshot_restore_over_json"] > 0
     assert result["advance_over_event"] > 0
     assert isinstance(result["met"], bool)
+
+
+def test_classify_bodies_quick() -> None:
+    """Measurement 7 times ``sm.classify`` on every body row and reports the bounds it
+    reads within (each row's category is checked by the measurement itself)."""
+    from benchmarks import classify_bodies
+
+    result = classify_bodies.run(**runner.QUICK["classify"])
+    assert list(result["rows"]) == list(classify_bodies.ROWS)
+    assert all(_positive(v) for v in result["rows"].values())
+    assert result["categories"][classify_bodies.ROWS[1]] == "overloaded"
+    assert set(result["bounds"]) == {"MAX_BODY", "MAX_SSE_LINES", "MAX_BODY_VALUES"}
+    assert "7. sm.classify" in "\n".join(
+        runner._section("classify", runner.TITLES["classify"], result)
+    )

@@ -350,3 +350,151 @@ def test_retry_after_ms_is_carried_on_the_field() -> None:
     error = sm.classify((529, {"retry-after-ms": "1500"}, b'{"error":{"type":"overloaded_error"}}'))
     assert error.category is C.OVERLOADED
     assert error.retry_after_seconds == 1.5
+
+
+# -- hostile bodies: a bounded read, whatever the size or shape ---------------------------
+
+from statemachine.io import _classify  # noqa: E402 - the bounds are its constants
+
+DELTA = b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"hi"}}\n'
+ERROR_EVENT = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n'
+TEN_MB = 10_000_000
+
+
+class _CountingJson:
+    """Stands in for the ``json`` module inside ``_classify``: counts ``loads`` calls
+    and remembers the longest text one was given."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.longest = 0
+
+    def loads(self, text: str) -> Any:
+        self.calls += 1
+        self.longest = max(self.longest, len(text))
+        return json.loads(text)
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> _CountingJson:
+    spy = _CountingJson()
+    monkeypatch.setattr(_classify, "json", spy)
+    return spy
+
+
+@pytest.mark.requirement("ER-58", "ER-44")
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview, str])
+def test_ten_megabytes_of_sse_lines_are_read_in_a_bounded_prefix_and_tail(
+    kind: Any, counting: _CountingJson
+) -> None:
+    """A buffered 10 MB stream whose error event is its last: the event is found in the
+    body's tail, and classify parses a bounded number of short lines, never the whole
+    body (it used to parse every one of its 125,000 lines)."""
+    raw = DELTA * (TEN_MB // len(DELTA)) + ERROR_EVENT
+    body = raw.decode() if kind is str else kind(raw)
+    error = sm.classify((200, {}, body))
+    assert (error.category, error.code) == (C.OVERLOADED, "overloaded_error")
+    assert error.body == {"type": "error", "error": {"type": "overloaded_error"}}
+    assert counting.calls <= _classify.MAX_SSE_LINES
+    assert counting.longest <= _classify.MAX_BODY
+
+
+@pytest.mark.requirement("ER-58")
+def test_sse_lines_that_only_mention_errors_are_parsed_a_bounded_number_of_times(
+    counting: _CountingJson,
+) -> None:
+    """Lines that say "error" but are no error event are tried at most MAX_SSE_LINES
+    times in all; the body is then text, classified by status."""
+    line = b'data: {"note": "no error here"}\n'
+    error = sm.classify((503, {}, line * (TEN_MB // len(line))))
+    assert (error.category, error.code) == (C.OVERLOADED, "http_503")
+    assert counting.calls <= _classify.MAX_SSE_LINES
+    assert isinstance(error.body, str) and len(error.body) <= _classify.MAX_BODY
+
+
+@pytest.mark.requirement("ER-58", "ER-43")
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\xff\xfe\x80" * (TEN_MB // 3), id="invalid-utf8"),
+        pytest.param(b'{"error": {"message": "' + b"x" * TEN_MB + b'"}}', id="one-huge-line"),
+        pytest.param("y" * TEN_MB, id="one-huge-str"),
+        pytest.param("[" * 100_000 + "]" * 100_000, id="deep-json-text"),
+        pytest.param('{"error":' * 30_000 + "1" + "}" * 30_000, id="deep-json-object"),
+    ],
+)
+def test_hostile_bodies_are_classified_by_status_with_a_bounded_body(
+    body: Any, counting: _CountingJson
+) -> None:
+    """Invalid UTF-8, a huge single line and JSON nested too deep to parse are not
+    errors of classify (no RecursionError, no "unclassifiable"): the status decides,
+    and the body kept is at most MAX_BODY characters of text."""
+    error = sm.classify((503, {"retry-after": "2"}, body))
+    assert (error.category, error.code, error.status) == (C.OVERLOADED, "http_503", 503)
+    assert error.retry_after_seconds == 2.0
+    assert not error.message.startswith("unclassifiable")
+    assert len(error.message) <= 2000
+    assert isinstance(error.body, str) and len(error.body) <= _classify.MAX_BODY
+    assert counting.longest <= _classify.MAX_BODY
+
+
+@pytest.mark.requirement("ER-58", "ER-40")
+def test_a_huge_parsed_body_is_read_for_its_error_and_kept_bounded() -> None:
+    """A parsed body of a million values is classified by its error object and kept as
+    a bounded copy that is still JSON (the top-level fields first), not as text."""
+    body = {
+        "error": {"type": "overloaded_error", "message": "busy"},
+        "items": list(range(1_000_000)),
+        "blob": "z" * TEN_MB,
+    }
+    error = sm.classify((200, None, body))
+    assert (error.category, error.code, error.message) == (C.OVERLOADED, "overloaded_error", "busy")
+    kept = error.body
+    assert isinstance(kept, dict)
+    assert kept["error"] == {"type": "overloaded_error", "message": "busy"}
+    assert len(kept["items"]) < _classify.MAX_BODY_VALUES
+    assert len(json.dumps(kept)) <= 2 * _classify.MAX_BODY + 10 * _classify.MAX_BODY_VALUES
+
+
+@pytest.mark.requirement("ER-58", "ER-43")
+def test_deeply_nested_parsed_json_is_cut_at_the_depth_bound() -> None:
+    """Parsed JSON nested 100,000 levels deep (built without recursion) never raises;
+    the body kept stops at MAX_DEPTH levels and can be written as JSON."""
+    deep: list[Any] = []
+    node = deep
+    for _ in range(100_000):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    error = sm.classify((400, None, deep))
+    assert error.category is C.INVALID_REQUEST
+    depth, node = 0, error.body
+    while isinstance(node, list) and node:
+        depth, node = depth + 1, node[0]
+    assert depth <= _classify.MAX_DEPTH
+    json.dumps(error.body)
+
+
+@pytest.mark.requirement("ER-58", "ER-40")
+@pytest.mark.parametrize("kind", ["bytes", "str", "parsed"])
+def test_a_small_body_is_read_whole_and_kept_as_is(kind: str) -> None:
+    """Under the bounds nothing changes: a small body is parsed whole and the very
+    parsed value is kept."""
+    parsed = {"error": {"type": "rate_limit_error", "message": "slow"}, "n": list(range(100))}
+    text = json.dumps(parsed)
+    body: Any = {"bytes": text.encode(), "str": text, "parsed": parsed}[kind]
+    error = sm.classify((429, None, body))
+    assert (error.category, error.code) == (C.RATE_LIMITED, "rate_limit_error")
+    assert error.body == parsed
+    if kind == "parsed":
+        assert error.body is parsed
+
+
+@pytest.mark.requirement("ER-58", "ER-43")
+def test_odd_input_is_described_in_short() -> None:
+    """What classify cannot read is named with a short repr, however big it is."""
+    error = sm.classify((b"x" * TEN_MB, list(range(1_000_000))))
+    assert error.category is C.UNKNOWN
+    assert "2-tuple" in error.message
+    assert len(error.message) <= 600
+    assert len(sm.classify(b"y" * TEN_MB).message) <= 600

@@ -24,6 +24,11 @@ table in code. In short, the body is read as well as the status:
   ``"timeout"`` or ``"connection_error"``: the request may not have reached a
   healthy server, and a backoff is the right answer to both.
 
+* Any body costs a bounded time: only its first :data:`MAX_BODY` bytes (and the last
+  ones of a longer body, where a stream's error event is) are read, at most
+  :data:`MAX_SSE_LINES` SSE lines are parsed, JSON too deep to parse is text, and a
+  huge parsed body is kept as a bounded copy.
+
 The vendor's code (or error type), HTTP status and body are kept on the
 ``ModelError``; its response headers are carried through, so the engine honours
 ``retry-after-ms`` and ``retry-after``. Nothing here raises: input that matches no
@@ -32,18 +37,38 @@ shape is ``unknown``, carrying its ``repr``.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import reprlib
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from ..core._events import ModelFailed
+from ..core._json_data import MAX_DEPTH, MAX_INT_BITS
 from ..core._model_error import Headers, ModelError
 from ..core._retry_after import header_retry_after
 from ..core._taxonomy import ErrorCategory
 
 _MAX_MESSAGE = 2000
 """Longest message kept from a body or an exception; logs do not need more."""
+
+MAX_BODY = 65_536
+"""Bytes (characters, for a str) of a body that classify reads: the first 64 KiB and,
+of a longer body, the last 64 KiB too (a stream's error event is its last). Error
+bodies are a few hundred bytes; the rest of a huge one is never looked at."""
+MAX_SSE_LINES = 64
+"""``data:`` lines of a server-sent-events body that classify parses as JSON (only
+lines that mention ``error`` are tried), head and tail together."""
+MAX_BODY_VALUES = 1024
+"""Values (containers, strings, numbers...) of a body that classify keeps: a parsed
+body with more, deeper than ``MAX_DEPTH`` or with more than ``MAX_BODY`` characters
+of text is kept as a bounded copy (breadth first: the top-level fields come first)."""
+MAX_BODY_STRING = 4096
+"""Characters of one string a bounded copy keeps (so one huge string cannot starve
+the fields next to it of the ``MAX_BODY`` characters)."""
 
 _CONTEXT_PHRASES = (
     "prompt is too long",
@@ -108,7 +133,9 @@ def _classify(obj: object) -> ModelError:
     refusal = _refusal_of_reply(obj)
     if refusal is not None:
         return refusal
-    return ModelError(ErrorCategory.UNKNOWN, _clip(f"not a provider error: {obj!r}"), body=None)
+    return ModelError(
+        ErrorCategory.UNKNOWN, _clip(f"not a provider error: {_safe_repr(obj)}"), body=None
+    )
 
 
 # -- the input shapes -------------------------------------------------------------
@@ -118,7 +145,7 @@ def _from_tuple(obj: tuple[Any, ...]) -> ModelError:
     if len(obj) != 3:
         return ModelError(
             ErrorCategory.UNKNOWN,
-            _clip(f"expected (status, headers, body), got a {len(obj)}-tuple: {obj!r}"),
+            _clip(f"expected (status, headers, body), got a {len(obj)}-tuple: {_safe_repr(obj)}"),
             body=None,
         )
     status, headers, body = obj
@@ -143,7 +170,10 @@ def _from_exception(exc: BaseException) -> ModelError:
     message = _exception_message(exc)
     if "ContentFilterFinishReasonError" in names:
         return ModelError(
-            ErrorCategory.CONTENT_FILTERED, message, code="content_filter", body=_body_of(exc)
+            ErrorCategory.CONTENT_FILTERED,
+            message,
+            code="content_filter",
+            body=_bounded(_body_of(exc)),
         )
     status = getattr(exc, "status_code", None)
     response = getattr(exc, "response", None)
@@ -209,7 +239,7 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
             "the model refused",
             code="refusal",
             status=200,
-            body=plain_data(obj),
+            body=_bounded(plain_data(obj)),
         )
     choices = getattr(obj, "choices", None)
     if isinstance(choices, list | tuple) and choices:
@@ -220,7 +250,7 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
                 "the reply was stopped by the content filter",
                 code="content_filter",
                 status=200,
-                body=plain_data(obj),
+                body=_bounded(plain_data(obj)),
             )
         refusal = getattr(getattr(choice, "message", None), "refusal", None)
         if isinstance(refusal, str) and refusal:
@@ -229,7 +259,7 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
                 _clip(refusal),
                 code="refusal",
                 status=200,
-                body=plain_data(obj),
+                body=_bounded(plain_data(obj)),
             )
     return None
 
@@ -249,6 +279,8 @@ def _from_parts(
     # the server's requested wait, carried on the field too; the headers stay
     waited = header_retry_after(headers, time.time) if headers else None
 
+    kept = _bounded(body)
+
     def make(category: ErrorCategory, code_: str | None = vendor) -> ModelError:
         return ModelError(
             category,
@@ -257,7 +289,7 @@ def _from_parts(
             headers=headers,
             code=code_,
             status=status,
-            body=body,
+            body=kept,
         )
 
     if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
@@ -344,27 +376,170 @@ def _str(value: Any) -> str | None:
 
 def _parse_body(body: Any) -> Any:
     """Bytes and str become parsed JSON when they hold JSON (or an SSE ``error``
-    event's data); otherwise text. Parsed JSON is kept as is."""
+    event's data); otherwise text. Parsed JSON is kept as is.
+
+    Bounded whatever the body: only the first :data:`MAX_BODY` bytes (and of a longer
+    body the last ones, where a stream's error event is) are decoded, at most
+    :data:`MAX_SSE_LINES` ``data:`` lines are parsed, and JSON too deep to parse is
+    text. A body longer than :data:`MAX_BODY` is never parsed whole: it is read for
+    its SSE error event, else kept as the text of its head.
+    """
     if isinstance(body, bytes | bytearray | memoryview):
-        body = bytes(body).decode("utf-8", errors="replace")
-    if not isinstance(body, str):
+        head, tail = _byte_parts(body)
+    elif isinstance(body, str):
+        head, tail = _text_parts(body)
+    else:
         return body
-    text = body.strip()
-    if not text:
+    text = head.strip()
+    if not text and tail is None:
         return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    for line in text.splitlines():  # a server-sent-events stream: its error event
-        if line.startswith("data:"):
+    if tail is None:
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            pass
+    event = _sse_error(head, tail)
+    if event is not None:
+        return event
+    return text or None
+
+
+def _byte_parts(body: bytes | bytearray | memoryview) -> tuple[str, str | None]:
+    """The decoded head of ``body`` and, when it is longer than :data:`MAX_BODY`, its
+    decoded tail from the first whole line (invalid UTF-8 is replaced)."""
+    raw = memoryview(body)
+    if raw.ndim != 1 or raw.itemsize != 1:
+        try:
+            raw = raw.cast("B")
+        except TypeError:  # not contiguous: copy it (no network body is shaped so)
+            raw = memoryview(raw.tobytes())
+    head = raw[:MAX_BODY].tobytes().decode("utf-8", errors="replace")
+    if len(raw) <= MAX_BODY:
+        return head, None
+    start = len(raw) - MAX_BODY
+    tail = raw[start:].tobytes()
+    if raw[start - 1] != 0x0A:  # starts mid-line: that line is not whole
+        tail = tail.partition(b"\n")[2]
+    return head, tail.decode("utf-8", errors="replace")
+
+
+def _text_parts(body: str) -> tuple[str, str | None]:
+    head = body[:MAX_BODY]
+    if len(body) <= MAX_BODY:
+        return head, None
+    start = len(body) - MAX_BODY
+    tail = body[start:]
+    if body[start - 1] != "\n":
+        tail = tail.partition("\n")[2]
+    return head, tail
+
+
+def _sse_error(head: str, tail: str | None) -> Mapping[str, Any] | None:
+    """The first ``error`` event's data among the ``data:`` lines of head then tail."""
+    tried = 0
+    for part in (head, tail or ""):
+        for line in part.splitlines():
+            if not line.startswith("data:") or "error" not in line:
+                continue
+            if tried == MAX_SSE_LINES:
+                return None
+            tried += 1
             try:
                 data = json.loads(line[5:].strip())
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(data, Mapping) and "error" in data:
                 return data
-    return text
+    return None
+
+
+# -- keeping a bounded body ------------------------------------------------------------
+
+
+def _bounded(body: Any) -> Any:
+    """``body`` itself when it is JSON data within the bounds (:data:`MAX_BODY_VALUES`
+    values, :data:`MAX_DEPTH` levels, :data:`MAX_BODY` characters of text), else a
+    bounded copy of it: the first values breadth first, strings cut (to
+    :data:`MAX_BODY_STRING` each), anything that is
+    not JSON data (or beyond the depth) ``None``, non-str keys dropped. So a hostile
+    body costs the ModelError a bounded walk, never a walk of all of it."""
+    if _within(body):
+        return body
+    return _copy(body)
+
+
+def _within(root: Any) -> bool:
+    values = chars = 0
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack:
+        value, depth = stack.pop()
+        values += 1
+        if values > MAX_BODY_VALUES:
+            return False
+        kind = type(value)
+        if kind is str:
+            chars += len(value)
+        elif kind is dict or kind is list or kind is tuple:
+            if depth >= MAX_DEPTH or len(value) > MAX_BODY_VALUES:
+                return False
+            if kind is dict:
+                for key, item in value.items():
+                    if type(key) is not str:
+                        return False
+                    chars += len(key)
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+        elif kind is int:
+            if value.bit_length() > MAX_INT_BITS:
+                return False
+        elif kind is float:
+            if not math.isfinite(value):
+                return False
+        elif value is not None and kind is not bool:
+            return False
+        if chars > MAX_BODY:
+            return False
+    return True
+
+
+def _copy(root: Any) -> Any:
+    left = MAX_BODY_VALUES - 1  # values that may still be queued (the root is one)
+    chars = MAX_BODY
+    holder: list[Any] = [None]
+    queue: deque[tuple[Any, Any, Any, int]] = deque([(root, holder, 0, 0)])
+    pop, push = queue.popleft, queue.append
+    while queue:
+        value, parent, slot, depth = pop()
+        kind = type(value)
+        copied: Any = None
+        if kind is str or (kind is not bool and isinstance(value, str)):
+            copied = str(value[: min(chars, MAX_BODY_STRING)])
+            chars -= len(copied)
+        elif value is None or kind is bool:
+            copied = value
+        elif isinstance(value, int):
+            copied = int(value) if value.bit_length() <= MAX_INT_BITS else None
+        elif isinstance(value, float):
+            copied = float(value) if math.isfinite(value) else None
+        elif depth >= MAX_DEPTH:
+            pass
+        elif kind is list or kind is tuple or isinstance(value, list | tuple):
+            items = list(itertools.islice(value, left))
+            left -= len(items)
+            copied = [None] * len(items)
+            for i, item in enumerate(items):
+                push((item, copied, i, depth + 1))
+        elif isinstance(value, Mapping):
+            copied = {}
+            for key, item in itertools.islice(value.items(), left):
+                left -= 1
+                if type(key) is str and len(key) <= chars:
+                    chars -= len(key)
+                    copied[key] = None
+                    push((item, copied, key, depth + 1))
+        parent[slot] = copied
+    return holder[0]
 
 
 def _headers(raw: Any) -> Headers | None:
@@ -382,9 +557,30 @@ def _headers(raw: Any) -> Headers | None:
         return None
 
 
+class _ShortRepr(reprlib.Repr):
+    """``repr`` cut short, never a walk of a huge value (bytes included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = self.maxother = self.maxlong = 200
+        self.maxtuple = self.maxlist = self.maxdict = self.maxset = 8
+
+    def repr_bytes(self, obj: bytes, _level: int) -> str:
+        text = repr(obj[: self.maxstring])
+        return text if len(obj) <= self.maxstring else text + "..."
+
+    def repr_bytearray(self, obj: bytearray, level: int) -> str:
+        return f"bytearray({self.repr_bytes(bytes(obj[: self.maxstring + 1]), level)})"
+
+
+_SHORT_REPR = _ShortRepr()
+
+
 def _safe_repr(obj: object) -> str:
+    """A short ``repr`` of anything; never raises."""
     try:
-        return repr(obj)
+        return _SHORT_REPR.repr(obj)
     except Exception:
         return f"<{type(obj).__name__} object>"
 
