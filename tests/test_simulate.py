@@ -245,6 +245,42 @@ BAD_FILES = [
         "turn[1].expect_status: 'done' is not one of completed",
         id="bad-expected-status",
     ),
+    pytest.param(
+        '[[turn]]\nsteps = [{event = "WaitDone"}]\n[[turn]]\nexpect_status = "completed"\n'
+        'expect_fallback = 1\nsteps = [{event = "WaitDone"}]\n',
+        5,
+        "turn[2].expect_fallback: unknown key (known: steps, repeat",
+        id="unknown-turn-key-on-its-line",
+    ),
+    pytest.param(
+        '[[turn]]\nexpect_status = "completed"\nrepeat = "twice"\nsteps = [{event = "WaitDone"}]\n',
+        3,
+        "turn[1].repeat: must be an integer from 1 to 10000, got a string 'twice'",
+        id="turn-repeat-on-its-line",
+    ),
+    pytest.param(
+        '[[turn]]\nsteps = [\n  {event = "Assembled", size = 1},\n'
+        '  {event = "ModelFailed", category = "overloaded", repeat = 100000000},\n]\n',
+        4,
+        "turn[1].steps[2].repeat: must be an integer from 1 to 10000, got an integer 100000000",
+        id="absurd-step-repeat",
+    ),
+    pytest.param(
+        '[[turn]]\nexpect_status = "completed"\nrepeat = 1000000000\n'
+        'steps = [{event = "Assembled", size = 1}, {event = "ModelReplied"}]\n',
+        3,
+        "turn[1].repeat: must be an integer from 1 to 10000, got an integer 1000000000",
+        id="absurd-turn-repeat",
+    ),
+    pytest.param(
+        '[[turn]]\nsteps = [{event = "Assembled", size = 1}, {event = "ModelReplied"}]\n'
+        "[[turn]]\nrepeat = 10000\nsteps = [\n"
+        '  {event = "Assembled", size = 1},\n'
+        '  {event = "ModelFailed", category = "overloaded", repeat = 10000},\n]\n',
+        4,
+        "turn[2]: the scenario scripts more than 1000000 events up to here",
+        id="too-many-events",
+    ),
 ]
 
 
@@ -277,6 +313,39 @@ def test_simulate_exits_2_on_a_bad_file_and_runs_nothing(tmp_path: Path) -> None
     assert "no such built-in scenario" in err.getvalue()
     assert main(["simulate", str(tmp_path / "missing.toml")], stdout=out, stderr=err) == 2
     assert "cannot read the scenario file" in err.getvalue()
+
+
+@pytest.mark.requirement("ER-65")
+def test_simulate_exits_2_on_an_absurd_repeat_without_running_it(tmp_path: Path) -> None:
+    """A repeat beyond the bound is a bad file: ``simulate`` says where and exits 2 at
+    once (it used to build the whole event list first, and never returned)."""
+    bad = _scenario(
+        '[[turn]]\nsteps = [\n  {event = "Assembled", size = 1},\n'
+        '  {event = "ModelReplied", repeat = 1000000000000},\n]\n',
+        tmp_path,
+        "absurd",
+    )
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["simulate", str(bad)], stdout=out, stderr=err) == 2
+    assert f"{bad}:4: turn[1].steps[2].repeat: must be an integer from 1 to 10000" in err.getvalue()
+    assert out.getvalue() == ""
+
+
+@pytest.mark.requirement("ER-66")
+def test_steps_are_streamed_and_the_left_over_ones_counted(tmp_path: Path) -> None:
+    """Repeats at the bound are played one step at a time: a turn that ends early
+    counts the steps left over (repeats included) without having built them."""
+    path = _scenario(
+        '[[turn]]\nrepeat = 2\nsteps = [\n  {event = "Assembled", size = 1},\n'
+        '  {event = "ModelFailed", category = "auth_error"},\n'
+        '  {event = "ModelReplied", repeat = 10000},\n  {event = "WaitDone", repeat = 10000},\n]\n',
+        tmp_path,
+    )
+    result = run(load(path))
+    assert result.failures == (
+        f"{path}:6: turn[1].steps[3]: the turn had already finished (auth_error); "
+        "20000 step(s) left over",
+    )
 
 
 # -- expectations and script errors ------------------------------------------------------

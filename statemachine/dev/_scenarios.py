@@ -24,7 +24,9 @@ clock. The schema::
       {event = "ModelReplied", cost = 0.002},
     ]
 
-Step keys: ``event`` (required) and, for any event, ``repeat`` (send it n times),
+Step keys: ``event`` (required) and, for any event, ``repeat`` (send it n times, at
+most :data:`MAX_REPEAT`; a turn's ``repeat`` too, and a scenario scripts at most
+:data:`MAX_EVENTS` events in all),
 ``takes`` (virtual seconds the host spent before the event arrived) and
 ``expect_action`` (the action the engine must answer with: ``Assemble``,
 ``CallModel``, ``Wait``, ``InvokeTools`` or ``Finish``). Per event:
@@ -99,6 +101,12 @@ _TOP_KEYS = (
     "turn",
 )
 _TURN_KEYS = ("steps", "repeat", "expect_status", "expect_fallbacks")
+MAX_REPEAT = 10_000
+"""The most a step's or a turn's ``repeat`` may be: an engine turn takes a few dozen
+events on any sane settings, and ten thousand turns run in seconds."""
+MAX_EVENTS = 1_000_000
+"""The most events a scenario may script in all (each turn's repeat times its steps'
+repeats, summed), so that a run always ends in reasonable time."""
 _CALL_KEYS = ("provider", "name", "arguments", "id")
 _OUTCOME_KEYS = ("ok", "content", "category", "call_id")
 
@@ -249,12 +257,20 @@ class _Checker:
         return ScenarioError(f"{self.source}:{line or 1}", path, problem)
 
     def unknown_keys(
-        self, table: Mapping[str, Any], known: tuple[str, ...], line: int, path: str
+        self,
+        table: Mapping[str, Any],
+        known: tuple[str, ...],
+        line: int,
+        path: str,
+        table_line: int | None = None,
     ) -> None:
+        """Refuse a key not in ``known``; with ``table_line`` (a ``[[table]]``'s header)
+        the error points at the key's own line in that table."""
         for key in table:
             if key not in known:
+                found = self.lines.key(key, table_line) if table_line is not None else None
                 raise self.fail(
-                    line,
+                    found or line,
                     f"{path}.{key}" if path else key,
                     f"unknown key (known: {', '.join(known)})",
                 )
@@ -284,8 +300,13 @@ def _want(
     return value
 
 
-def _is_int(minimum: int) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+def _is_int(minimum: int, maximum: int | None = None) -> Callable[[Any], bool]:
+    return lambda v: (
+        isinstance(v, int)
+        and not isinstance(v, bool)
+        and v >= minimum
+        and (maximum is None or v <= maximum)
+    )
 
 
 def _is_number(v: Any) -> bool:
@@ -339,7 +360,7 @@ _ANY: _Field = (lambda _v: True, "any value", False)
 _NUMBER: _Field = (_is_number, "a number >= 0", False)
 _TEXT: _Field = (_is_str, "a string", False)
 _COMMON_FIELDS: dict[str, _Field] = {
-    "repeat": (_is_int(1), "an integer >= 1", False),
+    "repeat": (_is_int(1, MAX_REPEAT), f"an integer from 1 to {MAX_REPEAT}", False),
     "takes": _NUMBER,
     "expect_action": (*_one_of(ACTIONS), False),
 }
@@ -455,7 +476,11 @@ def _turn(check: _Checker, raw: Any, index: int) -> TurnSpec:
     path = f"turn[{index + 1}]"
     line = check.lines.turn(index)
     _want(check, raw, _is_table, "a [[turn]] table", line, path)
-    check.unknown_keys(raw, _TURN_KEYS, line, path)
+    check.unknown_keys(raw, _TURN_KEYS, line, path, table_line=line)
+
+    def at(key: str) -> int:
+        return check.lines.key(key, line) or line
+
     if "steps" not in raw:
         raise check.fail(line, path, "has no 'steps' (an array of {event = ...})")
     steps = _want(
@@ -463,24 +488,30 @@ def _turn(check: _Checker, raw: Any, index: int) -> TurnSpec:
         raw["steps"],
         lambda v: isinstance(v, list) and bool(v),
         "a non-empty array",
-        line,
+        at("steps"),
         f"{path}.steps",
     )
     repeat = _want(
-        check, raw.get("repeat", 1), _is_int(1), "an integer >= 1", line, f"{path}.repeat"
+        check,
+        raw.get("repeat", 1),
+        _is_int(1, MAX_REPEAT),
+        f"an integer from 1 to {MAX_REPEAT}",
+        at("repeat"),
+        f"{path}.repeat",
     )
     status = raw.get("expect_status")
     if status is not None:
-        status = _enum(
-            check,
-            TurnStatus,
-            status,
-            check.lines.key("expect_status", line) or line,
-            f"{path}.expect_status",
-        )
+        status = _enum(check, TurnStatus, status, at("expect_status"), f"{path}.expect_status")
     fallbacks = raw.get("expect_fallbacks")
     if fallbacks is not None:
-        _want(check, fallbacks, _is_int(0), "an integer >= 0", line, f"{path}.expect_fallbacks")
+        _want(
+            check,
+            fallbacks,
+            _is_int(0),
+            "an integer >= 0",
+            at("expect_fallbacks"),
+            f"{path}.expect_fallbacks",
+        )
     return TurnSpec(
         tuple(_step(check, step, index, i) for i, step in enumerate(steps)),
         repeat,
@@ -489,6 +520,21 @@ def _turn(check: _Checker, raw: Any, index: int) -> TurnSpec:
         path,
         line,
     )
+
+
+def _check_events(check: _Checker, turns: tuple[TurnSpec, ...]) -> None:
+    """Refuse a scenario that scripts more than :data:`MAX_EVENTS` events in all,
+    naming the turn where the count goes over."""
+    total = 0
+    for spec in turns:
+        total += spec.repeat * sum(step.repeat for step in spec.steps)
+        if total > MAX_EVENTS:
+            raise check.fail(
+                check.lines.key("repeat", spec.line) or spec.line,
+                spec.path,
+                f"the scenario scripts more than {MAX_EVENTS} events up to here (each "
+                "turn's repeat times the repeats of its steps); lower the repeats",
+            )
 
 
 def parse(text: str, source: str, name: str) -> Scenario:
@@ -570,6 +616,8 @@ def parse(text: str, source: str, name: str) -> Scenario:
         1,
         "turn",
     )
+    specs = tuple(_turn(check, raw, i) for i, raw in enumerate(turns))
+    _check_events(check, specs)
     return Scenario(
         name=name,
         source=source,
@@ -577,7 +625,7 @@ def parse(text: str, source: str, name: str) -> Scenario:
         seed=seed,
         settings=settings,
         settings_table=dict(table),
-        turns=tuple(_turn(check, raw, i) for i, raw in enumerate(turns)),
+        turns=specs,
         expect_turn_status=expect_turn,
         expect_session_status=expect_session,
         expect_retries_used=expect_retries,

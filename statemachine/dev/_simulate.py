@@ -181,6 +181,34 @@ class _Failed(Exception):
     """The script stopped matching the engine: the message says where and why."""
 
 
+class _Script:
+    """A turn's steps, each ``repeat`` times, handed out one at a time (never built
+    as a list: a repeat of thousands costs nothing until it is played)."""
+
+    def __init__(self, steps: tuple[Step, ...]) -> None:
+        self.steps = steps
+        self.index = 0
+        self.sent = 0
+        """Times the current step has been handed out."""
+
+    def peek(self) -> Step | None:
+        return self.steps[self.index] if self.index < len(self.steps) else None
+
+    def pop(self) -> Step:
+        step = self.steps[self.index]
+        self.sent += 1
+        if self.sent == step.repeat:
+            self.index, self.sent = self.index + 1, 0
+        return step
+
+    def left(self) -> int:
+        """Steps not handed out yet, repeats counted."""
+        if self.index >= len(self.steps):
+            return 0
+        later = sum(step.repeat for step in self.steps[self.index + 1 :])
+        return self.steps[self.index].repeat - self.sent + later
+
+
 class _Run:
     """One play of a scenario: the session, its virtual clock and what happened."""
 
@@ -252,9 +280,9 @@ class _Run:
             ) from None
         action: Action = turn.start()
         self.emit(turn, "", False)
-        queue = [step for step in spec.steps for _ in range(step.repeat)]
+        script = _Script(spec.steps)
         while not turn.done:
-            upcoming = queue[0] if queue else None
+            upcoming = script.peek()
             if isinstance(action, Wait) and (
                 upcoming is None or upcoming.event not in ("WaitDone", "Cancelled")
             ):
@@ -268,7 +296,7 @@ class _Run:
                     f"{where(spec.line)}: {spec.path}: the steps ran out in state "
                     f"{turn.state!r}; the engine asked for {_action_text(action)}"
                 )
-            step = queue.pop(0)
+            step = script.pop()
             if isinstance(action, Wait) and step.event == "WaitDone":
                 self.advance(action.seconds)
             self.advance(step.takes)
@@ -283,10 +311,11 @@ class _Run:
                     f"{where(step.line)}: {step.path}: expected the engine to answer "
                     f"{step.expect_action}, it answered {_action_text(action)}"
                 )
-        if queue:
+        left = script.peek()
+        if left is not None:
             raise _Failed(
-                f"{where(queue[0].line)}: {queue[0].path}: the turn had already "
-                f"finished ({turn.status}); {len(queue)} step(s) left over"
+                f"{where(left.line)}: {left.path}: the turn had already "
+                f"finished ({turn.status}); {script.left()} step(s) left over"
             )
         return turn
 
