@@ -109,6 +109,66 @@ def test_from_toml_errors_name_the_problem(text: str, match: str) -> None:
         sm.Settings.from_toml(text)
 
 
+@pytest.mark.requirement("ER-28")
+def test_an_unknown_keyword_lists_the_known_fields_like_the_toml_path() -> None:
+    """``Settings(unknown=...)`` is a ConfigError naming the keyword, a close field and
+    every known field, as ``from_dict`` and ``from_toml`` do."""
+    with pytest.raises(sm.ConfigError) as by_keyword:
+        sm.Settings(max_retry=3)
+    with pytest.raises(sm.ConfigError) as by_table:
+        sm.Settings.from_toml("[settings]\nmax_retry = 3\n")
+    for info in (by_keyword, by_table):
+        message = str(info.value)
+        assert message.startswith("max_retry: unknown setting")
+        assert "did you mean max_retries?" in message
+        known = message.split("(known: ", 1)[1].rstrip(")").split(", ")
+        assert known == sorted(f.name for f in attrs.fields(sm.Settings))
+
+
+@pytest.mark.requirement("ER-28")
+def test_from_dict_with_keys_of_mixed_types_names_the_unknown_one() -> None:
+    """A non-str key is unknown like any other (not a TypeError from sorting them)."""
+    with pytest.raises(sm.ConfigError, match=r"^3: unknown setting"):
+        sm.Settings.from_dict({3: 1, "max_retry": 2, "max_retries": 2})
+
+
+@pytest.mark.requirement("ER-28")
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(Path("settings\0.toml"), id="nul-byte-path"),
+        pytest.param("settings\0.toml", id="nul-byte-str"),
+        pytest.param(Path("/"), id="a-directory"),
+    ],
+)
+def test_a_path_that_cannot_be_read_is_a_config_error_naming_it(path: Path | str) -> None:
+    """A path with a NUL byte or a directory is a ConfigError naming the path (a NUL
+    byte used to escape as a bare ValueError from the OS layer)."""
+    with pytest.raises(sm.ConfigError) as info:
+        sm.Settings.from_toml(path)
+    assert type(info.value) is sm.ConfigError
+    shown = str(path) if str(path).isprintable() else repr(str(path))
+    assert str(info.value).startswith(f"{shown}: ")
+
+
+@pytest.mark.requirement("ER-28")
+def test_any_os_error_reading_the_file_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever ``OSError`` reading raises, with or without an errno, the error is a
+    ConfigError that names the path and says why."""
+    path = tmp_path / "s.toml"
+    path.write_text("[settings]\n")
+
+    def refuse(*_args: object, **_kwargs: object) -> str:
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(sm.ConfigError) as info:
+        sm.Settings.from_toml(path)
+    assert str(info.value) == f"{path}: cannot read settings file: the disk went away"
+
+
 def test_from_toml_missing_file_is_a_config_error(tmp_path: Path) -> None:
     """A path that does not exist is named in the error."""
     missing = tmp_path / "nope.toml"

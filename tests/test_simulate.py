@@ -331,6 +331,17 @@ def test_simulate_exits_2_on_an_absurd_repeat_without_running_it(tmp_path: Path)
     assert out.getvalue() == ""
 
 
+@pytest.mark.requirement("ER-65")
+def test_a_scenario_path_with_a_nul_byte_is_a_scenario_error() -> None:
+    """No file can have a NUL byte in its name: that is a ScenarioError naming the
+    path (exit 2 in the CLI), not a ValueError from the OS layer."""
+    with pytest.raises(ScenarioError, match=r"^'a\\x00b\.toml': cannot read the scenario file"):
+        load(Path("a\0b.toml"))
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["simulate", "a\0b.toml"], stdout=out, stderr=err) == 2
+    assert "cannot read the scenario file" in err.getvalue()
+
+
 @pytest.mark.requirement("ER-66")
 def test_steps_are_streamed_and_the_left_over_ones_counted(tmp_path: Path) -> None:
     """Repeats at the bound are played one step at a time: a turn that ends early

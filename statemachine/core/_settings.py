@@ -20,6 +20,7 @@ Defaults we chose where the specification leaves the value open:
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import os
@@ -162,12 +163,9 @@ class Settings:
             raise ConfigError(f"{source}: must be a table of settings, got {data!r}")
         if "retry" in data:
             data = _flatten_retry(data, source)
-        unknown = sorted(set(data) - FIELD_NAMES)
+        unknown = sorted(set(data) - FIELD_NAMES, key=str)
         if unknown:
-            raise ConfigError(
-                f"{unknown[0]}: unknown setting in {source} "
-                f"(known: {', '.join(sorted(FIELD_NAMES))})"
-            )
+            raise _unknown(unknown[0], f" in {source}")
         return cls(**data)
 
     @classmethod
@@ -196,6 +194,19 @@ class Settings:
 
 
 FIELD_NAMES = frozenset(f.name for f in attrs.fields(Settings))
+
+
+def _unknown(name: object, where: str) -> ConfigError:
+    """The error for an unknown setting: it names the key, where it was given, a
+    close known name if there is one, and every known field."""
+    text = name if isinstance(name, str) else repr(name)
+    close = difflib.get_close_matches(text, sorted(FIELD_NAMES), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return ConfigError(
+        f"{text}: unknown setting{where}{hint} (known: {', '.join(sorted(FIELD_NAMES))})"
+    )
+
+
 RETRY_FIELD_NAMES = frozenset(
     {
         "base_delay_ms",
@@ -235,7 +246,7 @@ def _init(self: Settings, *args: Any, **kwargs: Any) -> None:
         raise ConfigError(f"{args[0]!r}: Settings takes keyword arguments only")
     unknown = sorted(set(kwargs) - FIELD_NAMES)
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown setting")
+        raise _unknown(unknown[0], " in Settings()")
     _attrs_init(self, **kwargs)
 
 
@@ -245,16 +256,32 @@ Settings.__init__ = _init  # type: ignore[method-assign]
 
 
 def _read(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(a name for messages, the TOML text) of TOML text or a file; reading a file
+    fails only with a ``ConfigError`` naming it (a missing or unreadable file, a
+    directory, a path with a NUL byte, bytes that are not UTF-8)."""
     if isinstance(text_or_path, str) and (
         "=" in text_or_path or "\n" in text_or_path or not os.path.exists(text_or_path)
     ):
         if "=" not in text_or_path and "[" not in text_or_path and text_or_path.strip():
-            raise ConfigError(f"{text_or_path}: no such settings file")
+            raise ConfigError(f"{_shown(text_or_path)}: no such settings file")
         return "settings text", text_or_path
-    path = Path(text_or_path)
     try:
-        return str(path), path.read_text(encoding="utf-8")
+        path = Path(text_or_path)
+    except TypeError:
+        raise ConfigError(
+            f"settings: expected TOML text or a path, got {type(text_or_path).__name__}"
+        ) from None
+    name = _shown(str(path))
+    try:
+        return name, path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read settings file: {exc.strerror}") from None
+        raise ConfigError(f"{name}: cannot read settings file: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
+        raise ConfigError(f"{name}: not UTF-8 text") from None
+    except ValueError as exc:  # a NUL byte in the path: no file can have that name
+        raise ConfigError(f"{name}: cannot read settings file: {exc}") from None
+
+
+def _shown(path: str) -> str:
+    """``path`` as a message shows it: as is when printable, else as a repr."""
+    return path if path.isprintable() else repr(path)

@@ -639,14 +639,17 @@ def parse(text: str, source: str, name: str) -> Scenario:
 def load(path: str | Path) -> Scenario:
     """Read a scenario file; its name is the file's stem."""
     path = Path(path)
+    name = str(path) if str(path).isprintable() else repr(str(path))
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(
-            str(path), "", f"cannot read the scenario file: {exc.strerror}"
+            name, "", f"cannot read the scenario file: {exc.strerror or exc}"
         ) from None
     except UnicodeDecodeError:
-        raise ScenarioError(str(path), "", "not UTF-8 text") from None
+        raise ScenarioError(name, "", "not UTF-8 text") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise ScenarioError(name, "", f"cannot read the scenario file: {exc}") from None
     return parse(text, str(path), path.stem)
 
 
