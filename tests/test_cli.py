@@ -125,6 +125,69 @@ def test_text_trace_shows_steps_counters_and_statuses() -> None:
     assert "2 scenario(s): all expectations held" in out
 
 
+_STEP_ROW = re.compile(r"^  +\d+ +\d+\.\d{3}  ")
+
+
+def _step_rows(out: str) -> list[str]:
+    """The trace's transition rows, without their guard column (the last, unpadded)."""
+    return [line.split("  [")[0] for line in out.splitlines() if _STEP_ROW.match(line)]
+
+
+@pytest.mark.requirement("ER-63")
+def test_trace_columns_stay_aligned_when_cells_are_long() -> None:
+    """An HTTP-date retry-after or a reply's tool calls are longer than their column:
+    the cell is cut and ends in "...", so every row (and the header) keeps its
+    columns; the counters always end at the same place."""
+    code, out, _ = _run("simulate", "rate-limit-storm", "plugin-crash-breaker", "doom-loop")
+    assert code == 0
+    rows = _step_rows(out)
+    assert len({len(row) for row in rows}) == 1, {len(row) for row in rows}
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("#"))
+    assert header.index("att") + 3 == header.index("ret") - 1
+    counters = header.index("red") + 3
+    assert all(len(row) == counters for row in rows)
+    (dated,) = [row for row in rows if "retry-after: Thu" in row]
+    assert "... Wait 20.500s" in dated
+    calls = [row for row in rows if "calls search-plugin" in row]
+    assert calls and all("..." in row for row in calls)
+
+
+@pytest.mark.requirement("ER-63")
+def test_counter_columns_widen_for_large_caps(tmp_path: Path) -> None:
+    """With caps of four digits the counter columns are four wide, header and rows."""
+    path = tmp_path / "wide.toml"
+    path.write_text(
+        "[settings]\nmax_retries = 1500\nsession_retry_ceiling = 3000\n[[turn]]\nsteps = [\n"
+        '  {event = "Assembled", size = 1},\n'
+        '  {event = "ModelFailed", category = "overloaded", repeat = 3},\n'
+        '  {event = "ModelReplied"},\n]\n',
+        encoding="utf-8",
+    )
+    code, out, _ = _run("simulate", str(path))
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("#"))
+    assert header.endswith(" att  ret  red  row")
+    rows = _step_rows(out)
+    assert len({len(row) for row in rows}) == 1
+    assert all(len(row) == header.index("red") + 3 for row in rows)
+
+
+@pytest.mark.requirement("ER-63")
+def test_turn_summary_shows_the_turns_own_cost_and_the_sessions_apart() -> None:
+    """Under each turn: that turn's cost and retries, then the session's running
+    totals (it used to show the session's spend as if it were the turn's)."""
+    code, out, _ = _run("simulate", "plugin-crash-breaker", "rate-limit-storm")
+    assert code == 0
+    assert (
+        "=> turn 2: completed   (this turn: cost $0.01, 0 retries; session: cost $0.02, 0 retries)"
+        in out
+    )
+    assert (
+        "=> turn 2: retries_exhausted   (this turn: cost $0, 5 retries; "
+        "session: cost $0.004, 9 retries)" in out
+    )
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

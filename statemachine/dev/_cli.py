@@ -35,7 +35,9 @@ every built-in runs. Each transition prints as a row: step, virtual time, state 
 next state, the event (with "(auto)" for the WaitDone the simulator sends after a
 Wait), the engine's action, the counters (att: attempt of the current call, ret:
 session retries used, red: context reductions) and the guards of the table row
-that fired. Scenario file schema: see statemachine/dev/_scenarios.py or the README.
+that fired; a cell too long for its column is cut and ends in "..." (--json has it
+whole). Under each turn: its status, its own cost and retries, and the session's
+totals. Scenario file schema: see statemachine/dev/_scenarios.py or the README.
 Exit status: 0 when every expectation held, 1 when one did not, 2 for a bad file.
 """
 
@@ -255,7 +257,9 @@ def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     for done, scenario in enumerate(scenarios):
         progress.draw(done, scenario.name)
         seed = scenario.seed if options.seed is None else options.seed
-        on_step = _json_printer(write) if options.json else _text_printer(write)
+        on_step = (
+            _json_printer(write) if options.json else _text_printer(write, sim.layout_for(scenario))
+        )
         if not options.json:
             write(sim.format_scenario_header(scenario, seed))
         result = sim.run(
@@ -278,17 +282,19 @@ def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _text_printer(write: Callable[[str], None]) -> Callable[[Any], None]:
+def _text_printer(write: Callable[[str], None], layout: Any = None) -> Callable[[Any], None]:
     from ..core._actions import Finish  # noqa: PLC0415
     from . import _simulate as sim  # noqa: PLC0415
+
+    columns = layout if layout is not None else sim.DEFAULT_LAYOUT
 
     current: list[int] = []
 
     def on_step(record: sim.StepRecord) -> None:
         if current != [record.turn]:
             current[:] = [record.turn]
-            write(sim.format_turn_header(record))
-        write(sim.format_step(record))
+            write(sim.format_turn_header(record, columns))
+        write(sim.format_step(record, columns))
         if isinstance(record.action, Finish):
             write(sim.format_turn_end(record))
 

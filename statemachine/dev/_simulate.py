@@ -11,6 +11,7 @@ not hold. Nothing here decides anything: every decision in the trace is the engi
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..core._events import (
 from ..core._exceptions import IllegalEvent, SessionEnded
 from ..core._model_error import ModelError
 from ..core._session import Session, Turn
+from ..core._table import ROWS
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ._scenarios import OPEN, Scenario, Step, TurnSpec
@@ -76,9 +78,14 @@ class StepRecord:
     session_retries: int
     reductions: int
     cost_usd: float
+    """The session's spend so far (every turn's ``ModelReplied.cost``)."""
     limit: str | None
     """The session limit that has fired, if any (its final-answer turn comes next)."""
     session_status: str | None
+    turn_cost_usd: float = 0.0
+    """This turn's own spend so far (its ``ModelReplied.cost``)."""
+    turn_retries: int = 0
+    """The session retries this turn has used so far (waits and fallbacks)."""
 
 
 @attrs.frozen
@@ -233,6 +240,8 @@ class _Run:
         )
         self.turns: list[TurnResult] = []
         self.failures: list[str] = []
+        self.turn_cost = 0.0
+        self.retries_before = 0
 
     def advance(self, seconds: float) -> None:
         self.clock.now += seconds
@@ -265,6 +274,8 @@ class _Run:
                 cost_usd=self.session.cost_usd,
                 limit=limit.value if limit else None,
                 session_status=status.value if status else None,
+                turn_cost_usd=self.turn_cost,
+                turn_retries=record.session_retries - self.retries_before,
             )
         )
 
@@ -278,6 +289,8 @@ class _Run:
                 f"{where(spec.line)}: {spec.path}: the session has already ended "
                 f"({exc.status}); no more turns can be played"
             ) from None
+        self.turn_cost = 0.0
+        self.retries_before = self.session.retries_used
         action: Action = turn.start()
         self.emit(turn, "", False)
         script = _Script(spec.steps)
@@ -305,6 +318,8 @@ class _Run:
                 action = turn.send(event)
             except (IllegalEvent, TypeError, ValueError) as exc:
                 raise _Failed(f"{where(step.line)}: {step.path}: {exc}") from None
+            if isinstance(event, ModelReplied):
+                self.turn_cost += event.cost
             self.emit(turn, detail, False)
             if step.expect_action and type(action).__name__ != step.expect_action:
                 raise _Failed(
@@ -441,10 +456,66 @@ def _action_text(action: Action | None) -> str:
     return repr(action)
 
 
-HEADER = (
-    f"  {'#':>3} {'t (s)':>8}  {'state -> next':<28} {'event':<44} {'action':<38} "
-    f"{'att':>3} {'ret':>3} {'red':>3}  row"
-)
+ELLIPSIS = "..."
+"""What ends a cell cut to its column's width (ASCII: any terminal can print it)."""
+
+
+@attrs.frozen
+class Layout:
+    """The widths of the trace table's columns. Text cells longer than their column
+    (an HTTP-date header, a reply's tool calls) are cut, ending in :data:`ELLIPSIS`,
+    so every row stays aligned; the numbers get columns wide enough for the values
+    the scenario's settings and script allow (``--json`` has every cell whole)."""
+
+    step: int = 3
+    time: int = 8
+    move: int = max(len(f"{row.source} -> {row.dest}") for row in ROWS)
+    event: int = 48
+    action: int = 40
+    count: int = 3
+
+    def header(self) -> str:
+        """The column titles."""
+        return (
+            f"  {'#':>{self.step}} {'t (s)':>{self.time}}  {'state -> next':<{self.move}} "
+            f"{'event':<{self.event}} {'action':<{self.action}} "
+            f"{'att':>{self.count}} {'ret':>{self.count}} {'red':>{self.count}}  row"
+        )
+
+
+DEFAULT_LAYOUT = Layout()
+HEADER = DEFAULT_LAYOUT.header()
+
+
+def layout_for(scenario: Scenario) -> Layout:
+    """Columns wide enough for every number ``scenario`` can print: steps of its
+    longest turn, its virtual time, its counters' caps."""
+    settings = scenario.settings
+    events = max((sum(step.repeat for step in spec.steps) for spec in scenario.turns), default=0)
+    steps = 2 * events + 1  # each scripted step, an auto WaitDone before it, the start
+    scripted = sum(spec.repeat * sum(step.repeat for step in spec.steps) for spec in scenario.turns)
+    takes = sum(
+        spec.repeat * sum(step.repeat * step.takes for step in spec.steps)
+        for spec in scenario.turns
+    )
+    longest_wait = max(settings.max_server_wait_s, 1.5 * settings.max_delay_ms / 1000.0)
+    seconds = takes + scripted * longest_wait
+    counts = max(
+        settings.max_retries, settings.session_retry_ceiling, settings.max_context_reductions
+    )
+    time_width = len(f"{seconds:.3f}") if math.isfinite(seconds) else 24
+    return Layout(
+        step=max(3, len(str(steps))),
+        time=max(8, time_width),
+        count=max(3, len(str(counts))),
+    )
+
+
+def _cell(text: str, width: int) -> str:
+    """``text`` in a column of ``width``: padded, or cut to end in the ellipsis."""
+    if len(text) > width:
+        text = text[: max(width - len(ELLIPSIS), 0)] + ELLIPSIS
+    return text.ljust(width)
 
 
 def format_scenario_header(scenario: Scenario, seed: int) -> str:
@@ -457,31 +528,41 @@ def format_scenario_header(scenario: Scenario, seed: int) -> str:
     return "\n".join(lines)
 
 
-def format_turn_header(record: StepRecord) -> str:
+def format_turn_header(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
     """The line that opens a turn's trace."""
     kind = " (final-answer turn: tools withheld)" if record.final_answer else ""
-    return f"  turn {record.turn}{kind}\n{HEADER}"
+    return f"  turn {record.turn}{kind}\n{layout.header()}"
 
 
-def format_step(record: StepRecord) -> str:
-    """One transition as a line of the trace table."""
+def format_step(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
+    """One transition as a line of the trace table (long cells cut, so it aligns)."""
     event = record.event + (" (auto)" if record.auto else "")
     if record.detail:
         event += f" {record.detail}"
     move = f"{record.source} -> {record.dest}"
     guard = f"[{record.guard}]" if record.guard else ""
+    n = layout.count
     return (
-        f"  {record.step:>3} {record.t:>8.3f}  {move:<28} {event:<44} "
-        f"{_action_text(record.action):<38} {record.attempt:>3} {record.session_retries:>3} "
-        f"{record.reductions:>3}  {guard}"
+        f"  {record.step:>{layout.step}} {record.t:>{layout.time}.3f}  "
+        f"{_cell(move, layout.move)} {_cell(event, layout.event)} "
+        f"{_cell(_action_text(record.action), layout.action)} "
+        f"{record.attempt:>{n}} {record.session_retries:>{n}} {record.reductions:>{n}}  {guard}"
     ).rstrip()
 
 
+def _retries(n: int) -> str:
+    return f"{n} {'retry' if n == 1 else 'retries'}"
+
+
 def format_turn_end(record: StepRecord) -> str:
-    """The line under a finished turn."""
+    """The line under a finished turn: the turn's own cost and retries, then the
+    session's totals so far."""
     assert isinstance(record.action, Finish)  # noqa: S101 - called for Finish only
     line = f"  => turn {record.turn}: {record.action.status.value}"
-    line += f"   (cost ${record.cost_usd:g}, retries used {record.session_retries})"
+    line += (
+        f"   (this turn: cost ${record.turn_cost_usd:g}, {_retries(record.turn_retries)}; "
+        f"session: cost ${record.cost_usd:g}, {_retries(record.session_retries)})"
+    )
     if record.session_status:
         line += f"\n  => session ended: {record.session_status}"
     elif record.limit:
@@ -528,6 +609,8 @@ def step_json(record: StepRecord) -> dict[str, Any]:
         "session_retries": record.session_retries,
         "reductions": record.reductions,
         "cost_usd": record.cost_usd,
+        "turn_cost_usd": record.turn_cost_usd,
+        "turn_retries": record.turn_retries,
         "limit": record.limit,
         "session_status": record.session_status,
     }
