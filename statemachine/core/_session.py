@@ -21,9 +21,10 @@ from typing import Any
 from ._actions import Action, Finish
 from ._engine import DISPATCH, TRIGGERS, Core, Dispatch, Observer, trace_record
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded
+from ._reachable import check_reachable
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
-from ._state import SessionState, TurnState, check_reachable, copy_session_state
+from ._state import SessionState, TurnState, copy_session_state
 from ._table import TERMINAL_STATES
 from ._taxonomy import SessionStatus, TurnStatus
 from ._trace import TraceRecord

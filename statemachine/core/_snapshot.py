@@ -31,10 +31,10 @@ from typing import Any
 
 from ._exceptions import ConfigError, SnapshotError
 from ._json_data import json_problem
+from ._reachable import check_reachable
 from ._settings import Settings
 from ._state import (
     SessionState,
-    check_reachable,
     declared_defaults,
     decode_state,
     encode_state,

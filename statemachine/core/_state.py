@@ -17,8 +17,8 @@ says how the model checker sees it (``key``) and whether a trace record carries 
 Adding a counter is one :func:`declared` line here plus the rows that use it.
 
 What the declaration cannot say per field (a status implies its limit, a trace ends
-where the state is...) is checked by :func:`reachable_problem`, which ``restore``
-runs on every snapshot and the model checker on every state it reaches.
+where the state is...) is checked by ``_reachable.reachable_problem``, which
+``restore`` runs on every snapshot and the model checker on every state it reaches.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from ._codec import decode, encode
 from ._exceptions import SnapshotError
 from ._json_data import json_problem
 from ._model_error import ModelError
-from ._settings import Settings
-from ._table import IDLE, ROWS, STATES, TERMINAL_STATES
+from ._table import IDLE, ROWS, STATES
 from ._taxonomy import SessionStatus, TurnStatus
 from ._tool_calls import ToolCall, ToolResult
 
@@ -655,120 +654,3 @@ def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
     return tuple(
         (f.name, f.metadata["key"]) for f in attrs.fields(cls) if f.metadata["key"] != "omit"
     )
-
-
-# -- the reachable states ---------------------------------------------------------------
-
-_ACTION_OF_STATE: dict[str, type] = {
-    "assembling": Assemble,
-    "reducing_context": Assemble,
-    "calling": CallModel,
-    "backing_off": Wait,
-    "invoking_tools": InvokeTools,
-    **dict.fromkeys(TERMINAL_STATES, Finish),
-}
-_ACTION_OF_EFFECT: dict[str, type] = {
-    "assemble": Assemble,
-    "reduce": Assemble,
-    "call_model": CallModel,
-    "retry": CallModel,
-    "fall_back": CallModel,
-    "wait": Wait,
-    "invoke_tools": InvokeTools,
-    "complete": Finish,
-    "finish_tools": Finish,
-    "finish": Finish,
-    "cancel": Finish,
-}
-_STATUS_OF_ROW: dict[RowInfo, str | None] = {
-    (r.source, r.event, " & ".join(r.guards), r.dest, r.effect): r.status for r in ROWS
-}
-_BOUND_OF_LIMIT: dict[SessionStatus, str] = {
-    SessionStatus.ERROR_MAX_TURNS: "max_turns",
-    SessionStatus.ERROR_MAX_BUDGET_USD: "max_cost_usd",
-    SessionStatus.ERROR_MAX_WALL_CLOCK: "max_wall_clock_s",
-}
-
-
-def reachable_problem(state: SessionState, settings: Settings) -> str | None:
-    """Why the engine could never be in ``state`` under ``settings`` (naming the key),
-    or ``None``. These are the invariants the model checker checks on every state."""
-    limit, status = state.limit, state.status
-    if status is not None and status is not limit:
-        return f"status: {status.value} is set but the limit that fired is {limit!s}"
-    if limit in _BOUND_OF_LIMIT and getattr(settings, _BOUND_OF_LIMIT[limit]) is None:
-        return f"limit: {limit.value} fired but settings.{_BOUND_OF_LIMIT[limit]} is unset"
-    if state.tripped and limit is None:
-        return "tripped: a provider's breaker is open but no limit has fired"
-    if limit is SessionStatus.ERROR_CIRCUIT_BREAKER and not state.tripped:
-        return "limit: error_circuit_breaker fired but no provider is tripped"
-    for provider, count in (state.breakers or {}).items():
-        if count >= settings.breaker_threshold and provider not in state.tripped:
-            return f"breakers.{provider}: {count} crashes reach the threshold but it is not tripped"
-    if state.retries > settings.session_retry_ceiling:
-        return f"retries: {state.retries} is over session_retry_ceiling"
-    if state.draws > state.retries:
-        return f"draws: {state.draws} jitter draws for {state.retries} retries"
-    if (state.doom_last is None) != (state.doom_run == 0):
-        return "doom_run: a run of identical calls needs its fingerprint, and only then"
-    if settings.max_turns is not None and state.turns > settings.max_turns + 1:
-        return f"turns: {state.turns} is beyond max_turns + the final-answer turn"
-    turn = state.turn
-    if turn is None:
-        if state.turns or status is not None:
-            return "turn: missing, but the session has turns"
-        return None
-    if turn.index != state.turns:
-        return f"turn.index: {turn.index} is not the session's latest turn ({state.turns})"
-    if status is not None and not (turn.final_answer and turn.state in TERMINAL_STATES):
-        return "status: the session ended, but not with a finished final-answer turn"
-    return _turn_problem(turn, state, settings)
-
-
-def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) -> str | None:
-    if turn.final_answer != (turn.instruction is not None):
-        return "turn.instruction: a final-answer turn has an instruction, and only it"
-    if turn.final_answer and session.limit is None:
-        return "turn.final_answer: a final-answer turn, but no limit has fired"
-    if turn.attempt > settings.max_retries:
-        return f"turn.attempt: {turn.attempt} is over max_retries"
-    if turn.reductions > settings.max_context_reductions:
-        return f"turn.reductions: {turn.reductions} is over max_context_reductions"
-    if not -1 <= turn.model_index < len(settings.fallback_models):
-        return f"turn.model_index: {turn.model_index} is out of range"
-    if len(turn.fallbacks) != turn.model_index + 1:
-        return "turn.fallbacks: not one fallback per move down fallback_models"
-    if turn.final_answer and (turn.attempt or turn.fallbacks):
-        return "turn.attempt: the final-answer turn makes one attempt only"
-    if len(turn.path) != len(turn.actions):
-        return "turn.actions: not one action per transition of turn.path"
-    where = IDLE
-    for i, (step, action) in enumerate(zip(turn.path, turn.actions, strict=True)):
-        info = step[0]
-        if info[0] != where:
-            return f"turn.path[{i}]: starts in {info[0]!r}, but the turn was in {where!r}"
-        if type(action) is not _ACTION_OF_EFFECT[info[4]]:
-            return f"turn.actions[{i}]: a {type(action).__name__} for effect {info[4]}"
-        row_status = _STATUS_OF_ROW[info]
-        if row_status is not None and action.status.value != row_status:  # type: ignore[union-attr]
-            return f"turn.actions[{i}]: status {action.status} for a {row_status} row"  # type: ignore[union-attr]
-        where = info[3]
-    if where != turn.state:
-        return f"turn.state: {turn.state!r} is not where the turn's path ends ({where!r})"
-    if turn.path:
-        counters = tuple(turn.path[-1][1:])
-        live = traced_counters(turn, session)
-        if counters != live:
-            return f"turn.path: its last counters {counters} are not the turn's {live}"
-    if turn.state == "invoking_tools" and (
-        not turn.calls or turn.actions[-1] != InvokeTools(turn.calls)
-    ):
-        return "turn.calls: the calls in flight are not those of the last InvokeTools"
-    return None
-
-
-def check_reachable(state: SessionState, settings: Settings) -> None:
-    """Raise :class:`SnapshotError` if the engine could never be in ``state``."""
-    problem = reachable_problem(state, settings)
-    if problem is not None:
-        raise SnapshotError(problem)

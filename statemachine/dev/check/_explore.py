@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...core._backoff import wait_seconds
+from ...core._engine import DISPATCH
 from ...core._events import (
     ModelFailed,
 )
+from ...core._reachable import reachable_problem
 from ...core._session import Session
 from ...core._settings import Settings
 from ...core._table import (
@@ -97,6 +99,14 @@ class _Explorer(Properties):
         self.nodes.append(node)
         self.parent.append(parent)
         self.succ.append([])
+        if self.ctx.saturation is None and self.ctx.dispatch is DISPATCH:
+            # restore's rules must hold in every state the engine reaches (exact counters
+            # only: acceleration jumps counters without the steps that would move them)
+            problem = reachable_problem(node.state, self.ctx.settings)
+            if problem is not None:
+                self.violate(
+                    "ER-38", f"restore would refuse a reachable state: {problem}", _At(index)
+                )
         return index, True
 
     def run(self) -> None:

@@ -1,0 +1,301 @@
+"""The states the engine can reach: what the declaration cannot say field by field.
+
+Each field of a :class:`SessionState` is checked by its kind when it is decoded; the
+rules here relate fields to each other and to the settings. :func:`reachable_problem`
+returns the first rule a state breaks (naming the key), or ``None``. ``restore`` and
+``Session.from_state`` run it on every state they take in, and the model check runs it
+on every state it reaches, so a rule that refused a reachable state would fail there.
+
+The rules, in the order they are checked:
+
+* the session: a status is the limit that fired; a limit names a bound that is set and
+  reached (turns, spend), a tripped provider (breaker) or a run of identical calls
+  (doom loop); a tripped provider or a doom run at the threshold implies a limit; crash
+  counts are above zero and below the threshold unless tripped; retries within the
+  ceiling, jitter draws within the retries; the doom run has its fingerprint; at most
+  ``max_turns`` + 1 turns; before the first turn every counter is zero.
+* the turn: the session's latest; final-answer exactly when it has the instruction, and
+  only once a limit fired; a non-final turn that is still running while a limit has
+  fired can only be in ``invoking_tools`` with the doom loop just detected; an idle turn
+  holds nothing but its defaults; counters and the model index within their settings;
+  one fallback per move down the chain.
+* the path: a walk of the table from ``idle`` to the turn's state; at every step the
+  counters move exactly as the row's effect moves them; every action is the one its
+  effect emits (its type, status, attempt, model, request, reduce and withhold flags);
+  a wait within what the settings can ask for; the final-answer turn never invokes
+  tools; the calls in flight are those of the last ``InvokeTools``, with distinct ids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ._exceptions import SnapshotError
+from ._settings import Settings
+from ._state import TRACED, RowInfo, SessionState, Step, TurnState, traced_counters
+from ._table import IDLE, ROWS, TERMINAL_STATES
+from ._taxonomy import SessionStatus
+
+_ACTION_OF_EFFECT: dict[str, type] = {
+    "assemble": Assemble,
+    "reduce": Assemble,
+    "call_model": CallModel,
+    "retry": CallModel,
+    "fall_back": CallModel,
+    "wait": Wait,
+    "invoke_tools": InvokeTools,
+    "complete": Finish,
+    "finish_tools": Finish,
+    "finish": Finish,
+    "cancel": Finish,
+}
+"""The action type each effect emits."""
+
+_STATUS_OF_ROW: dict[RowInfo, str] = {
+    (r.source, r.event, " & ".join(r.guards), r.dest, r.effect): r.status or "completed"
+    for r in ROWS
+    if r.effect in ("complete", "finish_tools", "finish", "cancel")
+}
+"""The status a finishing row's ``Finish`` carries (``complete`` rows: completed)."""
+
+_BOUND_OF_LIMIT: dict[SessionStatus, str] = {
+    SessionStatus.ERROR_MAX_TURNS: "max_turns",
+    SessionStatus.ERROR_MAX_BUDGET_USD: "max_cost_usd",
+    SessionStatus.ERROR_MAX_WALL_CLOCK: "max_wall_clock_s",
+}
+
+_TRACE_INDEX = {name: i for i, (_, name, _) in enumerate(TRACED)}
+_ATTEMPT, _REDUCTIONS, _RETRIES = (
+    _TRACE_INDEX["attempt"],
+    _TRACE_INDEX["reductions"],
+    _TRACE_INDEX["retries"],
+)
+
+_DELTAS: dict[str, tuple[int | None, int, int]] = {
+    # effect: (attempt after: None = unchanged, 0 = reset, 1 = +1; reductions +; retries +)
+    "call_model": (0, 0, 0),
+    "retry": (1, 0, 0),
+    "wait": (None, 0, 1),
+    "fall_back": (0, 0, 1),
+    "reduce": (None, 1, 0),
+}
+"""How each effect moves the counters a step carries (validation only: the effects move
+the state, and every step records what they left)."""
+
+_IDLE_FIELDS = tuple(
+    (f.name, f.default)
+    for f in attrs.fields(TurnState)
+    if f.name not in ("index", "final_answer", "instruction", "state")
+)
+"""What an idle (never started) turn holds: its declared defaults."""
+
+
+def reachable_problem(state: SessionState, settings: Settings) -> str | None:
+    """Why the engine could never be in ``state`` under ``settings`` (naming the key),
+    or ``None``."""
+    problem = _session_problem(state, settings)
+    if problem is not None or state.turn is None:
+        return problem
+    return _turn_problem(state.turn, state, settings) or _path_problem(state.turn, state, settings)
+
+
+def check_reachable(state: SessionState, settings: Settings) -> None:
+    """Raise :class:`SnapshotError` if the engine could never be in ``state``."""
+    problem = reachable_problem(state, settings)
+    if problem is not None:
+        raise SnapshotError(problem)
+
+
+def _session_problem(state: SessionState, settings: Settings) -> str | None:
+    limit, status = state.limit, state.status
+    if status is not None and status is not limit:
+        return f"status: {status.value} is set but the limit that fired is {limit!s}"
+    if limit in _BOUND_OF_LIMIT and getattr(settings, _BOUND_OF_LIMIT[limit]) is None:
+        return f"limit: {limit.value} fired but settings.{_BOUND_OF_LIMIT[limit]} is unset"
+    if limit is SessionStatus.ERROR_MAX_TURNS and state.turns < settings.max_turns:  # type: ignore[operator]
+        return f"limit: error_max_turns fired after {state.turns} of {settings.max_turns} turns"
+    if limit is SessionStatus.ERROR_MAX_BUDGET_USD and state.cost_usd < settings.max_cost_usd:  # type: ignore[operator]
+        return f"limit: error_max_budget_usd fired at a spend of {state.cost_usd}"
+    if state.tripped and limit is None:
+        return "tripped: a provider's breaker is open but no limit has fired"
+    if limit is SessionStatus.ERROR_CIRCUIT_BREAKER and not state.tripped:
+        return "limit: error_circuit_breaker fired but no provider is tripped"
+    doom = settings.doom_loop_threshold
+    if state.doom_run >= doom and limit is None:
+        return f"doom_run: {state.doom_run} identical calls in a row, but no limit has fired"
+    if limit is SessionStatus.ERROR_DOOM_LOOP and state.turns == 0:
+        return "limit: error_doom_loop fired before any turn"
+    for provider, count in (state.breakers or {}).items():
+        if count <= 0:
+            return f"breakers.{provider}: a crash count of {count} (zero counts are not kept)"
+        if count >= settings.breaker_threshold and provider not in state.tripped:
+            return f"breakers.{provider}: {count} crashes reach the threshold but it is not tripped"
+    if state.retries > settings.session_retry_ceiling:
+        return f"retries: {state.retries} is over session_retry_ceiling"
+    if state.draws > state.retries:
+        return f"draws: {state.draws} jitter draws for {state.retries} retries"
+    if state.waited_s > 0 and state.draws == 0:
+        return "waited_s: waits were taken, but no jitter was drawn"
+    if (state.doom_last is None) != (state.doom_run == 0):
+        return "doom_run: a run of identical calls needs its fingerprint, and only then"
+    if settings.max_turns is not None and state.turns > settings.max_turns + 1:
+        return f"turns: {state.turns} is beyond max_turns + the final-answer turn"
+    if state.turn is None:
+        if state.turns or status is not None or limit is not None:
+            return "turn: missing, but the session has turns or a limit"
+        if state.retries or state.draws or state.cost_usd or state.waited_s:
+            return "turn: missing, but the session has counted retries or spend"
+        if state.breakers or state.tripped or state.doom_run:
+            return "turn: missing, but the session has crash counts or a doom run"
+        return None
+    if state.turn.index != state.turns:
+        return f"turn.index: {state.turn.index} is not the session's latest turn ({state.turns})"
+    if status is not None and not (state.turn.final_answer and state.turn.state in TERMINAL_STATES):
+        return "status: the session ended, but not with a finished final-answer turn"
+    return None
+
+
+def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) -> str | None:
+    if turn.final_answer != (turn.instruction is not None):
+        return "turn.instruction: a final-answer turn has an instruction, and only it"
+    if turn.final_answer and session.limit is None:
+        return "turn.final_answer: a final-answer turn, but no limit has fired"
+    running = turn.state not in TERMINAL_STATES
+    if (
+        running
+        and session.limit is not None
+        and not turn.final_answer
+        and not (turn.state == "invoking_tools" and session.limit is SessionStatus.ERROR_DOOM_LOOP)
+    ):
+        return f"turn.state: a turn still {turn.state} after {session.limit.value} fired"
+    if turn.state == IDLE:
+        for name, default in _IDLE_FIELDS:
+            value = getattr(turn, name)
+            if value != default and not (isinstance(default, attrs.Factory) and not value):  # type: ignore[arg-type]
+                return f"turn.{name}: an idle turn holds nothing yet, got {value!r:.60}"
+    if turn.attempt > settings.max_retries:
+        return f"turn.attempt: {turn.attempt} is over max_retries"
+    if turn.reductions > settings.max_context_reductions:
+        return f"turn.reductions: {turn.reductions} is over max_context_reductions"
+    if not -1 <= turn.model_index < len(settings.fallback_models):
+        return f"turn.model_index: {turn.model_index} is out of range"
+    if len(turn.fallbacks) != turn.model_index + 1:
+        return "turn.fallbacks: not one fallback per move down fallback_models"
+    if turn.final_answer and (turn.attempt or turn.fallbacks):
+        return "turn.attempt: the final-answer turn makes one attempt only"
+    if len(turn.path) != len(turn.actions):
+        return "turn.actions: not one action per transition of turn.path"
+    ids = [call.id for call in turn.calls]
+    if len(set(ids)) != len(ids):
+        return "turn.calls: two calls in flight share an id"
+    return None
+
+
+def _path_problem(turn: TurnState, session: SessionState, settings: Settings) -> str | None:
+    where = IDLE
+    previous: Step | None = None
+    longest_wait = max(settings.max_delay_ms / 1000.0 * 1.5, settings.max_server_wait_s)
+    models = (settings.model, *settings.fallback_models)
+    for i, (step, action) in enumerate(zip(turn.path, turn.actions, strict=True)):
+        info = step[0]
+        effect = info[4]
+        if info[0] != where:
+            return f"turn.path[{i}]: starts in {info[0]!r}, but the turn was in {where!r}"
+        problem = _step_problem(i, step, previous, effect)
+        if problem is not None:
+            return problem
+        counters: tuple[int, ...] = step[1:]
+        if counters[_ATTEMPT] > settings.max_retries:
+            return f"turn.path[{i}]: attempt {counters[_ATTEMPT]} is over max_retries"
+        if counters[_REDUCTIONS] > settings.max_context_reductions:
+            return f"turn.path[{i}]: {counters[_REDUCTIONS]} reductions, over the cap"
+        problem = _action_problem(i, action, step, info, turn, models, longest_wait)
+        if problem is not None:
+            return problem
+        where = info[3]
+        previous = step
+    if where != turn.state:
+        return f"turn.state: {turn.state!r} is not where the turn's path ends ({where!r})"
+    if previous is not None:
+        counters = tuple(previous[1:])
+        live = traced_counters(turn, session)
+        if counters != live:
+            return f"turn.path: its last counters {counters} are not the turn's {live}"
+    calls = [a for a in turn.actions if type(a) is CallModel]
+    if calls and calls[-1].request != turn.request:
+        return "turn.request: not the request of the turn's last CallModel"
+    if turn.state == "invoking_tools" and (
+        not turn.calls or turn.actions[-1] != InvokeTools(turn.calls)
+    ):
+        return "turn.calls: the calls in flight are not those of the last InvokeTools"
+    return None
+
+
+def _step_problem(i: int, step: Step, previous: Step | None, effect: str) -> str | None:
+    counters = step[1:]
+    if previous is None:
+        before = [0, 0, counters[_RETRIES] - _DELTAS.get(effect, (None, 0, 0))[2]]
+        if before[_RETRIES] < 0:
+            return f"turn.path[{i}]: the first step's counters {tuple(counters)} are impossible"
+    else:
+        before = list(previous[1:])
+    attempt, reductions, retries = _DELTAS.get(effect, (None, 0, 0))
+    expected = list(before)
+    if attempt == 0:
+        expected[_ATTEMPT] = 0
+    elif attempt == 1:
+        expected[_ATTEMPT] += 1
+    expected[_REDUCTIONS] += reductions
+    expected[_RETRIES] += retries
+    if tuple(counters) != tuple(expected):
+        return (
+            f"turn.path[{i}]: counters {tuple(counters)} after {effect}, "
+            f"where the effect leaves {tuple(expected)}"
+        )
+    return None
+
+
+def _action_problem(
+    i: int,
+    action: Action,
+    step: Step,
+    info: RowInfo,
+    turn: TurnState,
+    models: tuple[str | None, ...],
+    longest_wait: float,
+) -> str | None:
+    effect = info[4]
+    where = f"turn.actions[{i}]"
+    if type(action) is not _ACTION_OF_EFFECT[effect]:
+        return f"{where}: a {type(action).__name__} for effect {effect}"
+    if type(action) is Finish:
+        if action.status.value != _STATUS_OF_ROW[info]:
+            return f"{where}: status {action.status} for a {_STATUS_OF_ROW[info]} row"
+    elif type(action) is Assemble:
+        if action.reduce != (effect == "reduce"):
+            return f"{where}: Assemble(reduce={action.reduce}) for effect {effect}"
+        final = turn.final_answer and effect == "assemble"
+        if action.withhold_tools != final or action.instruction != (
+            turn.instruction if final else None
+        ):
+            return f"{where}: the final-answer flags do not fit the turn"
+    elif type(action) is CallModel:
+        if action.attempt != step[1 + _ATTEMPT]:
+            return (
+                f"{where}: CallModel attempt {action.attempt}, the step says {step[1 + _ATTEMPT]}"
+            )
+        if action.withhold_tools != turn.final_answer:
+            return f"{where}: CallModel withhold_tools does not fit the turn"
+        if action.model not in models:
+            return f"{where}: CallModel to a model the settings do not name"
+    elif type(action) is Wait:
+        if action.attempt != step[1 + _ATTEMPT]:
+            return f"{where}: Wait attempt {action.attempt}, not the step's"
+        if not (math.isfinite(action.seconds) and 0 <= action.seconds <= longest_wait):
+            return f"{where}: a wait of {action.seconds!r} s the settings cannot ask for"
+    elif type(action) is InvokeTools and turn.final_answer:
+        return f"{where}: the final-answer turn invoked tools"
+    return None
