@@ -6,7 +6,6 @@ import hashlib
 import json
 from typing import Any
 
-import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -804,12 +803,12 @@ def test_fingerprint_is_the_hash_of_canonical_json(arguments: object) -> None:
 def test_fingerprint_of_odd_arguments_does_not_raise() -> None:
     """Cyclic or non-JSON arguments still fingerprint (by repr), never raise. A
     ``ToolCall`` refuses them at the door (``ValueError`` naming the field), so these are
-    built with the validators off, as a defence in depth."""
+    forced into a built call, as a defence in depth."""
     cyclic: dict[str, object] = {}
     cyclic["self"] = cyclic
     for arguments in (cyclic, {"o": object()}, {1: 2}, {1: "x", "a": 2}, {(1, 2): 3}):
-        with attrs.validators.disabled():
-            call = sm.ToolCall("c", "p", "t", arguments)
+        call = sm.ToolCall("c", "p", "t")
+        object.__setattr__(call, "arguments", arguments)
         assert len(call_fingerprint(call)) == 24
     for arguments in (cyclic, {"o": object()}, {(1, 2): 3}):
         with pytest.raises(ValueError, match=r"^ToolCall\.arguments: must be JSON data"):

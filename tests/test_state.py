@@ -326,10 +326,76 @@ def test_from_state_refuses_an_unreachable_state() -> None:
     calling_turn(session)
     state = session.state
     state.retries = 99
-    with pytest.raises(sm.SnapshotError, match="^retries:"):
+    with pytest.raises(sm.SnapshotError, match=r"^retries:"):
         sm.Session.from_state(session.settings, state, ManualClock())
-    with pytest.raises(sm.ConfigError, match="^state:"):
+    with pytest.raises(sm.ConfigError, match=r"^state:"):
         sm.Session.from_state(session.settings, {"retries": 1}, ManualClock())  # type: ignore[arg-type]
     good = session.state
     again = sm.Session.from_state(session.settings, good, ManualClock())
     assert again.current_turn is not None and again.current_turn.state == "calling"
+
+
+@pytest.mark.requirement("ER-39")
+def test_host_data_is_owned_by_the_engine_once_sent() -> None:
+    """A host that goes on changing its list after sending it changes nothing in the
+    engine: the retry resends what was sent, and the snapshot stays JSON."""
+    session = new_session()
+    turn = session.new_turn()
+    turn.start()
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    call = turn.send(sm.Assembled({"messages": messages, "ids": {1: "a"}, "pair": (1, 2)}, 10))
+    messages.append(math.nan)
+    assert isinstance(call, sm.CallModel)
+    turn.send(fail("rate_limited"))
+    retry = turn.send(sm.WaitDone())
+    assert isinstance(retry, sm.CallModel)
+    assert retry.request == {
+        "messages": [{"role": "user", "content": "hi"}],
+        "ids": {"1": "a"},
+        "pair": [1, 2],
+    }
+    json.dumps(session.snapshot(), allow_nan=False)
+
+
+@pytest.mark.requirement("ER-38", "ER-39")
+def test_a_subclassed_model_error_is_saved_as_a_model_error() -> None:
+    """A host's subclass of ModelError passes the door and is saved (and restored) as
+    the ModelError it is."""
+
+    @attrs.frozen
+    class VendorError(sm.ModelError):
+        pass
+
+    session = new_session()
+    calling_turn(session).send(sm.ModelFailed(VendorError("auth_error", "no key")))
+    data = json.loads(json.dumps(session.snapshot(), allow_nan=False))
+    restored = sm.Session.restore(data, clock=ManualClock())
+    assert restored.current_turn is not None
+    finish = restored.current_turn.finish
+    assert finish is not None and type(finish.error) is sm.ModelError
+    assert finish.error.message == "no key"
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_forged_finish_status_is_refused() -> None:
+    """A Finish whose status is missing or not its row's is a SnapshotError."""
+    session = new_session()
+    calling_turn(session).send(fail("auth_error"))
+    base = json.loads(json.dumps(session.snapshot()))
+    for status in (None, "completed", 3):
+        data = copy.deepcopy(base)
+        data["turn"]["actions"][-1]["status"] = status
+        with pytest.raises(sm.SnapshotError, match=r"^turn\.actions"):
+            sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-38")
+def test_restore_refuses_tools_after_a_limit() -> None:
+    """A forged limit on a running, non-final turn would let it invoke tools after the
+    bound: refused."""
+    session = new_session(max_turns=1)
+    session.new_turn()
+    data = session.snapshot()
+    data["limit"] = "error_max_turns"
+    with pytest.raises(sm.SnapshotError, match=r"^limit|^turn"):
+        sm.Session.restore(data, clock=ManualClock())

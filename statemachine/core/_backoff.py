@@ -37,7 +37,8 @@ def jitter(seed: int, draw: int) -> float:
 def nominal_delay_ms(n: int, base_delay_ms: float, factor: float, max_delay_ms: float) -> float:
     """``delay_ms(n)``: the n-th retry's delay before jitter, capped."""
     try:
-        delay = base_delay_ms * factor**n
+        # float(factor): an int factor would raise an exact integer to the n-th power
+        delay = base_delay_ms * float(factor) ** n
     except OverflowError:
         return max_delay_ms
     return delay if delay < max_delay_ms else max_delay_ms
@@ -60,6 +61,7 @@ def wait_seconds(
     seconds = delay * (0.5 + u) / 1000.0
     if seconds == _INFINITY:
         seconds = delay / 1000.0 * (0.5 + u)
+    seconds += 0.0  # a signed zero (a base delay of -0.0) is written as 0.0
     if retry_after is not None and retry_after > seconds:
         return retry_after
     return seconds

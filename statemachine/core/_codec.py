@@ -58,13 +58,24 @@ def _field_plan(cls: type) -> tuple[tuple[str, bool, type[enum.Enum] | None], ..
 
 
 _PLANS = {name: _field_plan(cls) for name, cls in _CLASSES.items()}
+_NAMES: dict[type, str] = {cls: name for name, cls in _CLASSES.items()}
+
+
+def _name_of(cls: type) -> str | None:
+    """The registered name ``cls`` encodes as: its own, or a registered base's (a
+    host's subclass of ``ModelError`` is saved, and restored, as a ``ModelError``)."""
+    name = _NAMES.get(cls)
+    if name is None and attrs.has(cls):
+        name = next((_NAMES[base] for base in cls.__mro__[1:] if base in _NAMES), None)
+        if name is not None:
+            _NAMES[cls] = name
+    return name
 
 
 def encode(value: Any) -> Any:
     """``value`` as plain JSON data."""
-    cls = type(value)
-    name = cls.__name__
-    if name in _PLANS and _CLASSES[name] is cls:
+    name = _name_of(type(value))
+    if name is not None:
         out: dict[str, Any] = {"$type": name}
         for field, opaque, _ in _PLANS[name]:
             item = getattr(value, field)

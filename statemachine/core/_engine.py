@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ TRIGGERS: dict[type, str] = {
 }
 """The trigger of each event class (its name)."""
 
+_LARGEST = sys.float_info.max
 _ASSEMBLE = Assemble(reduce=False)
 _REDUCE = Assemble(reduce=True)
 
@@ -226,7 +228,8 @@ def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s:
     state = core.state
     state.retries += 1
     state.draws += 1
-    state.waited_s += facts.seconds
+    waited = state.waited_s + facts.seconds
+    state.waited_s = waited if waited < _LARGEST else _LARGEST  # a sum that stays JSON
     return Wait(facts.seconds, event.error.category, turn.attempt)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from ._json_data import json_validator
+from ._json_data import json_validator, owned_json
 from ._model_error import OPAQUE, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
 
@@ -51,13 +51,21 @@ def _finite(value: float) -> bool:
         return False
 
 
+def _request(value: Any) -> Any:
+    return owned_json(value, "request")
+
+
+def _reply(value: Any) -> Any:
+    return owned_json(value, "reply")
+
+
 @attrs.frozen
 class Assembled:
     """The context was assembled into ``request``, of ``size`` (tokens or any monotone
     measure). After ``Assemble(reduce=True)`` a size that is not strictly smaller
     than the one that overflowed counts as "cannot shrink"."""
 
-    request: Any = attrs.field(metadata=OPAQUE, validator=json_validator("request"))
+    request: Any = attrs.field(metadata=OPAQUE, converter=_request)
     size: int = attrs.field(validator=_size)
 
 
@@ -74,7 +82,7 @@ class ModelReplied:
 
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
     cost: float = attrs.field(default=0.0, validator=_cost)
-    reply: Any = attrs.field(default=None, metadata=OPAQUE, validator=json_validator("reply"))
+    reply: Any = attrs.field(default=None, metadata=OPAQUE, converter=_reply)
 
 
 @attrs.frozen

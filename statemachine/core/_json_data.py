@@ -20,6 +20,7 @@ The check walks the value iteratively, so hostile data cannot raise ``RecursionE
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -28,10 +29,12 @@ MAX_NODES = 1_000_000
 MAX_INT_BITS = 14_000
 
 
-def json_problem(value: Any) -> str | None:
+def json_problem(value: Any, *, strict: bool = False) -> str | None:
     """Why ``value`` is not JSON data as defined above, or ``None`` if it is.
 
-    The reason names the path inside ``value`` (``[2].content``...).
+    The reason names the path inside ``value`` (``[2].content``...). With ``strict``
+    (data read back from a snapshot) subclasses of the JSON types are refused too: only
+    a JSON parser's own types can be trusted not to run code when compared or hashed.
     """
     kind = type(value)
     if kind is str:
@@ -42,7 +45,7 @@ def json_problem(value: Any) -> str | None:
         return None if value.bit_length() <= MAX_INT_BITS else "an integer too large"
     if _valid(value):
         return None
-    return _walk(value)
+    return _walk(value, strict)
 
 
 def _valid(root: Any) -> bool:
@@ -99,7 +102,7 @@ def _scalar_key(key: object) -> bool:
     return type(key) is float and math.isfinite(key)
 
 
-def _walk(root: Any) -> str | None:
+def _walk(root: Any, strict: bool = False) -> str | None:
     stack: list[tuple[Any, str, int]] = [(root, "", 0)]
     nodes = 0
     while stack:
@@ -109,6 +112,8 @@ def _walk(root: Any) -> str | None:
             return f"more than {MAX_NODES} values"
         kind = type(value)
         if kind not in _EXACT:
+            if strict:
+                return f"{where or 'the value'}: a {kind.__name__}, not one of JSON's own types"
             kind = _base_kind(value)
         if kind is str:
             if not value.isascii():
@@ -159,6 +164,29 @@ def check_json(value: Any, name: str) -> None:
     problem = json_problem(value)
     if problem is not None:
         raise ValueError(f"{name}: must be JSON data: {problem}")
+
+
+_COPY = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False)
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def owned_json(value: Any, name: str) -> Any:
+    """``value`` checked to be JSON data (``ValueError`` naming ``name`` if not), as an
+    owned copy: what a snapshot would give back (tuples as lists, keys as text).
+
+    The engine keeps the host's data for retries, traces and snapshots; an owned copy
+    means a host that goes on changing its own list or dict after sending it changes
+    nothing in the engine, and what a restored session holds is what a live one holds.
+    """
+    if type(value) in _JSON_SCALARS:
+        problem = json_problem(value)
+        if problem is not None:
+            raise ValueError(f"{name}: must be JSON data: {problem}")
+        return value
+    problem = json_problem(value)
+    if problem is not None:
+        raise ValueError(f"{name}: must be JSON data: {problem}")
+    return json.loads(_COPY.encode(value))
 
 
 def json_validator(name: str) -> Any:

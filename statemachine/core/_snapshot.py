@@ -128,7 +128,7 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     raw_settings = body.pop("settings")
     if type(raw_settings) is not dict:
         raise SnapshotError("settings: must be a JSON object")
-    problem = json_problem(raw_settings)
+    problem = json_problem(raw_settings, strict=True)
     if problem is not None:
         raise SnapshotError(f"settings: must be JSON data: {problem}")
     try:

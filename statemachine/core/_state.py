@@ -146,7 +146,7 @@ def _session_status(raw: Any, key: str) -> SessionStatus | None:
 
 
 def _opaque(raw: Any, key: str) -> Any:
-    problem = json_problem(raw)
+    problem = json_problem(raw, strict=True)
     if problem is not None:
         raise SnapshotError(f"{key}: must be JSON data: {problem}")
     return raw
@@ -332,6 +332,7 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
     Wait: (("seconds", _is_seconds), ("attempt", _is_count)),
     InvokeTools: (("calls", lambda v: _all(v, ToolCall) and len(v) > 0),),
     Finish: (
+        ("status", lambda v: type(v) is TurnStatus),
         ("tool_results", _results),
         ("error", lambda v: v is None or type(v) is ModelError),
         ("model", _is_text),

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from ._json_data import json_validator
+from ._json_data import owned_json
 from ._model_error import OPAQUE
 from ._taxonomy import ToolErrorCategory
 
@@ -24,6 +24,14 @@ def _nonempty_str(name: str) -> Any:
     return check
 
 
+def _arguments(value: Any) -> Any:
+    return owned_json(value, "ToolCall.arguments")
+
+
+def _content(value: Any) -> Any:
+    return owned_json(value, "ToolOutcome.content")
+
+
 @attrs.frozen
 class ToolCall:
     """One tool call from a model reply.
@@ -37,9 +45,7 @@ class ToolCall:
     id: str = attrs.field(validator=_nonempty_str("ToolCall.id"))
     provider: str = attrs.field(validator=_nonempty_str("ToolCall.provider"))
     name: str = attrs.field(validator=_nonempty_str("ToolCall.name"))
-    arguments: Any = attrs.field(
-        default=None, metadata=OPAQUE, validator=json_validator("ToolCall.arguments")
-    )
+    arguments: Any = attrs.field(default=None, metadata=OPAQUE, converter=_arguments)
 
 
 def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
@@ -62,9 +68,7 @@ class ToolOutcome:
 
     call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
     ok: bool = attrs.field(validator=attrs.validators.instance_of(bool))
-    content: Any = attrs.field(
-        default="", metadata=OPAQUE, validator=json_validator("ToolOutcome.content")
-    )
+    content: Any = attrs.field(default="", metadata=OPAQUE, converter=_content)
     category: ToolErrorCategory | None = attrs.field(
         default=None, converter=_optional_tool_category
     )
