@@ -34,6 +34,7 @@ from statemachine.store import (
     Worker,
 )
 
+from .helpers import fail
 from .store_worker import STOP, Clock, RedisServer, next_event, settings
 
 
@@ -87,7 +88,7 @@ class MemoryBackend(Backend):
         return store
 
     def put_raw(self, store: Any, session_id: str, version: int, payload: bytes) -> None:
-        store._data[store.key(session_id)] = (version, payload, None)
+        store._data[store.key(session_id)] = (version, payload, None, None)
 
     def raw(self, store: Any, session_id: str) -> tuple[int, bytes] | None:
         entry = store._data.get(store.key(session_id))
@@ -716,12 +717,79 @@ def test_a_stored_request_with_a_lone_surrogate_is_corrupt_at_load() -> None:
     started = w.advance("s", None, expected_version=created.version)
     w.advance("s", sm.Assembled({"m": "x"}, 1), expected_version=started.version)
     key = store.key("s")
-    version, payload, expires = store._data[key]
+    version, payload, expires, incarnation = store._data[key]
     forged = payload.replace(b'{"m":"x"}', b'{"m":"\\ud800"}')
     assert forged != payload
-    store._data[key] = (version, forged, expires)
+    store._data[key] = (version, forged, expires, incarnation)
     with pytest.raises(CorruptSession, match=r"turn\.request: .*lone surrogate"):
         Worker(store).load("s")
     assert store._data[key][1] == forged
     with pytest.raises(ValueError, match="lone surrogate"):
         sm.Assembled({"m": "\ud800"}, 1)
+
+
+# -- the worker's remembered records --------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_session_created_again_under_its_id_is_never_overwritten_from_memory(
+    backend: Backend, now: Clock
+) -> None:
+    """A worker remembers the record it wrote; another worker deletes the session and
+    creates a new one under the same id up to the same version. The first worker's next
+    advance at that version is refused (another incarnation) and answered from the store:
+    the new session is left as it was."""
+    store = backend.make()
+    w1, w2 = worker(store, "a", now), worker(store, "b", now)
+    w1.create("same", new_session())
+    w1.advance("same", None, expected_version=1)
+    w2.delete("same")
+    other = sm.Session(settings(), seed=99, clock=lambda: 0.0)
+    w2.create("same", other)
+    w2.advance("same", None, expected_version=1)
+    result = w1.advance("same", sm.Assembled("x", 1), expected_version=2)
+    assert result.status is AdvanceStatus.CONFLICT
+    assert w2.load("same").session.seed == 99
+    assert w2.load("same").version == 2
+
+
+@pytest.mark.requirement("ER-70")
+def test_remembered_and_read_sessions_answer_alike(backend: Backend, now: Clock) -> None:
+    """The same advances through a worker that remembers and one that does not
+    (``remember=0``) give the same actions, versions and stored records."""
+    results = []
+    for remember in (1024, 0):
+        store = backend.make(prefix=f"r{remember}")
+        w = worker(store, "a", now, remember=remember)
+        r = w.create("s", new_session())
+        r = w.advance("s", None, expected_version=r.version)
+        events = [sm.Assembled({"m": ["hi"]}, 10), fail("rate_limited"), sm.WaitDone()]
+        events += [sm.ModelReplied(reply={"text": "ok"})]
+        actions = []
+        for event in events:
+            r = w.advance("s", event, expected_version=r.version)
+            actions.append(r.action)
+        stored = store.load("s").record
+        results.append((actions, r.version, stored["snapshot"], stored["keys"]))
+    assert results[0] == results[1]
+    with pytest.raises(sm.ConfigError, match=r"^remember"):
+        worker(backend.make(), "a", now, remember=-1)
+
+
+@pytest.mark.requirement("ER-70")
+def test_observers_see_only_stored_transitions(backend: Backend, now: Clock) -> None:
+    """An advance computed from a remembered state that another worker has moved past is
+    a CONFLICT, and its observers saw nothing of it; an applied one is seen once."""
+    seen: list[sm.TraceRecord] = []
+    store = backend.make()
+    w1 = worker(store, "a", now, observers=[seen.append])
+    w2 = worker(store, "b", now)
+    w1.create("o", new_session())
+    w1.advance("o", None, expected_version=1)
+    before = len(seen)
+    w2.advance("o", sm.Cancelled(), expected_version=2)
+    result = w1.advance("o", sm.Assembled("r", 1), expected_version=2)
+    assert result.status is AdvanceStatus.CONFLICT
+    assert len(seen) == before
+    fresh = w1.advance("o", None, expected_version=result.version)
+    assert fresh.applied and len(seen) == before + 1

@@ -203,18 +203,15 @@ class Session:
 
     # -- snapshot ---------------------------------------------------------------
 
-    def snapshot(self, *, reuse: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
         """The session as plain JSON data, current turn and its trace included.
 
-        Every value in it was checked when it came in (events refuse data that is not
-        JSON), so ``json.dumps(session.snapshot(), allow_nan=False)`` always works.
-
-        ``reuse`` may be an earlier snapshot of this session that no one has changed
-        since (a store's last record): the trace entries it holds for the current turn
-        are reused, not encoded again, so a snapshot per event costs only what changed.
+        Every value in it was checked when it came in (events take an owned copy of the
+        host's data, which must be JSON), so ``json.dumps(session.snapshot(),
+        allow_nan=False)`` always works.
         """
         core = self._core
-        return write_snapshot(core.settings, core.state, core.clock(), reuse)
+        return write_snapshot(core.settings, core.state, core.clock())
 
     @classmethod
     def restore(

@@ -183,8 +183,18 @@ def oversized(session_id: str, size: int, max_bytes: int) -> CorruptSession:
     )
 
 
-def stale(session_id: str, expected: int, actual: int) -> StoreError:
+def stale(
+    session_id: str, expected: int, actual: int, *, another_incarnation: bool = False
+) -> StoreError:
     """The error for a refused compare-and-set."""
+    if another_incarnation:
+        return StaleWrite(
+            f"session {session_id!r}: stale write refused: the id was deleted and created "
+            f"again since this state was read (version {actual} is another session's)",
+            session_id=session_id,
+            expected=expected,
+            actual=actual,
+        )
     if actual == 0 and expected > 0:
         return SessionNotFound(
             f"session {session_id!r}: no record (expected version {expected}): it was "
@@ -199,6 +209,12 @@ def stale(session_id: str, expected: int, actual: int) -> StoreError:
             f"the store holds version {actual}"
         )
     return StaleWrite(message, session_id=session_id, expected=expected, actual=actual)
+
+
+def record_incarnation(record: Mapping[str, Any]) -> str | None:
+    """The incarnation a record names, if it names one."""
+    incarnation = record.get("incarnation")
+    return incarnation if type(incarnation) is str and incarnation else None
 
 
 def not_found(session_id: str) -> SessionNotFound:

@@ -8,6 +8,7 @@ need to share it safely.
      "keys": [[7, "evt-9"], ...],       # recent idempotency keys, with the version each made
      "claim": {"owner": "w1", "calls": ["c1"], "until": 1764452300.5} | null,
      "carried": [ToolOutcome, ...],     # interrupted outcomes waiting for re-run ones
+     "incarnation": "9f2c...",          # drawn at create: tells a re-created id apart
      "snapshot": {...}}                 # Session.snapshot()
 
 Every check here raises ``CorruptSession`` naming the session and the key.
@@ -51,6 +52,10 @@ class Record:
     keys: tuple[tuple[int, str], ...] = ()
     claim: Claim | None = None
     carried: tuple[ToolOutcome, ...] = ()
+    incarnation: str | None = None
+    """Drawn when the session is created under its id, kept by every write: a session
+    deleted and created again under the same id is another incarnation, so a write
+    computed from the old one is refused even at the same version."""
 
     def to_json(self) -> dict[str, Any]:
         claim = self.claim
@@ -64,6 +69,7 @@ class Record:
             if claim is None
             else {"owner": claim.owner, "calls": list(claim.calls), "until": claim.until},
             "carried": encode(self.carried),
+            "incarnation": self.incarnation,
             "snapshot": self.snapshot,
         }
 
@@ -151,6 +157,9 @@ def parse_record(session_id: str, data: dict[str, Any]) -> Record:
     snapshot = data.get("snapshot")
     if not isinstance(snapshot, dict):
         raise _bad(session_id, "snapshot", f"must be a JSON object, got {type(snapshot).__name__}")
+    incarnation = data.get("incarnation")  # absent in records written before it existed
+    if incarnation is not None and (type(incarnation) is not str or not incarnation):
+        raise _bad(session_id, "incarnation", f"must be a non-empty str, got {incarnation!r:.40}")
     assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
     return Record(
         session_id,
@@ -159,4 +168,5 @@ def parse_record(session_id: str, data: dict[str, Any]) -> Record:
         tuple((pair[0], pair[1]) for pair in keys),
         parsed_claim,
         outcomes,
+        incarnation,
     )

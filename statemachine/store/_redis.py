@@ -29,6 +29,7 @@ from ._core import (
     key_prefix,
     not_found,
     oversized,
+    record_incarnation,
     stale,
 )
 
@@ -48,8 +49,9 @@ return {1, version, redis.call('HGET', KEYS[1], 'record'), size}
 """
 
 # KEYS[1] the key; ARGV[1] expected version (0: must not exist); ARGV[2] the record;
-# ARGV[3] TTL in ms (0: no expiry).
-# -> {1, new version} | {0, actual version} | {-1, what is wrong}
+# ARGV[3] TTL in ms (0: no expiry); ARGV[4] the record's incarnation ('' if none).
+# -> {1, new version} | {0, actual version} | {-1, what is wrong} | {2, actual version}
+#    (2: the stored session is another incarnation)
 _CAS = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
 local current = 0
@@ -61,8 +63,12 @@ elseif kind ~= 'none' then
   return {-1, 'a ' .. kind .. ', not a hash'}
 end
 if current ~= tonumber(ARGV[1]) then return {0, current} end
+if current > 0 and ARGV[4] ~= '' then
+  local stored = redis.call('HGET', KEYS[1], 'incarnation')
+  if stored and stored ~= ARGV[4] then return {2, current} end
+end
 current = current + 1
-redis.call('HSET', KEYS[1], 'version', current, 'record', ARGV[2])
+redis.call('HSET', KEYS[1], 'version', current, 'record', ARGV[2], 'incarnation', ARGV[4])
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
 return {1, current}
@@ -203,9 +209,12 @@ class RedisStore:
         ttl_ms = 0
         if ended and self.ended_ttl_s is not None:
             ttl_ms = max(1, math.ceil(self.ended_ttl_s * 1000))
-        reply = self._run(session_id, self._cas, key, expected, payload, ttl_ms)
+        incarnation = record_incarnation(record) or ""
+        reply = self._run(session_id, self._cas, key, expected, payload, ttl_ms, incarnation)
         if reply[0] == 1:
             return int(reply[1])
+        if reply[0] == 2:
+            raise stale(session_id, expected, int(reply[1]), another_incarnation=True)
         if reply[0] == -1:
             raise CorruptSession(
                 f"session {session_id!r}: key {key!r} holds {_text(reply[1])}; nothing was written",

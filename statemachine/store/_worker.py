@@ -18,6 +18,7 @@ from ..core._events import ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
 from ..core._settings import Settings
+from ..core._snapshot import write_snapshot
 from ..core._state import SessionState, copy_session_state
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
@@ -40,6 +41,7 @@ from ._core import (
     encode_record,
     key_prefix,
     not_found,
+    record_incarnation,
     stale,
 )
 from ._record import MAX_KEYS, Claim, Record, parse_record
@@ -64,7 +66,37 @@ __all__ = [
 ]
 
 _LIVE_SESSIONS = 1024
-"""How many sessions a worker remembers its last record of."""
+"""How many sessions a worker remembers its last record of, by default."""
+
+Observer = Callable[[TraceRecord], None]
+
+
+class _Relay:
+    """An observer that holds the records of a transition until it is stored, then
+    passes them (and every later one) on to the worker's observers."""
+
+    __slots__ = ("held", "observers")
+
+    def __init__(self, observers: tuple[Observer, ...]) -> None:
+        self.observers = observers
+        self.held: list[TraceRecord] | None = []
+
+    def __call__(self, record: TraceRecord) -> None:
+        if self.held is not None:
+            self.held.append(record)
+            return
+        for observer in self.observers:
+            observer(record)
+
+    def hold(self) -> None:
+        self.held = []
+
+    def deliver(self) -> None:
+        held, self.held = self.held, None
+        for record in held or ():
+            for observer in self.observers:
+                observer(record)
+
 
 INTERRUPTED = "interrupted: worker died"
 """The content of the error outcome of a tool call whose worker died in flight."""
@@ -126,7 +158,8 @@ class InMemoryStore:
         self.max_bytes = check_max_bytes(max_bytes)
         self._clock = clock
         self._lock = threading.Lock()
-        self._data: dict[str, tuple[int, bytes, float | None]] = {}
+        self._data: dict[str, tuple[int, bytes, float | None, str | None]] = {}
+        """key -> (version, record bytes, expiry, incarnation)"""
 
     def for_tenant(self, tenant: str) -> InMemoryStore:
         """A store sharing this one's memory, under ``tenant``'s namespace."""
@@ -145,7 +178,7 @@ class InMemoryStore:
         """The key of ``session_id`` (validated)."""
         return self._prefix + check_name(session_id)
 
-    def _get(self, key: str) -> tuple[int, bytes, float | None] | None:
+    def _get(self, key: str) -> tuple[int, bytes, float | None, str | None] | None:
         entry = self._data.get(key)
         if entry is not None and entry[2] is not None and self._clock() >= entry[2]:
             del self._data[key]
@@ -159,7 +192,7 @@ class InMemoryStore:
             entry = self._get(key)
         if entry is None:
             raise not_found(session_id)
-        version, payload, _ = entry
+        version, payload, _, _ = entry
         return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
 
     def compare_and_set(
@@ -170,19 +203,27 @@ class InMemoryStore:
         *,
         ended: bool = False,
     ) -> int:
-        """Write ``record`` if the stored version is ``expected_version`` (0: create)."""
+        """Write ``record`` if the stored version is ``expected_version`` (0: create) and,
+        when the record names its incarnation, the stored one is that incarnation."""
         key = self.key(session_id)
         expected = check_version(session_id, expected_version)
         payload = encode_record(session_id, record, self.max_bytes)
+        incarnation = record_incarnation(record)
         with self._lock:
             entry = self._get(key)
             actual = 0 if entry is None else entry[0]
             if actual != expected:
                 raise stale(session_id, expected, actual)
+            if (
+                entry is not None
+                and incarnation is not None
+                and entry[3] not in (None, incarnation)
+            ):
+                raise stale(session_id, expected, actual, another_incarnation=True)
             expires = None
             if ended and self.ended_ttl_s is not None:
                 expires = self._clock() + self.ended_ttl_s
-            self._data[key] = (actual + 1, payload, expires)
+            self._data[key] = (actual + 1, payload, expires, incarnation)
             return actual + 1
 
     def delete(self, session_id: str) -> bool:
@@ -262,6 +303,7 @@ class Worker:
         now: Callable[[], float] = time.time,
         count_idle: bool = True,
         observers: Iterable[Callable[[TraceRecord], None]] = (),
+        remember: int = _LIVE_SESSIONS,
     ) -> None:
         if (
             isinstance(lease_s, bool)
@@ -288,17 +330,25 @@ class Worker:
         self._now = now
         self._count_idle = count_idle
         self._observers = tuple(observers)
+        if isinstance(remember, bool) or not isinstance(remember, int) or remember < 0:
+            raise ConfigError(f"remember: must be an int >= 0, got {remember!r}")
+        self._remember_at_most = remember
         self._live: dict[str, tuple[int, Record, Settings, SessionState]] = {}
         """The last record this worker read or wrote per session, with its decoded
         state: the next advance at that version skips reading and restoring it (the
-        compare-and-set still proves the store holds that version)."""
+        compare-and-set still proves the store holds that version and incarnation)."""
+        self._live_lock = threading.Lock()
 
     # -- reading ------------------------------------------------------------------
 
-    def _read(self, session_id: str) -> tuple[Stored, Record, Session]:
+    def _read(
+        self, session_id: str, observers: tuple[Observer, ...] | None = None
+    ) -> tuple[Stored, Record, Session]:
         stored = self.store.load(session_id)
         record = parse_record(session_id, stored.record)
-        session = record.restore(self._clock, self._now, self._observers, self._idle(record))
+        if observers is None:
+            observers = self._observers
+        session = record.restore(self._clock, self._now, observers, self._idle(record))
         self._remember(session_id, stored.version, record, session)
         return stored, record, session
 
@@ -306,29 +356,38 @@ class Worker:
         return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
 
     def _remember(self, session_id: str, version: int, record: Record, session: Session) -> None:
-        live = self._live
-        live.pop(session_id, None)
-        live[session_id] = (version, record, session.settings, session.state)
-        if len(live) > _LIVE_SESSIONS:
-            del live[next(iter(live))]
+        if not self._remember_at_most:
+            return
+        entry = (version, record, session.settings, session.state)
+        with self._live_lock:
+            live = self._live
+            live.pop(session_id, None)
+            live[session_id] = entry
+            while len(live) > self._remember_at_most:
+                del live[next(iter(live))]
 
-    def _recall(self, session_id: str, version: int) -> tuple[Record, Session] | None:
+    def _forget(self, session_id: str) -> None:
+        with self._live_lock:
+            self._live.pop(session_id, None)
+
+    def _recall(
+        self, session_id: str, version: int, key: str | None, observers: tuple[Observer, ...]
+    ) -> tuple[Record, Session] | None:
         """The session as :meth:`_read` would restore it at ``version``, from the last
-        record this worker saw, if that is the version."""
-        live = self._live.get(session_id)
+        record this worker saw, if that is the version (and ``key`` is not among its
+        keys: a duplicate is answered from the store)."""
+        with self._live_lock:
+            live = self._live.get(session_id)
         if live is None or live[0] != version:
             return None
         _, record, settings, state = live
+        if key is not None and any(k == key for _, k in record.keys):
+            return None
         state = copy_session_state(state)
         elapsed = record.snapshot["elapsed_s"] + self._idle(record)
         state.started = self._clock() - elapsed
         session = Session.from_state(
-            settings,
-            state,
-            self._clock,
-            wall_clock=self._now,
-            observers=self._observers,
-            check=False,
+            settings, state, self._clock, wall_clock=self._now, observers=observers, check=False
         )
         return record, session
 
@@ -358,11 +417,25 @@ class Worker:
         *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
-        reuse: Mapping[str, Any] | None = None,
+        previous: Record | None = None,
     ) -> Record:
+        """The record to write for ``session``; ``previous`` is the record it was read
+        from (its incarnation is kept, and the trace entries its snapshot already holds
+        are reused instead of encoded again)."""
         if claim is None and isinstance(action, InvokeTools) and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
-        return Record(session_id, session.snapshot(reuse=reuse), self._now(), keys, claim, carried)
+        incarnation: str | None
+        if previous is None:
+            snapshot = session.snapshot()
+            incarnation = uuid.uuid4().hex
+        else:
+            snapshot = write_snapshot(
+                session.settings, session.state, self._clock(), previous.snapshot
+            )
+            incarnation = previous.incarnation
+        return Record(
+            session_id, snapshot, self._now(), keys, claim, carried, incarnation=incarnation
+        )
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
         return self.store.compare_and_set(
@@ -403,31 +476,40 @@ class Worker:
         expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
+        # observers see a transition once it is stored: records wait in the relay
+        relay = _Relay(self._observers) if self._observers else None
+        observers = () if relay is None else (relay,)
         action = None
-        recalled = self._recall(session_id, expected)
-        if recalled is not None and (key is None or all(k != key for _, k in recalled[0].keys)):
+        recalled = self._recall(session_id, expected, key, observers)
+        if recalled is not None:
             record, session = recalled
             try:
                 action = self._apply(session_id, session, record, event)
             except (IllegalEvent, SessionEnded, TurnInProgress):
                 action = None  # maybe the store moved on: read it, and answer from there
         if action is None:
-            stored, record, session = self._read(session_id)
+            stored, record, session = self._read(session_id, observers)
+            if relay is not None:
+                relay.deliver()  # nothing applied yet: the session passes records on
             if key is not None and any(k == key for _, k in record.keys):
                 return self._result(AdvanceStatus.DUPLICATE, stored, record, session)
             if stored.version != expected:
                 return self._result(AdvanceStatus.CONFLICT, stored, record, session)
+            if relay is not None:
+                relay.hold()
             action = self._apply(session_id, session, record, event)
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
-        new = self._record(session_id, session, action, keys, reuse=record.snapshot)
+        new = self._record(session_id, session, action, keys, previous=record)
         try:
             version = self._write(session_id, expected, new, session)
         except StaleWrite:
-            self._live.pop(session_id, None)
+            self._forget(session_id)
             return self._lost_race(session_id, key)
         self._remember(session_id, version, new, session)
+        if relay is not None:
+            relay.deliver()
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
@@ -500,19 +582,28 @@ class Worker:
             action = InvokeTools(rerun)
             new_claim = Claim(self.owner, tuple(c.id for c in rerun), self._now() + self.lease_s)
             new = self._record(
-                session_id, session, action, record.keys, claim=new_claim, carried=carried
+                session_id,
+                session,
+                action,
+                record.keys,
+                claim=new_claim,
+                carried=carried,
+                previous=record,
             )
         else:
             action = turn.send(ToolsDone(carried))
-            new = self._record(session_id, session, action, record.keys)
+            new = self._record(session_id, session, action, record.keys, previous=record)
         try:
             version = self._write(session_id, stored.version, new, session)
         except StaleWrite:
+            self._forget(session_id)
             return self._lost_race(session_id, None)
+        self._remember(session_id, version, new, session)
         return Advanced(AdvanceStatus.APPLIED, session, version, action, interrupted)
 
     def delete(self, session_id: str) -> bool:
         """Remove the session's record; whether there was one."""
+        self._forget(session_id)
         return self.store.delete(session_id)
 
     def __repr__(self) -> str:
