@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from ._json_data import short_repr
 from ._model_error import Headers, ModelError
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 
@@ -115,16 +116,6 @@ def decode(data: Any, where: str) -> Any:
         raise ValueError(f"{where}{''.join(reversed(bad.path))}: {bad.message}") from None
 
 
-def _short(value: object) -> str:
-    if type(value) is int and value.bit_length() > 64:
-        return f"an int of {value.bit_length()} bits"
-    try:
-        text = repr(value)
-    except Exception:
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _decode(data: Any, depth: int) -> Any:
     kind = type(data)
     if kind is list:
@@ -142,14 +133,14 @@ def _decode(data: Any, depth: int) -> Any:
         return data
     if "$float" in data and len(data) == 1:
         if data["$float"] not in ("nan", "inf", "-inf"):
-            raise _Bad(f"{_short(data['$float'])} is not a non-finite float")
+            raise _Bad(f"{short_repr(data['$float'])} is not a non-finite float")
         return float(data["$float"])
     if "$type" not in data:
         return data
     name = data["$type"]
     plan = _PLANS.get(name) if type(name) is str else None
     if plan is None:
-        raise _Bad(f"unknown value type {_short(name)}")
+        raise _Bad(f"unknown value type {short_repr(name)}")
     if len(data) != len(plan) + 1 or not all(field in data for field, _, _ in plan):
         expected = {field for field, _, _ in plan} | {"$type"}
         odd = sorted(str(k)[:40] for k in set(data) ^ expected)
@@ -166,7 +157,7 @@ def _decode(data: Any, depth: int) -> Any:
                 kwargs[field] = enum_class(item)
             except (TypeError, ValueError):
                 raise _Bad(
-                    f"{name}.{field}: {_short(item)} is not a {enum_class.__name__}"
+                    f"{name}.{field}: {short_repr(item)} is not a {enum_class.__name__}"
                 ) from None
         else:
             try:

@@ -43,7 +43,7 @@ from ._settings import Settings
 from ._state import TRACE_FIELDS, RowInfo, SessionState, Step, TurnState, step_after
 from ._table import IDLE, ROWS, START, TERMINAL_STATES, Row
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
-from ._tool_calls import ToolCall, ToolResult
+from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._trace import TraceRecord
 
 Observer = Callable[[TraceRecord], None]
@@ -83,11 +83,15 @@ class WaitFacts:
 class BreakerFacts:
     """The crash counts after a tool round, and the providers it would trip."""
 
-    __slots__ = ("counts", "tripped")
+    __slots__ = ("by_id", "counts", "tripped")
 
-    def __init__(self, counts: dict[str, int], tripped: list[str]) -> None:
+    def __init__(
+        self, counts: dict[str, int], tripped: list[str], by_id: dict[str, ToolOutcome]
+    ) -> None:
         self.counts = counts
         self.tripped = tripped
+        self.by_id = by_id
+        """The round's outcomes by call id."""
 
 
 def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
@@ -121,7 +125,7 @@ def _breaker_facts(core: Core, turn: TurnState, event: ToolsDone) -> BreakerFact
                 tripped.append(provider)
         else:
             counts[provider] = 0
-    return BreakerFacts(counts, tripped)
+    return BreakerFacts(counts, tripped, by_id)
 
 
 Facts = Callable[["Core", TurnState, Any], Any]
@@ -272,14 +276,14 @@ def _invoke_tools(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s
 
 
 def _finish_tools(
-    core: Core, turn: TurnState, event: ToolsDone, facts: BreakerFacts, status: TurnStatus | None
+    core: Core, turn: TurnState, _event: ToolsDone, facts: BreakerFacts, status: TurnStatus | None
 ) -> Action:
     state = core.state
     state.breakers = {p: n for p, n in facts.counts.items() if n} or None
     if facts.tripped:
         state.tripped = state.tripped | frozenset(facts.tripped)
         core.fire_limit(SessionStatus.ERROR_CIRCUIT_BREAKER)
-    by_id = {outcome.call_id: outcome for outcome in event.outcomes}
+    by_id = facts.by_id
     results = []
     for call in turn.calls:
         outcome = by_id[call.id]
@@ -685,16 +689,20 @@ class Core:
         return action
 
 
-def trace_record(turn: int, index: int, step: Step, action: Action) -> TraceRecord:
-    """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``."""
-    source, trigger, guard, dest, _ = step[0]
-    return TraceRecord(
-        turn=turn,
-        step=index,
-        source=source,
-        event=trigger,
-        guard=guard,
-        dest=dest,
-        action=action,
-        **dict(zip(TRACE_FIELDS, step[1:], strict=True)),
+def _record_maker() -> Callable[[int, int, Step, Action], TraceRecord]:
+    counters = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(TRACE_FIELDS))
+    source = (
+        "def trace_record(turn, index, step, action):\n"
+        "    source, trigger, guard, dest, _ = step[0]\n"
+        "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
+        f"        guard=guard, dest=dest, action=action, {counters})\n"
     )
+    namespace: dict[str, Any] = {"TraceRecord": TraceRecord}
+    exec(compile(source, "<trace_record, derived from TRACED>", "exec"), namespace)  # noqa: S102
+    return namespace["trace_record"]  # type: ignore[no-any-return]
+
+
+trace_record: Callable[[int, int, Step, Action], TraceRecord] = _record_maker()
+"""The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
+row, its action and the counters of :data:`TRACED` (generated, as it runs for every
+event an observer sees)."""

@@ -7,17 +7,15 @@ from typing import Any
 
 import attrs
 
-from ._json_data import json_validator, owned_json
+from ._json_data import MAX_COUNT, json_validator, owned_json
 from ._model_error import OPAQUE, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
-
-_MAX_SIZE = (1 << 63) - 1
 
 
 def _size(_instance: object, _attribute: object, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError(f"size: must be an int >= 0, got {value!r:.60}")
-    if value > _MAX_SIZE:
+    if value > MAX_COUNT:
         raise ValueError(f"size: must be < 2**63, got an int of {value.bit_length()} bits")
 
 

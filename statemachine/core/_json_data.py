@@ -27,6 +27,20 @@ from typing import Any
 MAX_DEPTH = 100
 MAX_NODES = 1_000_000
 MAX_INT_BITS = 14_000
+MAX_COUNT = (1 << 63) - 1
+"""The largest counter, size or integer setting the engine takes: each fits in a
+signed 64-bit integer wherever the snapshot is read."""
+
+
+def short_repr(value: object) -> str:
+    """``repr`` of a refused value for a message, cut short (it may be huge or hostile)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def json_problem(value: Any, *, strict: bool = False) -> str | None:

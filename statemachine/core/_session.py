@@ -24,7 +24,7 @@ from ._exceptions import ConfigError, IllegalEvent, SessionEnded
 from ._reachable import check_reachable
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
-from ._state import SessionState, TurnState, copy_session_state
+from ._state import SessionState, TurnState, copy_session_state, decode_state, encode_state
 from ._table import TERMINAL_STATES
 from ._taxonomy import SessionStatus, TurnStatus
 from ._trace import TraceRecord
@@ -100,7 +100,9 @@ class Session:
         if not isinstance(state, SessionState):
             raise ConfigError(f"state: must be a SessionState, got {type(state).__name__}")
         _check_clocks(clock, wall_clock)
-        if check:
+        if check:  # every field by its kind, as restore reads it, then the whole state
+            now = clock()
+            state = decode_state(SessionState, encode_state(state, now), now)
             check_reachable(state, settings)
         return cls._over(Core(settings, state, clock, wall_clock, tuple(observers), dispatch))
 

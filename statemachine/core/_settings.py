@@ -32,9 +32,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import ConfigError
-
-_MAX_INT = (1 << 63) - 1
-"""The largest integer setting: every counter fits in 64 bits (and in a snapshot)."""
+from ._json_data import MAX_COUNT, json_problem
 
 
 def _finite(value: float) -> bool:
@@ -64,7 +62,7 @@ def _integer(name: str, *, minimum: int = 0, optional: bool = False) -> Any:
             raise ConfigError(f"{name}: must be an int, got {value!r:.60}")
         if value < minimum:
             raise ConfigError(f"{name}: must be >= {minimum}, got {value!r}")
-        if value > _MAX_INT:
+        if value > MAX_COUNT:
             raise ConfigError(f"{name}: must be < 2**63, got an int of {value.bit_length()} bits")
 
     return check
@@ -86,14 +84,18 @@ def _models(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple):
         raise ConfigError(f"fallback_models: must be a list of model names, got {value!r}")
     for name in value:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"fallback_models: model names must be non-empty str, got {name!r}")
-    return tuple(value)
+        if not isinstance(name, str) or not name or json_problem(name) is not None:
+            raise ConfigError(
+                f"fallback_models: model names must be non-empty, valid text, got {name!r:.60}"
+            )
+    return tuple(str(name) for name in value)
 
 
 def _model(_instance: object, _attribute: object, value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"model: must be a non-empty str or None, got {value!r}")
+    if value is not None and (
+        not isinstance(value, str) or not value or json_problem(value) is not None
+    ):
+        raise ConfigError(f"model: must be a non-empty, valid str or None, got {value!r:.60}")
 
 
 @attrs.frozen(kw_only=True)

@@ -30,15 +30,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._exceptions import ConfigError, SnapshotError
-from ._json_data import json_problem
+from ._json_data import json_problem, short_repr
 from ._reachable import check_reachable
 from ._settings import Settings
 from ._state import (
+    ROW_INFOS,
     SessionState,
     declared_defaults,
     decode_state,
     encode_state,
-    short_repr,
 )
 
 SNAPSHOT_FORMAT = "statemachine.session"
@@ -67,9 +67,10 @@ def _settings_data(settings: Settings) -> dict[str, Any]:
 
 def _settings_of(raw: dict[str, Any]) -> Settings:
     key = tuple(
-        (name, type(value), tuple(value) if type(value) is list else value)
+        (name, type(value), repr(value) if type(value) is float else value)
         for name, value in sorted(raw.items())
-    )
+        if type(value) is not list
+    ) + tuple((name, tuple(value)) for name, value in sorted(raw.items()) if type(value) is list)
     try:
         settings = _READ.get(key)
     except TypeError:  # an unhashable value (a nested table): read it, don't cache it
@@ -138,7 +139,6 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     except (TypeError, ValueError, OverflowError) as exc:  # pragma: no cover - defensive
         raise SnapshotError(f"settings: {exc}") from None
     state: SessionState = decode_state(SessionState, body, now)
-    state.seed &= (1 << 64) - 1
     check_reachable(state, settings)
     if version == 1 and state.turn is not None:
         status = state.turn.status
@@ -191,8 +191,6 @@ def _from_version_1(body: dict[str, Any]) -> tuple[dict[str, Any], object]:
     trace = turn.pop("trace")
     if type(retries) is not int or type(trace) is not list:
         raise SnapshotError("turn.trace: must be a list, from a count of retries_at_start")
-    from ._state import ROW_INFOS  # noqa: PLC0415 - version 1 only
-
     path, actions = [], []
     attempt = reductions = 0
     for i, entry in enumerate(trace):

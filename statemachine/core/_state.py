@@ -32,14 +32,11 @@ import attrs
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from ._codec import decode, encode
 from ._exceptions import SnapshotError
-from ._json_data import json_problem
+from ._json_data import MAX_COUNT, json_problem, short_repr
 from ._model_error import ModelError
 from ._table import IDLE, ROWS, STATES
 from ._taxonomy import SessionStatus, TurnStatus
 from ._tool_calls import ToolCall, ToolResult
-
-MAX_COUNT = (1 << 63) - 1
-"""The largest counter a snapshot may hold (and any counter can reach)."""
 
 # -- kinds: how one field is written, read back and copied ------------------------
 
@@ -197,17 +194,6 @@ def _providers(raw: Any, key: str) -> frozenset[str]:
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list of provider names, got {_type_name(raw)}")
     return frozenset(_provider_name(item, key) for item in raw)
-
-
-def short_repr(value: object) -> str:
-    """``repr`` of a refused value, cut short (it may be huge or hostile)."""
-    if type(value) is int and value.bit_length() > 64:
-        return f"an int of {value.bit_length()} bits"
-    try:
-        text = repr(value)
-    except Exception:
-        return f"a {_type_name(value)}"
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 COUNT = Kind("count", _same, _count)
