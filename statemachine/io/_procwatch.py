@@ -24,29 +24,167 @@ from typing import Any
 
 import attrs
 
-_REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [REDACTED]"),
-    (
-        re.compile(
-            r"(?i)\b([A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|passwd|credential)"
-            r"[A-Za-z0-9_-]*)(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)"
-        ),
-        r"\1\2[REDACTED]",
+_MASK = "[REDACTED]"
+
+# -- what a credential's key is called ---------------------------------------------------
+
+_SECRET_NAMES = frozenset(
+    {
+        "api_key", "apikey", "x_api_key", "access_key", "secret_key", "private_key",
+        "token", "access_token", "refresh_token", "id_token", "auth_token", "bearer_token",
+        "session_token", "secret", "client_secret", "password", "passwd", "pwd",
+        "passphrase", "authorization", "proxy_authorization", "auth", "credential",
+        "credentials", "cookie", "set_cookie",
+    }
+)  # fmt: skip
+_SECRET_SUFFIXES = (
+    "_key", "_apikey", "_token", "_secret", "_password", "_passwd", "_pwd", "_pass",
+    "_passphrase", "_credential", "_credentials",
+)  # fmt: skip
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def _secret_name(name: str) -> bool:
+    """Whether a key called ``name`` holds a credential: ``api_key``, ``apiKey``,
+    ``X-Api-Key``, ``--client-secret``, ``db.password``, ``OPENAI_API_KEY``...; not
+    ``max_tokens``, ``token_type``, ``author`` or a bare ``key``."""
+    last = name.lstrip("-").rsplit(".", 1)[-1]
+    normal = _CAMEL.sub("_", last).lower().replace("-", "_")
+    return normal in _SECRET_NAMES or normal.endswith(_SECRET_SUFFIXES)
+
+
+# -- the shapes a key and its value are written in ---------------------------------------
+
+_NAME = r"-{0,2}[A-Za-z_][A-Za-z0-9_.\-]{0,63}"
+_DQ = r'"(?:[^"\\\n]|\\.)*"'
+_SQ = r"'(?:[^'\\\n]|\\.)*'"
+_ESC_DQ = r'\\"[^"\\\n]*\\"'  # JSON inside a JSON string: {\"token\": \"...\"}
+_STR = rf"(?:[bBrRuU]{{0,2}}(?:{_DQ}|{_SQ}))"
+_BARE = r"[^\s,;{}\[\]()\"'<>]+"  # up to the next separator
+_SCHEMES = r"(?:Bearer|Basic|Token|Digest|Negotiate|ApiKey)"
+_UNQUOTED = r"(?:\S*[^\s,;)\]}]|\S+)"  # up to whitespace, less trailing punctuation
+
+# Each shape is a key pattern (a name and its separator) and the pattern of the value
+# that follows it; the value is read only after a secret's name (see _mask_keyed).
+_KEYED: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
+    (  # "api_key": "..." / 'password': '...' / "password": 1234 / {\"token\": \"...\"}
+        re.compile(rf"""(?P<open>\\?["'])(?P<name>{_NAME})(?P=open)[ \t]*(?:=>|[:=])[ \t]*"""),
+        re.compile(rf"{_ESC_DQ}|{_STR}|(?i:{_SCHEMES})[ \t]+{_BARE}|{_BARE}"),
     ),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{12,}"), "[REDACTED]"),
-    (re.compile(r"\b(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{16,}"), "[REDACTED]"),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "[REDACTED]"),
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "[REDACTED]"),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"), "[REDACTED]"),
+    (  # a YAML or header line (password: two words  # comment / Authorization: Bearer x)
+        re.compile(rf"(?m)^[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:(?:[ \t]+|$)"),
+        re.compile(r"[^\n]*?(?=[ \t]+#|[ \t]*$)", re.MULTILINE),  # the rest of the line
+    ),
+    (  # API_KEY=... / export TOKEN=... / passwd=..., / password: ... / --api-key=...
+        re.compile(rf"(?<![A-Za-z0-9_.\-])(?P<name>{_NAME})[ \t]*(?:=>|[:=])[ \t]*"),
+        re.compile(rf"{_STR}|(?:(?i:{_SCHEMES})[ \t]+)?{_UNQUOTED}"),
+    ),
+    (  # --api-key sk-... (a command-line flag and its value)
+        re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][A-Za-z0-9_\-]{0,63})[ \t]+(?!-)"),
+        re.compile(rf"{_STR}|{_UNQUOTED}"),
+    ),
 )
+# scheme://user:password@host
+_URL_PASSWORD = re.compile(
+    r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://[^\s:/@]{0,256}:)[^\s@/]{1,256}(?=@)"
+)
+# a credential after its scheme word, wherever it is; it must look random (a digit,
+# a symbol or a lower-upper case change), so "Basic Authentication" is prose
+_SCHEME_CREDENTIAL = re.compile(
+    r"\b(?P<scheme>Bearer|Basic|bearer|basic|BEARER|BASIC)(?P<sep>\s+)"
+    r"(?=[A-Za-z0-9._~+/=-]*(?:[0-9+/=_.~]|[a-z][A-Z]))[A-Za-z0-9._~+/-]{8,}=*"
+)
+_TOKEN_SHAPES = re.compile(
+    r"\bsk-[A-Za-z0-9_-]{12,}"  # OpenAI, Anthropic (sk-ant-...)
+    r"|\b[rs]k_(?:live|test)_[A-Za-z0-9]{10,}"  # Stripe
+    r"|\b(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{16,}"  # GitHub
+    r"|\bglpat-[A-Za-z0-9_-]{16,}"  # GitLab
+    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key IDs
+    r"|\bAIza[0-9A-Za-z_-]{30,}"  # Google API keys
+    r"|\bhf_[A-Za-z0-9]{30,}"  # Hugging Face
+    r"|\bnpm_[A-Za-z0-9]{30,}"  # npm
+    r"|(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"  # JWTs
+)
+_PRIVATE_KEY = re.compile(
+    r"(?P<begin>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?"
+    r"(?P<end>-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)"
+)
+_EMPTY = frozenset({"", '""', "''", "null", "none", "nil", "true", "false", "~"})
+_LEADING_SCHEME = re.compile(rf"(?i)^(?P<scheme>{_SCHEMES}[ \t]+)\S")
+
+
+def _mask(value: str) -> str:
+    """``value`` with its secret part replaced: inside its quotes (a string prefix and
+    escaped quotes kept), after a leading ``Bearer``/``Basic``/... scheme word; an
+    empty, null or boolean value, or one already masked, is left as it is."""
+    if value.strip().lower() in _EMPTY:
+        return value
+    quote = next((i for i, ch in enumerate(value[:3]) if ch in "\"'"), -1)
+    if (
+        quote >= 0
+        and value[:quote].lower() in ("", "\\", "b", "r", "u", "br", "rb")
+        and len(value) > quote + 1
+        and value.endswith(value[quote])
+    ):
+        opener = value[: quote + 1]
+        closer = "\\" + value[quote] if opener.endswith('\\"') else value[quote]
+        inner = value[len(opener) : len(value) - len(closer)]
+        return opener + _mask_bare(inner) + closer if inner else value
+    return _mask_bare(value)
+
+
+def _mask_bare(value: str) -> str:
+    scheme = _LEADING_SCHEME.match(value)
+    prefix = scheme.group("scheme") if scheme else ""
+    rest = value[len(prefix) :]
+    if rest.strip().lower() in _EMPTY or rest.startswith(_MASK[:-1]):
+        return value
+    return prefix + _MASK
+
+
+def _mask_keyed(key: re.Pattern[str], value: re.Pattern[str], text: str) -> str:
+    """Mask the value after every ``key`` match that names a secret. The value is
+    matched only then, and a match with another name consumes only itself, so a
+    secret keyed inside another value (``https://h/?api_key=...``,
+    ``user=bob,password=...``) is still found and the scan stays linear."""
+    pieces: list[str] = []
+    pos = 0
+    while (match := key.search(text, pos)) is not None:
+        pieces.append(text[pos : match.end()])
+        pos = match.end()
+        if _secret_name(match.group("name")):
+            found = value.match(text, pos)
+            if found is not None and found.end() > pos:
+                pieces.append(_mask(found.group()))
+                pos = found.end()
+    pieces.append(text[pos:])
+    return "".join(pieces)
 
 
 def redact(text: str) -> str:
-    """Replace what looks like a credential (API keys, bearer tokens, JWTs,
-    ``password=...``) with ``[REDACTED]``."""
-    for pattern, replacement in _REDACTIONS:
-        text = pattern.sub(replacement, text)
-    return text
+    """``text`` with what looks like a credential replaced by ``[REDACTED]``.
+
+    The key names and everything around a secret stay; only the value goes. Values
+    are found by their key (``api_key``, ``apikey``, ``token``, ``access_token``,
+    ``refresh_token``, ``secret``, ``client_secret``, ``password``, ``passwd``,
+    ``authorization``, ``auth``, ``cookie``, any name ending ``_key``, ``_token``,
+    ``_secret`` or ``_password``, in snake, kebab or camel case) in JSON and Python
+    dicts (``{"api_key": "..."}``, ``{'password': '...'}``, escaped JSON too), YAML
+    and header lines (``password: x``, ``Authorization: Bearer x``), env and
+    ``key=value`` text (``API_KEY=x``, ``export TOKEN=x``), command-line flags
+    (``--api-key x``) and URL user info (``scheme://user:pass@host``); and by their
+    shape: ``Bearer``/``Basic`` credentials, OpenAI/Anthropic ``sk-...``, Stripe,
+    GitHub ``ghp_...``, GitLab, Slack ``xox[abprs]-...``, AWS ``AKIA...``, Google
+    ``AIza...``, Hugging Face and npm tokens, JWTs and PEM private-key blocks. Empty,
+    ``null`` and boolean values are left as they are.
+    """
+    text = _PRIVATE_KEY.sub(rf"\g<begin>\n{_MASK}\n\g<end>", text)
+    for key, value in _KEYED:
+        text = _mask_keyed(key, value, text)
+    text = _URL_PASSWORD.sub(rf"\g<pre>{_MASK}", text)
+    text = _SCHEME_CREDENTIAL.sub(rf"\g<scheme>\g<sep>{_MASK}", text)
+    return _TOKEN_SHAPES.sub(_MASK, text)
 
 
 @attrs.frozen
@@ -61,15 +199,21 @@ class ExitInfo:
     stderr_tail: str
     reason: str | None = None
     """Why a process that did not die is unusable (it never finished starting)."""
+    transport: str | None = None
+    """Set when the process outlived its pipes (``closed its stdout``...): a dead
+    server that was then ended, so ``exit_code``/``signal`` are of that ending."""
 
     @property
     def died(self) -> bool:
-        """Whether the process died (rather than failed to start and was stopped)."""
+        """Whether the process died, or lost its transport and was ended (rather than
+        failed to start and was stopped)."""
         return self.reason is None
 
     @property
     def description(self) -> str:
-        """``exited with code 3`` / ``killed by signal SIGKILL (9)`` / the reason."""
+        """``exited with code 3`` / ``killed by signal SIGKILL (9)`` / the reason; for
+        a lost transport, ``closed its stdout while running (transport closed) and
+        was ended: killed by signal SIGTERM (15)``."""
         if self.reason is not None:
             return self.reason
         if self.signal is not None:
@@ -77,8 +221,12 @@ class ExitInfo:
                 name = signal.Signals(self.signal).name
             except ValueError:
                 name = "signal"
-            return f"killed by signal {name} ({self.signal})"
-        return f"exited with code {self.exit_code}"
+            ending = f"killed by signal {name} ({self.signal})"
+        else:
+            ending = f"exited with code {self.exit_code}"
+        if self.transport is not None:
+            return f"{self.transport} while running (transport closed) and was ended: {ending}"
+        return ending
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -163,13 +311,20 @@ class Watched:
             stderr_tail=self.stderr_tail(),
         )
 
-    async def terminate(self, grace_s: float = 0.5) -> None:
+    async def terminate(self, grace_s: float = 0.5, *, stdin_first: bool = True) -> None:
         """Stop the child (its process group) as the MCP spec asks: close its stdin,
-        then SIGTERM, then SIGKILL, waiting up to ``grace_s`` after each step."""
+        then SIGTERM, then SIGKILL, waiting up to ``grace_s`` after each step
+        (``stdin_first=False``: no wait after closing stdin, for a child that is
+        known not to be listening)."""
         if self.process.stdin is not None:
             with contextlib.suppress(OSError, RuntimeError):
                 self.process.stdin.close()
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        steps = (
+            (None, signal.SIGTERM, signal.SIGKILL)
+            if stdin_first
+            else (signal.SIGTERM, signal.SIGKILL)
+        )
+        for sig in steps:
             if self.exited.is_set():
                 break
             if sig is not None:
