@@ -3,6 +3,6 @@
 The code lives in :mod:`statemachine.io._mcp`; this module is its public name.
 """
 
-from .io._mcp import ExitInfo, MCPStdioTools, python_command, redact
+from .io._mcp import ExitInfo, MCPStartError, MCPStdioTools, python_command, redact
 
-__all__ = ["ExitInfo", "MCPStdioTools", "python_command", "redact"]
+__all__ = ["ExitInfo", "MCPStartError", "MCPStdioTools", "python_command", "redact"]

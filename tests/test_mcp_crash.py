@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from statemachine.mcp import MCPStdioTools, redact
+from statemachine.mcp import MCPStartError, MCPStdioTools, redact
 
 SERVER = str(Path(__file__).parent / "servers" / "mcp_crashy.py")
 COMMAND = [sys.executable, SERVER]
@@ -276,10 +277,12 @@ def test_a_server_that_dies_while_starting_is_process_crashed() -> None:
     with its exit code and its stderr, instead of hanging in initialize."""
 
     async def scenario() -> tuple[sm.ToolOutcome, MCPStdioTools]:
-        async with MCPStdioTools(
-            "crashy", COMMAND, env={"CRASHY_DIE_ON_START": "1"}, max_restarts=0
-        ) as tools:
+        # started lazily by the call (``async with`` would raise MCPStartError at entry)
+        tools = MCPStdioTools("crashy", COMMAND, env={"CRASHY_DIE_ON_START": "1"}, max_restarts=0)
+        try:
             return await tools.invoke(_call("s1", "echo", text="x")), tools
+        finally:
+            await tools.aclose()
 
     outcome, tools = asyncio.run(scenario())
     assert outcome.category is sm.ToolErrorCategory.PROCESS_CRASHED
@@ -301,8 +304,12 @@ def test_a_live_server_that_never_finishes_the_handshake_is_bounded() -> None:
 
     async def scenario() -> tuple[sm.ToolOutcome, MCPStdioTools, float]:
         started = time.monotonic()
-        async with MCPStdioTools("crashy", silent, start_timeout_s=0.3, max_restarts=0) as tools:
+        # started lazily by the call (``async with`` would raise MCPStartError at entry)
+        tools = MCPStdioTools("crashy", silent, start_timeout_s=0.3, max_restarts=0)
+        try:
             outcome = await tools.invoke(_call("s1", "echo", text="x"))
+        finally:
+            await tools.aclose()
         return outcome, tools, time.monotonic() - started
 
     outcome, tools, elapsed = asyncio.run(scenario())
@@ -366,3 +373,319 @@ def test_crash_latency_benchmark_runs_and_reports_its_shape() -> None:
     assert result["signal_reported"] == 2
     with pytest.raises(ValueError, match="kills"):
         crash_latency.run(kills=0)
+
+
+# -- hostile peers at the edges ------------------------------------------------------
+
+HOSTILE = str(Path(__file__).parent / "servers" / "mcp_hostile.py")
+
+
+def _hostile(mode: str = "serve") -> list[str]:
+    return [sys.executable, HOSTILE, mode]
+
+
+def _hcall(call_id: str, name: str, **arguments: Any) -> sm.ToolCall:
+    return sm.ToolCall(call_id, "hostile", name, arguments)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# (text, the secret that must vanish, what must stay readable)
+SECRET_SHAPES = [
+    ('{"api_key": "s3cr3t-json-1"}', "s3cr3t-json-1", '{"api_key": "[REDACTED]"}'),
+    ('{"apiKey":"s3cr3t-camel","model":"m1"}', "s3cr3t-camel", '"model":"m1"'),
+    ('{"access_token": "tok-9f8e7d", "expires_in": 3600}', "tok-9f8e7d", '"expires_in": 3600'),
+    ('{"refresh_token": "rt-123abc"}', "rt-123abc", '"refresh_token": "[REDACTED]"'),
+    ('{"client_secret": "cs-\\"quoted\\"-x"}', "quoted", '"client_secret": "[REDACTED]"'),
+    ('{"password": 12345678, "user": "bob"}', "12345678", '"user": "bob"'),
+    ('{\\"token\\": \\"escaped-json-tok\\"}', "escaped-json-tok", '\\"token\\": \\"[REDACTED]\\"'),
+    ("{'password': 'hunter2-dict'}", "hunter2-dict", "{'password': '[REDACTED]'}"),
+    ("Config(secret='py-repr-s3cret', timeout=3)", "py-repr-s3cret", "timeout=3)"),
+    ("{'auth': b'bytes-s3cret'}", "bytes-s3cret", "{'auth': b'[REDACTED]'}"),
+    ("password: yaml-s3cret", "yaml-s3cret", "password: [REDACTED]"),
+    ("db:\n  password: two words here  # prod\n  host: db1", "two words", "  host: db1"),
+    ("  - client_secret: 'yaml-quoted'", "yaml-quoted", "client_secret: '[REDACTED]'"),
+    ("API_KEY=env-s3cret-1\nDEBUG=1", "env-s3cret-1", "API_KEY=[REDACTED]\nDEBUG=1"),
+    ("export GITHUB_TOKEN=env-s3cret-2", "env-s3cret-2", "export GITHUB_TOKEN=[REDACTED]"),
+    ('AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMI/K7MDENG"', "wJalrXUtnFEMI", "AWS_SECRET_ACCESS_KEY="),
+    ("retrying with passwd=pw-inline-1, attempt 2", "pw-inline-1", ", attempt 2"),
+    ("spring.datasource.password=dotted-s3cret", "dotted-s3cret", "spring.datasource.password="),
+    ("X-Api-Key: header-s3cret", "header-s3cret", "X-Api-Key: [REDACTED]"),
+    ("Authorization: Bearer abc.def-123456789", "abc.def-123456789", "Authorization: Bearer"),
+    ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz", "Authorization: Basic [REDACTED]"),
+    ("sent header 'Authorization': 'Token tk-0123abcd'", "tk-0123abcd", "'Authorization': 'Token"),
+    ("request failed (Bearer eyJhbGciOi.payload.sig)", "eyJhbGciOi", "request failed (Bearer"),
+    ("proxy auth Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==", "QWxhZGRpbjpvcGVu", "proxy auth Basic"),
+    ("cli: server --api-key cli-s3cret-1 --port 80", "cli-s3cret-1", "--port 80"),
+    ("cli: server --token=cli-s3cret-2 -v", "cli-s3cret-2", "--token=[REDACTED] -v"),
+    ("dsn postgres://app:pg-s3cret@db:5432/x", "pg-s3cret", "postgres://app:[REDACTED]@db:5432/x"),
+    ("redis://:redis-s3cret@cache:6379/0 down", "redis-s3cret", "@cache:6379/0 down"),
+    ("key sk-proj-abcdefghijklmnop1234 used", "sk-proj-abcdefghijk", "key [REDACTED] used"),
+    ("anthropic sk-ant-api03-abcdefghijklmnop", "sk-ant-api03", "anthropic [REDACTED]"),
+    ("gh ghp_abcdefghijklmnopqrstuvwxyz0123 ok", "ghp_abcdef", "gh [REDACTED] ok"),
+    ("pat github_pat_11ABCDEFG0123456789_abcdef", "github_pat_11", "pat [REDACTED]"),
+    ("slack xoxb-1234567890-abcdefghij", "xoxb-1234567890", "slack [REDACTED]"),
+    ("slack xoxp-1234567890-abcdefghij", "xoxp-1234567890", "slack [REDACTED]"),
+    ("aws AKIAABCDEFGHIJKLMNOP region", "AKIAABCDEFGHIJKLMNOP", "aws [REDACTED] region"),
+    ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOjF9.c2lnbmF0dXJl", "eyJzdWIiOjF9", "jwt [REDACTED]"),
+    ("google AIzaSyA-abcdefghijklmnopqrstuvwxyz01234", "AIzaSyA-abc", "google [REDACTED]"),
+    ("stripe sk_live_abcdefghijklmnop0123", "sk_live_abc", "stripe [REDACTED]"),
+    (
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----",
+        "MIIEpAIBAAKCAQEA",
+        "-----END RSA PRIVATE KEY-----",
+    ),
+]
+
+# Ordinary diagnostics that must come through unchanged.
+LEFT_ALONE = [
+    "max_tokens=4096 input_tokens: 12 output_tokens=7",
+    '{"max_tokens": 4096, "token_count": 12, "tokenizer": "cl100k"}',
+    "author: Alice; authority=ca.example; oauth_url=https://login.example/authorize",
+    '{"token_type": "bearer", "auth_method": "oauth", "key": "user_id"}',
+    'Traceback (most recent call last):\n  File "server.py", line 7, in <module>',
+    "KeyError: 'missing'  keyboard interrupt  monkey=patched",
+    "the bearer of bad news; basic setup completed; Basic Authentication is off",
+    "https://example.com:8443/path@v2 and http://host/x?y=1",
+    "task-1234567890abcdef risk-assessment-report sk-learn",
+    '{"password": null, "token": "", "auth": false}',
+    "password is required; token expired, please log in",
+    "AKIA is a prefix; ghp_ short; xoxb-short",
+]
+
+
+@pytest.mark.requirement("ER-54")
+@pytest.mark.parametrize(("text", "secret", "kept"), SECRET_SHAPES)
+def test_redact_replaces_the_value_in_every_common_shape(text: str, secret: str, kept: str) -> None:
+    """Quoted, JSON, Python-dict, YAML, env, header, CLI and URL forms, Bearer/Basic
+    credentials and known token shapes: the value is replaced, the key name and the
+    text around it stay."""
+    redacted = redact(text)
+    assert secret not in redacted
+    assert kept in redacted
+    assert "[REDACTED]" in redacted
+    assert redacted.count("\n") == text.count("\n") or "PRIVATE KEY" in text
+
+
+@pytest.mark.requirement("ER-54")
+@pytest.mark.parametrize("text", LEFT_ALONE)
+def test_redact_leaves_ordinary_diagnostics_alone(text: str) -> None:
+    """Counters named *_tokens, words like author or bearer, URLs without user info,
+    empty or null secrets and prose: unchanged."""
+    assert redact(text) == text
+
+
+@pytest.mark.requirement("ER-54")
+@pytest.mark.parametrize(
+    "unit", ["sk-", "eyJ-", "https://a", "a:a=", "token=)", '{"api_key": "', "Bearer a", "x "]
+)
+def test_redact_stays_fast_on_hostile_input(unit: str) -> None:
+    """50,000 characters built to make a regex backtrack are redacted in well under
+    a second or two (the patterns scan linearly)."""
+    text = unit * (50_000 // len(unit))
+    started = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.requirement("ER-54")
+def test_a_server_that_dies_at_start_up_raises_at_start() -> None:
+    """A server that exits 3 at once: start() raises MCPStartError (a RuntimeError)
+    carrying the exit code and the stderr tail, whose JSON and dict secrets are
+    redacted; the async context manager entry raises the same; no process is left."""
+
+    async def scenario() -> tuple[MCPStartError, MCPStartError, MCPStdioTools]:
+        tools = MCPStdioTools("hostile", _hostile("exit3"), max_restarts=1)
+        try:
+            with pytest.raises(MCPStartError) as started:
+                await tools.start()
+        finally:
+            await tools.aclose()
+        entered = MCPStdioTools("hostile", _hostile("exit3"))
+        with pytest.raises(MCPStartError) as entry:
+            async with entered:
+                pytest.fail("the body runs only with a started server")
+        assert entered.pid is None
+        return started.value, entry.value, tools
+
+    error, entry_error, tools = asyncio.run(scenario())
+    assert isinstance(error, RuntimeError)
+    assert (error.exit_code, error.signal) == (3, None)
+    assert error.server == "hostile"
+    assert "exited with code 3" in str(error)
+    for text in (str(error), error.stderr_tail, str(entry_error)):
+        assert "startupsecret" not in text
+        assert "hunter2-dict-secret" not in text
+        assert '"api_key": "[REDACTED]"' in text
+        assert "fatal: cannot reach the upstream service" in text
+    assert entry_error.exit_code == 3
+    assert tools.starts == 1
+    assert len(tools.crashes) == 1
+
+
+@pytest.mark.requirement("ER-54", "ER-55")
+@pytest.mark.parametrize("ignore_term", [False, True])
+def test_a_server_that_closes_stdout_mid_call_is_ended_and_restarted(ignore_term: bool) -> None:
+    """A server that closes its stdout mid-call but keeps running is a dead server:
+    the in-flight call fails process_crashed saying the transport closed, the process
+    is ended (SIGTERM, or SIGKILL when it ignores SIGTERM), the next call runs on a
+    fresh server, and the restart bound holds (max_restarts=1: the second close is
+    final and the fourth call spawns nothing)."""
+
+    async def scenario() -> tuple[list[sm.ToolOutcome], list[float], list[int], MCPStdioTools]:
+        outcomes, elapsed, pids = [], [], []
+        env = {"HOSTILE_IGNORE_TERM": "1"} if ignore_term else {}
+        async with MCPStdioTools("hostile", _hostile(), env=env, max_restarts=1) as tools:
+            for i, name in enumerate(["close_stdout", "echo", "close_stdout", "echo"]):
+                if tools.pid is not None:
+                    pids.append(tools.pid)
+                args = {} if name == "close_stdout" else {"text": "hi"}
+                started = time.monotonic()
+                outcomes.append(await tools.invoke(_hcall(f"c{i}", name, **args)))
+                elapsed.append(time.monotonic() - started)
+            assert tools.starts == 2
+        return outcomes, elapsed, pids, tools
+
+    outcomes, elapsed, pids, tools = asyncio.run(scenario())
+    first, second, third, fourth = outcomes
+    for crashed in (first, third):
+        assert crashed.category is sm.ToolErrorCategory.PROCESS_CRASHED
+        assert "transport closed" in crashed.content
+        assert "closed stdout mid-call" in crashed.content  # the stderr tail
+    expected = "SIGKILL (9)" if ignore_term else "SIGTERM (15)"
+    assert expected in first.content
+    assert second.ok
+    assert fourth.category is sm.ToolErrorCategory.PROCESS_CRASHED
+    assert "restart limit reached" in fourth.content
+    assert elapsed[0] < 3.0
+    assert elapsed[3] < 0.5
+    assert len(tools.crashes) == 2
+    assert all(crash.transport for crash in tools.crashes)
+    assert len(set(pids)) == 2
+    assert all(_gone(pid) for pid in pids)
+
+
+@pytest.mark.requirement("ER-55")
+def test_a_server_that_closes_stdout_while_idle_is_restarted_for_the_next_call() -> None:
+    """A server that closes its stdout between calls and keeps running is no longer
+    reported as running (pid None); the next call ends it, records the crash and
+    runs on a fresh server instead of failing after a wait."""
+
+    async def scenario() -> tuple[sm.ToolOutcome, sm.ToolOutcome, int, MCPStdioTools]:
+        async with MCPStdioTools("hostile", _hostile()) as tools:
+            first = await tools.invoke(_hcall("c1", "close_stdout_soon"))
+            old_pid = tools.pid
+            assert old_pid is not None
+            async with asyncio.timeout(5):
+                while tools.pid is not None:
+                    await asyncio.sleep(0.01)
+            second = await tools.invoke(_hcall("c2", "echo", text="fresh"))
+            assert tools.pid not in (None, old_pid)
+            return first, second, old_pid, tools
+
+    first, second, old_pid, tools = asyncio.run(scenario())
+    assert first.ok
+    assert second.ok
+    assert second.content == {"result": "fresh"}
+    assert tools.starts == 2
+    (crash,) = tools.crashes
+    assert crash.transport == "closed its stdout"
+    assert "closed stdout while idle" in crash.stderr_tail
+    assert _gone(old_pid)
+
+
+@pytest.mark.requirement("ER-54")
+def test_a_server_that_closes_stdout_at_start_raises_at_start() -> None:
+    """A server whose stdout is gone before the handshake is ended and start() raises
+    MCPStartError saying the transport closed, without waiting for the handshake
+    timeout."""
+
+    async def scenario() -> tuple[MCPStartError, float, MCPStdioTools]:
+        tools = MCPStdioTools("hostile", _hostile("close-stdout"), initialize_timeout_s=30)
+        started = time.monotonic()
+        try:
+            with pytest.raises(MCPStartError) as error:
+                await tools.start()
+        finally:
+            await tools.aclose()
+        return error.value, time.monotonic() - started, tools
+
+    error, elapsed, _ = asyncio.run(scenario())
+    assert "transport closed" in str(error)
+    assert error.signal == 15
+    assert "closed stdout at start" in error.stderr_tail
+    assert elapsed < 3.0
+    assert _gone(error.info.pid)
+
+
+@pytest.mark.requirement("ER-48")
+def test_the_provider_bounds_a_call_that_never_answers_with_call_timeout_s() -> None:
+    """call_timeout_s=0.2 and no driver timeout: a call that never answers fails
+    timeout promptly, the server is not counted as crashed and still answers."""
+
+    async def scenario() -> tuple[sm.ToolOutcome, float, sm.ToolOutcome, MCPStdioTools]:
+        async with MCPStdioTools("crashy", COMMAND, call_timeout_s=0.2) as tools:
+            pid = tools.pid
+            started = time.monotonic()
+            outcome = await tools.invoke(_call("h1", "hang"))
+            elapsed = time.monotonic() - started
+            echo = await tools.invoke(_call("e1", "echo", text="still here"))
+            assert tools.pid == pid
+            return outcome, elapsed, echo, tools
+
+    outcome, elapsed, echo, tools = asyncio.run(scenario())
+    assert outcome.category is sm.ToolErrorCategory.TIMEOUT
+    assert "call_timeout_s" in outcome.content
+    assert 0.2 <= elapsed < 2.0
+    assert echo.ok
+    assert tools.crashes == []
+    assert tools.starts == 1
+
+
+@pytest.mark.requirement("ER-48", "ER-54")
+def test_initialize_timeout_s_bounds_the_handshake_and_raises_at_start() -> None:
+    """A server that never answers initialize: start() raises MCPStartError after
+    initialize_timeout_s=0.2, the process is stopped and not counted as crashed."""
+
+    async def scenario() -> tuple[MCPStartError, float, MCPStdioTools]:
+        tools = MCPStdioTools("hostile", _hostile("mute"), initialize_timeout_s=0.2)
+        started = time.monotonic()
+        try:
+            with pytest.raises(MCPStartError) as error:
+                await tools.start()
+        finally:
+            await tools.aclose()
+        return error.value, time.monotonic() - started, tools
+
+    error, elapsed, tools = asyncio.run(scenario())
+    assert "did not start within 0.2s" in str(error)
+    assert "initialize_timeout_s" in str(error)
+    assert 0.2 <= elapsed < 3.0
+    assert tools.crashes == []
+    assert _gone(error.info.pid)
+
+
+@pytest.mark.requirement("ER-48")
+@pytest.mark.parametrize("field", ["call_timeout_s", "initialize_timeout_s"])
+@pytest.mark.parametrize("value", [0, -1, 0.0, float("nan"), float("inf"), "5", True])
+def test_the_provider_timeouts_are_validated(field: str, value: Any) -> None:
+    """Each timeout is a finite number of seconds > 0, or None for none; anything else
+    is a ConfigError naming the field."""
+    with pytest.raises(sm.ConfigError, match=field):
+        MCPStdioTools("crashy", COMMAND, **{field: value})
+
+
+@pytest.mark.requirement("ER-48")
+def test_the_provider_timeouts_have_documented_defaults_and_accept_none() -> None:
+    """Defaults: call_timeout_s 60 s, initialize_timeout_s 10 s; None turns either off."""
+    tools = MCPStdioTools("crashy", COMMAND)
+    assert (tools.call_timeout_s, tools.initialize_timeout_s) == (60.0, 10.0)
+    off = MCPStdioTools("crashy", COMMAND, call_timeout_s=None, initialize_timeout_s=None)
+    assert (off.call_timeout_s, off.initialize_timeout_s) == (None, None)
+    assert MCPStdioTools("crashy", COMMAND, call_timeout_s=1).call_timeout_s == 1.0

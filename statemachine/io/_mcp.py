@@ -22,24 +22,46 @@ of the server's stderr; :attr:`MCPStdioTools.crashes` keeps the same facts as
 engine's circuit breaker counts the crashes (``breaker_threshold`` in a row trip
 it), so a server that keeps dying ends the session on the limit-reached path.
 
+**A server that outlives its pipes.** A server whose stdout ends (or breaks), or
+whose stdin refuses a write, while the process keeps running is as dead as one
+that exited: it is ended (SIGTERM, then SIGKILL after a short grace), the
+in-flight calls fail ``process_crashed`` ("closed its stdout while running
+(transport closed) and was ended: ..."), it is recorded in ``crashes`` and
+restarted within ``max_restarts`` like any crash.
+
+**Starting.** ``start()`` and ``async with`` start the server and raise
+:class:`MCPStartError` (exit code or signal, redacted stderr tail) when it dies
+while starting, loses its pipes, fails the handshake or does not finish it within
+``initialize_timeout_s`` (default 10 s), or when the restart limit is reached. A
+call never raises: started lazily, the same failures are ``process_crashed`` (a
+death) or ``execution_failed`` (a live server stopped after a failed or too slow
+handshake); each start counts against ``max_restarts``.
+
+**Timeouts.** ``call_timeout_s`` (default 60 s) bounds each call; a call that
+exceeds it fails ``timeout`` and the server is kept (it did not crash). ``None``
+switches either timeout off.
+
 Other failures map to the tool taxonomy: a tool result with ``isError`` is
 ``execution_failed``; JSON-RPC ``-32602`` (invalid params) is
 ``invalid_arguments``; ``-32601`` (method not found) and a call for another
-provider are ``not_found``; a server that exits while *starting* is
-``process_crashed`` too, one that stays alive but fails the handshake (or does not
-finish it within ``start_timeout_s``) is stopped and is ``execution_failed``; each
-start counts against ``max_restarts``. Asyncio only (the SDK runs on anyio's asyncio backend).
+provider are ``not_found``. Every stderr tail and server error message is passed
+through :func:`redact` (its docstring lists the shapes). Asyncio only (the SDK runs
+on anyio's asyncio backend).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
+
+import attrs
 
 try:
     import anyio
@@ -53,15 +75,74 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in CI
         f"statemachine.mcp needs the official MCP SDK: pip install 'turnstate[mcp]' ({exc})"
     ) from exc
 
+from ..core._exceptions import ConfigError
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ._procwatch import ExitInfo, Watched, redact, spawn
 
-__all__ = ["ExitInfo", "MCPStdioTools", "redact"]
+__all__ = ["ExitInfo", "MCPStartError", "MCPStdioTools", "redact"]
 
 _INVALID_PARAMS = -32602
 _METHOD_NOT_FOUND = -32601
 _SAFE_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR")
+_EXIT_GRACE_S = 0.5
+"""How long a closed pipe may beat the reaping of a dying server (usually a hair)."""
+_END_GRACE_S = 0.25
+"""After SIGTERM, how long a server that lost its transport has before SIGKILL."""
+_MAX_ERROR_CHARS = 4096
+"""A server's error message is clipped to this before it is redacted and reported."""
+
+
+class _Unset(enum.Enum):
+    UNSET = enum.auto()
+
+
+class MCPStartError(RuntimeError):
+    """The MCP server could not be started: it died at start-up, closed its pipes,
+    failed the handshake or did not finish it within ``initialize_timeout_s``, or its
+    restart limit is reached.
+
+    Raised by :meth:`MCPStdioTools.start`, the ``async with`` entry and
+    :meth:`MCPStdioTools.list_tools` (a tool call never raises: it fails with an
+    outcome). ``exit_code`` / ``signal`` say how the process ended (both ``None``
+    for a process that was stopped alive), ``stderr_tail`` is its redacted, bounded
+    stderr tail, ``info`` the full :class:`ExitInfo`.
+    """
+
+    def __init__(self, server: str, info: ExitInfo, *, restart_limit: int | None = None) -> None:
+        self.server = server
+        self.info = info
+        self.exit_code = info.exit_code
+        self.signal = info.signal
+        self.stderr_tail = info.stderr_tail
+        self.restart_limit = restart_limit
+        if restart_limit is None:
+            text = f"MCP server {server!r} (pid {info.pid}) failed to start: {info.description}"
+        else:
+            text = (
+                f"MCP server {server!r} is down and is not restarted (restart limit "
+                f"reached: {restart_limit} restarts); last failure: {info.description}"
+            )
+        if info.stderr_tail:
+            text += f"\nstderr tail:\n{info.stderr_tail}"
+        super().__init__(text)
+
+
+def _timeout(field: str, value: object) -> float | None:
+    """A timeout setting: a finite number of seconds > 0, or ``None`` for none."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(
+            f"{field}: must be a finite number of seconds > 0, or None for no timeout; "
+            f"got {value!r}"
+        )
+    return float(value)
 
 
 class _Connection:
@@ -74,10 +155,28 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
         self.exit_info: ExitInfo | None = None
         self.exit_task: asyncio.Task[ExitInfo] | None = None
+        self.transport_closed = asyncio.Event()
+        """Set when the server's stdout ends (or breaks) or its stdin refuses a write."""
+        self.transport_reason: str | None = None
+
+    def lose(self, reason: str) -> None:
+        """The transport is gone (``reason``: ``closed its stdout``...)."""
+        if not self.transport_closed.is_set():
+            self.transport_reason = reason
+            self.transport_closed.set()
 
     @property
     def alive(self) -> bool:
-        return not self.watched.exited.is_set()
+        """The process runs and its pipes are open: a server that outlived its
+        transport is as dead as one that exited."""
+        return not self.watched.exited.is_set() and not self.transport_closed.is_set()
+
+    def down(self) -> set[asyncio.Future[Any]]:
+        """Futures done when the process exits or the transport closes (cancel them)."""
+        return {
+            asyncio.ensure_future(self.watched.exited.wait()),
+            asyncio.ensure_future(self.transport_closed.wait()),
+        }
 
 
 class MCPStdioTools:
@@ -85,9 +184,19 @@ class MCPStdioTools:
 
     ``command`` is the server's argv. ``env`` is added to a minimal inherited
     environment (``PATH``, ``HOME``...; never the host's API keys). A call whose
-    ``provider`` is not ``name`` fails ``not_found``. ``start_timeout_s`` bounds
-    spawning plus the MCP handshake; ``stderr_tail_bytes`` bounds the stderr kept
-    for a crash report.
+    ``provider`` is not ``name`` fails ``not_found``. ``stderr_tail_bytes`` bounds
+    the stderr kept for a crash report.
+
+    Timeouts (each a finite number of seconds > 0, or ``None`` for none; anything
+    else is a :class:`~statemachine.ConfigError` naming the field):
+    ``call_timeout_s`` (default 60 s) bounds one ``tools/call`` (and
+    ``list_tools``): a call that exceeds it fails ``timeout`` and the server, which
+    did not crash, is kept and not counted; ``initialize_timeout_s`` (default 10 s)
+    bounds the MCP handshake of each start: exceeding it stops the process and
+    :meth:`start` raises :class:`MCPStartError` (a call fails
+    ``execution_failed``). ``start_timeout_s`` is the old name of
+    ``initialize_timeout_s``. The driver's ``tool_timeout_s`` still bounds a call
+    from outside; the shorter one wins.
     """
 
     def __init__(
@@ -98,22 +207,35 @@ class MCPStdioTools:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         max_restarts: int = 3,
-        start_timeout_s: float = 30.0,
+        call_timeout_s: float | None = 60.0,
+        initialize_timeout_s: float | None = 10.0,
+        start_timeout_s: float | _Unset | None = _Unset.UNSET,
         stderr_tail_bytes: int = 2048,
     ) -> None:
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name: must be a non-empty str, got {name!r}")
+            raise ConfigError(f"name: must be a non-empty str, got {name!r}")
         if isinstance(command, str) or not command:
-            raise ValueError(f"command: must be a non-empty list of argv strings, got {command!r}")
+            raise ConfigError(f"command: must be a non-empty list of argv strings, got {command!r}")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"max_restarts: must be an int >= 0, got {max_restarts!r}")
+            raise ConfigError(f"max_restarts: must be an int >= 0, got {max_restarts!r}")
+        if (
+            isinstance(stderr_tail_bytes, bool)
+            or not isinstance(stderr_tail_bytes, int)
+            or stderr_tail_bytes < 1
+        ):
+            raise ConfigError(f"stderr_tail_bytes: must be an int >= 1, got {stderr_tail_bytes!r}")
         self.name = name
         self.command = [str(part) for part in command]
         base = {k: os.environ[k] for k in _SAFE_ENV if k in os.environ}
         self.env = {**base, **(env or {})}
         self.cwd = cwd
         self.max_restarts = max_restarts
-        self.start_timeout_s = start_timeout_s
+        self.call_timeout_s = _timeout("call_timeout_s", call_timeout_s)
+        """Bound of one tools/call (seconds, ``None``: none)."""
+        self.initialize_timeout_s = _timeout("initialize_timeout_s", initialize_timeout_s)
+        """Bound of the MCP handshake of each start (seconds, ``None``: none)."""
+        if start_timeout_s is not _Unset.UNSET:
+            self.initialize_timeout_s = _timeout("start_timeout_s", start_timeout_s)
         self.stderr_tail_bytes = stderr_tail_bytes
         self.starts = 0
         """How many server processes were spawned."""
@@ -127,6 +249,13 @@ class MCPStdioTools:
     # -- lifecycle -----------------------------------------------------------------
 
     async def __aenter__(self) -> MCPStdioTools:
+        """Start the server; a server that cannot start raises :class:`MCPStartError`
+        here (and the provider is closed)."""
+        try:
+            await self.start()
+        except BaseException:
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(
@@ -150,19 +279,38 @@ class MCPStdioTools:
         conn = self._conn
         return conn.watched.pid if conn is not None and conn.alive else None
 
-    async def start(self) -> None:
-        """Start the server now rather than on the first call."""
-        await self._connection()
+    @property
+    def start_timeout_s(self) -> float | None:
+        """The old name of :attr:`initialize_timeout_s`."""
+        return self.initialize_timeout_s
 
-    async def list_tools(self) -> list[Any]:
-        """The server's tools (``mcp.types.Tool``), e.g. to build the model's tool list."""
+    async def start(self) -> None:
+        """Start the server now rather than on the first call (a no-op while it runs).
+
+        Raises :class:`MCPStartError`, with the exit code or signal and the redacted
+        stderr tail, when the server dies while starting, closes its pipes, fails
+        the handshake or exceeds ``initialize_timeout_s``, or when the restart limit
+        is reached.
+        """
+        await self._started()
+
+    async def _started(self) -> _Connection:
+        starts = self.starts
         conn = await self._connection()
         if isinstance(conn, ExitInfo):
-            raise RuntimeError(  # noqa: TRY004 - a down server, not a wrong type
-                f"MCP server {self.name!r} is down: {conn.description}"
-            )
+            limit = self.max_restarts if self.starts == starts else None
+            raise MCPStartError(self.name, conn, restart_limit=limit)
+        return conn
+
+    async def list_tools(self) -> list[Any]:
+        """The server's tools (``mcp.types.Tool``), e.g. to build the model's tool list.
+
+        Raises :class:`MCPStartError` when the server cannot be started and
+        ``TimeoutError`` after ``call_timeout_s``."""
+        conn = await self._started()
         assert conn.session is not None  # noqa: S101 - set before the connection is published
-        result = await conn.session.list_tools()
+        async with asyncio.timeout(self.call_timeout_s):
+            result = await conn.session.list_tools()
         return list(result.tools)
 
     # -- the provider protocol -------------------------------------------------------
@@ -196,22 +344,30 @@ class MCPStdioTools:
                 f"arguments must be a JSON object, got {call.arguments!r}",
             )
         request = asyncio.ensure_future(session.call_tool(call.name, arguments))
-        death = asyncio.ensure_future(conn.watched.exited.wait())
+        down = conn.down()
         try:
-            await asyncio.wait({request, death}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {request, *down}, timeout=self.call_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
-            for task in (request, death):
+            for task in (request, *down):
                 if not task.done():
                     task.cancel()
-            await asyncio.gather(request, death, return_exceptions=True)
-        if request.done() and not request.cancelled() and request.exception() is None:
+            await asyncio.gather(request, *down, return_exceptions=True)
+        if request in done and not request.cancelled() and request.exception() is None:
             return _result_outcome(call, request.result())
-        # The call failed or the process died first: a dead process is the cause.
-        if not conn.watched.exited.is_set() and _connection_lost(request):
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.5):  # EOF can beat the reaping by a hair
-                    await conn.watched.exited.wait()
-        if conn.watched.exited.is_set():
+        if not done and conn.alive:  # call_timeout_s ran out: the request was cancelled
+            return _failed(
+                call,
+                ToolErrorCategory.TIMEOUT,
+                f"tools/call {call.name!r} timed out after {self.call_timeout_s:g}s "
+                "(call_timeout_s); the server is still running",
+            )
+        # The call failed, the process died or its pipes closed first: a dead
+        # process (or transport) is the cause.
+        if conn.alive and _connection_lost(request):
+            await _wait_down(conn, _EXIT_GRACE_S)  # the pipe's end can beat its flag
+        if not conn.alive:
             info = await self._record_crash(conn)
             return _failed(call, ToolErrorCategory.PROCESS_CRASHED, self._crash_text(call, info))
         exc = request.exception() if not request.cancelled() else None
@@ -241,35 +397,33 @@ class MCPStdioTools:
         conn = _Connection(watched)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         conn.task = asyncio.get_running_loop().create_task(self._serve(conn, ready))
-        death: asyncio.Future[Any] = asyncio.ensure_future(watched.exited.wait())
+        down = conn.down()
         try:
-            async with asyncio.timeout(self.start_timeout_s):
-                await asyncio.wait({ready, death}, return_when=asyncio.FIRST_COMPLETED)
-        except TimeoutError:
+            async with asyncio.timeout(self.initialize_timeout_s):
+                await asyncio.wait({ready, *down}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException as exc:
+            ready.cancel()  # the serve task must not set it any more
             await self._stop(conn)
-            return self._start_failed(conn, f"did not start within {self.start_timeout_s:g}s")
-        except BaseException:
-            await self._stop(conn)
+            if isinstance(exc, TimeoutError):
+                timeout = f"{self.initialize_timeout_s:g}s (initialize_timeout_s)"
+                return self._start_failed(conn, f"did not start within {timeout}")
             raise
         finally:
-            if not death.done():
-                death.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await death
-        if ready.done() and not ready.cancelled() and ready.exception() is None and conn.alive:
+            if not ready.done():  # (as above)
+                ready.cancel()
+            for task in down:
+                task.cancel()
+            await asyncio.gather(*down, return_exceptions=True)
+        if not ready.cancelled() and ready.exception() is None and conn.alive:
             self._conn = conn
             return conn
-        if not ready.done():
-            ready.cancel()
+        error = ready.exception() if not ready.cancelled() else None  # (also: retrieved)
         if conn.alive:  # a failed handshake: most often the process is dying
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.5):  # EOF can beat the reaping by a hair
-                    await watched.exited.wait()
+            await _wait_down(conn, _EXIT_GRACE_S)
         if not conn.alive:
             info = await self._record_crash(conn)
             await self._stop(conn)
             return info
-        error = ready.exception() if not ready.cancelled() else None
         await self._stop(conn)
         return self._start_failed(conn, redact(f"MCP handshake failed: {error!r}"))
 
@@ -285,7 +439,17 @@ class MCPStdioTools:
         return await asyncio.shield(conn.exit_task)
 
     async def _read_exit(self, conn: _Connection) -> ExitInfo:
-        info = await conn.watched.exit_info()
+        watched = conn.watched
+        if not watched.exited.is_set():  # a closed pipe can beat the reaping by a hair
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_EXIT_GRACE_S):
+                    await watched.exited.wait()
+        ended = not watched.exited.is_set()
+        if ended:  # alive without its transport: a dead server, ended by us
+            await watched.terminate(_END_GRACE_S, stdin_first=False)
+        info = await watched.exit_info()
+        if ended:
+            info = attrs.evolve(info, transport=conn.transport_reason or "stopped serving")
         conn.exit_info = info
         self._last_exit = info
         self.crashes.append(info)
@@ -300,8 +464,8 @@ class MCPStdioTools:
         write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(_pump_stdout, watched, read_send)
-                group.start_soon(_pump_stdin, watched, write_recv)
+                group.start_soon(_pump_stdout, conn, read_send)
+                group.start_soon(_pump_stdin, conn, write_recv)
                 try:
                     async with ClientSession(read_recv, write_send) as session:
                         await session.initialize()
@@ -355,17 +519,19 @@ class MCPStdioTools:
 
 
 async def _pump_stdout(
-    watched: Watched, sink: MemoryObjectSendStream[SessionMessage | Exception]
+    conn: _Connection, sink: MemoryObjectSendStream[SessionMessage | Exception]
 ) -> None:
-    stdout = watched.process.stdout
+    stdout = conn.watched.process.stdout
     async with sink:
         while stdout is not None:
             try:
                 line = await stdout.readline()
             except (OSError, ValueError) as exc:  # a line beyond the limit, a broken pipe
+                conn.lose(f"broke its stdout ({type(exc).__name__})")
                 await sink.send(exc)
                 return
             if not line:
+                conn.lose("closed its stdout")
                 return
             if not line.strip():
                 continue
@@ -386,8 +552,8 @@ def _parse_message(line: bytes) -> Any:
     return root.model_validate_json(line)  # pragma: no cover
 
 
-async def _pump_stdin(watched: Watched, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
-    stdin = watched.process.stdin
+async def _pump_stdin(conn: _Connection, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
+    stdin = conn.watched.process.stdin
     async with source:
         async for item in source:
             if stdin is None:
@@ -397,10 +563,23 @@ async def _pump_stdin(watched: Watched, source: MemoryObjectReceiveStream[Sessio
                 stdin.write(data.encode())
                 await stdin.drain()
             except (OSError, RuntimeError):
+                if not conn.stop.is_set():
+                    conn.lose("closed its stdin")
                 return
 
 
 # -- outcomes ----------------------------------------------------------------------------
+
+
+async def _wait_down(conn: _Connection, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for the process to exit or the transport to close."""
+    down = conn.down()
+    try:
+        await asyncio.wait(down, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in down:
+            task.cancel()
+        await asyncio.gather(*down, return_exceptions=True)
 
 
 def _connection_lost(request: asyncio.Future[Any]) -> bool:
@@ -446,11 +625,21 @@ def _error_outcome(call: ToolCall, exc: BaseException | None) -> ToolOutcome:
             category = ToolErrorCategory.NOT_FOUND
         else:
             category = ToolErrorCategory.EXECUTION_FAILED
-        return _failed(call, category, redact(f"MCP error {exc.code}: {exc.message}"))
+        message = _clip(str(exc.message))
+        return _failed(call, category, redact(f"MCP error {exc.code}: {message}"))
     if isinstance(exc, TimeoutError):
         return _failed(call, ToolErrorCategory.TIMEOUT, f"tools/call {call.name!r} timed out")
-    text = f"{type(exc).__name__}: {exc}" if exc is not None else "the call was abandoned"
+    text = (
+        f"{type(exc).__name__}: {_clip(str(exc))}" if exc is not None else "the call was abandoned"
+    )
     return _failed(call, ToolErrorCategory.UNKNOWN, redact(text))
+
+
+def _clip(text: str) -> str:
+    """A server-supplied message, at most ``_MAX_ERROR_CHARS`` (its head kept)."""
+    if len(text) <= _MAX_ERROR_CHARS:
+        return text
+    return f"{text[:_MAX_ERROR_CHARS]}... [{len(text) - _MAX_ERROR_CHARS} more chars]"
 
 
 def python_command(script: str, *args: str) -> list[str]:
