@@ -321,5 +321,6 @@ def test_store_timeouts_are_validated() -> None:
     with pytest.raises(sm.ConfigError, match=r"^connect_timeout_s"):
         RedisStore.from_url("redis://127.0.0.1:1/0", connect_timeout_s=0)
     explicit = redis.Redis(host="127.0.0.1", port=1, socket_timeout=7.0)
-    RedisStore(explicit)
+    store = RedisStore(explicit, timeout_s=0.5)
     assert explicit.connection_pool.connection_kwargs["socket_timeout"] == 7.0
+    assert store.timeout_s == 7.0

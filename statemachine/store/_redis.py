@@ -104,7 +104,8 @@ class RedisStore:
     bounded time, never a hang. ``timeout_s`` (default 2 s) bounds every reply and
     ``connect_timeout_s`` (default 2 s) every connection attempt; they are set on
     ``client``'s connection pool where the client left them unset (redis-py 5 blocks
-    forever by default), and a client's own values are kept. :meth:`from_url` builds a
+    forever by default), and a client's own values are kept (``timeout_s`` and
+    ``connect_timeout_s`` then report the client's). :meth:`from_url` builds a
     client with both and no automatic retries, so one call waits at most about
     ``timeout_s``; with a client that retries, multiply by its attempts.
     """
@@ -129,6 +130,9 @@ class RedisStore:
                 kwargs["socket_timeout"] = self.timeout_s
             if kwargs.get("socket_connect_timeout") is None:
                 kwargs["socket_connect_timeout"] = self.connect_timeout_s
+            # report what the client will use (its own values win over the store's)
+            self.timeout_s = float(kwargs["socket_timeout"])
+            self.connect_timeout_s = float(kwargs["socket_connect_timeout"])
         self.client = client
         self._prefix = key_prefix(prefix, tenant)
         self.ended_ttl_s = check_ttl(ended_ttl_s)
