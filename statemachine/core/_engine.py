@@ -404,6 +404,8 @@ class Group:
 
     rows: tuple[BoundRow, ...]
     facts: Facts | None
+    check: Callable[[Core, TurnState, Any], None] | None = None
+    """The payload check of the trigger (bad data refused before anything changes)."""
 
 
 DispatchKey = tuple[str, str, "ErrorCategory | None"]
@@ -441,7 +443,9 @@ class Dispatch:
                         category in CATEGORY_GUARDS[g] for g in row.guards if g in CATEGORY_GUARDS
                     )
                 ]
-                self.groups[(source, trigger, category)] = _group(members, effect_of)
+                self.groups[(source, trigger, category)] = _group(
+                    members, effect_of, _PAYLOAD_CHECKS.get(trigger)
+                )
         for source, trigger in keys:
             if trigger != START:
                 self.legal[source] = (*self.legal.get(source, ()), trigger)
@@ -456,7 +460,11 @@ class Dispatch:
         return f"{trigger} is not legal in state {state!r} (legal there: {legal})"
 
 
-def _group(rows: list[Row], effect_of: Mapping[str, Effect]) -> Group:
+def _group(
+    rows: list[Row],
+    effect_of: Mapping[str, Effect],
+    check: Callable[[Core, TurnState, Any], None] | None,
+) -> Group:
     bound = []
     facts: Facts | None = None
     for row in rows:
@@ -474,11 +482,7 @@ def _group(rows: list[Row], effect_of: Mapping[str, Effect]) -> Group:
                 names=names,
             )
         )
-    return Group(tuple(bound), facts)
-
-
-DISPATCH = Dispatch()
-"""The dispatch of the table."""
+    return Group(tuple(bound), facts, check)
 
 
 # -- payload checks: bad data is refused before anything changes ---------------------------
@@ -536,6 +540,9 @@ _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
     "ToolsDone": _check_tools_done,
 }
 
+DISPATCH = Dispatch()
+"""The dispatch of the table."""
+
 
 # -- the owner of a session's state ---------------------------------------------------------
 
@@ -561,7 +568,7 @@ def final_answer_instruction(limit: SessionStatus, settings: Settings) -> str:
 class Core:
     """A session's state and the one place that changes it."""
 
-    __slots__ = ("clock", "dispatch", "observers", "settings", "state", "wall_clock")
+    __slots__ = ("clock", "dispatch", "groups", "observers", "settings", "state", "wall_clock")
 
     settings: Settings
     state: SessionState
@@ -569,6 +576,7 @@ class Core:
     wall_clock: Callable[[], float]
     observers: tuple[Observer, ...]
     dispatch: Dispatch
+    groups: dict[DispatchKey, Group]
 
     def __init__(
         self,
@@ -585,6 +593,7 @@ class Core:
         self.wall_clock = wall_clock
         self.observers = observers
         self.dispatch = dispatch
+        self.groups = dispatch.groups
 
     def elapsed_s(self) -> float:
         """Seconds on the session's clock since it started."""
@@ -658,15 +667,14 @@ class Core:
         """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn."""
         state = turn.state
         category = event.error.category if trigger == "ModelFailed" else None
-        group = self.dispatch.groups.get((state, trigger, category))
+        group = self.groups.get((state, trigger, category))
         if group is None:
             raise IllegalEvent(
                 self.dispatch.illegal_message(trigger, state), event=trigger, state=state
             )
-        check = _PAYLOAD_CHECKS.get(trigger)
-        if check is not None:
-            check(self, turn, event)
-        facts = group.facts(self, turn, event) if group.facts is not None else None
+        if group.check is not None:
+            group.check(self, turn, event)
+        facts = None if group.facts is None else group.facts(self, turn, event)
         for row in group.rows:
             for guard in row.guards:
                 if not guard(self, turn, event, facts):
