@@ -56,6 +56,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "crash": {"kills": 2},
     "redis": {"workers": (1,), "steps": 50, "sessions": 4},
     "copy": {"n": 10, "repeats": 1},
+    "tools": {"turns": 5, "repeats": 1},
     "classify": {"n": 5, "big_n": 2, "repeats": 1, "size": 100_000},
 }
 
@@ -65,6 +66,7 @@ ALL = (
     "creation",
     "memory",
     "copy",
+    "tools",
     "driver",
     "classify",
     "check",
@@ -150,6 +152,7 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
         "check": "model_check",
         "hypothesis": "hypothesis_rate",
         "copy": "state_copy",
+        "tools": "tool_round",
         "classify": "classify_bodies",
     }.get(name, name)
     run: Callable[..., dict[str, Any]] = importlib.import_module(f"benchmarks.{module}").run
@@ -320,6 +323,12 @@ def _print_hypothesis(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print_tools(r: dict[str, Any]) -> list[str]:
+    lines = _table([(f"{n} call(s)", f"{v:.2f} µs per call") for n, v in r["per_call_us"].items()])
+    lines.append(f"  largest / 1-call round: {r['worst_over_one_call']:.2f}x (target <= 2)")
+    return lines
+
+
 def _print_copy(r: dict[str, Any]) -> list[str]:
     lines = _table([(k, f"{v:.2f} µs") for k, v in r["snapshot_us"].items()])
     lines.append(f"  snapshot+restore / json: {r['snapshot_restore_over_json']:.2f}x (target <= 1)")
@@ -340,6 +349,7 @@ def _print_classify(r: dict[str, Any]) -> list[str]:
 _PRINTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classify": _print_classify,
     "copy": _print_copy,
+    "tools": _print_tools,
     "retry": _print_retry,
     "events": _print_events,
     "creation": _print_creation,
@@ -354,6 +364,7 @@ TITLES = {
     "creation": "3. creating a session and a turn",
     "memory": "4a. memory per live turn",
     "copy": "6. copying state: snapshot/restore and Worker.advance",
+    "tools": "8. a tool round of n calls, per call",
     "driver": "4b. asyncio driver throughput",
     "classify": "7. sm.classify on small and hostile bodies",
     "check": "5a. model check of default settings",

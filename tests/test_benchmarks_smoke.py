@@ -267,3 +267,13 @@ def test_classify_bodies_quick() -> None:
     assert "7. sm.classify" in "\n".join(
         runner._section("classify", runner.TITLES["classify"], result)
     )
+
+
+def test_tool_round_quick() -> None:
+    """Measurement 8 reports a per-call cost for every round size and the ratio."""
+    from benchmarks import tool_round
+
+    result = tool_round.run(**runner.QUICK["tools"])
+    assert set(result["per_call_us"]) == {str(n) for n in tool_round.SIZES}
+    assert result["worst_over_one_call"] > 0
+    assert isinstance(result["met"], bool)
