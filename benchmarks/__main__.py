@@ -290,6 +290,10 @@ def _print_memory(r: dict[str, Any]) -> list[str]:
 
 def _print_driver(r: dict[str, Any]) -> list[str]:
     paths = [(f"  µs/event, {k}", _fmt(v, " µs")) for k, v in r["us_per_event_by_path"].items()]
+    paths += [
+        (f"  arun_turn / hand-written asyncio loop, {k}", f"{v:.2f}x")
+        for k, v in r.get("over_hand_written_floor", {}).items()
+    ]
     return _table(
         [
             ("concurrent turns", _fmt(r["concurrent_turns"])),

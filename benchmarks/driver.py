@@ -132,6 +132,77 @@ def _by_hand(jobs: list[tuple[sm.Turn, FakeModel]]) -> None:
             turn.send(REPLY)
 
 
+class _Attempt:
+    """What the hand-written loop passes its model: just an attempt number."""
+
+    __slots__ = ("attempt",)
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+
+
+_ATTEMPTS = tuple(_Attempt(i) for i in range(8))
+
+
+async def _floor_turn(model: FakeModel, tools: FakeTools, context: FakeContext) -> None:
+    """The same awaits written by hand, with no engine: assemble; call the model,
+    sleeping and calling again after an exception; run the reply's tool calls together
+    (a TaskGroup for two or more, as the driver does)."""
+    await context.assemble(None)
+    attempt = 0
+    while True:
+        try:
+            reply = await model.complete(_ATTEMPTS[attempt])
+        except Exception:
+            await _noop_sleep(0.0)
+            attempt += 1
+            continue
+        break
+    calls = reply.tool_calls
+    if len(calls) == 1:
+        await tools.invoke(calls[0])
+    elif calls:
+        async with asyncio.TaskGroup() as group:
+            for call in calls:
+                group.create_task(tools.invoke(call))
+
+
+async def _floor(models: list[FakeModel]) -> None:
+    context, tools = FakeContext(), FakeTools()
+    await asyncio.gather(*(_floor_turn(model, tools, context) for model in models))
+
+
+def _floor_ratios(n: int, repeats: int) -> dict[str, float]:
+    """Per path, µs per turn through ``arun_turn`` over the hand-written loop's, the
+    two run alternately (a ratio per pair of runs, the median of the ratios)."""
+    out = {}
+    for label, tools, flaky in (
+        ("happy", False, False),
+        ("tool round", True, False),
+        ("rate limit", False, True),
+    ):
+        ratios = []
+        for _ in range(repeats):
+            jobs = [
+                (
+                    sm.Session(seed=i, clock=time.monotonic).new_turn(),
+                    FakeModel(tools=tools, flaky=flaky),
+                )
+                for i in range(n)
+            ]
+            gc.collect()
+            t0 = time.perf_counter()
+            asyncio.run(_gather(jobs))
+            driver = time.perf_counter() - t0
+            models = [FakeModel(tools=tools, flaky=flaky) for _ in range(n)]
+            gc.collect()
+            t0 = time.perf_counter()
+            asyncio.run(_floor(models))
+            ratios.append(driver / (time.perf_counter() - t0))
+        out[label] = statistics.median(ratios)
+    return out
+
+
 def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
     """Events/s through ``arun_turn`` at ``n`` concurrent turns (or a skip message)."""
     try:
@@ -190,5 +261,6 @@ def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
         "by_hand_events_per_s": hand,
         "driver_overhead_x": hand / rate,
         "us_per_event_by_path": by_path,
+        "over_hand_written_floor": _floor_ratios(n, repeats),
         "statuses": statuses,
     }
