@@ -6,7 +6,13 @@ actions back (``sm.Wait``, ``sm.CallModel``...); the engine never sleeps, calls 
 reads a clock of its own. See ``README.md`` and ``specs/``.
 """
 
+import os as _os
 from importlib import metadata as _metadata
+
+from . import _clash
+
+if _clash.foreign_modules(_os.path.dirname(__file__)):
+    raise ImportError(_clash.message(_clash.other_distribution()))
 
 from .core._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from .core._events import (

@@ -13,6 +13,12 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code."""
+    from statemachine import _clash  # noqa: PLC0415 - keep `import` cheap
+
+    other = _clash.other_distribution()
+    if other is not None:
+        sys.stderr.write(f"statemachine: error: {_clash.message(other)}\n")
+        return 2
     from statemachine.dev._cli import main as cli_main  # noqa: PLC0415 - keep `import` cheap
 
     try:

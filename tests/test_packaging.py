@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
+from typing import Any
 
 import statemachine as sm
 
@@ -78,3 +79,61 @@ def test_import_loads_no_dev_tool() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _copy_with(tmp_path: Path, *, module: str | None = None, dist_info: bool = False) -> Path:
+    """This package copied under ``tmp_path``, as if ``python-statemachine`` had been
+    installed beside it: one of its modules dropped into the package directory, or its
+    dist-info next to it (what pip leaves in site-packages)."""
+    import shutil
+
+    shutil.copytree(ROOT / "statemachine", tmp_path / "statemachine")
+    if module is not None:
+        (tmp_path / "statemachine" / module).write_text("class StateMachine: ...\n")
+    if dist_info:
+        info = tmp_path / "python_statemachine-2.5.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: python-statemachine\nVersion: 2.5.0\n"
+        )
+    return tmp_path
+
+
+def _run(path: Path, *args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=path,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_the_import_name_clash_is_an_error_naming_both_distributions(tmp_path: Path) -> None:
+    """With python-statemachine's files in the package directory, ``import statemachine``
+    raises ImportError naming both distributions and the fix; without them it imports."""
+    clean = _run(_copy_with(tmp_path / "clean"), "-c", "import statemachine")
+    assert clean.returncode == 0, clean.stderr
+    clashed = _run(
+        _copy_with(tmp_path / "clash", module="statemachine.py"), "-c", "import statemachine"
+    )
+    assert clashed.returncode != 0
+    assert "ImportError: two distributions install the import name 'statemachine'" in clashed.stderr
+    assert "turnstate" in clashed.stderr and "python-statemachine" in clashed.stderr
+    assert "pip uninstall -y python-statemachine turnstate" in clashed.stderr
+
+
+def test_the_cli_reports_the_clash_and_exits_2(tmp_path: Path) -> None:
+    """With python-statemachine installed (its dist-info on the path), the CLI says so,
+    with the installed version and the fix, and exits 2 instead of crashing later."""
+    done = _run(_copy_with(tmp_path, dist_info=True), "-m", "statemachine", "simulate", "--list")
+    assert done.returncode == 2
+    assert done.stderr.startswith("statemachine: error: two distributions")
+    assert "python-statemachine 2.5.0" in done.stderr
