@@ -59,17 +59,22 @@ def _field_plan(cls: type) -> tuple[tuple[str, bool, type[enum.Enum] | None], ..
 
 
 _PLANS = {name: _field_plan(cls) for name, cls in _CLASSES.items()}
-_NAMES: dict[type, str] = {cls: name for name, cls in _CLASSES.items()}
+_NAMES: dict[type, str | None] = {cls: name for name, cls in _CLASSES.items()}
+"""The registered name each class met so far encodes as (``None``: not a value type)."""
 
 
 def _name_of(cls: type) -> str | None:
     """The registered name ``cls`` encodes as: its own, or a registered base's (a
     host's subclass of ``ModelError`` is saved, and restored, as a ``ModelError``)."""
-    name = _NAMES.get(cls)
-    if name is None and attrs.has(cls):
-        name = next((_NAMES[base] for base in cls.__mro__[1:] if base in _NAMES), None)
-        if name is not None:
-            _NAMES[cls] = name
+    try:
+        return _NAMES[cls]
+    except KeyError:
+        pass
+    name = None
+    if attrs.has(cls):
+        name = next((_NAMES[base] for base in cls.__mro__[1:] if _NAMES.get(base)), None)
+    if len(_NAMES) < 4096:
+        _NAMES[cls] = name
     return name
 
 
