@@ -1,0 +1,1 @@
+"""Development tools of the project (``python -m tools.mutate``)."""
