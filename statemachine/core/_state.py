@@ -518,11 +518,13 @@ def encode_state(
     """
     out: dict[str, Any] = {}
     reuse = type(previous) is dict and type(state) is TurnState
-    for name, key, kind in _PLANS[type(state)]:
+    for name, key, encoder, mode in _WRITE_PLANS[type(state)]:
         value = getattr(state, name)
-        if kind.relative:
-            value = now - value
-        elif kind is TURN:
+        if mode is None:
+            out[key] = value if encoder is None else encoder(value)
+        elif mode == "relative":
+            out[key] = now - value
+        elif mode == "turn":
             before = previous.get(key) if type(previous) is dict else None
             if value is None:
                 out[key] = None
@@ -530,14 +532,32 @@ def encode_state(
                 out[key] = encode_state(value, now, before)
             else:
                 out[key] = encode_state(value, now)
-            continue
-        elif reuse and kind.grows:
-            known = previous.get(key)
+        else:  # a list that grows within a turn
+            known = previous.get(key) if reuse else None
             if type(known) is list and len(known) <= len(value):
-                out[key] = known + kind.encode(value[len(known) :])
-                continue
-        out[key] = kind.encode(value)
+                out[key] = known + encoder(value[len(known) :])  # type: ignore[misc]
+            else:
+                out[key] = encoder(value)  # type: ignore[misc]
     return out
+
+
+def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
+    plan = []
+    for name, key, kind in _PLANS[cls]:
+        mode = (
+            "relative"
+            if kind.relative
+            else "turn"
+            if kind is TURN
+            else "grows"
+            if kind.grows
+            else None
+        )
+        plan.append((name, key, None if kind.encode is _same else kind.encode, mode))
+    return tuple(plan)
+
+
+_WRITE_PLANS = {cls: _write_plan(cls) for cls in _PLANS}
 
 
 def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
