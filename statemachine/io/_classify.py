@@ -80,8 +80,11 @@ _CONTEXT_PHRASES = (
     "exceeds the context",
     "too many tokens",
     "input is too long",
+    "exceeds the available context size",  # llama.cpp server
 )
-_CONTEXT_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
+_CONTEXT_CODES = frozenset(
+    {"context_length_exceeded", "string_above_max_length", "exceed_context_size_error"}
+)
 _QUOTA_CODES = frozenset({"insufficient_quota", "billing_error", "billing_hard_limit_reached"})
 _FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "refusal"})
 _RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "requests", "tokens"})
@@ -295,9 +298,14 @@ def _from_parts(
     if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
         return make(ErrorCategory.UNKNOWN, vendor or "payment_required")
     if code in _FILTER_CODES or etype in _FILTER_CODES or finish in {"refusal", "content_filter"}:
-        return make(ErrorCategory.CONTENT_FILTERED, vendor or finish)
+        named = next((name for name in (code, etype) if name in _FILTER_CODES), None)
+        stopped = finish if finish in {"refusal", "content_filter"} else None
+        # a stream's refusal event has a type ("message_delta") that names no error
+        return make(ErrorCategory.CONTENT_FILTERED, named or stopped or vendor)
     if (status in {400, 413, None, 200}) and (
-        code in _CONTEXT_CODES or any(phrase in lowered for phrase in _CONTEXT_PHRASES)
+        code in _CONTEXT_CODES
+        or etype in _CONTEXT_CODES
+        or any(phrase in lowered for phrase in _CONTEXT_PHRASES)
     ):
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status is None or 200 <= status < 400:
@@ -348,12 +356,23 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | 
     etype = _str(err.get("type"))
     if etype == "error":  # the Anthropic envelope without an inner object
         etype = None
-    code = _str(err.get("code"))
+    raw_code = err.get("code")
+    if isinstance(raw_code, int) and not isinstance(raw_code, bool):
+        # a number is the HTTP status echoed (Gemini, vLLM, llama.cpp): the vendor's
+        # name for the error is Gemini's ``status`` ("RESOURCE_EXHAUSTED") or the type
+        code = _str(err.get("status")) if isinstance(err.get("status"), str) else None
+    else:
+        code = _str(raw_code)
     details = err.get("details")
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
     message = _str(err.get("message"))
-    finish = _str(body.get("stop_reason")) or _finish_reason(body)
+    delta = body.get("delta")
+    finish = (
+        _str(body.get("stop_reason"))
+        or (_str(delta.get("stop_reason")) if isinstance(delta, Mapping) else None)
+        or _finish_reason(body)
+    )
     return etype, code, message, finish
 
 
@@ -435,11 +454,16 @@ def _text_parts(body: str) -> tuple[str, str | None]:
 
 
 def _sse_error(head: str, tail: str | None) -> Mapping[str, Any] | None:
-    """The first ``error`` event's data among the ``data:`` lines of head then tail."""
+    """The first ``error`` event's data among the ``data:`` lines of head then tail,
+    or the first event that ends the stream as a refusal or a content filter
+    (Anthropic ``message_delta`` with ``stop_reason: "refusal"``, an OpenAI chunk
+    with ``finish_reason: "content_filter"``)."""
     tried = 0
     for part in (head, tail or ""):
         for line in part.splitlines():
-            if not line.startswith("data:") or "error" not in line:
+            if not line.startswith("data:") or not any(
+                word in line for word in ("error", "refusal", "content_filter")
+            ):
                 continue
             if tried == MAX_SSE_LINES:
                 return None
@@ -448,9 +472,16 @@ def _sse_error(head: str, tail: str | None) -> Mapping[str, Any] | None:
                 data = json.loads(line[5:].strip())
             except (ValueError, RecursionError):
                 continue
-            if isinstance(data, Mapping) and "error" in data:
+            if isinstance(data, Mapping) and ("error" in data or _is_refusal_event(data)):
                 return data
     return None
+
+
+def _is_refusal_event(data: Mapping[str, Any]) -> bool:
+    delta = data.get("delta")
+    if isinstance(delta, Mapping) and delta.get("stop_reason") == "refusal":
+        return True
+    return _finish_reason(data) == "content_filter"
 
 
 # -- keeping a bounded body ------------------------------------------------------------
