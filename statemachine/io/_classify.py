@@ -358,8 +358,8 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | 
         etype = None
     raw_code = err.get("code")
     if isinstance(raw_code, int) and not isinstance(raw_code, bool):
-        # a number is the HTTP status echoed (Gemini, vLLM, llama.cpp): the vendor's
-        # name for the error is Gemini's ``status`` ("RESOURCE_EXHAUSTED") or the type
+        # a number is a status (the HTTP one echoed by Gemini, vLLM, llama.cpp), not a
+        # name: the vendor's name is Gemini's ``status`` ("RESOURCE_EXHAUSTED") or the type
         code = _str(err.get("status")) if isinstance(err.get("status"), str) else None
     else:
         code = _str(raw_code)
