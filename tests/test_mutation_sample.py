@@ -1,0 +1,119 @@
+"""The mutation runner, kept honest: its generator, and a fixed sample that must die.
+
+``tools/mutate.py`` (``specs/mutation.md``) mutates a module and runs the fast tests
+against each mutant. The sample test runs the real runner on five fixed mutants of
+``statemachine/core/_backoff.py`` (``--sample 5 --seed 5``) and asserts every one is
+killed, so a weakening of ``tests/test_backoff.py`` (or of the runner) cannot pass
+silently. The other tests check the generator on small sources, without subprocesses.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tools import mutate
+
+BACKOFF = "statemachine/core/_backoff.py"
+
+
+def _descriptions(source: str) -> list[str]:
+    return [m.description for m in mutate.generate("snippet.py", source.encode())]
+
+
+@pytest.mark.requirement("ER-22")
+def test_a_fixed_sample_of_backoff_mutants_is_all_killed() -> None:
+    """Five seeded mutants of the backoff module each make tests/test_backoff.py fail."""
+    started = time.monotonic()
+    report = mutate.run_module(
+        BACKOFF, tests=["tests/test_backoff.py"], sample=5, seed=5, timeout=60
+    )
+    assert report.error is None, report.error
+    assert report.generated >= 80
+    assert report.run == 5
+    survivors = [
+        f"#{o.mutant.number} line {o.mutant.line}: {o.mutant.description}" for o in report.survivors
+    ]
+    assert not survivors, f"surviving mutants of {BACKOFF}: {survivors}"
+    assert report.score == 100.0
+    assert time.monotonic() - started < 120
+
+
+def test_the_sample_is_deterministic() -> None:
+    """The same seed picks the same mutants; the numbering follows the source order."""
+    source = (mutate.REPO / BACKOFF).read_bytes()
+    mutants = mutate.generate(BACKOFF, source)
+    first = mutate.select(mutants, 5, 5)
+    assert first == mutate.select(mutate.generate(BACKOFF, source), 5, 5)
+    assert [m.number for m in mutants] == list(range(len(mutants)))
+    assert [m.line for m in mutants] == sorted(m.line for m in mutants)
+    assert mutate.select(mutants, numbers=[3, 1]) == [mutants[3], mutants[1]]
+    assert mutate.select(mutants) == mutants
+
+
+def test_each_operator_family_is_generated() -> None:
+    """Comparisons, arithmetic, and/or, not, constants, boolean returns and ifs all mutate."""
+    found = _descriptions(
+        "def f(a, b):\n"
+        "    if a < b and not a:\n"
+        "        return a == b\n"
+        "    x = a + 2\n"
+        "    x *= 3\n"
+        "    return x\n"
+    )
+    for expected in (
+        "`<` -> `<=`",
+        "`<` -> `>=`",
+        "`and` -> `or`",
+        "`not` removed from `not a`",
+        "`==` -> `!=`",
+        "return negated: `not (a == b)`",
+        "`+` -> `-`",
+        "constant 2 -> 3",
+        "constant 2 -> 1",
+        "constant 2 -> 0",
+        "`*=` -> `/=`",
+        "condition `a < b and (not a)` forced True",
+        "condition `a < b and (not a)` forced False",
+    ):
+        assert expected in found, (expected, found)
+
+
+def test_tables_lose_and_change_their_string_entries() -> None:
+    """A module-level dict/tuple/frozenset: each entry dropped, each string changed."""
+    found = _descriptions(
+        'KIND = {"a": "x", "b": "y"}\nNAMES = ("p", "q")\nSET = frozenset({"s"})\n'
+        'def f():\n    local = {"z": 1}\n    return local\n'
+    )
+    assert "table entry dropped: `'a'`" in found
+    assert "table entry dropped: `'q'`" in found
+    assert "table entry dropped: `'s'`" in found
+    assert "table string 'x' -> 'x_mutant'" in found
+    assert "table string 'p' -> 'p_mutant'" in found
+    assert not any("'z'" in d for d in found), found  # not a module-level table
+
+
+def test_annotations_docstrings_and_all_are_left_alone() -> None:
+    """Nothing in an annotation, a docstring or ``__all__`` is mutated; every mutant compiles."""
+    source = (
+        '"""Doc 1."""\n__all__ = ["f"]\n'
+        "def f(a: int | None = None) -> int | str:\n"
+        '    """Doc 2."""\n    return 0\n'
+    )
+    found = mutate.generate("snippet.py", source.encode())
+    assert [m.description for m in found] == [
+        "constant 0 -> 1",
+        "constant 0 -> -1",
+    ]
+    for mutant in found:
+        compile(mutant.apply(source.encode()), "snippet.py", "exec")
+        assert mutant.source_line(source.encode()) == "return 0"
+
+
+def test_the_command_line_lists_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--list`` prints each selected mutant as number, file:line, mutation and source line."""
+    assert mutate.main(["--module", BACKOFF, "--list", "--sample", "2", "--seed", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert all(line.startswith("#") and f"{BACKOFF}:" in line and " | " in line for line in lines)
