@@ -3,7 +3,8 @@
 ``tools/mutate.py`` (``specs/mutation.md``) mutates a module and runs the fast tests
 against each mutant. The sample test runs the real runner on five fixed mutants of
 ``statemachine/core/_backoff.py`` (``--sample 5 --seed 5``) and asserts every one is
-killed, so a weakening of ``tests/test_backoff.py`` (or of the runner) cannot pass
+killed, so a weakening of ``tests/test_backoff.py`` and
+``tests/test_mutation_backoff.py`` (or of the runner) cannot pass
 silently. The other tests check the generator on small sources, without subprocesses.
 """
 
@@ -24,10 +25,14 @@ def _descriptions(source: str) -> list[str]:
 
 @pytest.mark.requirement("ER-22")
 def test_a_fixed_sample_of_backoff_mutants_is_all_killed() -> None:
-    """Five seeded mutants of the backoff module each make tests/test_backoff.py fail."""
+    """Five seeded mutants of the backoff module each make its tests fail."""
     started = time.monotonic()
     report = mutate.run_module(
-        BACKOFF, tests=["tests/test_backoff.py"], sample=5, seed=5, timeout=60
+        BACKOFF,
+        tests=["tests/test_backoff.py", "tests/test_mutation_backoff.py"],
+        sample=5,
+        seed=5,
+        timeout=60,
     )
     assert report.error is None, report.error
     assert report.generated >= 80
