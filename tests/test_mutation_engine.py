@@ -69,3 +69,14 @@ def test_illegal_event_messages_name_the_state_and_what_is_legal() -> None:
     with pytest.raises(sm.IllegalEvent) as finished:
         turn.send(sm.WaitDone())
     assert "the turn has finished" in str(finished.value)
+
+
+@pytest.mark.requirement("ER-15")
+def test_a_spend_exactly_at_max_cost_usd_fires_the_budget_limit() -> None:
+    """``max_cost_usd`` is reached when the spend *equals* it, not only when it passes it;
+    a spend just below leaves the session running."""
+    below = new_session(max_cost_usd=1.0)
+    complete_turn(below, cost=0.75)
+    assert below.limit_reached is None
+    complete_turn(below, cost=0.25)
+    assert below.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
