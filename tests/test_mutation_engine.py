@@ -1,7 +1,8 @@
 """Engine behaviour the mutation runner found untested (``specs/mutation.md``).
 
 A sampled run over ``statemachine/core/_engine.py`` left alive: the doom-loop count
-after a tool-free reply reset to ``-1`` instead of ``0``, a cancel reason dropped
+after a tool-free reply reset to ``-1`` instead of ``0`` (an unreachable state a
+snapshot refuses), a spend exactly at ``max_cost_usd`` not firing the budget, a cancel reason dropped
 from the cancelled calls' results, and wrong ``IllegalEvent`` messages.
 """
 
@@ -11,7 +12,7 @@ import pytest
 
 import statemachine as sm
 
-from .helpers import calling_turn, complete_turn, new_session, tool_round
+from .helpers import ManualClock, calling_turn, complete_turn, new_session, tool_round
 
 
 def _search(i: int) -> sm.ToolCall:
@@ -21,11 +22,14 @@ def _search(i: int) -> sm.ToolCall:
 @pytest.mark.requirement("ER-17")
 def test_a_tool_free_reply_restarts_the_doom_count_from_zero() -> None:
     """After a reply with no tool call, the run of identical calls starts again: the
-    ``doom_loop_threshold``-th identical call after it (not one more) fires the limit."""
+    session is in a state a snapshot restores (no fingerprint, a count of zero), and
+    the ``doom_loop_threshold``-th identical call after it fires the limit."""
     session = new_session(doom_loop_threshold=3)
     for i in range(2):
         tool_round(session, [_search(i)], [sm.ToolOutcome(f"c{i}", ok=True)])
     complete_turn(session)  # no tool call: the run is over
+    restored = sm.Session.restore(session.snapshot(), clock=ManualClock())
+    assert restored.snapshot() == session.snapshot()  # a reachable state: count 0, no call
     for i in range(2, 4):
         tool_round(session, [_search(i)], [sm.ToolOutcome(f"c{i}", ok=True)])
         assert session.limit_reached is None
