@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
 
-from ._json_data import MAX_COUNT, json_validator, owned_json
+from ._json_data import MAX_COUNT, finite, json_validator, owned_json
 from ._model_error import OPAQUE, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
 
@@ -38,15 +37,13 @@ def _outcomes(value: Any) -> tuple[ToolOutcome, ...]:
 
 
 def _cost(_instance: object, _attribute: object, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not finite(value)
+        or value < 0
+    ):
         raise ValueError(f"cost: must be a finite number >= 0, got {value!r:.60}")
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(float(value)) and value >= 0
-    except OverflowError:
-        return False
 
 
 def _request(value: Any) -> Any:

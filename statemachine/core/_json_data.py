@@ -32,6 +32,15 @@ MAX_COUNT = (1 << 63) - 1
 signed 64-bit integer wherever the snapshot is read."""
 
 
+def finite(value: float) -> bool:
+    """Whether the number ``value`` is finite, an int too large for a float included
+    (``math.isfinite`` would raise ``OverflowError`` for it)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def short_repr(value: object) -> str:
     """``repr`` of a refused value for a message, cut short (it may be huge or hostile)."""
     if type(value) is int and value.bit_length() > 64:
@@ -171,13 +180,6 @@ def _base_kind(value: object) -> type:
         if isinstance(value, base):
             return base
     return type(value)
-
-
-def check_json(value: Any, name: str) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``value`` is not JSON data."""
-    problem = json_problem(value)
-    if problem is not None:
-        raise ValueError(f"{name}: must be JSON data: {problem}")
 
 
 _COPY = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False)

@@ -74,7 +74,7 @@ _ATTEMPT, _REDUCTIONS, _RETRIES = (
     _TRACE_INDEX["retries"],
 )
 
-_DELTAS: dict[str, tuple[int | None, int, int]] = {
+COUNTER_DELTAS: dict[str, tuple[int | None, int, int]] = {
     # effect: (attempt after: None = unchanged, 0 = reset, 1 = +1; reductions +; retries +)
     "call_model": (0, 0, 0),
     "retry": (1, 0, 0),
@@ -82,8 +82,9 @@ _DELTAS: dict[str, tuple[int | None, int, int]] = {
     "fall_back": (0, 0, 1),
     "reduce": (None, 1, 0),
 }
-"""How each effect moves the counters a step carries (validation only: the effects move
-the state, and every step records what they left)."""
+"""How each effect moves the counters a step carries (for validation, and to rebuild the
+counters of version-1 snapshots, which stored none: the effects move the state, and
+every step records what they left)."""
 
 _IDLE_FIELDS = tuple(
     (f.name, f.default)
@@ -237,12 +238,12 @@ def _path_problem(turn: TurnState, session: SessionState, settings: Settings) ->
 def _step_problem(i: int, step: Step, previous: Step | None, effect: str) -> str | None:
     counters = step[1:]
     if previous is None:
-        before = [0, 0, counters[_RETRIES] - _DELTAS.get(effect, (None, 0, 0))[2]]
+        before = [0, 0, counters[_RETRIES] - COUNTER_DELTAS.get(effect, (None, 0, 0))[2]]
         if before[_RETRIES] < 0:
             return f"turn.path[{i}]: the first step's counters {tuple(counters)} are impossible"
     else:
         before = list(previous[1:])
-    attempt, reductions, retries = _DELTAS.get(effect, (None, 0, 0))
+    attempt, reductions, retries = COUNTER_DELTAS.get(effect, (None, 0, 0))
     expected = list(before)
     if attempt == 0:
         expected[_ATTEMPT] = 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -32,14 +31,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import ConfigError
-from ._json_data import MAX_COUNT, json_problem
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
+from ._json_data import MAX_COUNT, finite, json_problem
 
 
 def _number(name: str, *, minimum: float = 0.0, optional: bool = False) -> Any:
@@ -48,7 +40,7 @@ def _number(name: str, *, minimum: float = 0.0, optional: bool = False) -> Any:
             return
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{name}: must be a number, got {value!r:.60}")
-        if not _finite(value) or value < minimum:
+        if not finite(value) or value < minimum:
             raise ConfigError(f"{name}: must be a finite number >= {minimum:g}, got {value!r}")
 
     return check
@@ -74,7 +66,7 @@ def _positive(name: str) -> Any:
             return
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{name}: must be a number or None, got {value!r:.60}")
-        if not _finite(value) or value <= 0:
+        if not finite(value) or value <= 0:
             raise ConfigError(f"{name}: must be a finite number > 0, got {value!r}")
 
     return check

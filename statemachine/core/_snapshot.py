@@ -31,7 +31,7 @@ from typing import Any
 
 from ._exceptions import ConfigError, SnapshotError
 from ._json_data import json_problem, short_repr
-from ._reachable import check_reachable
+from ._reachable import COUNTER_DELTAS, check_reachable
 from ._settings import Settings
 from ._state import (
     ROW_INFOS,
@@ -149,17 +149,6 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
 
 # -- version 1 --------------------------------------------------------------------------
 
-_V1_COUNTERS: dict[str, tuple[bool, int, int, int]] = {
-    # effect: (resets the attempt, attempt +, session retries +, reductions +)
-    "call_model": (True, 0, 0, 0),
-    "retry": (False, 1, 0, 0),
-    "wait": (False, 0, 1, 0),
-    "fall_back": (True, 0, 1, 0),
-    "reduce": (False, 0, 0, 1),
-}
-"""How each effect moved the counters: version 1 stored none, so they are replayed."""
-
-
 _V1_SESSION_KEYS = frozenset(
     {"seed", "draws", "retries", "turns", "cost_usd", "elapsed_s", "breakers", "tripped"}
     | {"limit", "status", "turn"}
@@ -199,8 +188,9 @@ def _from_version_1(body: dict[str, Any]) -> tuple[dict[str, Any], object]:
         info = ROW_INFOS.get(tuple(entry[:4])) if all(type(x) is str for x in entry[:4]) else None
         if info is None:
             raise SnapshotError(f"turn.trace[{i}]: not a transition of this engine's table")
-        resets, retried, waited, reduced = _V1_COUNTERS.get(info[4], (False, 0, 0, 0))
-        attempt = 0 if resets else attempt + retried
+        moved, reduced, waited = COUNTER_DELTAS.get(info[4], (None, 0, 0))
+        if moved is not None:
+            attempt = 0 if moved == 0 else attempt + 1
         retries += waited
         reductions += reduced
         path.append([*entry[:4], attempt, reductions, retries])

@@ -23,7 +23,6 @@ where the state is...) is checked by ``_reachable.reachable_problem``, which
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +31,7 @@ import attrs
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from ._codec import decode, encode
 from ._exceptions import SnapshotError
-from ._json_data import MAX_COUNT, json_problem, short_repr
+from ._json_data import MAX_COUNT, finite, json_problem, short_repr
 from ._model_error import ModelError
 from ._table import IDLE, ROWS, STATES
 from ._taxonomy import SessionStatus, TurnStatus
@@ -113,16 +112,9 @@ def _text(raw: Any, key: str) -> str | None:
 
 
 def _number(raw: Any, key: str) -> float:
-    if type(raw) not in (int, float) or not _finite_non_negative(raw):
+    if type(raw) not in (int, float) or not (finite(raw) and raw >= 0):
         raise SnapshotError(f"{key}: must be a finite number >= 0, got {short_repr(raw)}")
     return float(raw)
-
-
-def _finite_non_negative(value: float) -> bool:
-    try:
-        return math.isfinite(value) and value >= 0 and math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 def _state_name(raw: Any, key: str) -> str:
@@ -274,7 +266,10 @@ def _is_count(value: object) -> bool:
 def _is_seconds(value: object, optional: bool = False) -> bool:
     if value is None:
         return optional
-    return type(value) in (int, float) and _finite_non_negative(value)  # type: ignore[arg-type]
+    if type(value) not in (int, float):
+        return False
+    seconds: float = value  # type: ignore[assignment]
+    return finite(seconds) and seconds >= 0
 
 
 def _is_text(value: object) -> bool:
