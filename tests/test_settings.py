@@ -99,7 +99,8 @@ def test_from_toml_reads_the_settings_table_from_text_and_file(tmp_path: Path) -
         ("[settings]\nmax_retrys = 2\n", r"^max_retrys: unknown setting"),
         ("[settings]\nbackoff_factor = 'two'\n", r"^backoff_factor: must be a number"),
         ("[settings\nmax_retries = 2\n", r"not valid TOML.*line 1"),
-        ("[other]\nmax_retries = 2\n", "no \\[settings\\] table"),
+        ("max_retries = 2\n", "^max_retries: a setting outside the \\[settings\\] table"),
+        ("[setting]\nmax_retries = 2\n", "did you mean \\[settings\\]"),
         ("settings = 3\n", "must be a table"),
     ],
 )
@@ -184,16 +185,55 @@ def test_to_dict_round_trips() -> None:
 
 @pytest.mark.requirement("ER-2")
 @pytest.mark.requirement("ER-28")
+@pytest.mark.requirement("ER-94")
 def test_a_retry_sub_table_is_read_like_the_specs_settings_block() -> None:
-    """``[settings.retry]`` holds the retry keys; unknown or doubled keys are errors."""
+    """``[settings.retry]`` holds the three retry keys together; unknown or doubled keys
+    are errors."""
     settings = sm.Settings.from_toml(
-        "[settings]\nmax_turns = 4\n[settings.retry]\nbase_delay_ms = 100\nmax_retries = 2\n"
+        "[settings]\nmax_turns = 4\n[settings.retry]\nbase_delay_ms = 100\n"
+        "backoff_factor = 3\nmax_retries = 2\nmax_delay_ms = 9000\n"
     )
-    assert (settings.base_delay_ms, settings.max_retries, settings.max_turns) == (100, 2, 4)
+    assert (settings.base_delay_ms, settings.backoff_factor, settings.max_retries) == (100, 3, 2)
+    assert (settings.max_delay_ms, settings.max_turns) == (9000, 4)
     with pytest.raises(sm.ConfigError, match=r"^retry\.max_turns: unknown retry setting"):
-        sm.Settings.from_toml("[settings.retry]\nmax_turns = 4\n")
+        sm.Settings.from_toml(
+            "[settings.retry]\nbase_delay_ms = 1\nbackoff_factor = 2\nmax_retries = 1\n"
+            "max_turns = 4\n"
+        )
     with pytest.raises(sm.ConfigError, match=r"^max_retries: given both"):
-        sm.Settings.from_toml("[settings]\nmax_retries = 1\n[settings.retry]\nmax_retries = 2\n")
+        sm.Settings.from_toml(
+            "[settings]\nmax_retries = 1\n[settings.retry]\nbase_delay_ms = 1\n"
+            "backoff_factor = 2\nmax_retries = 2\n"
+        )
+
+
+@pytest.mark.requirement("ER-94")
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [
+        ({"base_delay_ms": 100, "max_retries": 2}, "backoff_factor"),
+        ({"backoff_factor": 2}, "base_delay_ms"),
+        ({"base_delay_ms": 100, "backoff_factor": 2}, "max_retries"),
+        ({}, "base_delay_ms"),
+    ],
+)
+def test_a_partial_retry_table_is_refused_naming_what_is_missing(
+    given: dict[str, float], missing: str
+) -> None:
+    """The spec's ``retry{}`` is all-or-nothing: a partial block is a ConfigError that
+    names the first missing field, and nothing is built."""
+    with pytest.raises(sm.ConfigError, match=rf"^retry\.{missing}: missing") as caught:
+        sm.Settings.from_dict({"retry": given})
+    assert "all-or-nothing" in str(caught.value)
+
+
+@pytest.mark.requirement("ER-94")
+def test_a_document_without_a_settings_table_gets_the_defaults(tmp_path: Path) -> None:
+    """A bare document (no ``[settings]``) works without tuning: the defaults."""
+    assert sm.Settings.from_toml("[scenario]\nname = 'x'\n") == sm.Settings()
+    path = tmp_path / "empty.toml"
+    path.write_text("# nothing here\n", encoding="utf-8")
+    assert sm.Settings.from_toml(path) == sm.Settings()
 
 
 def test_the_constructor_shows_its_fields() -> None:

@@ -132,7 +132,7 @@ _DELETE = object()
     ("path", "value", "match"),
     [
         ("format", "something.else", "^format:"),
-        ("version", 3, "^version: 3 is not supported"),
+        ("version", 4, "^version: 4 is not supported"),
         ("version", "1", "^version: '1' is not supported"),
         ("seed", _DELETE, "^seed: missing"),
         ("draws", -1, "^draws: must be >= 0"),
@@ -218,7 +218,7 @@ def test_snapshot_is_versioned_plain_data() -> None:
     """The snapshot is a dict of JSON types with a format and a version."""
     data = _snapshot()
     assert data["format"] == "statemachine.session"
-    assert data["version"] == 2
+    assert data["version"] == 3
     assert json.loads(json.dumps(data)) == data
 
 

@@ -182,7 +182,7 @@ def test_version_1_snapshots_of_the_first_release_restore_and_continue(
         assert turn.trace[-1].session_retries == data["retries"]
         assert turn.attempt == data["turn"]["attempt"]
     again = restored.snapshot()
-    assert again["version"] == 2
+    assert again["version"] == 3
     assert sm.Session.restore(again, clock=ManualClock()).snapshot()["retries"] == data["retries"]
 
 

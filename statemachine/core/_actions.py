@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from ._model_error import OPAQUE, ModelError
-from ._taxonomy import ErrorCategory, TurnStatus
+from ._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolResult
 
 
@@ -37,10 +37,14 @@ class CallModel:
 
 @attrs.frozen
 class Wait:
-    """Sleep ``seconds`` before retrying after a ``category`` error on ``attempt``."""
+    """Sleep ``seconds`` before retrying after a ``category`` error on ``attempt``.
+
+    ``category`` is a model error's (``rate_limited``, ``overloaded``) before a model
+    call is retried, or ``ToolErrorCategory.CONCURRENCY_CONFLICT`` before a tool call
+    that conflicted is re-invoked."""
 
     seconds: float
-    category: ErrorCategory
+    category: ErrorCategory | ToolErrorCategory
     attempt: int
 
 
@@ -69,6 +73,8 @@ class Finish:
     any. ``model`` is the model that served the last attempt and ``fallbacks`` the
     moves that led to it. ``retry_at`` (``retry_deferred`` only) is when, on the
     session's clock, the server said to come back. ``reply`` is the host's reply.
+    ``done`` says the loop is done: the reply asked for no tool call, or a call marked
+    ``terminates_turn`` succeeded (no further model call is needed).
     ``==`` compares the contract's fields (status, tool results, error); the rest
     is provenance.
     """
@@ -80,6 +86,7 @@ class Finish:
     fallbacks: tuple[Fallback, ...] = attrs.field(default=(), eq=False)
     retry_at: float | None = attrs.field(default=None, eq=False)
     reply: Any = attrs.field(default=None, metadata=OPAQUE, eq=False)
+    done: bool = attrs.field(default=False, eq=False)
 
 
 Action = Assemble | CallModel | Wait | InvokeTools | Finish

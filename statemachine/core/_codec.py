@@ -40,22 +40,26 @@ _CLASSES: dict[str, type] = {
 }
 
 
-def _enum_of(annotation: Any) -> type[enum.Enum] | None:
+def _enums_of(annotation: Any) -> tuple[type[enum.Enum], ...]:
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return annotation
+        return (annotation,)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _enum_of(arg)
-            if found is not None:
-                return found
-    return None
+        return tuple(e for arg in typing.get_args(annotation) for e in _enums_of(arg))
+    return ()
 
 
-def _field_plan(cls: type) -> tuple[tuple[str, bool, type[enum.Enum] | None], ...]:
+def _field_plan(cls: type) -> tuple[tuple[str, bool, tuple[type[enum.Enum], ...]], ...]:
     attrs.resolve_types(cls)
     return tuple(
-        (f.name, bool(f.metadata.get("opaque")), _enum_of(f.type)) for f in attrs.fields(cls)
+        (f.name, bool(f.metadata.get("opaque")), _enums_of(f.type)) for f in attrs.fields(cls)
     )
+
+
+_OPTIONAL: dict[str, frozenset[str]] = {
+    name: frozenset(f.name for f in attrs.fields(cls) if f.default is not attrs.NOTHING)
+    for name, cls in _CLASSES.items()
+}
+"""Fields with a default: data written before a field was added may leave it out."""
 
 
 _PLANS = {name: _field_plan(cls) for name, cls in _CLASSES.items()}
@@ -148,22 +152,20 @@ def _decode(data: Any, depth: int) -> Any:
         raise _Bad(f"unknown value type {short_repr(name)}")
     if len(data) != len(plan) + 1 or not all(field in data for field, _, _ in plan):
         expected = {field for field, _, _ in plan} | {"$type"}
-        odd = sorted(str(k)[:40] for k in set(data) ^ expected)
-        raise _Bad(f"{name} has missing or unknown field(s) {odd}")
+        odd = sorted(str(k)[:40] for k in (set(data) ^ expected) - _OPTIONAL[name])
+        if odd:
+            raise _Bad(f"{name} has missing or unknown field(s) {odd}")
     if depth >= MAX_DEPTH:
         raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
     kwargs: dict[str, Any] = {}
-    for field, opaque, enum_class in plan:
+    for field, opaque, enum_classes in plan:
+        if field not in data:
+            continue  # a field added later, with its default
         item = data[field]
         if opaque:
             kwargs[field] = item
-        elif enum_class is not None and item is not None:
-            try:
-                kwargs[field] = enum_class(item)
-            except (TypeError, ValueError):
-                raise _Bad(
-                    f"{name}.{field}: {short_repr(item)} is not a {enum_class.__name__}"
-                ) from None
+        elif enum_classes and item is not None:
+            kwargs[field] = _enum_value(enum_classes, item, f"{name}.{field}")
         else:
             try:
                 kwargs[field] = _decode(item, depth + 1)
@@ -174,6 +176,16 @@ def _decode(data: Any, depth: int) -> Any:
         return _CLASSES[name](**kwargs)
     except (TypeError, ValueError) as exc:
         raise _Bad(_short_message(exc)) from None
+
+
+def _enum_value(classes: tuple[type[enum.Enum], ...], item: Any, where: str) -> enum.Enum:
+    for enum_class in classes:
+        try:
+            return enum_class(item)
+        except (TypeError, ValueError):
+            continue
+    names = " or ".join(c.__name__ for c in classes)
+    raise _Bad(f"{where}: {short_repr(item)} is not a {names}")
 
 
 def _short_message(exc: Exception) -> str:

@@ -16,6 +16,13 @@ Defaults we chose where the specification leaves the value open:
   ``Finish.retry_at``) than slept on; shorter requests are honoured as asked.
 * ``max_context_reductions = 3``: a context that overflows after three reductions
   is not converging.
+* ``denial_threshold = 5``: five denials in a row (the model keeps trying what the
+  policy refuses) is a denial storm; the doom-loop guard already stops the third
+  *identical* call, so this catches the varied ones.
+* ``max_conflict_retries = 3``: a conflict on a shared key (a lock, an etag) that
+  survives three serialized retries is not transient.
+* ``doom_check_window = 10``: the second-tier check looks at the last ten calls.
+* Sliding windows are off unless both of their settings are given.
 """
 
 from __future__ import annotations
@@ -72,6 +79,14 @@ def _positive(name: str) -> Any:
     return check
 
 
+def _flag(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: must be true or false, got {value!r:.60}")
+
+    return check
+
+
 def _models(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple):
         raise ConfigError(f"fallback_models: must be a list of model names, got {value!r}")
@@ -106,8 +121,22 @@ class Settings:
 
     Bounds (``None`` = unbounded): ``max_turns``, ``max_cost_usd`` (sum of
     ``ModelReplied.cost``) and ``max_wall_clock_s`` (the injected clock, waits
-    included) are checked after every turn; one that fires takes the
-    limit-reached path.
+    included; with ``wall_clock_counts_idle = False`` the time between a turn's
+    ``Finish`` and the next turn's ``start()`` is left out) are checked after every
+    turn; one that fires takes the limit-reached path.
+
+    Breakers: ``breaker_threshold`` crashes of one tool provider in a row (a
+    round in which the provider's process died counts one crash, however many of its
+    calls were in flight), or ``breaker_window_threshold`` crashes among its last
+    ``breaker_window`` rounds, trip its breaker. ``denial_threshold`` consecutive
+    ``permission_denied`` outcomes in the session (``None``: off), or
+    ``denial_window_threshold`` among the last ``denial_window`` outcomes, trip the
+    denial breaker. Both take the limit-reached path.
+
+    A ``concurrency_conflict`` outcome is re-invoked, one call at a time, after a
+    backoff wait (the retry formula above), at most ``max_conflict_retries`` times
+    per call. A host's second-tier doom check sees the last ``doom_check_window``
+    tool calls.
     """
 
     base_delay_ms: float = attrs.field(default=500, validator=_number("base_delay_ms"))
@@ -138,6 +167,28 @@ class Settings:
     max_wall_clock_s: float | None = attrs.field(
         default=None, validator=_number("max_wall_clock_s", optional=True)
     )
+    denial_threshold: int | None = attrs.field(
+        default=5, validator=_integer("denial_threshold", minimum=1, optional=True)
+    )
+    denial_window: int | None = attrs.field(
+        default=None, validator=_integer("denial_window", minimum=1, optional=True)
+    )
+    denial_window_threshold: int | None = attrs.field(
+        default=None, validator=_integer("denial_window_threshold", minimum=1, optional=True)
+    )
+    breaker_window: int | None = attrs.field(
+        default=None, validator=_integer("breaker_window", minimum=1, optional=True)
+    )
+    breaker_window_threshold: int | None = attrs.field(
+        default=None, validator=_integer("breaker_window_threshold", minimum=1, optional=True)
+    )
+    max_conflict_retries: int = attrs.field(default=3, validator=_integer("max_conflict_retries"))
+    doom_check_window: int = attrs.field(
+        default=10, validator=_integer("doom_check_window", minimum=2)
+    )
+    wall_clock_counts_idle: bool = attrs.field(
+        default=True, validator=_flag("wall_clock_counts_idle")
+    )
     model: str | None = attrs.field(default=None, validator=_model)
     fallback_models: tuple[str, ...] = attrs.field(default=(), converter=_models)
     model_timeout_s: float | None = attrs.field(
@@ -145,13 +196,28 @@ class Settings:
     )
     tool_timeout_s: float | None = attrs.field(default=None, validator=_positive("tool_timeout_s"))
 
+    def __attrs_post_init__(self) -> None:
+        for window, threshold in (
+            ("denial_window", "denial_window_threshold"),
+            ("breaker_window", "breaker_window_threshold"),
+        ):
+            size, count = getattr(self, window), getattr(self, threshold)
+            if (size is None) != (count is None):
+                given, other = (window, threshold) if count is None else (threshold, window)
+                raise ConfigError(f"{other}: must be set together with {given} (a sliding window)")
+            if size is not None and count > size:
+                raise ConfigError(
+                    f"{threshold}: {count} events cannot fit a window of {window} = {size}"
+                )
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "settings") -> Settings:
         """Build settings from a mapping; an unknown key raises ``ConfigError``.
 
-        A ``retry`` sub-table (the specification's ``settings.retry`` block) may hold
-        ``base_delay_ms``, ``backoff_factor``, ``max_retries`` and the other retry
-        keys; a key given both there and at the top level is an error.
+        A ``retry`` sub-table (the specification's ``settings.retry`` block) is
+        all-or-nothing: once given it holds all of ``base_delay_ms``,
+        ``backoff_factor`` and ``max_retries`` (it may add the other retry keys); a
+        key given both there and at the top level is an error.
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: must be a table of settings, got {data!r}")
@@ -168,7 +234,8 @@ class Settings:
 
         A ``pathlib.Path`` (or a str that names an existing file and holds no
         ``=``) is read as a file; any other str is TOML text. Other top-level
-        tables are ignored, so a scenario file can carry its settings.
+        tables are ignored, so a scenario file can carry its settings; a document
+        with no ``[settings]`` table gets the defaults.
         """
         source, text = _read(text_or_path)
         try:
@@ -176,8 +243,9 @@ class Settings:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: not valid TOML: {exc}") from None
         table = document.get("settings")
-        if table is None:
-            raise ConfigError(f"{source}: has no [settings] table")
+        if table is None:  # a bare document works without tuning, as the spec's does
+            _check_stray(document, source)
+            return cls()
         return cls.from_dict(table, source=f"{source} [settings]")
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,10 +281,21 @@ RETRY_FIELD_NAMES = frozenset(
 )
 
 
+REQUIRED_RETRY_FIELDS = ("base_delay_ms", "backoff_factor", "max_retries")
+"""The three fields the specification's ``retry{}`` block requires once it is given."""
+
+
 def _flatten_retry(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     retry = data["retry"]
     if not isinstance(retry, Mapping):
         raise ConfigError(f"retry: must be a table of retry settings in {source}, got {retry!r}")
+    missing = [key for key in REQUIRED_RETRY_FIELDS if key not in retry]
+    if missing:
+        raise ConfigError(
+            f"retry.{missing[0]}: missing in {source}: a retry table is all-or-nothing "
+            f"(give {', '.join(REQUIRED_RETRY_FIELDS)} together, or leave it out; "
+            f"missing: {', '.join(missing)})"
+        )
     flat = {key: value for key, value in data.items() if key != "retry"}
     for key, value in retry.items():
         if key not in RETRY_FIELD_NAMES:
@@ -228,6 +307,16 @@ def _flatten_retry(data: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(f"{key}: given both in {source} and in its retry table")
         flat[key] = value
     return flat
+
+
+def _check_stray(document: Mapping[str, Any], source: str) -> None:
+    """A document without ``[settings]`` gets the defaults, unless it looks like a
+    settings table that missed: a setting at the top level, or ``[setting]``."""
+    for key, value in document.items():
+        if key in FIELD_NAMES or key == "retry":
+            raise ConfigError(f"{key}: a setting outside the [settings] table of {source}")
+        if isinstance(value, Mapping) and difflib.get_close_matches(key, ["settings"], cutoff=0.8):
+            raise ConfigError(f"[{key}]: not a table of {source}; did you mean [settings]?")
 
 
 _attrs_init = Settings.__init__

@@ -1,6 +1,6 @@
 """The snapshot format: a session's declared state as plain JSON data.
 
-Version 2 (written now) is the declaration of ``_state.py``, field by field::
+Version 3 (written now) is the declaration of ``_state.py``, field by field::
 
     {"format": "statemachine.session", "version": 2, "settings": {...},
      "seed": 7, "draws": 1, "retries": 1, "turns": 1, "cost_usd": 0.0,
@@ -15,7 +15,8 @@ Version 2 (written now) is the declaration of ``_state.py``, field by field::
                         session_retries], ...],
               "actions": [{"$type": "Assemble", ...}, ...]}}
 
-Version 1 (the first release) is read too: it is rewritten into version 2 (its
+Version 2 is read with the fields version 3 added at their defaults. Version 1 (the
+first release) is read too: it is rewritten into version 2 (its
 ``doom`` object split in two, its turn's counters replayed along its trace from
 ``retries_at_start``) and then read like any other.
 
@@ -36,14 +37,16 @@ from ._settings import Settings
 from ._state import (
     ROW_INFOS,
     SessionState,
+    TurnState,
     declared_defaults,
+    defaults_since,
     decode_state,
     encode_state,
 )
 
 SNAPSHOT_FORMAT = "statemachine.session"
-SNAPSHOT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SNAPSHOT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 _CACHE_SIZE = 256
@@ -124,6 +127,8 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     if version == 1:
         body, v1_status = _from_version_1(body)
     del body["format"], body["version"]
+    if version < 3:
+        _from_version_2(body)
     if "settings" not in body:
         raise SnapshotError("settings: missing")
     raw_settings = body.pop("settings")
@@ -145,6 +150,25 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
         if v1_status != (status.value if status else None):
             raise SnapshotError(f"turn.status: {short_repr(v1_status)} is not where its trace ends")
     return settings, state
+
+
+# -- version 2 --------------------------------------------------------------------------
+
+
+def _from_version_2(body: dict[str, Any]) -> None:
+    """Version 2's layout completed into version 3's: the fields version 3 added
+    (sub-sessions, denials, windows, conflicts, idle time, costs) at their defaults;
+    a turn invoking tools had all its calls in flight."""
+    for key, value in defaults_since(SessionState, 2).items():
+        body.setdefault(key, value)
+    turn = body.get("turn")
+    if type(turn) is dict:
+        turn = dict(turn)
+        for key, value in defaults_since(TurnState, 2).items():
+            turn.setdefault(key, value)
+        if turn.get("state") == "invoking_tools":
+            turn["in_flight"] = turn.get("calls")
+        body["turn"] = turn
 
 
 # -- version 1 --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from ._json_data import MAX_COUNT, finite, json_problem, short_repr
 from ._model_error import ModelError
 from ._table import IDLE, ROWS, STATES
 from ._taxonomy import SessionStatus, TurnStatus
-from ._tool_calls import ToolCall, ToolResult
+from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 
 # -- kinds: how one field is written, read back and copied ------------------------
 
@@ -188,6 +188,61 @@ def _providers(raw: Any, key: str) -> frozenset[str]:
     return frozenset(_provider_name(item, key) for item in raw)
 
 
+def _signed(raw: Any, key: str) -> float | None:
+    if raw is None:
+        return None
+    if type(raw) not in (int, float) or not finite(raw):
+        raise SnapshotError(f"{key}: must be a finite number or null, got {short_repr(raw)}")
+    return float(raw)
+
+
+def _optional_number(raw: Any, key: str) -> float | None:
+    return None if raw is None else _number(raw, key)
+
+
+def _child_costs(raw: Any, key: str) -> dict[str, float] | None:
+    if type(raw) is not dict:
+        raise SnapshotError(f"{key}: must be dict of session id: spend, got {_type_name(raw)}")
+    costs: dict[str, float] = {}
+    for child, cost in raw.items():
+        if type(child) is not str or not child or json_problem(child) is not None:
+            raise SnapshotError(f"{key}: session ids must be non-empty str, got {short_repr(child)}")
+        costs[child] = _number(cost, f"{key}.{child}")
+    return costs or None
+
+
+def _window(raw: Any, key: str) -> str:
+    if type(raw) is not str or raw.strip("01"):
+        raise SnapshotError(f"{key}: must be a str of 0s and 1s, got {short_repr(raw)}")
+    return raw
+
+
+def _windows(raw: Any, key: str) -> dict[str, str] | None:
+    if type(raw) is not dict:
+        raise SnapshotError(f"{key}: must be dict of provider: window, got {_type_name(raw)}")
+    for provider, window in raw.items():
+        _provider_name(provider, key)
+        _window(window, f"{key}.{provider}")
+    return dict(raw) or None
+
+
+def _ids(raw: Any, key: str) -> tuple[str, ...]:
+    if type(raw) is not list or not all(type(i) is str and i for i in raw):
+        raise SnapshotError(f"{key}: must be a list of call ids, got {short_repr(raw)}")
+    return tuple(raw)
+
+
+def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]]:
+    if type(raw) is not list:
+        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
+    costs: list[tuple[int, float]] = []
+    for i, entry in enumerate(raw):
+        if type(entry) is not list or len(entry) != 2:
+            raise SnapshotError(f"{key}[{i}]: must be [step, cost], got {short_repr(entry)}")
+        costs.append((_count(entry[0], f"{key}[{i}][0]"), _number(entry[1], f"{key}[{i}][1]")))
+    return costs
+
+
 COUNT = Kind("count", _same, _count)
 SEED = Kind("seed", _same, _seed)
 OPTIONAL_COUNT = Kind("optional count", _same, _optional_count)
@@ -209,6 +264,25 @@ CRASH_COUNTS = Kind(
 )
 PROVIDERS = Kind("providers", sorted, _providers)
 CLOCK = Kind("clock reading", _same, _number, relative=True)
+OPTIONAL_CLOCK = Kind("optional clock reading", _same, _optional_number, relative=True)
+SIGNED = Kind("signed number", _same, _signed)
+CHILD_COSTS = Kind(
+    "child costs",
+    lambda v: dict(v or {}),
+    _child_costs,
+    lambda v: None if v is None else dict(v),
+)
+WINDOW = Kind("window", _same, _window)
+"""The last outcomes of a sliding window, oldest first: ``1`` counted, ``0`` not."""
+WINDOWS = Kind(
+    "windows", lambda v: dict(v or {}), _windows, lambda v: None if v is None else dict(v)
+)
+OUTCOMES = Kind("tool outcomes", encode, _values_of(ToolOutcome))
+IDS = Kind("call ids", list, _ids)
+COSTS = Kind(
+    "costs", lambda v: [list(e) for e in v], _decode_costs, list, grows=True
+)
+"""(step, cost) of every event of the turn that carried a cost."""
 
 
 def _encode_path(path: list[Step]) -> list[list[Any]]:
@@ -387,6 +461,7 @@ def declared(
     key: str = "exact",
     trace: str | None = None,
     snapshot_key: str | None = None,
+    since: int = 1,
 ) -> Any:
     """Declare one field of the state.
 
@@ -395,9 +470,16 @@ def declared(
     ``"cap:<setting>"`` (a counter bounded by that setting, which the checker may
     accelerate far from its cap). ``trace`` names the :class:`TraceRecord` field that
     carries the value after each transition; ``snapshot_key`` the snapshot's key for
-    it, when not the field's name.
+    it, when not the field's name; ``since`` the snapshot format version that added it
+    (older snapshots read it as its default).
     """
-    metadata = {"kind": kind, "key": key, "trace": trace, "snapshot_key": snapshot_key}
+    metadata = {
+        "kind": kind,
+        "key": key,
+        "trace": trace,
+        "snapshot_key": snapshot_key,
+        "since": since,
+    }
     if factory is not None:
         return attrs.field(factory=factory, metadata=metadata)
     return attrs.field(default=default, metadata=metadata)
@@ -425,12 +507,24 @@ class TurnState:
     overflowed_size: int | None = declared(OPTIONAL_COUNT, None, key="omit")
     overflowed_request: Any = declared(OPAQUE, None, key="omit")
     calls: tuple[ToolCall, ...] = declared(CALLS, (), key="providers")
+    """The tool calls of the reply being handled."""
     reply: Any = declared(OPAQUE, None, key="omit")
     fallbacks: tuple[Fallback, ...] = declared(FALLBACKS, (), key="omit")
     path: list[Step] = declared(PATH, factory=list, key="omit")
     """The row and counters of every transition taken, in order."""
     actions: list[Action] = declared(ACTIONS, factory=list, key="omit")
     """The action of every transition taken, in order."""
+    in_flight: tuple[ToolCall, ...] = declared(CALLS, (), key="providers", since=3)
+    """The calls of the last ``InvokeTools`` (all of ``calls``, or one re-invoked)."""
+    outcomes: tuple[ToolOutcome, ...] = declared(OUTCOMES, (), key="omit", since=3)
+    """The latest outcome of every call that has one, in the order they came."""
+    pending: tuple[str, ...] = declared(IDS, (), since=3)
+    """Calls that conflicted (``concurrency_conflict``) and wait to be re-invoked, in
+    order: the first is re-invoked next, alone."""
+    conflict_attempt: int = declared(COUNT, 0, key="cap:max_conflict_retries", since=3)
+    """How often the first pending call has been re-invoked (or is about to be)."""
+    costs: list[tuple[int, float]] = declared(COSTS, factory=list, key="omit", since=3)
+    """(step, cost) of every event of this turn that carried a cost: each usage kept."""
 
     @property
     def status(self) -> TurnStatus | None:
@@ -472,6 +566,36 @@ class SessionState:
     """How many identical calls in a row end with ``doom_last``."""
     limit: SessionStatus | None = declared(SESSION_STATUS, None)
     status: SessionStatus | None = declared(SESSION_STATUS, None)
+    session_id: str | None = declared(TEXT, None, key="omit", since=3)
+    """The session's id in its tree (``None``: a root nobody named)."""
+    parent_id: str | None = declared(TEXT, None, key="omit", since=3)
+    """The parent's ``session_id`` for a child session (``Session.spawn``)."""
+    children: int = declared(COUNT, 0, key="omit", since=3)
+    """How many children this session has spawned (their ids count up)."""
+    child_costs: dict[str, float] | None = declared(CHILD_COSTS, None, key="omit", since=3)
+    """Each child's total spend (its descendants' included), as last reported; the
+    session's ``cost_usd`` includes their sum."""
+    ancestor_budget_usd: float | None = declared(SIGNED, None, key="omit", since=3)
+    """The ancestors' smallest remaining budget, as last known (at spawn, or read
+    from live ancestors), when ``cost_usd`` was ``ancestor_mark_usd``; ``None``: no
+    ancestor has a budget."""
+    ancestor_mark_usd: float = declared(NUMBER, 0.0, key="omit", since=3)
+    tool_retries: int = declared(COUNT, 0, key="omit", since=3)
+    """Re-invocations of conflicting tool calls across the session."""
+    denials: int = declared(COUNT, 0, key="cap:denial_threshold", since=3)
+    """Consecutive ``permission_denied`` outcomes."""
+    denial_log: str = declared(WINDOW, "", since=3)
+    """The last ``denial_window`` outcomes (``1``: denied), when the window is set."""
+    crash_logs: dict[str, str] | None = declared(WINDOWS, None, since=3)
+    """Per provider, its last ``breaker_window`` rounds (``1``: it crashed)."""
+    doom_window: tuple[ToolCall, ...] = declared(CALLS, (), key="omit", since=3)
+    """The last ``doom_check_window`` tool calls (kept when a second-tier check is set)."""
+    doom_since: int = declared(COUNT, 0, key="omit", since=3)
+    """Tool calls since the second-tier check was last consulted."""
+    idle_s: float = declared(NUMBER, 0.0, key="omit", since=3)
+    """Seconds between a turn's Finish and the next start(), summed."""
+    finished_at: float | None = declared(OPTIONAL_CLOCK, None, key="omit", since=3)
+    """The clock when the last turn finished, while no turn runs."""
     turn: TurnState | None = declared(TURN, None, key="nested")
     """The current turn (the latest one created)."""
 
@@ -518,7 +642,7 @@ def encode_state(
         if mode is None:
             out[key] = value if encoder is None else encoder(value)
         elif mode == "relative":
-            out[key] = now - value
+            out[key] = None if value is None else now - value
         elif mode == "turn":
             before = previous.get(key) if type(previous) is dict else None
             if value is None:
@@ -573,7 +697,7 @@ def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
             values[name] = None if item is None else decode_state(TurnState, item, now, "turn.")
             continue
         value = kind.decode(raw[key], prefix + key)
-        values[name] = now - value if kind.relative else value
+        values[name] = now - value if kind.relative and value is not None else value
     if len(raw) != len(plan):
         known = {key for _, key, _ in plan}
         extra = sorted(str(k) for k in raw if k not in known)
@@ -648,6 +772,18 @@ def declared_defaults(cls: type) -> dict[str, Any]:
             kind: Kind = f.metadata["kind"]
             if kind is not TURN and not kind.relative:
                 out[f.metadata["snapshot_key"] or f.name] = kind.encode(f.default)
+    return out
+
+
+def defaults_since(cls: type, version: int) -> dict[str, Any]:
+    """The snapshot value of every field added after format ``version`` (what a
+    snapshot of that version means by leaving it out)."""
+    out: dict[str, Any] = {}
+    for f in attrs.fields(cls):
+        if f.metadata["since"] > version:
+            kind: Kind = f.metadata["kind"]
+            default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[arg-type]
+            out[f.metadata["snapshot_key"] or f.name] = None if default is None else kind.encode(default)
     return out
 
 

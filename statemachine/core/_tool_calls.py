@@ -32,6 +32,18 @@ def _content(value: Any) -> Any:
     return owned_json(value, "ToolOutcome.content")
 
 
+def _details(value: Any) -> Any:
+    return owned_json(value, "ToolOutcome.details")
+
+
+RETRYABLE_TOOL_CATEGORIES = frozenset(
+    {ToolErrorCategory.TIMEOUT, ToolErrorCategory.CONCURRENCY_CONFLICT}
+)
+"""The tool errors that are retryable by default (the tool conformance page's
+reactions: a timeout may be retried at the kernel's discretion, a conflict is retried
+serialized); the rest are not."""
+
+
 @attrs.frozen
 class ToolCall:
     """One tool call from a model reply.
@@ -39,13 +51,17 @@ class ToolCall:
     ``provider`` names the tool provider (plugin, MCP server) that serves ``name``;
     the circuit breaker counts crashes per provider. ``arguments`` is the call's
     input as the model gave it (JSON-like data); the doom-loop detector hashes it
-    as canonical JSON together with ``name``.
+    as canonical JSON together with ``name``. ``terminates_turn`` marks a terminal
+    tool (the provider declared it so): once it succeeds, the loop is done.
     """
 
     id: str = attrs.field(validator=_nonempty_str("ToolCall.id"))
     provider: str = attrs.field(validator=_nonempty_str("ToolCall.provider"))
     name: str = attrs.field(validator=_nonempty_str("ToolCall.name"))
     arguments: Any = attrs.field(default=None, metadata=OPAQUE, converter=_arguments)
+    terminates_turn: bool = attrs.field(
+        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
 
 
 def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
@@ -63,7 +79,11 @@ class ToolOutcome:
     """What the host reports for one invoked tool call.
 
     A failed outcome (``ok=False``) should carry its ``category``; one without is
-    treated as ``unknown``. ``process_crashed`` is for a plugin process that died.
+    treated as ``unknown``. ``process_crashed`` is for a plugin process that died;
+    ``permission_denied`` also reports a policy's denial (the plan/apply gate), which
+    the denial breaker counts. ``retryable`` defaults from the category (``timeout``
+    and ``concurrency_conflict`` are); ``details`` keeps the raw underlying error
+    (JSON data: for ``unknown``, the exception's type and message).
     """
 
     call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
@@ -72,6 +92,12 @@ class ToolOutcome:
     category: ToolErrorCategory | None = attrs.field(
         default=None, converter=_optional_tool_category
     )
+    retryable: bool | None = attrs.field(
+        default=None,
+        kw_only=True,
+        validator=attrs.validators.optional(attrs.validators.instance_of(bool)),
+    )
+    details: Any = attrs.field(default=None, kw_only=True, metadata=OPAQUE, converter=_details)
 
     def __attrs_post_init__(self) -> None:
         if self.ok and self.category is not None:
@@ -79,6 +105,11 @@ class ToolOutcome:
                 f"category: a successful ToolOutcome ({self.call_id!r}) has no error "
                 f"category, got {self.category.value!r}"
             )
+        if self.ok and self.retryable:
+            raise ValueError(f"retryable: a successful ToolOutcome ({self.call_id!r}) is final")
+        if self.retryable is None:
+            retryable = not self.ok and self.category in RETRYABLE_TOOL_CATEGORIES
+            object.__setattr__(self, "retryable", retryable)
 
 
 @attrs.frozen
@@ -86,11 +117,14 @@ class ToolResult:
     """What goes back to the model for one tool call.
 
     ``is_error`` marks an error-flagged result (the model reads it and adapts);
-    ``category`` says which tool error it was (detail: it takes no part in ``==``,
-    so a result compares equal to ``ToolResult(call_id, content, is_error=True)``).
+    ``category``, ``retryable`` and ``details`` say which tool error it was (detail:
+    they take no part in ``==``, so a result compares equal to
+    ``ToolResult(call_id, content, is_error=True)``).
     """
 
     call_id: str
     content: Any = attrs.field(metadata=OPAQUE)
     is_error: bool = False
     category: ToolErrorCategory | None = attrs.field(default=None, eq=False)
+    retryable: bool = attrs.field(default=False, eq=False, kw_only=True)
+    details: Any = attrs.field(default=None, eq=False, kw_only=True, metadata=OPAQUE)
