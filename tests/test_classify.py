@@ -498,3 +498,144 @@ def test_odd_input_is_described_in_short() -> None:
     assert "2-tuple" in error.message
     assert len(error.message) <= 600
     assert len(sm.classify(b"y" * TEN_MB).message) <= 600
+
+
+# -- ER-95: a 429 for a request larger than the per-minute limit ------------------------
+
+TOO_LARGE = (
+    "Request too large for gpt-4o in organization org-xxx on tokens per min (TPM): "
+    "Limit 30000, Requested 36000. The input or output tokens must be reduced in order "
+    "to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more."
+)
+TOO_LARGE_BODY = {
+    "error": {"message": TOO_LARGE, "type": "tokens", "param": None, "code": "rate_limit_exceeded"}
+}
+RATE_LIMIT_REACHED = (
+    "Rate limit reached for gpt-4o in organization org-xxx on tokens per min (TPM): "
+    "Limit 30000, Used 29937, Requested 385. Please try again in 20ms. "
+    "Visit https://platform.openai.com/account/rate-limits to learn more."
+)
+
+
+def _too_large_sdk_errors() -> list[tuple[Exception, str | None]]:
+    """The openai SDK's RateLimitError, built by the client from a response, built
+    directly with a response and the inner error object (as the SDK keeps it), and
+    without a parsed body; each with the code classify keeps."""
+    response = httpx2.Response(429, request=REQUEST, json=TOO_LARGE_BODY)
+    built = OPENAI._make_status_error_from_response(response)
+    assert isinstance(built, openai.RateLimitError)
+    quoted = f"Error code: 429 - {TOO_LARGE_BODY}"
+    direct = openai.RateLimitError(quoted, response=response, body=TOO_LARGE_BODY["error"])
+    bodyless = openai.RateLimitError(quoted, response=response, body=None)
+    return [(built, "rate_limit_exceeded"), (direct, "rate_limit_exceeded"), (bodyless, None)]
+
+
+@pytest.mark.requirement("ER-95")
+@pytest.mark.parametrize(
+    ("exc", "code"), _too_large_sdk_errors(), ids=["client", "direct", "no-body"]
+)
+def test_request_too_large_429_from_the_openai_sdk_is_context_length_exceeded(
+    exc: Exception, code: str | None
+) -> None:
+    """OpenAI's 429 "Request too large ... must be reduced" can never fit the per-minute
+    limit: context_length_exceeded (not retried), the vendor's code and status kept.
+    Without a parsed body the SDK's message (which quotes the body) decides."""
+    error = sm.classify(exc)
+    assert (error.category, error.status, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, 429, code)
+    assert "must be reduced" in error.message
+    assert not error.retryable
+
+
+@pytest.mark.requirement("ER-95")
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_request_too_large_429_response_is_context_length_exceeded(module: Any) -> None:
+    """An httpx (or httpx2) response with that body, headers carried through."""
+    response = module.Response(429, headers={"x-request-id": "r1"}, json=TOO_LARGE_BODY)
+    error = sm.classify(response)
+    assert (error.category, error.status, error.code) == (
+        C.CONTEXT_LENGTH_EXCEEDED,
+        429,
+        "rate_limit_exceeded",
+    )
+    assert error.headers is not None and error.headers["X-Request-Id"] == "r1"
+    assert error.message == TOO_LARGE
+
+
+@pytest.mark.requirement("ER-95")
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps(TOO_LARGE_BODY).encode(),
+        json.dumps(TOO_LARGE_BODY),
+        TOO_LARGE_BODY,
+        TOO_LARGE_BODY["error"],  # the inner object alone, as the SDK keeps it
+        TOO_LARGE.upper(),  # a bare text body, any casing
+        {"error": {"message": "request too large for model x", "type": "tokens"}},
+        {"error": {"message": "The input or output tokens MUST BE REDUCED.", "type": "tokens"}},
+    ],
+    ids=["bytes", "str", "parsed", "inner", "text-upper", "too-large-only", "reduced-only"],
+)
+def test_request_too_large_429_triples_are_context_length_exceeded(body: Any) -> None:
+    """(status, headers, body) with a bytes, str or parsed body; either phrase, any case,
+    whatever the model name."""
+    error = sm.classify((429, [("retry-after", "1")], body))
+    assert error.category is C.CONTEXT_LENGTH_EXCEEDED
+    assert error.status == 429
+
+
+@pytest.mark.requirement("ER-95", "ER-41")
+@pytest.mark.parametrize(
+    ("status", "message", "etype", "code", "category"),
+    [
+        (429, RATE_LIMIT_REACHED, "tokens", "rate_limit_exceeded", C.RATE_LIMITED),
+        (429, "Rate limit reached for gpt-4o on requests per min (RPM): Limit 500, Used 500, "
+         "Requested 1. Please try again in 120ms.", "requests", "rate_limit_exceeded",
+         C.RATE_LIMITED),
+        (429, "You exceeded your current quota, please check your plan and billing details.",
+         "insufficient_quota", "insufficient_quota", C.UNKNOWN),
+        (400, TOO_LARGE, "tokens", "rate_limit_exceeded", C.INVALID_REQUEST),  # a 429 only
+    ],
+    ids=["tokens", "requests", "insufficient-quota", "not-a-429"],
+)  # fmt: skip
+def test_ordinary_429s_are_not_request_too_large(
+    status: int, message: str, etype: str, code: str, category: C
+) -> None:
+    """An ordinary OpenAI rate limit ("Rate limit reached ... Please try again in 20ms",
+    type tokens or requests) stays rate_limited, insufficient_quota stays unknown,
+    and the phrases decide on a 429 only."""
+    body = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+    for given_ in (openai_exc(status, message, etype, code), (status, {}, body)):
+        error = sm.classify(given_)
+        assert (error.category, error.code) == (category, code)
+
+
+@pytest.mark.requirement("ER-95")
+def test_anthropic_input_tokens_rate_limit_stays_rate_limited() -> None:
+    """Anthropic's 429 "would exceed the rate limit ... Please reduce the prompt length
+    ... or try again later" may pass after a wait: neither phrase, still rate_limited."""
+    message = (
+        "This request would exceed the rate limit for your organization of 30,000 input "
+        "tokens per minute. Please reduce the prompt length or the maximum tokens "
+        "requested, or try again later."
+    )
+    error = sm.classify(anthropic_exc(429, "rate_limit_error", message))
+    assert error.category is C.RATE_LIMITED
+
+
+@pytest.mark.requirement("ER-95")
+def test_a_session_reduces_the_context_on_a_request_too_large_429() -> None:
+    """End to end: the engine answers that error with Assemble(reduce=True), never a
+    Wait, and an ordinary 429 on the same status still waits."""
+    response = httpx2.Response(429, request=REQUEST, json=TOO_LARGE_BODY)
+    err = sm.classify(OPENAI._make_status_error_from_response(response))
+    s = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0)
+    t = s.new_turn()
+    t.start()
+    t.send(sm.Assembled("req", 100))
+    action = t.send(sm.ModelFailed(err))
+    assert action == sm.Assemble(reduce=True, withhold_tools=False, instruction=None)
+    limited = sm.classify(openai_exc(429, RATE_LIMIT_REACHED, "tokens", "rate_limit_exceeded"))
+    t2 = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0).new_turn()
+    t2.start()
+    t2.send(sm.Assembled("req", 100))
+    assert isinstance(t2.send(sm.ModelFailed(limited)), sm.Wait)

@@ -13,6 +13,10 @@ table in code. In short, the body is read as well as the status:
 * 400 or 413 whose body says the context overflowed (Anthropic "prompt is too
   long", OpenAI ``context_length_exceeded`` / "maximum context length") are
   ``context_length_exceeded``; other 400, 404 and 422 are ``invalid_request``.
+* A 429 whose message says the request itself is too large ("Request too large ...
+  on tokens per min (TPM): Limit 30000, Requested 36000. The input or output tokens
+  must be reduced", OpenAI) is ``context_length_exceeded`` too (ER-95): it can never
+  fit the per-minute limit, so waiting is futile and only a smaller request helps.
 * A refusal (Anthropic ``stop_reason == "refusal"``) or a content filter (OpenAI
   ``finish_reason == "content_filter"``, a ``content_filter`` or
   ``content_policy_violation`` code) is ``content_filtered``.
@@ -82,6 +86,12 @@ _CONTEXT_PHRASES = (
     "input is too long",
     "exceeds the available context size",  # llama.cpp server
 )
+_TOO_LARGE_429_PHRASES = (
+    "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
+    "must be reduced",  # OpenAI: "The input or output tokens must be reduced ..."
+)
+"""Said (any casing) by a 429 for a request larger than the per-minute limit itself
+(ER-95): never by an ordinary rate limit ("Rate limit reached ... Please try again")."""
 _CONTEXT_CODES = frozenset(
     {"context_length_exceeded", "string_above_max_length", "exceed_context_size_error"}
 )
@@ -307,6 +317,9 @@ def _from_parts(
         or etype in _CONTEXT_CODES
         or any(phrase in lowered for phrase in _CONTEXT_PHRASES)
     ):
+        return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
+    if status == 429 and any(phrase in lowered for phrase in _TOO_LARGE_429_PHRASES):
+        # larger than the per-minute limit itself: retrying is futile, reducing is not
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status is None or 200 <= status < 400:
         # An error event inside a successful (streamed) response: its type decides.
