@@ -276,7 +276,7 @@ def _parts(number: int) -> dict[str, float]:
         "  blake2b of the canonical text": (
             'hashlib.blake2b(b\'["search",{"limit":3}]\', digest_size=12).hexdigest()'
         ),
-        "_breaker_facts(core, turn, ToolsDone)": "T._breaker_facts(tcore, tts, tdone)",
+        "_tool_facts(core, turn, ToolsDone)": "T._tool_facts(tcore, tts, tdone)",
         "_check_tools_done, one call": "T._check_tools_done(tcore, tts, tdone)",
     }
     out: dict[str, float] = {}

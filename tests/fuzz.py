@@ -1155,6 +1155,10 @@ class Driver:
         self.cost: float = session.cost_usd
         self.crashes: dict[str, int] = {}
         self.must_trip: set[str] = set()
+        self.denials = getattr(session, "denials", 0)
+        self.denied = False
+        self.tool_retry = False
+        self.round: dict[str, Any] = {}
         self.doom_key: tuple[str, str] | None = None
         self.doom_run = 0
         self.after_finish: tuple[int, float, float | None] | None = None
@@ -2025,6 +2029,10 @@ class Driver:
         self.advance(action.seconds + extra)
         previous = self.last_call
         result = self.send(WAIT_DONE)
+        if isinstance(action.category, sm.ToolErrorCategory):  # a conflict's re-invocation
+            if type(result) is not sm.InvokeTools or len(result.calls) != 1:
+                raise Violation(self.p + "protocol-broken:wait_done", f"WaitDone gave {short(result)}")
+            return
         if type(result) is not sm.CallModel:
             raise Violation(self.p + "protocol-broken:wait_done", f"WaitDone gave {short(result)}")
         if (
@@ -2043,31 +2051,50 @@ class Driver:
         newly: list[str] = []
         crashes = self.crashes
         threshold = self.threshold
+        if not self.tool_retry:
+            self.round = {}
+        self.tool_retry = False
+        died: dict[str, bool] = {}
+        denied = False
+        deny_at = self.settings.denial_threshold
         for call in action.calls:
             r = rng.random()
             if r < 0.55:
-                outcomes.append(sm.ToolOutcome(call.id, ok=True, content="ok"))
-                crashes[call.provider] = 0
-                continue
-            category = TOOL_FAILURES[rng.below(len(TOOL_FAILURES))]
-            outcomes.append(sm.ToolOutcome(call.id, ok=False, content="err", category=category))
-            if category is sm.ToolErrorCategory.PROCESS_CRASHED:
-                count = crashes.get(call.provider, 0) + 1
-                crashes[call.provider] = count
-                if count >= threshold and call.provider not in self.must_trip:
-                    self.must_trip.add(call.provider)
-                    newly.append(call.provider)
+                outcome = sm.ToolOutcome(call.id, ok=True, content="ok")
             else:
-                crashes[call.provider] = 0
+                category = TOOL_FAILURES[rng.below(len(TOOL_FAILURES))]
+                outcome = sm.ToolOutcome(call.id, ok=False, content="err", category=category)
+            outcomes.append(outcome)
+            self.round[call.id] = outcome
+            crashed = outcome.category is sm.ToolErrorCategory.PROCESS_CRASHED
+            died[call.provider] = died.get(call.provider, False) or crashed
+            if deny_at is not None:
+                hit = outcome.category is sm.ToolErrorCategory.PERMISSION_DENIED
+                self.denials = self.denials + 1 if hit else 0
+                denied = denied or self.denials >= deny_at
+        for provider, crashed in died.items():  # one death per provider per round (ER-89)
+            count = crashes.get(provider, 0) + 1 if crashed else 0
+            crashes[provider] = count
+            if count >= threshold and provider not in self.must_trip:
+                self.must_trip.add(provider)
+                newly.append(provider)
         if len(outcomes) > 1 and rng.random() < 0.1:
             rng.shuffle(outcomes)
         result = self.send(sm.ToolsDone(outcomes))
         p = self.p
+        conflicted = any(  # in this round, or still waiting from an earlier one
+            o.category is sm.ToolErrorCategory.CONCURRENCY_CONFLICT for o in self.round.values()
+        )
+        if type(result) is sm.Wait:
+            if not conflicted or newly or denied:
+                raise Violation(p + "protocol-broken:tools_done", f"ToolsDone gave {short(result)}")
+            self.tool_retry = True
+            return
         if type(result) is not sm.Finish:
             raise Violation(p + "protocol-broken:tools_done", f"ToolsDone gave {short(result)}")
         got = {r.call_id: r.is_error for r in result.tool_results}
-        want = {o.call_id: not o.ok for o in outcomes}
-        if got != want or len(result.tool_results) != len(outcomes):
+        want = {call_id: not o.ok for call_id, o in self.round.items()}
+        if got != want or len(result.tool_results) != len(self.turn.calls):
             raise Violation(
                 p + "tool-results-wrong", f"results {short(got)} for outcomes {short(want)}"
             )
@@ -2081,13 +2108,14 @@ class Driver:
                     f"{newly} reached {short(threshold)} consecutive crashes; tripped={sorted(tripped)}, "
                     f"the turn ended {result.status}",
                 )
-        if result.status is sm.TurnStatus.BREAKER_OPEN and not tripped:
-            raise Violation(p + "breaker-not-tripped", "breaker_open with no provider open")
-        if (tripped or self.doom_due) and session.limit_reached is None:
+        if result.status is sm.TurnStatus.BREAKER_OPEN and not (tripped or denied or self.denied):
+            raise Violation(p + "breaker-not-tripped", "breaker_open with no breaker tripped")
+        self.denied = self.denied or denied
+        if (tripped or self.doom_due or denied) and session.limit_reached is None:
             raise Violation(
                 p + ("doom-loop-not-fired" if self.doom_due else "breaker-limit-not-fired"),
                 f"doom run {short(self.doom_run)} (threshold {short(self.doom_threshold)}), tripped "
-                f"{sorted(tripped)}; limit_reached is None",
+                f"{sorted(tripped)}, denied {denied}; limit_reached is None",
             )
 
     def cancel(self) -> None:
@@ -2095,11 +2123,15 @@ class Driver:
         result = self.send(CANCELLED)
         if type(result) is not sm.Finish or result.status is not sm.TurnStatus.CANCELLED:
             raise Violation(self.p + "cancel-not-finished", short(result))
+        self.tool_retry = False
         if type(action) is sm.InvokeTools:
             for call in action.calls:
                 self.crashes[call.provider] = 0
-            if len(result.tool_results) != len(action.calls) or not all(
-                r.is_error for r in result.tool_results
+                if self.settings.denial_threshold is not None:
+                    self.denials = 0
+            cancelled = [r for r in result.tool_results if r.call_id in {c.id for c in action.calls}]
+            if len(result.tool_results) != len(self.turn.calls) or not all(
+                r.is_error for r in cancelled
             ):
                 raise Violation(
                     self.p + "cancel-not-finished",

@@ -399,11 +399,21 @@ def test_a_success_or_another_provider_resets_nothing_but_its_own_count() -> Non
 
 
 @pytest.mark.requirement("ER-13")
-def test_crashes_within_one_round_count_in_call_order() -> None:
-    """Several crashing calls to one provider in one round can trip it at once."""
+@pytest.mark.requirement("ER-89")
+def test_one_death_under_several_calls_is_one_crash() -> None:
+    """A provider's process dying under three concurrent calls is one crash, not
+    three; each call still gets its process_crashed result."""
     session = new_session(breaker_threshold=2)
-    finish = tool_round(session, [_call(1), _call(2)], [_crash("c2"), _crash("c1")])
+    finish = tool_round(
+        session, [_call(1), _call(2), _call(3)], [_crash("c2"), _crash("c1"), _crash("c3")]
+    )
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.COMPLETED
+    assert session.crash_counts == {"fs": 1}
+    assert [r.category for r in finish.tool_results] == [sm.ToolErrorCategory.PROCESS_CRASHED] * 3
+    assert all(r.is_error for r in finish.tool_results)
+    finish = tool_round(session, [_call(4), _call(5)], [_crash("c4"), _crash("c5")])
     assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.BREAKER_OPEN
+    assert session.tripped_providers == frozenset({"fs"})
 
 
 # -- the doom loop -------------------------------------------------------------------

@@ -450,25 +450,25 @@ class TurnMachine(RuleBasedStateMachine):
         assert type(action) is CallModel and action.request == request
 
     def tools_done(self, data: st.DataObject) -> None:
-        """Every tool call comes back: ok, failed, or its plugin crashed."""
+        """Every tool call comes back: ok, failed, or its plugin crashed (a provider
+        whose process died in this round crashed once, however many calls it had)."""
         outcomes = []
-        crashed = dict(self.crashes)
-        trips = False
+        died: dict[str, bool] = {}
         for call in self.turn.action.calls:
             kind = data.draw(outcome_strategy)
             if kind == "ok":
                 outcomes.append(ToolOutcome(call.id, True, "fine"))
-                crashed[call.provider] = 0
             else:
                 category = "process_crashed" if kind == "crash" else kind
                 outcomes.append(ToolOutcome(call.id, False, "bad", ToolErrorCategory(category)))
-                if kind == "crash":
-                    crashed[call.provider] = crashed.get(call.provider, 0) + 1
-                    if crashed[call.provider] >= self.settings.breaker_threshold:
-                        trips = True
-                        self.tripped.add(call.provider)
-                else:
-                    crashed[call.provider] = 0
+            died[call.provider] = died.get(call.provider, False) or kind == "crash"
+        crashed = dict(self.crashes)
+        trips = False
+        for provider, crash in died.items():
+            crashed[provider] = crashed.get(provider, 0) + 1 if crash else 0
+            if crashed[provider] >= self.settings.breaker_threshold:
+                trips = True
+                self.tripped.add(provider)
         self.crashes = crashed
         action = self.send(ToolsDone(outcomes))
         assert type(action) is Finish

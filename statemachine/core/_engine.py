@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,12 +43,18 @@ from ._model_error import ModelError
 from ._retry_after import retry_after
 from ._settings import Settings
 from ._state import TRACE_FIELDS, RowInfo, SessionState, Step, TurnState, step_after
-from ._table import IDLE, ROWS, START, TERMINAL_STATES, Row
+from ._table import IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._trace import TraceRecord
 
 Observer = Callable[[TraceRecord], None]
+DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
+"""A host's second-tier doom-loop check: the last ``doom_check_window`` tool calls in,
+``True`` when the model is going round in circles."""
+
+logger = logging.getLogger("statemachine")
+logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
 
 TRIGGERS: dict[type, str] = {
     cls: cls.__name__
@@ -80,18 +88,37 @@ class WaitFacts:
         self.crosses = crosses
 
 
-class BreakerFacts:
-    """The crash counts after a tool round, and the providers it would trip."""
+class ToolFacts:
+    """What a tool round leads to: the breakers' and the denial counter's new values,
+    the providers it trips, the latest outcome of every call, the conflicting calls
+    still to re-invoke and the wait before the next, and whether a terminal tool
+    succeeded. (Derived before anything changes; the effects apply it.)"""
 
-    __slots__ = ("by_id", "counts", "tripped")
+    __slots__ = (
+        "attempt",
+        "counts",
+        "denial_log",
+        "denials",
+        "denied",
+        "logs",
+        "outcomes",
+        "pending",
+        "seconds",
+        "terminal",
+        "tripped",
+    )
 
-    def __init__(
-        self, counts: dict[str, int], tripped: list[str], by_id: dict[str, ToolOutcome]
-    ) -> None:
-        self.counts = counts
-        self.tripped = tripped
-        self.by_id = by_id
-        """The round's outcomes by call id."""
+    counts: dict[str, int]
+    logs: dict[str, str] | None
+    tripped: list[str]
+    denials: int
+    denial_log: str
+    denied: bool
+    outcomes: dict[str, ToolOutcome]
+    pending: tuple[str, ...]
+    attempt: int
+    seconds: float | None
+    terminal: bool
 
 
 def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
@@ -108,24 +135,148 @@ def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
     )
     too_long = server is not None and server > settings.max_server_wait_s
     limit = settings.max_wall_clock_s
-    crosses = limit is not None and core.elapsed_s() + seconds > limit
+    crosses = limit is not None and core.bound_elapsed_s() + seconds > limit
     return WaitFacts(server, seconds, too_long, crosses)
 
 
-def _breaker_facts(core: Core, turn: TurnState, event: ToolsDone) -> BreakerFacts:
-    counts = dict(core.state.breakers or {})
+def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
+    settings = core.settings
+    state = core.state
+    facts = ToolFacts()
     by_id = {outcome.call_id: outcome for outcome in event.outcomes}
+    in_flight = turn.in_flight
+
+    # the crash breaker counts deaths: a provider whose process died under several
+    # calls of one round crashed once
+    died: dict[str, bool] = {}
+    for call in in_flight:
+        crashed = by_id[call.id].category is ToolErrorCategory.PROCESS_CRASHED
+        died[call.provider] = died.get(call.provider, False) or crashed
+    counts = dict(state.breakers or {})
+    window = settings.breaker_window
+    logs = dict(state.crash_logs or {}) if window else None
     tripped: list[str] = []
-    threshold = core.settings.breaker_threshold
-    for call in turn.calls:
-        provider = call.provider
-        if by_id[call.id].category is ToolErrorCategory.PROCESS_CRASHED:
-            counts[provider] = counts.get(provider, 0) + 1
-            if counts[provider] >= threshold and provider not in tripped:
-                tripped.append(provider)
+    for provider, crashed in died.items():
+        count = counts.get(provider, 0) + 1 if crashed else 0
+        counts[provider] = count
+        trips = crashed and count >= settings.breaker_threshold
+        if logs is not None and window is not None:
+            log = (logs.get(provider, "") + ("1" if crashed else "0"))[-window:]
+            if "1" in log:
+                logs[provider] = log
+            else:
+                logs.pop(provider, None)
+            trips = trips or (crashed and log.count("1") >= settings.breaker_window_threshold)  # type: ignore[operator]
+        if trips:
+            tripped.append(provider)
+    facts.counts, facts.logs, facts.tripped = counts, logs, tripped
+
+    # the denial breaker: permission_denied outcomes, in a row and in a window
+    threshold = settings.denial_threshold
+    size = settings.denial_window
+    denials, denial_log, denied = state.denials, state.denial_log, False
+    for call in in_flight:
+        hit = by_id[call.id].category is ToolErrorCategory.PERMISSION_DENIED
+        if threshold is not None:
+            denials = min(denials + 1, threshold) if hit else 0
+            denied = denied or denials >= threshold
+        if size is not None:
+            denial_log = (denial_log + ("1" if hit else "0"))[-size:]
+            denied = denied or (hit and denial_log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
+    facts.denials, facts.denial_log, facts.denied = denials, denial_log, denied
+
+    # conflicts: re-invoked one at a time while they have re-invocations left
+    outcomes = {outcome.call_id: outcome for outcome in turn.outcomes}
+    pending = list(turn.pending)
+    attempt = turn.conflict_attempt
+    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
+    if pending:  # a re-invocation of pending[0], alone
+        outcome = by_id[pending[0]]
+        outcomes[pending[0]] = outcome
+        if not (outcome.category is conflict and attempt < settings.max_conflict_retries):
+            pending.pop(0)
+            attempt = 0
+    else:
+        for call in in_flight:
+            outcome = by_id[call.id]
+            outcomes[call.id] = outcome
+            if outcome.category is conflict and settings.max_conflict_retries:
+                pending.append(call.id)
+        attempt = 0
+    facts.seconds = None
+    if pending and not tripped and not denied:
+        seconds = wait_seconds(
+            attempt,
+            jitter(state.seed, state.draws),
+            None,
+            settings.base_delay_ms,
+            settings.backoff_factor,
+            settings.max_delay_ms,
+        )
+        limit = settings.max_wall_clock_s
+        if limit is None or core.bound_elapsed_s() + seconds <= limit:
+            facts.seconds = seconds
+    facts.outcomes = outcomes
+    facts.pending = tuple(pending) if facts.seconds is not None else ()
+    facts.attempt = attempt
+    facts.terminal = facts.seconds is None and any(
+        call.terminates_turn and outcomes[call.id].ok for call in turn.calls
+    )
+    return facts
+
+
+class DoomFacts:
+    """What a reply's tool calls do to the doom-loop detector (both tiers)."""
+
+    __slots__ = ("fired", "last", "run", "since", "window")
+
+    def __init__(
+        self,
+        last: str | None,
+        run: int,
+        fired: bool,
+        window: tuple[ToolCall, ...] | None,
+        since: int,
+    ) -> None:
+        self.last = last
+        self.run = run
+        self.fired = fired
+        self.window = window
+        self.since = since
+
+
+def _doom_facts(core: Core, turn: TurnState, event: ModelReplied) -> DoomFacts | None:
+    calls = event.tool_calls
+    if not calls or turn.final_answer:
+        return None
+    state = core.state
+    settings = core.settings
+    threshold = settings.doom_loop_threshold
+    last, run, fired = state.doom_last, state.doom_run, False
+    for call in calls:
+        fingerprint = call_fingerprint(call)
+        if fingerprint == last:
+            run += 1
         else:
-            counts[provider] = 0
-    return BreakerFacts(counts, tripped, by_id)
+            last, run = fingerprint, 1
+        fired = fired or run >= threshold
+    window = None
+    since = state.doom_since
+    check = core.doom_check
+    if check is not None and not fired:
+        size = settings.doom_check_window
+        window = (*state.doom_window, *calls)[-size:]
+        since += len(calls)
+        if run == threshold - 1 or since >= size:
+            since = 0
+            verdict = check(window)
+            if not isinstance(verdict, bool):
+                raise TypeError(
+                    f"doom_check: must return a bool, got {type(verdict).__name__}; "
+                    "nothing was changed"
+                )
+            fired = verdict
+    return DoomFacts(last, run, fired, window, since)
 
 
 Facts = Callable[["Core", TurnState, Any], Any]
@@ -134,10 +285,18 @@ FACTS_OF_GUARD: dict[str, Facts] = {
     "wait_fits": _wait_facts,
     "server_wait_too_long": _wait_facts,
     "wait_crosses_wall_clock": _wait_facts,
-    "trips_breaker": _breaker_facts,
+    "trips_breaker": _tool_facts,
+    "trips_denial_breaker": _tool_facts,
+    "conflict_retry": _tool_facts,
+    "terminal_tool": _tool_facts,
 }
 """The facts each guard that needs any reads (the rows' effects read the same)."""
-FACTS_OF_EFFECT: dict[str, Facts] = {"wait": _wait_facts, "finish_tools": _breaker_facts}
+FACTS_OF_EFFECT: dict[str, Facts] = {
+    "wait": _wait_facts,
+    "finish_tools": _tool_facts,
+    "tool_wait": _tool_facts,
+    "invoke_tools": _doom_facts,
+}
 """The facts each effect that needs any reads, whatever its row's guards."""
 
 
@@ -186,6 +345,9 @@ GUARDS: dict[str, Guard] = {
     "wait_crosses_wall_clock": lambda _c, _t, _e, facts: facts.crosses,
     "shrank": _shrank,
     "trips_breaker": lambda _c, _t, _e, facts: bool(facts.tripped),
+    "trips_denial_breaker": lambda _c, _t, _e, facts: facts.denied,
+    "conflict_retry": lambda _c, _t, _e, facts: facts.seconds is not None,
+    "terminal_tool": lambda _c, _t, _e, facts: facts.terminal,
 }
 """Every guard that is evaluated per event, by name (the table's guards less the
 category guards)."""
@@ -248,51 +410,88 @@ def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: Non
 
 
 def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
-    core.state.cost_usd += event.cost
     turn.reply = event.reply
     if not event.tool_calls:
         state = core.state
         state.doom_last = None  # a reply with no tool call ends any run of identical calls
         state.doom_run = 0
-    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None)
+    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None, done=True)
 
 
-def _invoke_tools(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
+def _invoke_tools(
+    core: Core, turn: TurnState, event: ModelReplied, facts: DoomFacts, _s: None
+) -> Action:
     state = core.state
-    state.cost_usd += event.cost
     turn.reply = event.reply
-    threshold = core.settings.doom_loop_threshold
-    for call in event.tool_calls:
-        fingerprint = call_fingerprint(call)
-        if fingerprint == state.doom_last:
-            state.doom_run += 1
-        else:
-            state.doom_last = fingerprint
-            state.doom_run = 1
-        if state.doom_run >= threshold:
-            core.fire_limit(SessionStatus.ERROR_DOOM_LOOP)
-    turn.calls = event.tool_calls
+    state.doom_last = facts.last
+    state.doom_run = facts.run
+    if facts.window is not None:
+        state.doom_window = facts.window
+        state.doom_since = facts.since
+    if facts.fired:
+        core.fire_limit(SessionStatus.ERROR_DOOM_LOOP)
+    turn.calls = turn.in_flight = event.tool_calls
     return InvokeTools(event.tool_calls)
 
 
-def _finish_tools(
-    core: Core, turn: TurnState, _event: ToolsDone, facts: BreakerFacts, status: TurnStatus | None
-) -> Action:
+def _apply_tool_facts(core: Core, turn: TurnState, facts: ToolFacts) -> None:
     state = core.state
     state.breakers = {p: n for p, n in facts.counts.items() if n} or None
+    if facts.logs is not None:
+        state.crash_logs = facts.logs or None
+    state.denials = facts.denials
+    state.denial_log = facts.denial_log
+    turn.outcomes = tuple(facts.outcomes.values())
+    turn.pending = facts.pending
     if facts.tripped:
         state.tripped = state.tripped | frozenset(facts.tripped)
         core.fire_limit(SessionStatus.ERROR_CIRCUIT_BREAKER)
-    by_id = facts.by_id
-    results = []
-    for call in turn.calls:
-        outcome = by_id[call.id]
-        if outcome.ok:
-            results.append(ToolResult(call.id, outcome.content))
-        else:
-            category = outcome.category or ToolErrorCategory.UNKNOWN
-            results.append(ToolResult(call.id, outcome.content, True, category))
-    return _finish_action(core, turn, status or TurnStatus.COMPLETED, tuple(results), None)
+    if facts.denied:
+        core.fire_limit(SessionStatus.ERROR_DENIAL_BREAKER)
+
+
+def _result(call: ToolCall, outcome: ToolOutcome) -> ToolResult:
+    if outcome.ok:
+        return ToolResult(call.id, outcome.content)
+    return ToolResult(
+        call.id,
+        outcome.content,
+        True,
+        outcome.category or ToolErrorCategory.UNKNOWN,
+        retryable=bool(outcome.retryable),
+        details=outcome.details,
+    )
+
+
+def _finish_tools(
+    core: Core, turn: TurnState, _event: ToolsDone, facts: ToolFacts, status: TurnStatus | None
+) -> Action:
+    _apply_tool_facts(core, turn, facts)
+    turn.conflict_attempt = 0
+    outcomes = facts.outcomes
+    results = tuple(_result(call, outcomes[call.id]) for call in turn.calls)
+    return _finish_action(
+        core, turn, status or TurnStatus.COMPLETED, results, None, done=facts.terminal
+    )
+
+
+def _tool_wait(core: Core, turn: TurnState, _e: ToolsDone, facts: ToolFacts, _s: None) -> Action:
+    _apply_tool_facts(core, turn, facts)
+    state = core.state
+    seconds: float = facts.seconds  # type: ignore[assignment]
+    turn.conflict_attempt = facts.attempt + 1
+    state.tool_retries += 1
+    state.draws += 1
+    waited = state.waited_s + seconds
+    state.waited_s = waited if waited < _LARGEST else _LARGEST
+    return Wait(seconds, ToolErrorCategory.CONCURRENCY_CONFLICT, facts.attempt)
+
+
+def _reinvoke(_core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
+    first = turn.pending[0]
+    call = next(call for call in turn.calls if call.id == first)
+    turn.in_flight = (call,)
+    return InvokeTools(turn.in_flight)
 
 
 def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnStatus) -> Action:
@@ -300,16 +499,78 @@ def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnSta
     retry_at = None
     if status is TurnStatus.RETRY_DEFERRED:
         retry_at = core.clock() + (facts.server or 0.0)
+    if error is not None and status in _LOGGED:
+        _log_failure(core, turn, error, status)
     return _finish_action(core, turn, status, (), error, retry_at)
+
+
+_LOGGED = frozenset({TurnStatus.INVALID_REQUEST, TurnStatus.UNKNOWN_ERROR})
+
+
+def _log_failure(core: Core, turn: TurnState, error: ModelError, status: TurnStatus) -> None:
+    """Log a failure a human must look at with the request's shape, never its content
+    (the request may hold a user's data; the error's message may echo it)."""
+    if not logger.isEnabledFor(logging.WARNING):
+        return
+    logger.warning(
+        "model call failed: %s (code=%s, status=%s, model=%s, turn=%d, attempt=%d); "
+        "request shape: %s",
+        status.value,
+        error.code,
+        error.status,
+        _model(core, turn),
+        turn.index,
+        turn.attempt,
+        request_shape(turn.request),
+    )
+
+
+def request_shape(value: object, depth: int = 0) -> str:
+    """The shape of ``value`` (types, mapping keys, sizes), never its content: what a
+    log may show of a request. Strings show their length only; mapping keys are
+    shown when they look like identifiers (a field name, not data)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return type(value).__name__
+    if isinstance(value, str):
+        return f"str[{len(value)}]"
+    if depth >= 4:
+        return type(value).__name__
+    if isinstance(value, dict):
+        parts = []
+        for i, (key, item) in enumerate(value.items()):
+            if i == 20:
+                parts.append(f"...+{len(value) - 20}")
+                break
+            name = key if isinstance(key, str) and key.isidentifier() and len(key) <= 40 else "?"
+            parts.append(f"{name}: {request_shape(item, depth + 1)}")
+        return "{" + ", ".join(parts) + "}"
+    if isinstance(value, list | tuple):
+        if not value:
+            return "list[0]"
+        return f"list[{len(value)}] of {request_shape(value[0], depth + 1)}"
+    return type(value).__name__
 
 
 def _cancel(core: Core, turn: TurnState, event: Cancelled, _f: None, status: TurnStatus) -> Action:
     results: tuple[ToolResult, ...] = ()
-    if turn.state == "invoking_tools":
+    if turn.calls and turn.state in (INVOKING_TOOLS, "backing_off_tools"):
         reason = f"cancelled: {event.reason}" if event.reason else "cancelled"
+        unsettled = set(turn.pending)
+        if turn.state == INVOKING_TOOLS:
+            unsettled.update(c.id for c in turn.in_flight)
+        outcomes = {o.call_id: o for o in turn.outcomes}
         results = tuple(
-            ToolResult(c.id, reason, True, ToolErrorCategory.CANCELLED) for c in turn.calls
+            ToolResult(c.id, reason, True, ToolErrorCategory.CANCELLED)
+            if c.id in unsettled or c.id not in outcomes
+            else _result(c, outcomes[c.id])
+            for c in turn.calls
         )
+        turn.pending = ()
+        turn.conflict_attempt = 0
     return _finish_action(core, turn, status, results, None)
 
 
@@ -320,8 +581,12 @@ def _finish_action(
     results: tuple[ToolResult, ...],
     error: ModelError | None,
     retry_at: float | None = None,
+    *,
+    done: bool = False,
 ) -> Finish:
-    return Finish(status, results, error, _model(core, turn), turn.fallbacks, retry_at, turn.reply)
+    return Finish(
+        status, results, error, _model(core, turn), turn.fallbacks, retry_at, turn.reply, done
+    )
 
 
 EFFECTS: dict[str, Effect] = {
@@ -334,6 +599,8 @@ EFFECTS: dict[str, Effect] = {
     "invoke_tools": _invoke_tools,
     "complete": _complete,
     "finish_tools": _finish_tools,
+    "tool_wait": _tool_wait,
+    "reinvoke": _reinvoke,
     "finish": _finish,
     "cancel": _cancel,
 }
@@ -488,15 +755,20 @@ def _group(
 # -- payload checks: bad data is refused before anything changes ---------------------------
 
 
-def _check_replied(core: Core, turn: TurnState, event: ModelReplied) -> None:
+def _check_cost(core: Core, turn: TurnState, event: ModelReplied | ModelFailed) -> None:
     cost = event.cost
     if cost and not math.isfinite(core.state.cost_usd + cost):
+        trigger = type(event).__name__
         raise IllegalEvent(
-            f"ModelReplied in state {turn.state!r}: cost {cost!r} would take the session's "
+            f"{trigger} in state {turn.state!r}: cost {cost!r} would take the session's "
             f"spend ({core.state.cost_usd!r}) past the largest float",
-            event="ModelReplied",
+            event=trigger,
             state=turn.state,
         )
+
+
+def _check_replied(core: Core, turn: TurnState, event: ModelReplied) -> None:
+    _check_cost(core, turn, event)
     if len(event.tool_calls) < 2:
         return
     seen: set[str] = set()
@@ -511,7 +783,7 @@ def _check_replied(core: Core, turn: TurnState, event: ModelReplied) -> None:
 
 
 def _check_tools_done(_core: Core, turn: TurnState, event: ToolsDone) -> None:
-    calls, outcomes = turn.calls, event.outcomes
+    calls, outcomes = turn.in_flight, event.outcomes
     if len(calls) == 1 and len(outcomes) == 1 and outcomes[0].call_id == calls[0].id:
         return  # the common one-call round, without building two sets
     expected = {call.id for call in calls}
@@ -537,6 +809,7 @@ def _check_tools_done(_core: Core, turn: TurnState, event: ToolsDone) -> None:
 
 _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
     "ModelReplied": _check_replied,
+    "ModelFailed": _check_cost,
     "ToolsDone": _check_tools_done,
 }
 
@@ -552,6 +825,7 @@ _LIMIT_TEXT = {
     SessionStatus.ERROR_MAX_WALL_CLOCK: "the wall-clock budget ({settings.max_wall_clock_s:g} s)",
     SessionStatus.ERROR_CIRCUIT_BREAKER: "a tool provider's circuit breaker (repeated crashes)",
     SessionStatus.ERROR_DOOM_LOOP: "the repeated-tool-call guard (the same call over and over)",
+    SessionStatus.ERROR_DENIAL_BREAKER: "the denial breaker (tool calls denied over and over)",
 }
 
 
@@ -568,7 +842,19 @@ def final_answer_instruction(limit: SessionStatus, settings: Settings) -> str:
 class Core:
     """A session's state and the one place that changes it."""
 
-    __slots__ = ("clock", "dispatch", "groups", "observers", "settings", "state", "wall_clock")
+    __slots__ = (
+        "__weakref__",
+        "children",
+        "clock",
+        "dispatch",
+        "doom_check",
+        "groups",
+        "observers",
+        "parent",
+        "settings",
+        "state",
+        "wall_clock",
+    )
 
     settings: Settings
     state: SessionState
@@ -577,6 +863,11 @@ class Core:
     observers: tuple[Observer, ...]
     dispatch: Dispatch
     groups: dict[DispatchKey, Group]
+    doom_check: DoomCheck | None
+    parent: Core | None
+    """The parent session's core, for a child spawned in this process (live spend)."""
+    children: list[weakref.ref[Any]]
+    """The sessions spawned from this one in this process (for cancellation)."""
 
     def __init__(
         self,
@@ -586,6 +877,7 @@ class Core:
         wall_clock: Callable[[], float],
         observers: tuple[Observer, ...],
         dispatch: Dispatch,
+        doom_check: DoomCheck | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
@@ -594,10 +886,70 @@ class Core:
         self.observers = observers
         self.dispatch = dispatch
         self.groups = dispatch.groups
+        self.doom_check = doom_check
+        self.parent = None
+        self.children = []
 
     def elapsed_s(self) -> float:
         """Seconds on the session's clock since it started."""
         return self.clock() - self.state.started
+
+    def bound_elapsed_s(self) -> float:
+        """The seconds ``max_wall_clock_s`` measures: all of them, or (with
+        ``wall_clock_counts_idle = False``) all but those between a turn's Finish and
+        the next turn's start."""
+        now = self.clock()
+        state = self.state
+        elapsed = now - state.started
+        if self.settings.wall_clock_counts_idle:
+            return elapsed
+        idle = state.idle_s
+        if state.finished_at is not None:
+            idle += now - state.finished_at
+        return elapsed - idle
+
+    # -- spend ---------------------------------------------------------------------
+
+    def charge(self, cost: float) -> None:
+        """Count ``cost`` here and at every live ancestor."""
+        state = self.state
+        total = state.cost_usd + cost
+        state.cost_usd = total if total < _LARGEST else _LARGEST
+        parent = self.parent
+        if parent is not None and state.session_id is not None:
+            parent.record_child_spend(state.session_id, state.cost_usd)
+
+    def record_child_spend(self, child_id: str, total: float) -> None:
+        """``child_id``'s total spend is ``total``: the difference from what was last
+        reported is counted here (and at the live ancestors). A total that is not
+        larger changes nothing, so a repeated or late report is harmless."""
+        state = self.state
+        costs = state.child_costs
+        known = 0.0 if costs is None else costs.get(child_id, 0.0)
+        if not total > known:
+            return
+        state.child_costs = {**(costs or {}), child_id: total}
+        self.charge(total - known)
+
+    def remaining_budget_usd(self) -> float | None:
+        """The smallest remaining ``max_cost_usd`` on the path to the root (``None``:
+        no session on it has a budget). With a live parent the ancestors are read
+        now, and the reading is kept (``ancestor_budget_usd``) for a snapshot."""
+        state = self.state
+        limit = self.settings.max_cost_usd
+        own = None if limit is None else limit - state.cost_usd
+        parent = self.parent
+        if parent is not None:
+            above = parent.remaining_budget_usd()
+            state.ancestor_budget_usd = above
+            state.ancestor_mark_usd = state.cost_usd
+        elif state.ancestor_budget_usd is not None:
+            above = state.ancestor_budget_usd - (state.cost_usd - state.ancestor_mark_usd)
+        else:
+            above = None
+        if own is None:
+            return above
+        return own if above is None else min(own, above)
 
     # -- turns ------------------------------------------------------------------------
 
@@ -646,20 +998,52 @@ class Core:
         settings = self.settings
         if settings.max_turns is not None and state.turns >= settings.max_turns:
             state.limit = SessionStatus.ERROR_MAX_TURNS
-        elif settings.max_cost_usd is not None and state.cost_usd >= settings.max_cost_usd:
-            state.limit = SessionStatus.ERROR_MAX_BUDGET_USD
-        elif (
-            settings.max_wall_clock_s is not None and self.elapsed_s() >= settings.max_wall_clock_s
+            return
+        if settings.max_cost_usd is not None or state.ancestor_budget_usd is not None:
+            remaining = self.remaining_budget_usd()
+            if remaining is not None and remaining <= 0:
+                state.limit = SessionStatus.ERROR_MAX_BUDGET_USD
+                return
+        if (
+            settings.max_wall_clock_s is not None
+            and self.bound_elapsed_s() >= settings.max_wall_clock_s
         ):
             state.limit = SessionStatus.ERROR_MAX_WALL_CLOCK
 
     def _turn_finished(self, turn: TurnState, finish: Finish) -> None:
+        self.state.finished_at = self.clock()
         if turn.final_answer:
             self.state.status = self.state.limit
             return
         if finish.status is TurnStatus.BUDGET_EXHAUSTED:
             self.fire_limit(SessionStatus.ERROR_MAX_WALL_CLOCK)
         self.check_bounds()
+
+    def end(self, status: SessionStatus, reason: str) -> Finish | None:
+        """End the session on purpose with ``status`` (one of :data:`END_STATUSES`);
+        a running turn is cancelled first (``cancelled``, ``failed``), and so is every
+        live child session. Returns the cancelled turn's Finish, if there was one."""
+        state = self.state
+        if state.status is not None:
+            raise SessionEnded(
+                f"the session has already ended ({state.status.value})", status=state.status
+            )
+        turn = state.turn
+        finish = None
+        if turn is not None and turn.state != IDLE and turn.state not in TERMINAL_STATES:
+            if status is SessionStatus.COMPLETED:
+                raise TurnInProgress(
+                    f"turn {turn.index} is still running (state {turn.state!r}): a session "
+                    "completes between turns; end it cancelled or failed to abandon the turn"
+                )
+            finish = self.fire(turn, "Cancelled", Cancelled(reason))
+        if status is not SessionStatus.COMPLETED:
+            for ref in self.children:
+                child = ref()
+                if child is not None and child.status is None:
+                    child.end(SessionStatus.CANCELLED, reason=reason or "parent ended")
+        state.status = status
+        return finish  # type: ignore[return-value]
 
     # -- events ------------------------------------------------------------------------
 
@@ -683,34 +1067,46 @@ class Core:
                 break
         else:  # pragma: no cover - the model check proves every group is total
             raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
+        cost = 0.0
+        if trigger == "ModelReplied" or trigger == "ModelFailed":
+            cost = event.cost
+            if cost:
+                self.charge(cost)
+        elif trigger == START:
+            session = self.state
+            if session.finished_at is not None:
+                session.idle_s += max(0.0, self.clock() - session.finished_at)
+                session.finished_at = None
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
         step = step_after(row.steps, row.info, turn, self.state)
         turn.path.append(step)
         turn.actions.append(action)
+        if cost:
+            turn.costs.append((len(turn.path) - 1, cost))
         if type(action) is Finish:
             self._turn_finished(turn, action)
         if self.observers:
-            record = trace_record(turn.index, len(turn.actions) - 1, step, action)
+            record = trace_record(turn.index, len(turn.actions) - 1, step, action, cost)
             for observer in self.observers:
                 observer(record)
         return action
 
 
-def _record_maker() -> Callable[[int, int, Step, Action], TraceRecord]:
+def _record_maker() -> Callable[[int, int, Step, Action, float], TraceRecord]:
     counters = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(TRACE_FIELDS))
     source = (
-        "def trace_record(turn, index, step, action):\n"
+        "def trace_record(turn, index, step, action, cost=0.0):\n"
         "    source, trigger, guard, dest, _ = step[0]\n"
         "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {counters})\n"
+        f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost)\n"
     )
     namespace: dict[str, Any] = {"TraceRecord": TraceRecord}
     exec(compile(source, "<trace_record, derived from TRACED>", "exec"), namespace)  # noqa: S102
     return namespace["trace_record"]  # type: ignore[no-any-return]
 
 
-trace_record: Callable[[int, int, Step, Action], TraceRecord] = _record_maker()
+trace_record: Callable[[int, int, Step, Action, float], TraceRecord] = _record_maker()
 """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
-row, its action and the counters of :data:`TRACED` (generated, as it runs for every
-event an observer sees)."""
+row, its action, the counters of :data:`TRACED` and the cost its event carried
+(generated, as it runs for every event an observer sees)."""

@@ -86,10 +86,13 @@ class ModelFailed:
 
     Set ``partial=True`` when part of a streamed reply had already been delivered:
     such a call is never resent, whatever its category (``stream_interrupted``).
+    ``cost`` is what the failed call was billed (a stream that broke after usage was
+    reported, a timed-out call that was charged): it counts toward ``max_cost_usd``.
     """
 
     error: ModelError = attrs.field(validator=attrs.validators.instance_of(ModelError))
     partial: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    cost: float = attrs.field(default=0.0, kw_only=True, validator=_cost)
 
 
 @attrs.frozen

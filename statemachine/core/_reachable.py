@@ -37,7 +37,10 @@ from ._exceptions import SnapshotError
 from ._settings import Settings
 from ._state import TRACED, RowInfo, SessionState, Step, TurnState, traced_counters
 from ._table import IDLE, ROWS, TERMINAL_STATES
-from ._taxonomy import SessionStatus
+from ._taxonomy import END_STATUSES, LIMIT_STATUSES, SessionStatus, ToolErrorCategory
+
+_RUNNING_TOOLS = ("invoking_tools", "backing_off_tools")
+_SPEND_EPSILON = 1e-9
 
 _ACTION_OF_EFFECT: dict[str, type] = {
     "assemble": Assemble,
@@ -47,6 +50,8 @@ _ACTION_OF_EFFECT: dict[str, type] = {
     "fall_back": CallModel,
     "wait": Wait,
     "invoke_tools": InvokeTools,
+    "tool_wait": Wait,
+    "reinvoke": InvokeTools,
     "complete": Finish,
     "finish_tools": Finish,
     "finish": Finish,
@@ -110,16 +115,40 @@ def check_reachable(state: SessionState, settings: Settings) -> None:
         raise SnapshotError(problem)
 
 
+def _budget_left(state: SessionState, settings: Settings) -> float | None:
+    limit = settings.max_cost_usd
+    own = None if limit is None else limit - state.cost_usd
+    above = state.ancestor_budget_usd
+    if above is not None:
+        above -= state.cost_usd - state.ancestor_mark_usd
+    if own is None or above is None:
+        return own if above is None else above
+    return min(own, above)
+
+
 def _session_problem(state: SessionState, settings: Settings) -> str | None:
     limit, status = state.limit, state.status
-    if status is not None and status is not limit:
+    if limit is not None and limit not in LIMIT_STATUSES:
+        return f"limit: {limit.value} is not a limit's status"
+    if status in LIMIT_STATUSES and status is not limit:
         return f"status: {status.value} is set but the limit that fired is {limit!s}"
-    if limit in _BOUND_OF_LIMIT and getattr(settings, _BOUND_OF_LIMIT[limit]) is None:
+    if status in END_STATUSES and state.turn is not None:
+        turn_state = state.turn.state
+        if turn_state != IDLE and turn_state not in TERMINAL_STATES:
+            return f"status: {status.value}, but turn {state.turn.index} is still {turn_state}"
+    budget = limit is SessionStatus.ERROR_MAX_BUDGET_USD
+    if limit in _BOUND_OF_LIMIT and getattr(settings, _BOUND_OF_LIMIT[limit]) is None and not (
+        budget and state.ancestor_budget_usd is not None
+    ):
         return f"limit: {limit.value} fired but settings.{_BOUND_OF_LIMIT[limit]} is unset"
     if limit is SessionStatus.ERROR_MAX_TURNS and state.turns < settings.max_turns:  # type: ignore[operator]
         return f"limit: error_max_turns fired after {state.turns} of {settings.max_turns} turns"
-    if limit is SessionStatus.ERROR_MAX_BUDGET_USD and state.cost_usd < settings.max_cost_usd:  # type: ignore[operator]
+    left = _budget_left(state, settings)
+    if budget and (left is None or left > 0):
         return f"limit: error_max_budget_usd fired at a spend of {state.cost_usd}"
+    problem = _tree_problem(state) or _tools_problem(state, settings)
+    if problem is not None:
+        return problem
     if state.tripped and limit is None:
         return "tripped: a provider's breaker is open but no limit has fired"
     if limit is SessionStatus.ERROR_CIRCUIT_BREAKER and not state.tripped:
@@ -136,8 +165,11 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
             return f"breakers.{provider}: {count} crashes reach the threshold but it is not tripped"
     if state.retries > settings.session_retry_ceiling:
         return f"retries: {state.retries} is over session_retry_ceiling"
-    if state.draws > state.retries:
-        return f"draws: {state.draws} jitter draws for {state.retries} retries"
+    if state.draws > state.retries + state.tool_retries:
+        return (
+            f"draws: {state.draws} jitter draws for {state.retries} retries and "
+            f"{state.tool_retries} tool re-invocations"
+        )
     if state.waited_s > 0 and state.draws == 0:
         return "waited_s: waits were taken, but no jitter was drawn"
     if (state.doom_last is None) != (state.doom_run == 0):
@@ -145,17 +177,75 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
     if settings.max_turns is not None and state.turns > settings.max_turns + 1:
         return f"turns: {state.turns} is beyond max_turns + the final-answer turn"
     if state.turn is None:
-        if state.turns or status is not None or limit is not None:
+        if state.turns or limit is not None or (status is not None and status not in END_STATUSES):
             return "turn: missing, but the session has turns or a limit"
-        if state.retries or state.draws or state.cost_usd or state.waited_s:
+        own = state.cost_usd - sum((state.child_costs or {}).values())
+        if state.retries or state.draws or own > _SPEND_EPSILON or state.waited_s:
             return "turn: missing, but the session has counted retries or spend"
+        if state.tool_retries or state.denials or state.denial_log or state.crash_logs:
+            return "turn: missing, but the session has counted tool outcomes"
         if state.breakers or state.tripped or state.doom_run:
             return "turn: missing, but the session has crash counts or a doom run"
         return None
     if state.turn.index != state.turns:
         return f"turn.index: {state.turn.index} is not the session's latest turn ({state.turns})"
-    if status is not None and not (state.turn.final_answer and state.turn.state in TERMINAL_STATES):
+    if status in LIMIT_STATUSES and not (
+        state.turn.final_answer and state.turn.state in TERMINAL_STATES
+    ):
         return "status: the session ended, but not with a finished final-answer turn"
+    running = state.turn.state != IDLE and state.turn.state not in TERMINAL_STATES
+    if running and state.finished_at is not None:
+        return "finished_at: a turn is running, so the session is not between turns"
+    return None
+
+
+def _tree_problem(state: SessionState) -> str | None:
+    children = state.child_costs or {}
+    if len(children) > state.children:
+        return f"child_costs: {len(children)} children, but {state.children} were spawned"
+    if children and state.session_id is None:
+        return "session_id: a session with children has an id"
+    if state.cost_usd + _SPEND_EPSILON * (1 + state.cost_usd) < sum(children.values()):
+        return f"cost_usd: {state.cost_usd} is less than the children's spend"
+    if state.parent_id is not None and state.session_id is None:
+        return "session_id: a child session has an id"
+    if state.ancestor_mark_usd > state.cost_usd:
+        return "ancestor_mark_usd: beyond the session's spend"
+    return None
+
+
+def _tools_problem(state: SessionState, settings: Settings) -> str | None:
+    limit = state.limit
+    threshold = settings.denial_threshold
+    window, counted = settings.denial_window, settings.denial_window_threshold
+    if threshold is None and state.denials:
+        return "denials: counted, but denial_threshold is unset"
+    if threshold is not None and state.denials > threshold:
+        return f"denials: {state.denials} is over denial_threshold"
+    if len(state.denial_log) > (window or 0):
+        return f"denial_log: longer than denial_window ({window})"
+    tripped = (threshold is not None and state.denials >= threshold) or (
+        counted is not None and state.denial_log.count("1") >= counted
+    )
+    if tripped and limit is None:
+        return "denials: the denial breaker's count is reached, but no limit has fired"
+    if limit is SessionStatus.ERROR_DENIAL_BREAKER and not tripped:
+        return "limit: error_denial_breaker fired, but the denials do not reach it"
+    logs = state.crash_logs or {}
+    if logs and settings.breaker_window is None:
+        return "crash_logs: kept, but breaker_window is unset"
+    for provider, log in logs.items():
+        if "1" not in log or len(log) > settings.breaker_window:  # type: ignore[operator]
+            return f"crash_logs.{provider}: not a window of recent crashes"
+        if (
+            log.count("1") >= settings.breaker_window_threshold  # type: ignore[operator]
+            and provider not in state.tripped
+        ):
+            return f"crash_logs.{provider}: its crashes reach the window's count, not tripped"
+    if len(state.doom_window) > settings.doom_check_window:
+        return "doom_window: longer than doom_check_window"
+    if state.doom_since >= settings.doom_check_window:
+        return "doom_since: the second-tier check is overdue"
     return None
 
 
@@ -169,7 +259,7 @@ def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) ->
         running
         and session.limit is not None
         and not turn.final_answer
-        and not (turn.state == "invoking_tools" and session.limit is SessionStatus.ERROR_DOOM_LOOP)
+        and not (turn.state in _RUNNING_TOOLS and session.limit is SessionStatus.ERROR_DOOM_LOOP)
     ):
         return f"turn.state: a turn still {turn.state} after {session.limit.value} fired"
     if turn.state == IDLE:
@@ -192,6 +282,38 @@ def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) ->
     ids = [call.id for call in turn.calls]
     if len(set(ids)) != len(ids):
         return "turn.calls: two calls in flight share an id"
+    return _round_problem(turn, settings)
+
+
+def _round_problem(turn: TurnState, settings: Settings) -> str | None:
+    ids = {call.id for call in turn.calls}
+    if any(call not in turn.calls for call in turn.in_flight):
+        return "turn.in_flight: a call that is not one of the reply's"
+    if len({o.call_id for o in turn.outcomes}) != len(turn.outcomes) or any(
+        o.call_id not in ids for o in turn.outcomes
+    ):
+        return "turn.outcomes: not one outcome per call of the reply"
+    if len(set(turn.pending)) != len(turn.pending) or any(i not in ids for i in turn.pending):
+        return "turn.pending: not distinct calls of the reply"
+    latest = {o.call_id: o for o in turn.outcomes}
+    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
+    if any(i not in latest or latest[i].category is not conflict for i in turn.pending):
+        return "turn.pending: a call waits to be re-invoked, but did not conflict"
+    if turn.pending and turn.state not in _RUNNING_TOOLS:
+        return f"turn.pending: calls wait to be re-invoked in state {turn.state!r}"
+    if turn.state == "backing_off_tools" and not (turn.pending and turn.conflict_attempt):
+        return "turn.pending: backing off with no conflicting call to re-invoke"
+    if turn.conflict_attempt > settings.max_conflict_retries:
+        return f"turn.conflict_attempt: {turn.conflict_attempt} is over max_conflict_retries"
+    if turn.conflict_attempt and not turn.pending:
+        return "turn.conflict_attempt: counts re-invocations, but no call is pending"
+    previous = -1
+    for i, (index, _cost) in enumerate(turn.costs):
+        if index <= previous or index >= len(turn.path):
+            return f"turn.costs[{i}]: step {index} is not a later step of the turn"
+        if turn.path[index][0][1] not in ("ModelReplied", "ModelFailed"):
+            return f"turn.costs[{i}]: step {index} is no model call's outcome"
+        previous = index
     return None
 
 
@@ -213,7 +335,7 @@ def _path_problem(turn: TurnState, session: SessionState, settings: Settings) ->
             return f"turn.path[{i}]: attempt {counters[_ATTEMPT]} is over max_retries"
         if counters[_REDUCTIONS] > settings.max_context_reductions:
             return f"turn.path[{i}]: {counters[_REDUCTIONS]} reductions, over the cap"
-        problem = _action_problem(i, action, step, info, turn, models, longest_wait)
+        problem = _action_problem(i, action, step, info, turn, models, longest_wait, settings)
         if problem is not None:
             return problem
         where = info[3]
@@ -229,9 +351,12 @@ def _path_problem(turn: TurnState, session: SessionState, settings: Settings) ->
     if calls and calls[-1].request != turn.request:
         return "turn.request: not the request of the turn's last CallModel"
     if turn.state == "invoking_tools" and (
-        not turn.calls or turn.actions[-1] != InvokeTools(turn.calls)
+        not turn.in_flight or turn.actions[-1] != InvokeTools(turn.in_flight)
     ):
-        return "turn.calls: the calls in flight are not those of the last InvokeTools"
+        return "turn.in_flight: the calls in flight are not those of the last InvokeTools"
+    costs = sum(cost for _, cost in turn.costs)
+    if costs > session.cost_usd + _SPEND_EPSILON * (1 + costs):
+        return "turn.costs: the turn spent more than the session's spend"
     return None
 
 
@@ -267,6 +392,7 @@ def _action_problem(
     turn: TurnState,
     models: tuple[str | None, ...],
     longest_wait: float,
+    settings: Settings,
 ) -> str | None:
     effect = info[4]
     where = f"turn.actions[{i}]"
@@ -292,6 +418,13 @@ def _action_problem(
             return f"{where}: CallModel withhold_tools does not fit the turn"
         if action.model not in models:
             return f"{where}: CallModel to a model the settings do not name"
+    elif type(action) is Wait and effect == "tool_wait":
+        if action.category is not ToolErrorCategory.CONCURRENCY_CONFLICT:
+            return f"{where}: a tool round's Wait for {action.category}"
+        if action.attempt >= settings.max_conflict_retries:
+            return f"{where}: Wait attempt {action.attempt} beyond max_conflict_retries"
+        if not (math.isfinite(action.seconds) and 0 <= action.seconds <= longest_wait):
+            return f"{where}: a wait of {action.seconds!r} s the settings cannot ask for"
     elif type(action) is Wait:
         if action.attempt != step[1 + _ATTEMPT]:
             return f"{where}: Wait attempt {action.attempt}, not the step's"
@@ -299,4 +432,8 @@ def _action_problem(
             return f"{where}: a wait of {action.seconds!r} s the settings cannot ask for"
     elif type(action) is InvokeTools and turn.final_answer:
         return f"{where}: the final-answer turn invoked tools"
+    elif type(action) is InvokeTools and effect == "reinvoke" and (
+        len(action.calls) != 1 or action.calls[0] not in turn.calls
+    ):
+        return f"{where}: a re-invocation is one call of the reply"
     return None

@@ -15,18 +15,20 @@ here raises for an agent failure.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._actions import Action, Finish
-from ._engine import DISPATCH, TRIGGERS, Core, Dispatch, Observer, trace_record
+from ._engine import DISPATCH, TRIGGERS, Core, Dispatch, DoomCheck, Observer, trace_record
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded
 from ._reachable import check_reachable
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
 from ._state import SessionState, TurnState, copy_session_state, decode_state, encode_state
 from ._table import TERMINAL_STATES
-from ._taxonomy import SessionStatus, TurnStatus
+from ._json_data import finite, json_problem
+from ._taxonomy import END_STATUSES, SessionStatus, TurnStatus
 from ._trace import TraceRecord
 
 __all__ = ["Observer", "Session", "Turn"]
@@ -39,6 +41,21 @@ def _check_clocks(clock: object, wall_clock: object) -> None:
         raise ConfigError("clock: clock and wall_clock must be callables returning seconds")
 
 
+def _check_doom_check(doom_check: object) -> None:
+    if doom_check is not None and not callable(doom_check):
+        raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
+
+
+def _check_id(name: str, value: object) -> None:
+    if value is not None and (
+        not isinstance(value, str) or not value or json_problem(value) is not None
+    ):
+        raise ConfigError(f"{name}: must be a non-empty str or None, got {value!r:.60}")
+
+
+_SEED_MASK = 0xFFFFFFFFFFFFFFFF
+
+
 class Session:
     """The turns of one conversation.
 
@@ -49,10 +66,17 @@ class Session:
     propagates to the caller of ``send()``, after the transition (``turn.action``
     still holds its action).
 
-    Same settings, same seed, same events: the same actions, bit for bit.
+    ``session_id`` names the session in its tree (children get ids from it; a store
+    host uses its store id). ``doom_check`` is the second-tier doom-loop check
+    (:data:`DoomCheck`): it sees the last ``doom_check_window`` tool calls when the
+    first tier is one identical call short of firing and after every
+    ``doom_check_window`` calls, and ``True`` fires ``error_doom_loop``.
+
+    Same settings, same seed, same events (and a deterministic ``doom_check``): the
+    same actions, bit for bit.
     """
 
-    __slots__ = ("_core", "_handle")
+    __slots__ = ("__weakref__", "_core", "_handle")
 
     def __init__(
         self,
@@ -63,6 +87,8 @@ class Session:
         wall_clock: Callable[[], float] = time.time,
         observers: Iterable[Observer] = (),
         dispatch: Dispatch = DISPATCH,
+        session_id: str | None = None,
+        doom_check: DoomCheck | None = None,
     ) -> None:
         if settings is None:
             settings = _DEFAULT_SETTINGS
@@ -71,8 +97,12 @@ class Session:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed: must be an int, got {seed!r}")
         _check_clocks(clock, wall_clock)
-        state = SessionState(seed=seed & 0xFFFFFFFFFFFFFFFF, started=clock())
-        self._core = Core(settings, state, clock, wall_clock, tuple(observers), dispatch)
+        _check_id("session_id", session_id)
+        _check_doom_check(doom_check)
+        state = SessionState(seed=seed & _SEED_MASK, started=clock(), session_id=session_id)
+        self._core = Core(
+            settings, state, clock, wall_clock, tuple(observers), dispatch, doom_check
+        )
         self._handle: Turn | None = None
 
     @classmethod
@@ -86,6 +116,7 @@ class Session:
         observers: Iterable[Observer] = (),
         dispatch: Dispatch = DISPATCH,
         check: bool = True,
+        doom_check: DoomCheck | None = None,
     ) -> Session:
         """A session that takes over ``state`` (a declared :class:`SessionState`, such as
         a copy from :attr:`state`): the model checker explores this way.
@@ -104,7 +135,10 @@ class Session:
             now = clock()
             state = decode_state(SessionState, encode_state(state, now), now)
             check_reachable(state, settings)
-        return cls._over(Core(settings, state, clock, wall_clock, tuple(observers), dispatch))
+        _check_doom_check(doom_check)
+        return cls._over(
+            Core(settings, state, clock, wall_clock, tuple(observers), dispatch, doom_check)
+        )
 
     @classmethod
     def _over(cls, core: Core) -> Session:
@@ -127,6 +161,109 @@ class Session:
         turn = Turn(self, self._core, self._core.new_turn())
         self._handle = turn
         return turn
+
+    def end(self, status: SessionStatus | str = SessionStatus.COMPLETED, *, reason: str = "") -> Finish | None:
+        """End the session on purpose: ``completed`` (between turns: the work is done),
+        ``cancelled`` (the user interrupted) or ``failed`` (the host gives up, e.g.
+        after an ``auth_error`` a human must fix).
+
+        For ``cancelled`` and ``failed`` a running turn is cancelled first (its
+        :class:`Finish`, ``cancelled``, is returned) and every live child session
+        (:meth:`spawn`) ends ``cancelled`` too. ``completed`` with a turn running
+        raises :class:`TurnInProgress`. Afterwards ``status`` is the given one and
+        ``new_turn()`` raises :class:`SessionEnded`; ending an ended session raises it.
+        """
+        try:
+            chosen = SessionStatus(status)
+        except ValueError:
+            chosen = None
+        if chosen not in END_STATUSES:
+            names = ", ".join(sorted(s.value for s in END_STATUSES))
+            raise ValueError(
+                f"status: {status!r:.60} is not a status a host ends a session with "
+                f"(one of {names}); a limit's status is the engine's to set"
+            )
+        if not isinstance(reason, str) or json_problem(reason) is not None:
+            raise ValueError(f"reason: must be valid text, got {reason!r:.60}")
+        return self._core.end(chosen, reason)  # type: ignore[arg-type]
+
+    def spawn(
+        self,
+        settings: Settings | None = None,
+        *,
+        seed: int | None = None,
+        session_id: str | None = None,
+        observers: Iterable[Observer] = (),
+        doom_check: DoomCheck | None = None,
+    ) -> Session:
+        """A child session (a sub-agent) whose spend counts toward this one's.
+
+        Every cost the child is charged is charged here too, and at every ancestor up
+        to the root; an ancestor whose ``max_cost_usd`` is reached takes its
+        limit-reached path at its next turn boundary. The child's remaining budget is
+        the smaller of its own ``max_cost_usd`` (from ``settings``, default: this
+        session's settings) and its ancestors' remaining budget, so it cannot outspend
+        them: it takes its own limit-reached path (``error_max_budget_usd``) first.
+
+        The child's id defaults to ``"<this id>.<n>"`` and its seed is derived from
+        this session's; it shares the clocks. Ending this session ``cancelled`` or
+        ``failed`` ends its live children ``cancelled``. Across processes (a child
+        restored elsewhere) report a child's total with :meth:`record_child_spend`.
+        """
+        core = self._core
+        state = core.state
+        if state.status is not None:
+            raise SessionEnded(
+                f"the session has ended ({state.status.value}): it spawns no child",
+                status=state.status,
+            )
+        _check_id("session_id", session_id)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed: must be an int or None, got {seed!r:.60}")
+        number = state.children + 1
+        parent_id = state.session_id or "session"
+        child_id = session_id or f"{parent_id}.{number}"
+        if child_id == parent_id or child_id in (state.child_costs or {}):
+            raise ConfigError(f"session_id: {child_id!r} is taken in this session's tree")
+        if seed is None:
+            seed = (state.seed * 0x9E3779B97F4A7C15 + number) & _SEED_MASK
+        child = Session(
+            settings if settings is not None else core.settings,
+            seed,
+            core.clock,
+            wall_clock=core.wall_clock,
+            observers=observers,
+            dispatch=core.dispatch,
+            session_id=child_id,
+            doom_check=doom_check,
+        )
+        child_core = child._core
+        state.session_id = parent_id
+        state.children = number
+        state.child_costs = {**(state.child_costs or {}), child_id: 0.0}
+        child_core.parent = core
+        child_core.state.parent_id = parent_id
+        child_core.state.ancestor_budget_usd = core.remaining_budget_usd()
+        core.children.append(weakref.ref(child))
+        return child
+
+    def record_child_spend(self, child_id: str, total_usd: float) -> None:
+        """Report that child ``child_id`` has spent ``total_usd`` in all (its own
+        descendants included): what is new since the last report is charged here and
+        at the live ancestors. A total no larger than the last one reported changes
+        nothing, so a report may be repeated or arrive late (a store's workers use
+        this; a child spawned in this process reports by itself)."""
+        _check_id("child_id", child_id)
+        if child_id is None:
+            raise ConfigError("child_id: must be a non-empty str, got None")
+        if (
+            isinstance(total_usd, bool)
+            or not isinstance(total_usd, int | float)
+            or not finite(total_usd)
+            or total_usd < 0
+        ):
+            raise ConfigError(f"total_usd: must be a finite number >= 0, got {total_usd!r:.60}")
+        self._core.record_child_spend(child_id, float(total_usd))
 
     # -- what the session holds -------------------------------------------------
 
@@ -178,8 +315,56 @@ class Session:
 
     @property
     def cost_usd(self) -> float:
-        """The sum of ``ModelReplied.cost`` so far."""
+        """Every cost charged so far (``ModelReplied`` and billed ``ModelFailed``),
+        children's included: what ``max_cost_usd`` bounds."""
         return self._core.state.cost_usd
+
+    @property
+    def own_cost_usd(self) -> float:
+        """What this session's own calls cost (``cost_usd`` less its children's)."""
+        state = self._core.state
+        return max(0.0, state.cost_usd - sum((state.child_costs or {}).values()))
+
+    @property
+    def child_costs(self) -> Mapping[str, float]:
+        """Each child's total spend, as last reported, by child id."""
+        return dict(self._core.state.child_costs or {})
+
+    @property
+    def remaining_budget_usd(self) -> float | None:
+        """The smallest remaining ``max_cost_usd`` on the path to the root (``None``:
+        unbounded)."""
+        return self._core.remaining_budget_usd()
+
+    @property
+    def session_id(self) -> str | None:
+        """The session's id in its tree."""
+        return self._core.state.session_id
+
+    @property
+    def parent_id(self) -> str | None:
+        """The parent's id, for a child session."""
+        return self._core.state.parent_id
+
+    @property
+    def tool_retries(self) -> int:
+        """Re-invocations of conflicting tool calls across the session."""
+        return self._core.state.tool_retries
+
+    @property
+    def denials(self) -> int:
+        """Consecutive ``permission_denied`` outcomes (for the denial breaker)."""
+        return self._core.state.denials
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds the session spent between turns (a Finish to the next start)."""
+        core = self._core
+        state = core.state
+        idle = state.idle_s
+        if state.finished_at is not None:
+            idle += max(0.0, core.clock() - state.finished_at)
+        return idle
 
     @property
     def elapsed_s(self) -> float:
@@ -223,16 +408,23 @@ class Session:
         *,
         wall_clock: Callable[[], float] = time.time,
         observers: Iterable[Observer] = (),
+        doom_check: DoomCheck | None = None,
     ) -> Session:
         """A session that continues exactly where ``data`` (from ``snapshot()``)
         stopped: same turn, counters, breakers and jitter stream.
 
         Accepts exactly the states the engine can reach (snapshot format versions 1
-        and 2); anything else raises :class:`SnapshotError` naming the key.
+        to 3); anything else raises :class:`SnapshotError` naming the key. A host
+        function (``doom_check``) is not data: pass it again. A restored child has
+        no live parent: its ancestors' budget is the one last recorded, and its
+        spend reaches them through :meth:`record_child_spend`.
         """
         _check_clocks(clock, wall_clock)
+        _check_doom_check(doom_check)
         settings, state = read_snapshot(data, clock())
-        return cls._over(Core(settings, state, clock, wall_clock, tuple(observers), DISPATCH))
+        return cls._over(
+            Core(settings, state, clock, wall_clock, tuple(observers), DISPATCH, doom_check)
+        )
 
 
 class Turn:
@@ -371,11 +563,17 @@ class Turn:
         return self._turn.calls
 
     @property
+    def in_flight(self) -> tuple[Any, ...]:
+        """The calls of the last ``InvokeTools``: what ``ToolsDone`` must answer."""
+        return self._turn.in_flight
+
+    @property
     def trace(self) -> tuple[TraceRecord, ...]:
         """One frozen record per transition taken so far, in order."""
         turn = self._turn
+        costs = dict(turn.costs)
         return tuple(
-            trace_record(turn.index, i, step, action)
+            trace_record(turn.index, i, step, action, costs.get(i, 0.0))
             for i, (step, action) in enumerate(zip(turn.path, turn.actions, strict=True))
         )
 

@@ -360,7 +360,11 @@ def _all(values: object, kind: type) -> bool:
 
 def _results(values: object) -> bool:
     return _all(values, ToolResult) and all(
-        type(r.call_id) is str and type(r.is_error) is bool and _is_data(r.content)
+        type(r.call_id) is str
+        and type(r.is_error) is bool
+        and type(r.retryable) is bool
+        and _is_data(r.content)
+        and _is_data(r.details)
         for r in values  # type: ignore[attr-defined]
     )
 
@@ -394,6 +398,7 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
         ("fallbacks", _fallbacks),
         ("retry_at", lambda v: _is_seconds(v, optional=True)),
         ("reply", _is_data),
+        ("done", lambda v: type(v) is bool),
     ),
 }
 """What a decoded action's fields must hold (the codec builds values without

@@ -34,13 +34,20 @@ Why the rows are ordered as they are, for a ``ModelFailed``:
   a wait past the session's budget is ``budget_exhausted`` even if the server also
   asked for too long), or the spent per-call cap, names the status.
 
-A tripped breaker needs no row of its own: it fires the session's limit, so every
+For a ``ToolsDone``: a tripped breaker (crashes, then denials) ends the turn
+``breaker_open`` first, with every result; otherwise a ``concurrency_conflict`` is
+re-invoked, serialized (one call per ``InvokeTools``, after a backoff ``Wait``), while
+it has re-invocations left (``max_conflict_retries``) and the wait fits the wall clock;
+then a successful terminal tool marks the loop done; else the turn completes.
+
+A tripped breaker needs no row of its own after its turn: it fires the session's limit, so every
 later turn is the final-answer turn, whose reply is never invoked. That is how no call
 to a tripped provider is ever made again.
 
-Every edge into a recovery state (``backing_off``, ``reducing_context``, a fallback
-``calling``) consumes a bounded resource (a per-call retry *and* a session retry, a
-reduction, a fallback model): that ranking function is why no loop is unbounded,
+Every edge into a recovery state (``backing_off``, ``reducing_context``,
+``backing_off_tools``, a fallback ``calling``) consumes a bounded resource (a per-call
+retry *and* a session retry, a reduction, a fallback model, a conflicting call's
+re-invocation): that ranking function is why no loop is unbounded,
 and ``statemachine check`` proves it over the whole state space.
 """
 
@@ -68,12 +75,21 @@ CALLING = "calling"
 BACKING_OFF = "backing_off"
 REDUCING_CONTEXT = "reducing_context"
 INVOKING_TOOLS = "invoking_tools"
+BACKING_OFF_TOOLS = "backing_off_tools"
 COMPLETED = "completed"
 FILTERED = "filtered"
 BREAKER_OPEN = "breaker_open"
 FAILED = "failed"
 
-RUNNING_STATES = (IDLE, ASSEMBLING, CALLING, BACKING_OFF, REDUCING_CONTEXT, INVOKING_TOOLS)
+RUNNING_STATES = (
+    IDLE,
+    ASSEMBLING,
+    CALLING,
+    BACKING_OFF,
+    REDUCING_CONTEXT,
+    INVOKING_TOOLS,
+    BACKING_OFF_TOOLS,
+)
 TERMINAL_STATES = (COMPLETED, FILTERED, BREAKER_OPEN, FAILED)
 STATES = RUNNING_STATES + TERMINAL_STATES
 
@@ -106,7 +122,10 @@ GUARDS: dict[str, str] = {
     "server_wait_too_long": "the server asked for more than max_server_wait_s",
     "wait_crosses_wall_clock": "the wait would cross max_wall_clock_s",
     "shrank": "the new request is strictly smaller than the one that overflowed",
-    "trips_breaker": "a provider reached breaker_threshold consecutive crashes",
+    "trips_breaker": "a provider's crashes reached breaker_threshold in a row (or its window's count)",
+    "trips_denial_breaker": "denials reached denial_threshold in a row (or the window's count)",
+    "conflict_retry": "a concurrency_conflict call has re-invocations left and the wait fits",
+    "terminal_tool": "a call marked terminates_turn succeeded",
 }
 """Every guard a row may name, with what it means (the diagrams' legend)."""
 
@@ -120,6 +139,8 @@ EFFECTS: dict[str, str] = {
     "invoke_tools": "InvokeTools(calls)",
     "complete": "Finish(completed)",
     "finish_tools": "Finish(completed or breaker_open, tool results)",
+    "tool_wait": "Wait(backoff with jitter) before a conflicting call goes again",
+    "reinvoke": "InvokeTools(the first conflicting call, alone)",
     "finish": "Finish(status)",
     "cancel": "Finish(cancelled, error results for calls in flight)",
 }
@@ -185,7 +206,7 @@ ROWS: tuple[Row, ...] = (
     Row(REDUCING_CONTEXT, "Assembled", ("shrank",), CALLING, "call_model"),
     _failed(REDUCING_CONTEXT, "Assembled", (), "context_exhausted"),
     _failed(REDUCING_CONTEXT, "CannotShrink", (), "context_exhausted"),
-    # -- invoking_tools: every outcome is in
+    # -- invoking_tools: every outcome of the calls in flight is in
     Row(
         INVOKING_TOOLS,
         "ToolsDone",
@@ -194,7 +215,19 @@ ROWS: tuple[Row, ...] = (
         "finish_tools",
         "breaker_open",
     ),
+    Row(
+        INVOKING_TOOLS,
+        "ToolsDone",
+        ("trips_denial_breaker",),
+        BREAKER_OPEN,
+        "finish_tools",
+        "breaker_open",
+    ),
+    Row(INVOKING_TOOLS, "ToolsDone", ("conflict_retry",), BACKING_OFF_TOOLS, "tool_wait"),
+    Row(INVOKING_TOOLS, "ToolsDone", ("terminal_tool",), COMPLETED, "finish_tools", "completed"),
     Row(INVOKING_TOOLS, "ToolsDone", (), COMPLETED, "finish_tools", "completed"),
+    # -- backing_off_tools: the wait is over, the first conflicting call goes again
+    Row(BACKING_OFF_TOOLS, "WaitDone", (), INVOKING_TOOLS, "reinvoke"),
     # -- the host may abandon a running turn at any point
     *(Row(state, "Cancelled", (), FAILED, "cancel", "cancelled") for state in RUNNING_STATES),
 )

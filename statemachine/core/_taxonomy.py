@@ -68,10 +68,32 @@ class TurnStatus(enum.StrEnum):
 
 
 class SessionStatus(enum.StrEnum):
-    """Which limit ended a session (after its final-answer turn)."""
+    """How a session ended: the limit that fired (after its final-answer turn), or,
+    for a session its host ended on purpose (``Session.end``), ``completed``,
+    ``cancelled`` or ``failed`` (the spec's status enum)."""
 
     ERROR_MAX_TURNS = "error_max_turns"
     ERROR_MAX_BUDGET_USD = "error_max_budget_usd"
     ERROR_MAX_WALL_CLOCK = "error_max_wall_clock"
     ERROR_CIRCUIT_BREAKER = "error_circuit_breaker"
     ERROR_DOOM_LOOP = "error_doom_loop"
+    ERROR_DENIAL_BREAKER = "error_denial_breaker"
+    """``denial_threshold`` denials in a row (or the denial window's count) fired."""
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+LIMIT_STATUSES = frozenset(
+    {
+        SessionStatus.ERROR_MAX_TURNS,
+        SessionStatus.ERROR_MAX_BUDGET_USD,
+        SessionStatus.ERROR_MAX_WALL_CLOCK,
+        SessionStatus.ERROR_CIRCUIT_BREAKER,
+        SessionStatus.ERROR_DOOM_LOOP,
+        SessionStatus.ERROR_DENIAL_BREAKER,
+    }
+)
+"""The statuses of the limit-reached path (a limit that fired)."""
+END_STATUSES = frozenset({SessionStatus.COMPLETED, SessionStatus.CANCELLED, SessionStatus.FAILED})
+"""The statuses a host ends a session with on purpose."""

@@ -13,7 +13,8 @@ class TraceRecord:
     ``dest`` on ``event`` through the table row whose guards are ``guard``, and
     emitted ``action``. The counters are as they stood after the transition:
     ``attempt`` of the current call, ``session_retries`` used so far, and the
-    ``reductions`` of this turn's context."""
+    ``reductions`` of this turn's context; ``cost_usd`` is what this transition's
+    event cost (a ``ModelReplied`` or a billed ``ModelFailed``; 0 for the others)."""
 
     turn: int
     step: int
@@ -25,3 +26,4 @@ class TraceRecord:
     attempt: int
     session_retries: int
     reductions: int
+    cost_usd: float = 0.0

@@ -74,6 +74,8 @@ _ACTIONS: dict[str, str] = {
     "wait": "Wait",
     "reduce": "Assemble(reduce)",
     "invoke_tools": "InvokeTools",
+    "tool_wait": "Wait(conflict)",
+    "reinvoke": "InvokeTools(one conflicting call)",
     "complete": "Finish(completed)",
 }
 """Short names of the actions the effects emit (``Finish`` rows name their status)."""

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -112,7 +113,13 @@ def check(
     ctx = _Ctx(settings, k, settings.max_turns is not None, last_steps, dispatch)
     started = time.perf_counter()
     explorer = _Explorer(ctx, table)
-    explorer.run()
+    engine_log = logging.getLogger("statemachine")
+    was_disabled = engine_log.disabled
+    engine_log.disabled = True  # the explored failures are not incidents to log
+    try:
+        explorer.run()
+    finally:
+        engine_log.disabled = was_disabled
     longest = explorer.check_termination()
     reached_states = frozenset(node.ts.state for node in explorer.nodes)
     reached_statuses = frozenset(

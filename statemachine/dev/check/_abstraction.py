@@ -12,6 +12,7 @@ from ...core._settings import Settings
 from ...core._state import SessionState, TurnState, key_fields, make_step, traced_counters
 from ...core._table import (
     BACKING_OFF,
+    BACKING_OFF_TOOLS,
     CALLING,
     INVOKING_TOOLS,
     TERMINAL_STATES,
@@ -66,6 +67,7 @@ def _canon(value: int, cap: int, saturation: int | None) -> int:
 
 
 _TURN_KEY = key_fields(TurnState)
+_TOOL_STATES = (INVOKING_TOOLS, BACKING_OFF_TOOLS)
 _SESSION_KEY = key_fields(SessionState)
 
 
@@ -104,8 +106,8 @@ def _accelerate(ctx: _Ctx, node: _Node) -> None:
 
 
 def _field_key(value: Any, mode: str) -> Any:
-    if mode == "providers":
-        return tuple(call.provider for call in value)
+    if mode == "providers":  # what a tool round's future reads of its calls
+        return tuple((call.provider, call.terminates_turn) for call in value)
     if type(value) is dict:
         return tuple(sorted(value.items()))
     return value
@@ -121,6 +123,19 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     if turn.state in TERMINAL_STATES:
         # a finished turn's future (the next turn) depends on the session alone
         turn_part: tuple[Any, ...] = (turn.state, turn.status, turn.final_answer)
+    elif turn.state in _TOOL_STATES:
+        # a tool round's future reads its calls, where the round is and the session:
+        # not the model call's counters (no model call follows in this turn)
+        position = {call.id: i for i, call in enumerate(turn.calls)}
+        turn_part = (
+            turn.state,
+            turn.final_answer,
+            _field_key(turn.calls, "providers"),
+            tuple(position[c.id] for c in turn.in_flight),
+            tuple(position[i] for i in turn.pending),
+            turn.conflict_attempt,
+            tuple((position[o.call_id], o.ok, o.category) for o in turn.outcomes),
+        )
     elif turn.state in ctx.last_steps:
         # every row out of this state finishes the turn: only what its events read
         # (the calls in flight) and the session matter
@@ -140,15 +155,18 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     return (*turn_part, *session_part, late)
 
 
-def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int]:
-    """(session retries left, reductions left, fallbacks left, call retries left)."""
+def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int, int]:
+    """(session retries left, reductions left, fallbacks left, call retries left,
+    minus the tool round's re-invocations so far: bounded below, as each call of the
+    round is re-invoked at most ``max_conflict_retries`` times)."""
     session, turn = node.state, node.ts
-    in_call = turn.state in (CALLING, BACKING_OFF, INVOKING_TOOLS)
+    in_call = turn.state in (CALLING, BACKING_OFF, INVOKING_TOOLS, BACKING_OFF_TOOLS)
     return (
         settings.session_retry_ceiling - session.retries,
         settings.max_context_reductions - turn.reductions,
         len(settings.fallback_models) - 1 - turn.model_index,
         settings.max_retries - turn.attempt if in_call else settings.max_retries,
+        -sum(1 for step in turn.path if step[0][4] == "tool_wait"),
     )
 
 
@@ -157,9 +175,13 @@ def step_bound(settings: Settings) -> int:
 
     start + first assembly + per assembled request (1 + reductions of them): each
     model in the chain makes up to ``max_retries`` (failure, wait-done) pairs and one
-    more failure, then a reply and a tools-done; plus a reduced reassembly each.
+    more failure, then a reply and a tools-done; plus a reduced reassembly each; plus,
+    for each call of the checker's largest reply, ``max_conflict_retries``
+    re-invocations (a wait-done and a tools-done each).
     """
     models = 1 + len(settings.fallback_models)
     per_request = models * (2 * settings.max_retries + 1)
     reductions = settings.max_context_reductions
-    return 2 + (reductions + 1) * per_request + reductions + 2
+    calls = max(2, settings.breaker_threshold, settings.doom_loop_threshold)
+    conflicts = 2 * calls * settings.max_conflict_retries  # a (wait-done, tools-done) each
+    return 2 + (reductions + 1) * per_request + reductions + 2 + conflicts

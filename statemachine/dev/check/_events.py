@@ -23,6 +23,7 @@ from ...core._settings import Settings
 from ...core._state import SessionState, TurnState
 from ...core._table import (
     BACKING_OFF,
+    BACKING_OFF_TOOLS,
     CALLING,
     IDLE,
     REDUCING_CONTEXT,
@@ -32,7 +33,7 @@ from ...core._table import (
 from ...core._taxonomy import ErrorCategory, ToolErrorCategory
 from ...core._tool_calls import ToolCall, ToolOutcome
 
-RECOVERY_STATES = (BACKING_OFF, REDUCING_CONTEXT)
+RECOVERY_STATES = (BACKING_OFF, REDUCING_CONTEXT, BACKING_OFF_TOOLS)
 """States a turn enters only to recover; with a fallback ``calling``, each entry
 must consume a bounded resource."""
 
@@ -138,6 +139,7 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
             Step("ModelReplied", "p"),
             Step("ModelReplied", "pq"),
             Step("ModelReplied", "doom"),
+            Step("ModelReplied", "terminal"),
         ]
         if settings.breaker_threshold > 1:
             steps.append(Step("ModelReplied", "p_many"))
@@ -145,11 +147,14 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
             steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
         if settings.max_cost_usd is not None:
             steps.append(Step("ModelReplied", "costly"))
-    elif state == BACKING_OFF:
+    elif state in (BACKING_OFF, BACKING_OFF_TOOLS):
         steps.append(Step("WaitDone"))
     elif state == "invoking_tools":
         steps += [Step("ToolsDone", "ok"), Step("ToolsDone", "fail")]
-        if any(call.provider == "p" for call in turn.calls):
+        steps.append(Step("ToolsDone", "conflict"))
+        if settings.denial_threshold is not None or settings.denial_window is not None:
+            steps.append(Step("ToolsDone", "denied"))
+        if any(call.provider == "p" for call in turn.in_flight):
             steps.append(Step("ToolsDone", "crash"))
     steps.append(Step("Cancelled", "host"))
     k = ctx.saturation
@@ -228,6 +233,11 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
             calls = tuple(
                 ToolCall(f"c{index}d{i}", "q", "again", {"same": True}) for i in range(threshold)
             )
+        elif variant == "terminal":
+            calls = (
+                ToolCall(f"c{index}t", "p", "finish", {"turn": index}, terminates_turn=True),
+                ToolCall(f"c{index}q", "q", "write", {"turn": index}),
+            )
         elif variant == "costly":
             cost = float(ctx.settings.max_cost_usd or 0.0)
         elif variant == "late":
@@ -240,8 +250,16 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
         return WaitDone()
     if kind == "ToolsDone":
         outcomes = []
-        for call in turn.calls:
-            if variant == "fail":
+        for i, call in enumerate(turn.in_flight):
+            if variant == "conflict" and i == 0:
+                outcomes.append(
+                    ToolOutcome(call.id, False, "locked", ToolErrorCategory.CONCURRENCY_CONFLICT)
+                )
+            elif variant == "denied":
+                outcomes.append(
+                    ToolOutcome(call.id, False, "denied", ToolErrorCategory.PERMISSION_DENIED)
+                )
+            elif variant == "fail":
                 outcomes.append(
                     ToolOutcome(call.id, False, "it failed", ToolErrorCategory.EXECUTION_FAILED)
                 )

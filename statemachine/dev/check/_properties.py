@@ -16,6 +16,7 @@ from ...core._events import (
 from ...core._exceptions import IllegalEvent
 from ...core._model_error import ModelError
 from ...core._table import (
+    BACKING_OFF,
     CALLING,
     REDUCING_CONTEXT,
     TERMINAL_STATES,
@@ -99,6 +100,10 @@ class Properties:
             blocked = [c.provider for c in action.calls if c.provider in source.state.tripped]
             if blocked:
                 v("ER-18", f"InvokeTools includes a tripped provider: {blocked}", path)
+            if source.ts.state == "backing_off_tools" and (
+                len(action.calls) != 1 or action.calls[0].id != source.ts.pending[0]
+            ):
+                v("ER-86", f"a re-invocation that is not the first conflict, alone: {action!r}", path)
 
         if type(action) is Finish and action.status is not turn.status:
             v("ER-30", f"Finish status {action.status} but turn status {turn.status}", path)
@@ -139,7 +144,7 @@ class Properties:
                 type(action) is Finish and action.status is TurnStatus.CONTEXT_EXHAUSTED
             ):
                 v("ER-8", f"a context that cannot shrink gave {action!r}", path)
-        elif isinstance(event, WaitDone):
+        elif isinstance(event, WaitDone) and src_state == BACKING_OFF:
             prev = source.turn.action
             if not (
                 type(action) is CallModel
@@ -270,28 +275,84 @@ class Properties:
         action: Action,
         path: _At,
     ) -> None:
+        """A tool round, re-derived from its outcomes: deaths (not calls) count toward
+        a provider's breaker (ER-89), denials toward the denial breaker (ER-84/85), a
+        conflict with re-invocations left is retried after a Wait (ER-86), and the
+        Finish mirrors every call's latest outcome (ER-12) and terminal tools (ER-83)."""
         settings = self.ctx.settings
         v = self.violate
-        counts = dict(source.state.breakers or {})
+        before, after = source.state, node.state
+        in_flight = source.ts.in_flight
+        by_call = {o.call_id: o for o in event.outcomes}
+        crash = ToolErrorCategory.PROCESS_CRASHED
+        died: dict[str, bool] = {}
+        for call in in_flight:
+            died[call.provider] = died.get(call.provider, False) or (
+                by_call[call.id].category is crash
+            )
         trips = False
-        for outcome, call in zip(event.outcomes, source.ts.calls, strict=True):
-            if outcome.category is ToolErrorCategory.PROCESS_CRASHED:
-                counts[call.provider] = counts.get(call.provider, 0) + 1
-                trips = trips or counts[call.provider] >= settings.breaker_threshold
-            else:
-                counts[call.provider] = 0
+        for provider, crashed in died.items():
+            count = (before.breakers or {}).get(provider, 0) + 1 if crashed else 0
+            if (after.breakers or {}).get(provider, 0) != count:
+                v("ER-89", f"{provider}: {count} crashes in a row, the session says "
+                  f"{(after.breakers or {}).get(provider, 0)}", path)
+            trips = trips or (crashed and count >= settings.breaker_threshold)
+            if settings.breaker_window is not None and crashed:
+                log = ((before.crash_logs or {}).get(provider, "") + "1")[-settings.breaker_window :]
+                trips = trips or log.count("1") >= settings.breaker_window_threshold  # type: ignore[operator]
+        denied = False
+        run, log = before.denials, before.denial_log
+        for call in in_flight:
+            hit = by_call[call.id].category is ToolErrorCategory.PERMISSION_DENIED
+            if settings.denial_threshold is not None:
+                run = run + 1 if hit else 0
+                denied = denied or run >= settings.denial_threshold
+            if settings.denial_window is not None:
+                log = (log + ("1" if hit else "0"))[-settings.denial_window :]
+                denied = denied or (hit and log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
+        conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
+        if source.ts.pending:
+            retried = by_call[source.ts.pending[0]].category is conflict and (
+                source.ts.conflict_attempt < settings.max_conflict_retries
+            )
+            retry = retried or len(source.ts.pending) > 1
+        else:
+            retry = settings.max_conflict_retries > 0 and any(
+                o.category is conflict for o in event.outcomes
+            )
+        retry = retry and not (trips or denied)
+        if type(action) is Wait:
+            if not retry or action.category is not conflict:
+                v("ER-86", f"a Wait after a tool round that has nothing to retry: {action!r}", path)
+            if after.tool_retries != before.tool_retries + 1:
+                v("ER-86", "a conflict's wait was not counted in tool_retries", path)
+            if node.ts.conflict_attempt > settings.max_conflict_retries:
+                v("ER-86", f"re-invocation {node.ts.conflict_attempt} beyond the cap", path)
+            return
         if type(action) is not Finish:
             v("ER-12", f"ToolsDone gave {action!r}", path)
             return
-        expected = TurnStatus.BREAKER_OPEN if trips else TurnStatus.COMPLETED
+        if retry and settings.max_wall_clock_s is None:
+            v("ER-86", "a conflict with re-invocations left went to the model", path)
+        breaker = trips or denied
+        expected = TurnStatus.BREAKER_OPEN if breaker else TurnStatus.COMPLETED
         if action.status is not expected:
             v("ER-13", f"tool outcomes gave {action.status}, expected {expected}", path)
-        if trips and not node.state.tripped:
+        if trips and not after.tripped:
             v("ER-13", "a breaker tripped but no provider is open", path)
-        failed = {o.call_id for o in event.outcomes if not o.ok}
-        flagged = {r.call_id for r in action.tool_results if r.is_error}
-        if failed - flagged or len(action.tool_results) != len(source.ts.calls):
-            v("ER-12", f"tool results do not mirror the outcomes: {action.tool_results!r}", path)
+        if denied and after.limit is None:
+            v("ER-84", "the denial breaker tripped but no limit fired", path)
+        latest = {o.call_id: o for o in node.ts.outcomes}
+        calls = source.ts.calls
+        if len(action.tool_results) != len(calls) or set(latest) != {c.id for c in calls}:
+            v("ER-12", f"tool results do not mirror the calls: {action.tool_results!r}", path)
+            return
+        for result in action.tool_results:
+            if result.is_error != (not latest[result.call_id].ok):
+                v("ER-12", f"tool result {result.call_id} does not mirror its outcome", path)
+        terminal = not breaker and any(c.terminates_turn and latest[c.id].ok for c in calls)
+        if action.done != terminal:
+            v("ER-83", f"Finish.done is {action.done}, the terminal tools say {terminal}", path)
 
     def check_illegal(self, index: int) -> None:
         """Every event with no row in this state raises IllegalEvent, changes nothing."""
