@@ -831,7 +831,10 @@ _LIMIT_TEXT = {
 
 def final_answer_instruction(limit: SessionStatus, settings: Settings) -> str:
     """The synthetic instruction of the final-answer turn for ``limit``."""
-    what = _LIMIT_TEXT[limit].format(settings=settings)
+    if limit is SessionStatus.ERROR_MAX_BUDGET_USD and settings.max_cost_usd is None:
+        what = "the cost budget of a session it belongs to"
+    else:
+        what = _LIMIT_TEXT[limit].format(settings=settings)
     return (
         f"This session has reached {what}. Tools are no longer available. "
         "Do not call any tool: reply now with your final answer, based on what "

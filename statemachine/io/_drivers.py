@@ -177,7 +177,29 @@ def _tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
         category = ToolErrorCategory.TIMEOUT
     else:
         category = ToolErrorCategory.UNKNOWN
-    return ToolOutcome(call.id, ok=False, content=f"{type(exc).__name__}: {exc}", category=category)
+    return ToolOutcome(
+        call.id,
+        ok=False,
+        content=f"{type(exc).__name__}: {_text_of(exc)}",
+        category=category,
+        details=error_details(exc),
+    )
+
+
+def error_details(exc: BaseException) -> dict[str, str]:
+    """The raw underlying error as JSON data (``ToolOutcome.details``): its type, with
+    module, and its message, bounded and made valid text."""
+    kind = type(exc)
+    return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": _text_of(exc)}
+
+
+def _text_of(exc: BaseException, limit: int = 2000) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ is still an error to report
+        text = f"<unprintable {type(exc).__name__}>"
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _unexpected(action: object) -> NoReturn:
