@@ -86,7 +86,16 @@ _EVENT_KEYS: dict[str, tuple[str, ...]] = {
     "Assembled": ("size", "request"),
     "CannotShrink": (),
     "ModelReplied": ("cost", "reply", "tool_calls"),
-    "ModelFailed": ("category", "message", "retry_after", "headers", "partial", "code", "status"),
+    "ModelFailed": (
+        "category",
+        "message",
+        "retry_after",
+        "headers",
+        "partial",
+        "code",
+        "status",
+        "cost",
+    ),
     "WaitDone": (),
     "ToolsDone": ("outcomes",),
     "Cancelled": ("reason",),
@@ -97,6 +106,7 @@ _TOP_KEYS = (
     "expect_turn_status",
     "expect_session_status",
     "expect_retries_used",
+    "end",
     "settings",
     "turn",
 )
@@ -107,7 +117,7 @@ events on any sane settings, and ten thousand turns run in seconds."""
 MAX_EVENTS = 1_000_000
 """The most events a scenario may script in all (each turn's repeat times its steps'
 repeats, summed), so that a run always ends in reasonable time."""
-_CALL_KEYS = ("provider", "name", "arguments", "id")
+_CALL_KEYS = ("provider", "name", "arguments", "id", "terminates_turn")
 _OUTCOME_KEYS = ("ok", "content", "category", "call_id")
 
 
@@ -129,6 +139,7 @@ class ToolCallSpec:
     name: str
     arguments: Any = None
     id: str | None = None
+    terminates_turn: bool = False
 
 
 @attrs.frozen
@@ -182,6 +193,8 @@ class Scenario:
     expect_session_status: str | None
     expect_retries_used: int | None
     expect_lines: Mapping[str, int] = attrs.field(factory=dict)
+    end: str | None = None
+    """How the host ends the session after the turns (``Session.end``), if it does."""
     """The line of each top-level ``expect_*`` key."""
 
     def where(self, line: int) -> str:
@@ -378,6 +391,7 @@ _FIELDS: dict[str, dict[str, _Field]] = {
         "retry_after": _NUMBER,
         "headers": (_is_headers, "a table of header names to string values", False),
         "partial": (_is_bool, "true or false", False),
+        "cost": _NUMBER,
         "code": _TEXT,
         "status": (_is_int(100), "an HTTP status code", False),
     },
@@ -445,7 +459,15 @@ def _call(check: _Checker, raw: Any, line: int, path: str) -> ToolCallSpec:
         values[key] = _want(check, raw[key], _is_name, nonempty, line, f"{path}.{key}")
     if "id" in raw:
         values["id"] = _want(check, raw["id"], _is_name, nonempty, line, f"{path}.id")
-    return ToolCallSpec(arguments=raw.get("arguments"), **values)
+    terminal = _want(
+        check,
+        raw.get("terminates_turn", False),
+        _is_bool,
+        "true or false",
+        line,
+        f"{path}.terminates_turn",
+    )
+    return ToolCallSpec(arguments=raw.get("arguments"), terminates_turn=terminal, **values)
 
 
 def _outcome(check: _Checker, raw: Any, line: int, path: str) -> OutcomeSpec:
@@ -605,6 +627,10 @@ def parse(text: str, source: str, name: str) -> Scenario:
             top("expect_retries_used", None) or 1,
             "expect_retries_used",
         )
+    end = data.get("end")
+    if end is not None:
+        ends = ("completed", "cancelled", "failed")
+        _want(check, end, lambda v: v in ends, f"one of {', '.join(ends)}", top("end", None) or 1, "end")
     turns = data.get("turn")
     if turns is None:
         raise check.fail(1, "turn", "the scenario has no [[turn]] table")
@@ -629,6 +655,7 @@ def parse(text: str, source: str, name: str) -> Scenario:
         expect_turn_status=expect_turn,
         expect_session_status=expect_session,
         expect_retries_used=expect_retries,
+        end=end,
         expect_lines={
             key: lines.key(key, None) or 1
             for key in ("expect_turn_status", "expect_session_status", "expect_retries_used")
@@ -671,6 +698,13 @@ ORDER = (
     "max-cost",
     "max-wall-clock",
     "cancelled",
+    "conflict-retried",
+    "denial-breaker",
+    "terminal-tool",
+    "user-cancels-session",
+    "auth-error-fails-session",
+    "billed-failure",
+    "plugin-dies-under-three-calls",
 )
 """The built-ins in the order ``simulate`` runs them: the model error categories,
 then tools, then the session-wide limits. Files not listed here run after them."""

@@ -145,10 +145,19 @@ def _event(step: Step, turn: int, action: Action | None) -> tuple[object, str]:
             detail += f" {name}: {value}"
         if fields.get("partial"):
             detail += " (partial stream)"
-        return ModelFailed(error, partial=fields.get("partial", False)), detail
+        cost = fields.get("cost", 0.0)
+        if cost:
+            detail += f" (billed ${cost:g})"
+        return ModelFailed(error, partial=fields.get("partial", False), cost=cost), detail
     if kind == "ModelReplied":
         calls = tuple(
-            ToolCall(spec.id or f"c{turn}.{i + 1}", spec.provider, spec.name, spec.arguments)
+            ToolCall(
+                spec.id or f"c{turn}.{i + 1}",
+                spec.provider,
+                spec.name,
+                spec.arguments,
+                terminates_turn=spec.terminates_turn,
+            )
             for i, spec in enumerate(fields["tool_calls"])
         )
         cost = fields.get("cost", 0.0)
@@ -370,6 +379,8 @@ def run(
         for spec in scenario.turns:
             for _ in range(spec.repeat):
                 state.check_turn(spec, state.play(spec))
+        if scenario.end is not None:
+            state.session.end(scenario.end)
     except _Failed as exc:
         state.failures.append(str(exc))
     session = state.session
