@@ -1128,7 +1128,7 @@ class Driver:
     the session shows, and their violation kinds start with ``forged-``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - the reference model's state, field by field
         self, walk: Walk, session: Any, clock: ManualClock, *, forged: bool = False
     ) -> None:
         self.w = walk
@@ -2031,7 +2031,9 @@ class Driver:
         result = self.send(WAIT_DONE)
         if isinstance(action.category, sm.ToolErrorCategory):  # a conflict's re-invocation
             if type(result) is not sm.InvokeTools or len(result.calls) != 1:
-                raise Violation(self.p + "protocol-broken:wait_done", f"WaitDone gave {short(result)}")
+                raise Violation(
+                    self.p + "protocol-broken:wait_done", f"WaitDone gave {short(result)}"
+                )
             return
         if type(result) is not sm.CallModel:
             raise Violation(self.p + "protocol-broken:wait_done", f"WaitDone gave {short(result)}")
@@ -2045,7 +2047,7 @@ class Driver:
                 f"after {short(previous)} the retry is {short(result)}",
             )
 
-    def on_invoke(self, action: Any) -> None:
+    def on_invoke(self, action: Any) -> None:  # noqa: PLR0915 - one oracle, read top to bottom
         rng = self.rng
         outcomes = []
         newly: list[str] = []
@@ -2129,7 +2131,9 @@ class Driver:
                 self.crashes[call.provider] = 0
                 if self.settings.denial_threshold is not None:
                     self.denials = 0
-            cancelled = [r for r in result.tool_results if r.call_id in {c.id for c in action.calls}]
+            cancelled = [
+                r for r in result.tool_results if r.call_id in {c.id for c in action.calls}
+            ]
             if len(result.tool_results) != len(self.turn.calls) or not all(
                 r.is_error for r in cancelled
             ):

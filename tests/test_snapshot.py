@@ -163,7 +163,11 @@ _DELETE = object()
             r"^turn.path\[0\]: .* is not a transition of this engine's table",
         ),
         ("turn.path", [[0, "idle"]], r"^turn.path\[0\]: must be \[source"),
-        ("turn.path", [["idle", "start", "", "assembling", 0, -3, 0]], r"^turn.path\[0\]\[5\]: must be >= 0"),
+        (
+            "turn.path",
+            [["idle", "start", "", "assembling", 0, -3, 0]],
+            r"^turn.path\[0\]\[5\]: must be >= 0",
+        ),
         ("turn.calls", "nope", "^turn.calls: must be list"),
         ("doom_run", [], "^doom_run: must be int"),
         ("unknown_key", 1, "^unknown_key: not a field"),

@@ -123,9 +123,9 @@ def test_a_childs_spend_survives_snapshots_and_is_never_counted_twice() -> None:
     again = sm.Session.restore(json.loads(json.dumps(restored_root.snapshot())), clock=clock)
     assert again.cost_usd == pytest.approx(1.1)
     assert again.new_turn().final_answer
-    with pytest.raises(sm.ConfigError, match="^total_usd"):
+    with pytest.raises(sm.ConfigError, match=r"^total_usd"):
         again.record_child_spend("x", float("nan"))
-    with pytest.raises(sm.ConfigError, match="^child_id"):
+    with pytest.raises(sm.ConfigError, match=r"^child_id"):
         again.record_child_spend("", 1.0)
 
 
@@ -139,7 +139,9 @@ def test_a_terminal_tool_that_succeeds_marks_the_loop_done() -> None:
     s = session()
     turn = tool_turn(s, [call(1, name="report", terminates_turn=True), call(2)])
     finish = turn.send(sm.ToolsDone((ok(1), failed(2, "execution_failed"))))
-    assert isinstance(finish, sm.Finish) and finish.done and finish.status is sm.TurnStatus.COMPLETED
+    assert (
+        isinstance(finish, sm.Finish) and finish.done and finish.status is sm.TurnStatus.COMPLETED
+    )
     assert turn.trace[-1].guard == "terminal_tool"
     turn = tool_turn(s, [call(3, name="report", terminates_turn=True)])
     finish = turn.send(sm.ToolsDone((failed(3, "execution_failed"),)))
@@ -166,9 +168,7 @@ def test_consecutive_denials_trip_the_denial_breaker() -> None:
     turn.send(sm.ToolsDone((ok(3),)))
     assert s.denials == 0
     turn = tool_turn(s, [call(4), call(5), call(6)])
-    finish = turn.send(
-        sm.ToolsDone(tuple(failed(i, "permission_denied") for i in (4, 5, 6)))
-    )
+    finish = turn.send(sm.ToolsDone(tuple(failed(i, "permission_denied") for i in (4, 5, 6))))
     assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.BREAKER_OPEN
     assert len(finish.tool_results) == 3 and all(r.is_error for r in finish.tool_results)
     final = s.new_turn()
@@ -207,7 +207,7 @@ def test_sliding_windows_trip_the_breakers() -> None:
         outcome = failed(i, "process_crashed") if crashed else ok(i)
         finish = turn.send(sm.ToolsDone((outcome,)))
     assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.COMPLETED
-    with pytest.raises(sm.ConfigError, match="^denial_window_threshold: must be set together"):
+    with pytest.raises(sm.ConfigError, match=r"^denial_window_threshold: must be set together"):
         sm.Settings(denial_window=3)
 
 
@@ -332,7 +332,7 @@ def test_a_billed_failure_counts_toward_the_budget_and_every_cost_is_traced() ->
     restored = sm.Session.restore(json.loads(json.dumps(s.snapshot())), clock=clock)
     assert [r.cost_usd for r in restored.current_turn.trace] == [0.0, 0.0, 0.25, 0.0, 0.3]  # type: ignore[union-attr]
     assert restored.new_turn().final_answer
-    with pytest.raises(ValueError, match="^cost"):
+    with pytest.raises(ValueError, match=r"^cost"):
         sm.ModelFailed(sm.ModelError("overloaded"), cost=-1.0)
 
 
@@ -367,7 +367,7 @@ def test_a_host_ends_a_session_on_purpose_and_cancelling_cascades() -> None:
     assert child_turn.finish is not None and child_turn.finish.tool_results[0].is_error
     restored = sm.Session.restore(json.loads(json.dumps(parent.snapshot())))
     assert restored.status is sm.SessionStatus.CANCELLED
-    with pytest.raises(ValueError, match="^status"):
+    with pytest.raises(ValueError, match=r"^status"):
         session().end(sm.SessionStatus.ERROR_MAX_TURNS)
 
 
@@ -381,7 +381,7 @@ def test_tool_errors_carry_retryable_and_details() -> None:
     assert sm.ToolOutcome("a", False, category="timeout").retryable
     assert not sm.ToolOutcome("a", False, category="permission_denied").retryable
     assert sm.ToolOutcome("a", False, category="unknown", retryable=True).retryable
-    with pytest.raises(ValueError, match="^retryable"):
+    with pytest.raises(ValueError, match=r"^retryable"):
         sm.ToolOutcome("a", True, retryable=True)
     outcome = _tool_failure(call(1), KeyError("token"))
     assert outcome.category is sm.ToolErrorCategory.UNKNOWN
@@ -399,8 +399,8 @@ def test_invalid_and_unknown_failures_are_logged_by_shape_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The log names the status, code and the request's shape, never its content."""
-    secret = "sk-live-SECRET and the user's private text"
-    request = {"model": "m", "messages": [{"role": "user", "content": secret}], "n": 1}
+    private = "sk-live-SECRET and the user's private text"
+    request = {"model": "m", "messages": [{"role": "user", "content": private}], "n": 1}
     for category, status in (("invalid_request", "invalid_request"), ("unknown", "unknown_error")):
         caplog.clear()
         s = session()
@@ -408,7 +408,7 @@ def test_invalid_and_unknown_failures_are_logged_by_shape_only(
         turn.start()
         turn.send(sm.Assembled(request, 100))
         with caplog.at_level(logging.WARNING, logger="statemachine"):
-            turn.send(sm.ModelFailed(sm.ModelError(category, f"echo: {secret}", code="E42")))
+            turn.send(sm.ModelFailed(sm.ModelError(category, f"echo: {private}", code="E42")))
         text = caplog.text
         assert status in text and "E42" in text
         assert "messages: list[1] of {role: str[4], content: str[" in text

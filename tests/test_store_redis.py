@@ -293,9 +293,7 @@ def test_a_frozen_server_is_unavailable_in_bounded_time(tmp_path: Path) -> None:
         os.kill(srv.proc.pid, signal.SIGSTOP)
         try:
             with pytest.raises(StoreUnavailable, match="session 'frozen': Redis is unavailable"):
-                w.advance(
-                    "frozen", sm.Assembled("r", 10), expected_version=first.version, key="k1"
-                )
+                w.advance("frozen", sm.Assembled("r", 10), expected_version=first.version, key="k1")
         finally:
             os.kill(srv.proc.pid, signal.SIGCONT)
         c.connection_pool.disconnect()

@@ -140,12 +140,20 @@ def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
 
 
 def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
-    settings = core.settings
-    state = core.state
     facts = ToolFacts()
     by_id = {outcome.call_id: outcome for outcome in event.outcomes}
-    in_flight = turn.in_flight
+    _crash_facts(core, turn, by_id, facts)
+    _denial_facts(core, turn, by_id, facts)
+    _conflict_facts(core, turn, by_id, facts)
+    return facts
 
+
+def _crash_facts(
+    core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
+) -> None:
+    settings = core.settings
+    state = core.state
+    in_flight = turn.in_flight
     # the crash breaker counts deaths: a provider whose process died under several
     # calls of one round crashed once
     died: dict[str, bool] = {}
@@ -171,7 +179,14 @@ def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
             tripped.append(provider)
     facts.counts, facts.logs, facts.tripped = counts, logs, tripped
 
-    # the denial breaker: permission_denied outcomes, in a row and in a window
+
+def _denial_facts(
+    core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
+) -> None:
+    """The denial breaker: permission_denied outcomes, in a row and in a window."""
+    settings = core.settings
+    state = core.state
+    in_flight = turn.in_flight
     threshold = settings.denial_threshold
     size = settings.denial_window
     denials, denial_log, denied = state.denials, state.denial_log, False
@@ -185,7 +200,17 @@ def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
             denied = denied or (hit and denial_log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
     facts.denials, facts.denial_log, facts.denied = denials, denial_log, denied
 
-    # conflicts: re-invoked one at a time while they have re-invocations left
+
+def _conflict_facts(
+    core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
+) -> None:
+    """Conflicts: re-invoked one at a time while they have re-invocations left and the
+    wait fits the wall clock; whatever is left goes to the model as it is."""
+    settings = core.settings
+    state = core.state
+    in_flight = turn.in_flight
+    tripped = facts.tripped
+    denied = facts.denied
     outcomes = {outcome.call_id: outcome for outcome in turn.outcomes}
     pending = list(turn.pending)
     attempt = turn.conflict_attempt
@@ -222,7 +247,6 @@ def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
     facts.terminal = facts.seconds is None and any(
         call.terminates_turn and outcomes[call.id].ok for call in turn.calls
     )
-    return facts
 
 
 class DoomFacts:
@@ -1071,7 +1095,7 @@ class Core:
         else:  # pragma: no cover - the model check proves every group is total
             raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
         cost = 0.0
-        if trigger == "ModelReplied" or trigger == "ModelFailed":
+        if trigger in ("ModelReplied", "ModelFailed"):
             cost = event.cost
             if cost:
                 self.charge(cost)

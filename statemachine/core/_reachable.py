@@ -137,8 +137,10 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
         if turn_state != IDLE and turn_state not in TERMINAL_STATES:
             return f"status: {status.value}, but turn {state.turn.index} is still {turn_state}"
     budget = limit is SessionStatus.ERROR_MAX_BUDGET_USD
-    if limit in _BOUND_OF_LIMIT and getattr(settings, _BOUND_OF_LIMIT[limit]) is None and not (
-        budget and state.ancestor_budget_usd is not None
+    if (
+        limit in _BOUND_OF_LIMIT
+        and getattr(settings, _BOUND_OF_LIMIT[limit]) is None
+        and not (budget and state.ancestor_budget_usd is not None)
     ):
         return f"limit: {limit.value} fired but settings.{_BOUND_OF_LIMIT[limit]} is unset"
     if limit is SessionStatus.ERROR_MAX_TURNS and state.turns < settings.max_turns:  # type: ignore[operator]
@@ -432,8 +434,10 @@ def _action_problem(
             return f"{where}: a wait of {action.seconds!r} s the settings cannot ask for"
     elif type(action) is InvokeTools and turn.final_answer:
         return f"{where}: the final-answer turn invoked tools"
-    elif type(action) is InvokeTools and effect == "reinvoke" and (
-        len(action.calls) != 1 or action.calls[0] not in turn.calls
+    elif (
+        type(action) is InvokeTools
+        and effect == "reinvoke"
+        and (len(action.calls) != 1 or action.calls[0] not in turn.calls)
     ):
         return f"{where}: a re-invocation is one call of the reply"
     return None

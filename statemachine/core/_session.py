@@ -22,12 +22,12 @@ from typing import Any
 from ._actions import Action, Finish
 from ._engine import DISPATCH, TRIGGERS, Core, Dispatch, DoomCheck, Observer, trace_record
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded
+from ._json_data import finite, json_problem
 from ._reachable import check_reachable
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
 from ._state import SessionState, TurnState, copy_session_state, decode_state, encode_state
 from ._table import TERMINAL_STATES
-from ._json_data import finite, json_problem
 from ._taxonomy import END_STATUSES, SessionStatus, TurnStatus
 from ._trace import TraceRecord
 
@@ -162,7 +162,9 @@ class Session:
         self._handle = turn
         return turn
 
-    def end(self, status: SessionStatus | str = SessionStatus.COMPLETED, *, reason: str = "") -> Finish | None:
+    def end(
+        self, status: SessionStatus | str = SessionStatus.COMPLETED, *, reason: str = ""
+    ) -> Finish | None:
         """End the session on purpose: ``completed`` (between turns: the work is done),
         ``cancelled`` (the user interrupted) or ``failed`` (the host gives up, e.g.
         after an ``auth_error`` a human must fix).
@@ -185,7 +187,7 @@ class Session:
             )
         if not isinstance(reason, str) or json_problem(reason) is not None:
             raise ValueError(f"reason: must be valid text, got {reason!r:.60}")
-        return self._core.end(chosen, reason)  # type: ignore[arg-type]
+        return self._core.end(chosen, reason)
 
     def spawn(
         self,

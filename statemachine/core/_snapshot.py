@@ -39,8 +39,8 @@ from ._state import (
     SessionState,
     TurnState,
     declared_defaults,
-    defaults_since,
     decode_state,
+    defaults_since,
     encode_state,
 )
 

@@ -206,7 +206,9 @@ def _child_costs(raw: Any, key: str) -> dict[str, float] | None:
     costs: dict[str, float] = {}
     for child, cost in raw.items():
         if type(child) is not str or not child or json_problem(child) is not None:
-            raise SnapshotError(f"{key}: session ids must be non-empty str, got {short_repr(child)}")
+            raise SnapshotError(
+                f"{key}: session ids must be non-empty str, got {short_repr(child)}"
+            )
         costs[child] = _number(cost, f"{key}.{child}")
     return costs or None
 
@@ -279,9 +281,7 @@ WINDOWS = Kind(
 )
 OUTCOMES = Kind("tool outcomes", encode, _values_of(ToolOutcome))
 IDS = Kind("call ids", list, _ids)
-COSTS = Kind(
-    "costs", lambda v: [list(e) for e in v], _decode_costs, list, grows=True
-)
+COSTS = Kind("costs", lambda v: [list(e) for e in v], _decode_costs, list, grows=True)
 """(step, cost) of every event of the turn that carried a cost."""
 
 
@@ -788,7 +788,9 @@ def defaults_since(cls: type, version: int) -> dict[str, Any]:
         if f.metadata["since"] > version:
             kind: Kind = f.metadata["kind"]
             default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[arg-type]
-            out[f.metadata["snapshot_key"] or f.name] = None if default is None else kind.encode(default)
+            out[f.metadata["snapshot_key"] or f.name] = (
+                None if default is None else kind.encode(default)
+            )
     return out
 
 

@@ -122,7 +122,9 @@ GUARDS: dict[str, str] = {
     "server_wait_too_long": "the server asked for more than max_server_wait_s",
     "wait_crosses_wall_clock": "the wait would cross max_wall_clock_s",
     "shrank": "the new request is strictly smaller than the one that overflowed",
-    "trips_breaker": "a provider's crashes reached breaker_threshold in a row (or its window's count)",
+    "trips_breaker": (
+        "a provider's crashes reached breaker_threshold in a row (or its window's count)"
+    ),
     "trips_denial_breaker": "denials reached denial_threshold in a row (or the window's count)",
     "conflict_retry": "a concurrency_conflict call has re-invocations left and the wait fits",
     "terminal_tool": "a call marked terminates_turn succeeded",

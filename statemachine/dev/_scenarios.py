@@ -630,7 +630,14 @@ def parse(text: str, source: str, name: str) -> Scenario:
     end = data.get("end")
     if end is not None:
         ends = ("completed", "cancelled", "failed")
-        _want(check, end, lambda v: v in ends, f"one of {', '.join(ends)}", top("end", None) or 1, "end")
+        _want(
+            check,
+            end,
+            lambda v: v in ends,
+            f"one of {', '.join(ends)}",
+            top("end", None) or 1,
+            "end",
+        )
     turns = data.get("turn")
     if turns is None:
         raise check.fail(1, "turn", "the scenario has no [[turn]] table")

@@ -42,8 +42,8 @@ functions): the sessions run it in a ``Dispatch`` of its own.
 from __future__ import annotations
 
 import argparse
-import sys
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path

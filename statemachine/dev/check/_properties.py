@@ -43,7 +43,7 @@ class Properties:
         step: Step,
         event: object,
         action: Action,
-        before: tuple[int, int, int, int],
+        before: tuple[int, int, int, int, int],
         path: _At,
     ) -> None:
         settings = self.ctx.settings
@@ -103,7 +103,11 @@ class Properties:
             if source.ts.state == "backing_off_tools" and (
                 len(action.calls) != 1 or action.calls[0].id != source.ts.pending[0]
             ):
-                v("ER-86", f"a re-invocation that is not the first conflict, alone: {action!r}", path)
+                v(
+                    "ER-86",
+                    f"a re-invocation that is not the first conflict, alone: {action!r}",
+                    path,
+                )
 
         if type(action) is Finish and action.status is not turn.status:
             v("ER-30", f"Finish status {action.status} but turn status {turn.status}", path)
@@ -267,7 +271,7 @@ class Properties:
                 path,
             )
 
-    def check_tools(
+    def check_tools(  # noqa: PLR0915 - the round re-derived in one place, in order
         self,
         source: _Node,
         node: _Node,
@@ -294,11 +298,17 @@ class Properties:
         for provider, crashed in died.items():
             count = (before.breakers or {}).get(provider, 0) + 1 if crashed else 0
             if (after.breakers or {}).get(provider, 0) != count:
-                v("ER-89", f"{provider}: {count} crashes in a row, the session says "
-                  f"{(after.breakers or {}).get(provider, 0)}", path)
+                v(
+                    "ER-89",
+                    f"{provider}: {count} crashes in a row, the session says "
+                    f"{(after.breakers or {}).get(provider, 0)}",
+                    path,
+                )
             trips = trips or (crashed and count >= settings.breaker_threshold)
             if settings.breaker_window is not None and crashed:
-                log = ((before.crash_logs or {}).get(provider, "") + "1")[-settings.breaker_window :]
+                log = ((before.crash_logs or {}).get(provider, "") + "1")[
+                    -settings.breaker_window :
+                ]
                 trips = trips or log.count("1") >= settings.breaker_window_threshold  # type: ignore[operator]
         denied = False
         run, log = before.denials, before.denial_log
