@@ -57,6 +57,7 @@ from ...core._table import RUNNING_STATES, START, TERMINAL_STATES, Row
 from ._abstraction import step_bound
 from ._events import (
     _CLOCK_ZERO,
+    _END,
     _NEW_TURN,
     DEFAULT_SATURATION,
     EXACT_BUDGET,
@@ -176,6 +177,8 @@ def replay(settings: Settings, path: Sequence[Step]) -> Session:
     for step in path:
         if step.kind == _NEW_TURN:
             turn = session.new_turn()
+        elif step.kind == _END:
+            session.end(step.variant)
         elif step.kind == START:
             turn.start()
         else:

@@ -157,8 +157,8 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
 
 def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int, int]:
     """(session retries left, reductions left, fallbacks left, call retries left,
-    minus the tool round's re-invocations so far: bounded below, as each call of the
-    round is re-invoked at most ``max_conflict_retries`` times)."""
+    minus the session's conflict re-invocations: within a turn bounded below, as each
+    call of its round is re-invoked at most ``max_conflict_retries`` times)."""
     session, turn = node.state, node.ts
     in_call = turn.state in (CALLING, BACKING_OFF, INVOKING_TOOLS, BACKING_OFF_TOOLS)
     return (
@@ -166,7 +166,7 @@ def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int, int]:
         settings.max_context_reductions - turn.reductions,
         len(settings.fallback_models) - 1 - turn.model_index,
         settings.max_retries - turn.attempt if in_call else settings.max_retries,
-        -sum(1 for step in turn.path if step[0][4] == "tool_wait"),
+        -session.tool_retries,
     )
 
 

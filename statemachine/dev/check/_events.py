@@ -47,6 +47,8 @@ MAX_NODES = 300_000
 """A hard stop: a (mutated) table whose space does not close is reported, not hung on."""
 
 _NEW_TURN = "new_turn"
+_END = "end"
+"""Not an event: the host ends the session on purpose (``Session.end(variant)``)."""
 _JUMP = "jump"
 """Not an event: an accelerated counter jumps close to its cap (accelerated mode)."""
 _CLOCK_ZERO = 1_000.0
@@ -100,6 +102,8 @@ class _Ctx:
     """The table the sessions run (a mutated one for the mutants)."""
     errors: dict[str, tuple[ModelError, bool, float | None]] = attrs.field(factory=dict, eq=False)
     """The representative ModelErrors, built once (they are immutable)."""
+    replies: dict[tuple[str, int], ModelReplied] = attrs.field(factory=dict, eq=False)
+    """The representative replies by (variant, turn), built once."""
 
     @property
     def server_too_long(self) -> float:
@@ -113,7 +117,7 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
     if state in TERMINAL_STATES:
         if session.status is not None:
             return []
-        return [Step(_NEW_TURN)]
+        return [Step(_NEW_TURN), *(Step(_END, how) for how in ("completed", "cancelled", "failed"))]
     steps: list[Step] = []
     if state == IDLE:
         steps.append(Step(START))
@@ -212,37 +216,14 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
             _run_out(ctx, session, clock)
         error, partial, _ = _model_error(ctx, variant)
         return ModelFailed(error, partial=partial)
+    if kind == "ModelReplied" and variant not in ("late", "costly"):
+        key = (variant, turn.index)
+        reply = ctx.replies.get(key)
+        if reply is None:
+            reply = ctx.replies[key] = _reply(ctx, variant, turn.index)
+        return reply
     if kind == "ModelReplied":
-        index = turn.index
-        calls: tuple[ToolCall, ...] = ()
-        cost = 0.0
-        if variant == "p":
-            calls = (ToolCall(f"c{index}p", "p", "read", {"turn": index}),)
-        elif variant == "pq":
-            calls = (
-                ToolCall(f"c{index}p", "p", "read", {"turn": index}),
-                ToolCall(f"c{index}q", "q", "write", {"turn": index}),
-            )
-        elif variant == "p_many":
-            calls = tuple(
-                ToolCall(f"c{index}p{i}", "p", "read", {"turn": index, "i": i})
-                for i in range(_many(ctx))
-            )
-        elif variant == "doom":
-            threshold = ctx.settings.doom_loop_threshold
-            calls = tuple(
-                ToolCall(f"c{index}d{i}", "q", "again", {"same": True}) for i in range(threshold)
-            )
-        elif variant == "terminal":
-            calls = (
-                ToolCall(f"c{index}t", "p", "finish", {"turn": index}, terminates_turn=True),
-                ToolCall(f"c{index}q", "q", "write", {"turn": index}),
-            )
-        elif variant == "costly":
-            cost = float(ctx.settings.max_cost_usd or 0.0)
-        elif variant == "late":
-            _run_out(ctx, session, clock)
-        return ModelReplied(calls, cost=cost, reply=f"reply {index}")
+        return _reply(ctx, variant, turn.index, session, clock)
     if kind == "WaitDone":
         action = turn.actions[-1] if turn.actions else None
         if type(action) is Wait and math.isfinite(action.seconds):
@@ -273,6 +254,45 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
     if kind == "Cancelled":
         return Cancelled(variant)
     raise ValueError(f"step: unknown kind {kind!r}")  # pragma: no cover
+
+
+def _reply(
+    ctx: _Ctx,
+    variant: str,
+    index: int,
+    session: SessionState | None = None,
+    clock: _Clock | None = None,
+) -> ModelReplied:
+    """The reply of ``variant`` in turn ``index`` (immutable: the same one is reused)."""
+    calls: tuple[ToolCall, ...] = ()
+    cost = 0.0
+    if variant == "p":
+        calls = (ToolCall(f"c{index}p", "p", "read", {"turn": index}),)
+    elif variant == "pq":
+        calls = (
+            ToolCall(f"c{index}p", "p", "read", {"turn": index}),
+            ToolCall(f"c{index}q", "q", "write", {"turn": index}),
+        )
+    elif variant == "p_many":
+        calls = tuple(
+            ToolCall(f"c{index}p{i}", "p", "read", {"turn": index, "i": i})
+            for i in range(_many(ctx))
+        )
+    elif variant == "doom":
+        threshold = ctx.settings.doom_loop_threshold
+        calls = tuple(
+            ToolCall(f"c{index}d{i}", "q", "again", {"same": True}) for i in range(threshold)
+        )
+    elif variant == "terminal":
+        calls = (
+            ToolCall(f"c{index}t", "p", "finish", {"turn": index}, terminates_turn=True),
+            ToolCall(f"c{index}q", "q", "write", {"turn": index}),
+        )
+    elif variant == "costly":
+        cost = float(ctx.settings.max_cost_usd or 0.0)
+    elif variant == "late":
+        _run_out(ctx, session, clock)  # type: ignore[arg-type]
+    return ModelReplied(calls, cost=cost, reply=f"reply {index}")
 
 
 def _many(ctx: _Ctx) -> int:

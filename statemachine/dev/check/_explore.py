@@ -27,12 +27,13 @@ from ...core._table import (
     TERMINAL_STATES,
     Row,
 )
-from ...core._taxonomy import ErrorCategory
+from ...core._taxonomy import ErrorCategory, TurnStatus
 from ._abstraction import _accelerate, _clone, _key, _Node, _node, _rank
 
 # -- the exploration ---------------------------------------------------------------
 from ._events import (
     _CLOCK_ZERO,
+    _END,
     _JUMP,
     _NEW_TURN,
     MAX_NODES,
@@ -164,6 +165,14 @@ class _Explorer(Properties):
             return self.add(node, (index, step))
         if step.kind == _JUMP:
             node.state.retries = ctx.settings.session_retry_ceiling - (ctx.saturation or 0)
+            return self.add(node, (index, step))
+        if step.kind == _END:
+            running = node.ts.state not in TERMINAL_STATES
+            node.session.end(step.variant)
+            if node.state.status is None or node.state.status.value != step.variant:
+                self.violate("ER-90", f"end({step.variant}) left status {node.state.status}", path)
+            if running and node.ts.status is not TurnStatus.CANCELLED:
+                self.violate("ER-90", "ending a session did not cancel its running turn", path)
             return self.add(node, (index, step))
         before = _rank(ctx.settings, node)
         event = None if step.kind == START else _event(ctx, step, node.state, node.ts, node.clock)
@@ -299,6 +308,14 @@ def row_reason(settings: Settings, row: Row) -> str | None:
         if settings.max_context_reductions == 0:
             return "max_context_reductions = 0: a context overflow is never reduced"
         return None
+    if row.source == "backing_off_tools" or "conflict_retry" in guards:
+        if settings.max_conflict_retries == 0:
+            return "max_conflict_retries = 0: a conflicting call is never re-invoked"
+        return _first_wait_reason(settings)
+    if "trips_denial_breaker" in guards:
+        return _denial_reason(settings)
+    if "trips_breaker" in guards:
+        return _crash_reason(settings)
     if row.source == BACKING_OFF or "wait_fits" in guards:
         return _retry_reason(settings) or _first_wait_reason(settings)
     if "fallback_left" in guards:
@@ -317,6 +334,31 @@ def row_reason(settings: Settings, row: Row) -> str | None:
         return _spent_reason(settings)
     if "retries_left" in guards:
         return _retry_reason(settings)
+    return None
+
+
+def _denial_reason(settings: Settings) -> str | None:
+    counts = [n for n in (settings.denial_threshold, settings.denial_window_threshold) if n]
+    if not counts:
+        return "denial_threshold and denial_window are unset: the denial breaker is off"
+    calls = max(2, settings.breaker_threshold, settings.doom_loop_threshold)
+    if settings.max_turns is not None and settings.max_turns * calls < min(counts):
+        return (
+            f"max_turns ({settings.max_turns}) regular turns of at most {calls} calls deny "
+            f"fewer than the {min(counts)} denials that trip the breaker"
+        )
+    return None
+
+
+def _crash_reason(settings: Settings) -> str | None:
+    # a provider crashes at most once per turn in a row: a round counts one death, and a
+    # provider is only in a later round of its turn after a conflict, which resets it
+    counts = [n for n in (settings.breaker_threshold, settings.breaker_window_threshold) if n]
+    if settings.max_turns is not None and settings.max_turns < min(counts):
+        return (
+            f"max_turns ({settings.max_turns}) regular turns crash a provider at most "
+            f"{settings.max_turns} times, fewer than the {min(counts)} that trip its breaker"
+        )
     return None
 
 
