@@ -793,3 +793,42 @@ def test_observers_see_only_stored_transitions(backend: Backend, now: Clock) -> 
     assert len(seen) == before
     fresh = w1.advance("o", None, expected_version=result.version)
     assert fresh.applied and len(seen) == before + 1
+
+
+# -- spend across the session tree (ER-82) ---------------------------------------------
+
+
+@pytest.mark.requirement("ER-82")
+def test_a_childs_spend_reaches_its_parents_record_across_workers(
+    backend: Backend, now: Clock
+) -> None:
+    """A child advanced by one worker charges its parent's record (compare-and-set); a
+    report a worker never made is pulled when the parent's next turn starts; nothing
+    is counted twice."""
+    store = backend.make()
+    a, b = worker(store, "a", now), worker(store, "b", now)
+    parent = sm.Session(sm.Settings(max_cost_usd=1.0), seed=1, clock=lambda: 0.0, session_id="p")
+    child = parent.spawn(session_id="p.kid")
+    a.create("p", parent)
+    b.create("p.kid", child)
+    result = b.advance("p.kid", None, expected_version=1)
+    result = b.advance("p.kid", sm.Assembled("req", 10), expected_version=result.version)
+    result = b.advance("p.kid", sm.ModelReplied(cost=0.4), expected_version=result.version)
+    assert result.applied and result.session.cost_usd == 0.4
+    assert a.load("p").session.cost_usd == pytest.approx(0.4)
+    assert a.load("p").session.child_costs == {"p.kid": pytest.approx(0.4)}
+
+    silent = worker(store, "c", now)
+    silent._report_spend = lambda _session: None  # type: ignore[method-assign]  # it dies
+    result = silent.advance("p.kid", None, expected_version=result.version)
+    result = silent.advance("p.kid", sm.Assembled("req", 10), expected_version=result.version)
+    silent.advance("p.kid", sm.ModelReplied(cost=0.7), expected_version=result.version)
+    loaded = a.load("p")
+    assert loaded.session.cost_usd == pytest.approx(0.4)  # the report was lost...
+    started = a.advance("p", None, expected_version=loaded.version)
+    assert started.session.cost_usd == pytest.approx(1.1)  # ...and pulled at the turn start
+    assert started.session.current_turn is not None
+    assert started.session.current_turn.final_answer  # the tree's spend fired the budget
+    again = b.load("p.kid")
+    b._report_spend(again.session)
+    assert a.load("p").session.cost_usd == pytest.approx(1.1)  # a repeat counts nothing

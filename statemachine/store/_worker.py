@@ -510,7 +510,65 @@ class Worker:
         self._remember(session_id, version, new, session)
         if relay is not None:
             relay.deliver()
+        if session.parent_id is not None and session.cost_usd > record.snapshot.get("cost_usd", 0):
+            self._report_spend(session)
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
+
+    # -- spend across the session tree ----------------------------------------------
+
+    def _pull_spend(self, session: Session) -> None:
+        """Before a parent's turn starts, read each child's total from its record, so
+        a report a worker never made (it died after writing the child) is not lost."""
+        for child_id in session.child_costs:
+            try:
+                stored = self.store.load(child_id)
+                snapshot = parse_record(child_id, stored.record).snapshot
+            except (SessionNotFound, CorruptSession, InvalidSessionId):
+                continue
+            total: Any = snapshot.get("cost_usd")
+            if type(total) in (int, float) and snapshot.get("parent_id") == session.session_id:
+                try:
+                    session.record_child_spend(child_id, float(total))
+                except ConfigError:  # not a spend (a forged record): nothing to count
+                    continue
+
+    def _report_spend(self, child: Session, attempts: int = 16) -> None:
+        """Charge ``child``'s total to its ancestors' records (compare-and-set, retried
+        on a conflict; a total is a max-merge, so a repeat is harmless). A parent that
+        is not in this store (or gone) is skipped: its next turn start pulls the total."""
+        while child.parent_id is not None:
+            parent_id, child_id, total = child.parent_id, child.session_id, child.cost_usd
+            parent: Session | None = None
+            for _ in range(attempts):
+                try:
+                    stored, record, parent = self._read(parent_id)
+                except (SessionNotFound, CorruptSession, InvalidSessionId):
+                    return
+                before = parent.cost_usd
+                parent.record_child_spend(child_id or "", total)
+                if parent.cost_usd == before:
+                    break  # already counted
+                new = Record(
+                    parent_id,
+                    write_snapshot(parent.settings, parent.state, self._clock(), record.snapshot),
+                    record.saved_at,
+                    record.keys,
+                    record.claim,
+                    record.carried,
+                    incarnation=record.incarnation,
+                )
+                try:
+                    version = self._write(parent_id, stored.version, new, parent)
+                except StaleWrite:
+                    self._forget(parent_id)
+                    continue
+                self._remember(parent_id, version, new, parent)
+                break
+            else:
+                return
+            if parent is None:
+                return
+            child = parent
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
         stored, record, session = self._read(session_id)
@@ -518,10 +576,12 @@ class Worker:
         status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
         return self._result(status, stored, record, session)
 
-    @staticmethod
-    def _apply(session_id: str, session: Session, record: Record, event: object | None) -> Action:
+    def _apply(
+        self, session_id: str, session: Session, record: Record, event: object | None
+    ) -> Action:
         turn = session.current_turn
         if event is None:
+            self._pull_spend(session)
             if turn is not None and turn.state == "idle":
                 return turn.start()
             return session.new_turn().start()
