@@ -450,3 +450,71 @@ def test_idle_time_counts_toward_the_wall_clock_unless_the_setting_says_not() ->
     restored = sm.Session.restore(json.loads(json.dumps(s.snapshot())), clock=clock)
     assert restored.idle_s == pytest.approx(3600)
     assert restored.new_turn().final_answer
+
+
+@pytest.mark.requirement("ER-86")
+def test_the_drivers_wait_and_reinvoke_a_conflicting_call() -> None:
+    """run_turn and arun_turn sleep through a conflict's Wait and re-invoke the call,
+    without glue: the model sees only the final outcome."""
+    import asyncio
+
+    def script() -> Any:
+        outcomes = iter(["conflict", "conflict", "ok"])
+
+        def invoke(tool_call: sm.ToolCall) -> sm.ToolOutcome:
+            if next(outcomes) == "conflict":
+                return sm.ToolOutcome(tool_call.id, False, "locked", "concurrency_conflict")
+            return sm.ToolOutcome(tool_call.id, True, "committed")
+
+        return invoke
+
+    class Model:
+        def complete(self, _action: sm.CallModel) -> sm.ModelReplied:
+            return sm.ModelReplied((sm.ToolCall("c1", "git", "commit"),))
+
+    class Context:
+        def assemble(self, _action: sm.Assemble) -> sm.Assembled:
+            return sm.Assembled("request", 10)
+
+    class Tools:
+        def __init__(self) -> None:
+            self.invoke = script()
+
+    slept: list[float] = []
+    finish = sm.run_turn(
+        session().new_turn(), model=Model(), tools=Tools(), context=Context(), sleep=slept.append
+    )
+    assert finish.status is sm.TurnStatus.COMPLETED and not finish.tool_results[0].is_error
+    assert len(slept) == 2
+
+    class AsyncModel:
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            return Model().complete(action)
+
+    class AsyncContext:
+        async def assemble(self, action: sm.Assemble) -> sm.Assembled:
+            return Context().assemble(action)
+
+    class AsyncTools:
+        def __init__(self) -> None:
+            self.sync = script()
+
+        async def invoke(self, tool_call: sm.ToolCall) -> sm.ToolOutcome:
+            return self.sync(tool_call)
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    finish = asyncio.run(
+        sm.arun_turn(
+            session().new_turn(),
+            model=AsyncModel(),
+            tools=AsyncTools(),
+            context=AsyncContext(),
+            sleep=sleep,
+        )
+    )
+    assert (
+        finish.status is sm.TurnStatus.COMPLETED and finish.tool_results[0].content == "committed"
+    )
+    assert len(slept) == 4
