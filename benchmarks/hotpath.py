@@ -133,10 +133,11 @@ def fast_call_model_factory() -> Callable[..., CallModel]:
 
 
 def fast_finish_factory() -> Callable[..., Finish]:
-    """``Finish(...)`` (7 fields, all passed, as ``_finish_action`` does) the same way."""
+    """``Finish(...)`` (8 fields, all passed, as ``_finish_action`` does) the same way."""
     new = object.__new__
-    st, tr, er, mo, fb, ra, rp = _slot_setters(
-        Finish, ("status", "tool_results", "error", "model", "fallbacks", "retry_at", "reply")
+    st, tr, er, mo, fb, ra, rp, do = _slot_setters(
+        Finish,
+        ("status", "tool_results", "error", "model", "fallbacks", "retry_at", "reply", "done"),
     )
 
     def make(
@@ -147,6 +148,7 @@ def fast_finish_factory() -> Callable[..., Finish]:
         fallbacks: Any = (),
         retry_at: Any = None,
         reply: Any = None,
+        done: bool = False,
     ) -> Finish:
         f = new(Finish)
         st(f, status)
@@ -156,24 +158,35 @@ def fast_finish_factory() -> Callable[..., Finish]:
         fb(f, fallbacks)
         ra(f, retry_at)
         rp(f, reply)
+        do(f, done)
         return f
 
     return make
 
 
 def fast_tool_result_factory() -> Callable[..., sm.ToolResult]:
-    """``ToolResult(...)`` (4 fields) through its slot descriptors."""
+    """``ToolResult(...)`` (6 fields) through its slot descriptors."""
     new = object.__new__
-    i, c, e, k = _slot_setters(sm.ToolResult, ("call_id", "content", "is_error", "category"))
+    i, c, e, k, y, d = _slot_setters(
+        sm.ToolResult, ("call_id", "content", "is_error", "category", "retryable", "details")
+    )
 
     def make(
-        call_id: str, content: Any, is_error: bool = False, category: Any = None
+        call_id: str,
+        content: Any,
+        is_error: bool = False,
+        category: Any = None,
+        *,
+        retryable: bool = False,
+        details: Any = None,
     ) -> sm.ToolResult:
         r = new(sm.ToolResult)
         i(r, call_id)
         c(r, content)
         e(r, is_error)
         k(r, category)
+        y(r, retryable)
+        d(r, details)
         return r
 
     return make
@@ -184,7 +197,7 @@ def check_tools_done_fast() -> Callable[[Any, Any], None]:
     original = _turn._check_tools_done
 
     def check(core: Any, turn: Any, event: Any) -> None:
-        calls, outcomes = turn.calls, event.outcomes
+        calls, outcomes = turn.in_flight, event.outcomes
         if len(calls) == 1 and len(outcomes) == 1 and outcomes[0].call_id == calls[0].id:
             return
         original(core, turn, event)
@@ -259,9 +272,11 @@ def _parts(number: int) -> dict[str, float]:
         "Wait via slot descriptors (no frozen __setattr__ dance)": "fast_wait(0.5, cat, 0)",
         "CallModel(...) (attrs frozen __init__)": "CallModel('r', 1, None, False)",
         "CallModel via slot descriptors": "fast_call('r', 1, None, False)",
-        "Finish(7 fields) (attrs frozen __init__)": "Finish(done, (), None, None, (), None, None)",
-        "Finish via slot descriptors": "fast_finish(done, (), None, None, (), None, None)",
-        "ToolResult(4 fields) (attrs frozen __init__)": "ToolResult('c', 'x', True, None)",
+        "Finish(8 fields) (attrs frozen __init__)": (
+            "Finish(done, (), None, None, (), None, None, False)"
+        ),
+        "Finish via slot descriptors": "fast_finish(done, (), None, None, (), None, None, False)",
+        "ToolResult(6 fields) (attrs frozen __init__)": "ToolResult('c', 'x', True, None)",
         "ToolResult via slot descriptors": "fast_result('c', 'x', True, None)",
         "trace: two appends (shared row info, action)": (
             "trace.append(None); trace.append(None)\nif len(trace) > 1000: trace.clear()"
