@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -518,3 +519,103 @@ def test_the_drivers_wait_and_reinvoke_a_conflicting_call() -> None:
         finish.status is sm.TurnStatus.COMPLETED and finish.tool_results[0].content == "committed"
     )
     assert len(slept) == 4
+
+
+# -- what a hostile review found (each a state the engine reached but could not restore,
+#    or one it accepted but could never write) ---------------------------------------------
+
+
+def roundtrip(s: sm.Session) -> sm.Session:
+    return sm.Session.restore(json.loads(json.dumps(s.snapshot())))
+
+
+@pytest.mark.requirement("ER-84")
+@pytest.mark.requirement("ER-38")
+def test_a_tripped_denial_breaker_restores_whatever_follows_in_its_round() -> None:
+    """The counts stay where they tripped the breaker, so the snapshot restores."""
+    s = session(denial_threshold=2)
+    turn = tool_turn(s, [call(1), call(2), call(3)])
+    turn.send(sm.ToolsDone((failed(1, "permission_denied"), failed(2, "permission_denied"), ok(3))))
+    assert roundtrip(s).limit_reached is sm.SessionStatus.ERROR_DENIAL_BREAKER
+    s = session(denial_threshold=None, denial_window=3, denial_window_threshold=2)
+    turn = tool_turn(s, [call(1), call(2), call(3), call(4)])
+    turn.send(
+        sm.ToolsDone((failed(1, "permission_denied"), failed(2, "permission_denied"), ok(3), ok(4)))
+    )
+    assert roundtrip(s).limit_reached is sm.SessionStatus.ERROR_DENIAL_BREAKER
+
+
+@pytest.mark.requirement("ER-90")
+def test_an_ended_session_starts_no_turn_and_ids_are_checked() -> None:
+    """An idle turn of an ended session refuses start(); a child id is registered at
+    spawn (an unknown one is refused); default child ids skip a taken one."""
+    s = session()
+    turn = s.new_turn()
+    s.end("completed")
+    with pytest.raises(sm.SessionEnded):
+        turn.start()
+    assert roundtrip(s).status is sm.SessionStatus.COMPLETED
+    parent = sm.Session(sm.Settings(), session_id="r")
+    with pytest.raises(sm.ConfigError, match=r"^child_id: 'r\.1' is not a child"):
+        parent.record_child_spend("r.1", 1.0)
+    named = parent.spawn(session_id="r.2")
+    unnamed = parent.spawn()
+    assert (named.session_id, unnamed.session_id) == ("r.2", "r.3")
+    assert parent.spawn().session_id == "r.4"
+    assert roundtrip(parent).child_costs == {"r.2": 0.0, "r.3": 0.0, "r.4": 0.0}
+
+
+@pytest.mark.requirement("ER-81")
+def test_a_live_childs_snapshot_holds_its_ancestors_budget_as_it_is() -> None:
+    """The snapshot of a live child records the ancestors' remaining budget at that
+    moment, not the one at spawn."""
+    parent = sm.Session(sm.Settings(max_cost_usd=1.0), session_id="r")
+    child = parent.spawn()
+    reply_turn(parent, cost=0.3)
+    assert roundtrip(child).remaining_budget_usd == pytest.approx(0.7)
+
+
+@pytest.mark.requirement("ER-83")
+def test_a_terminal_tool_in_a_round_that_trips_a_breaker_is_not_done() -> None:
+    """The breaker's final-answer turn must still run: the loop is not done."""
+    s = session(breaker_threshold=1)
+    turn = tool_turn(s, [call(1, name="report", terminates_turn=True), call(2, provider="web")])
+    finish = turn.send(sm.ToolsDone((ok(1), failed(2, "process_crashed"))))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.BREAKER_OPEN
+    assert not finish.done
+
+
+def _reinvoking() -> dict[str, Any]:
+    """A snapshot of a turn re-invoking c1 alone, c3 still pending."""
+    s = session()
+    turn = tool_turn(s, [call(1), call(2), call(3)])
+    turn.send(
+        sm.ToolsDone((failed(1, "concurrency_conflict"), ok(2), failed(3, "concurrency_conflict")))
+    )
+    turn.send(sm.WaitDone())
+    return json.loads(json.dumps(s.snapshot()))  # type: ignore[no-any-return]
+
+
+def _first_round() -> dict[str, Any]:
+    s = session()
+    tool_turn(s, [call(1), call(2)])
+    return json.loads(json.dumps(s.snapshot()))  # type: ignore[no-any-return]
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("make", "forge", "problem"),
+    [
+        (_reinvoking, lambda t: t.update(pending=["c3", "c1"]), "turn.in_flight"),
+        (_first_round, lambda t: t.update(in_flight=t["in_flight"][:1]), "turn.in_flight"),
+        (_reinvoking, lambda t: t.update(costs=[[2, 0.0]]), "turn.costs"),
+    ],
+)
+def test_forged_tool_rounds_are_refused(make: Any, forge: Any, problem: str) -> None:
+    """A re-invocation that is not the first pending call alone, a first round without
+    all its calls in flight, a kept cost of nothing: refused, naming the key (they once
+    restored, then raised KeyError on the next event)."""
+    data = make()
+    forge(data["turn"])
+    with pytest.raises(sm.SnapshotError, match=rf"^{re.escape(problem)}"):
+        sm.Session.restore(data)

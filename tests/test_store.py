@@ -832,3 +832,50 @@ def test_a_childs_spend_reaches_its_parents_record_across_workers(
     again = b.load("p.kid")
     b._report_spend(again.session)
     assert a.load("p").session.cost_usd == pytest.approx(1.1)  # a repeat counts nothing
+
+
+@pytest.mark.requirement("ER-82")
+@pytest.mark.requirement("ER-93")
+def test_spend_reports_and_store_idle_time_keep_the_wall_clock_honest(
+    backend: Backend, now: Clock
+) -> None:
+    """A child's reports do not add the parent's idle time twice; with
+    wall_clock_counts_idle = false a session read back from the store leaves its time
+    between turns out, as the worker that cached it does; a tree's store ids are its
+    session ids."""
+    store = backend.make()
+    mono = Clock(0.0)
+    w = Worker(store, owner="a", clock=mono, now=now, remember=0)
+    root = sm.Session(sm.Settings(max_wall_clock_s=500), clock=mono, session_id="r")
+    child = root.spawn()
+    w.create("r", root)
+    w.create(child.session_id or "", child)
+    result = w.advance("r.1", None, expected_version=1)
+    for _ in range(3):
+        now.now += 100
+        mono.now += 100
+        result = w.advance("r.1", sm.Assembled("req", 1), expected_version=result.version)
+        result = w.advance("r.1", sm.ModelReplied(cost=0.1), expected_version=result.version)
+        result = w.advance("r.1", None, expected_version=result.version)
+    assert w.load("r").session.elapsed_s == pytest.approx(300)
+
+    settings = sm.Settings(max_wall_clock_s=50, wall_clock_counts_idle=False)
+    for remember in (1024, 0):
+        sid = f"s{remember}"
+        w = Worker(backend.make(), owner="b", clock=mono, now=now, remember=remember)
+        w.create(sid, sm.Session(settings, clock=mono, session_id=sid))
+        result = w.advance(sid, None, expected_version=1)
+        result = w.advance(sid, sm.Assembled("req", 1), expected_version=result.version)
+        result = w.advance(sid, sm.ModelReplied(), expected_version=result.version)
+        now.now += 1000
+        mono.now += 1000
+        result = w.advance(sid, None, expected_version=result.version)
+        assert result.session.limit_reached is None, remember
+        assert result.session.idle_s == pytest.approx(1000), remember
+
+    with pytest.raises(sm.ConfigError, match=r"^session_id"):
+        worker(backend.make(), "c", now).create("conv", sm.Session(session_id="other"))
+    unnamed = sm.Session()
+    unnamed.spawn()
+    with pytest.raises(sm.ConfigError, match=r"^session_id"):
+        worker(backend.make(), "c", now).create("conv", unnamed)

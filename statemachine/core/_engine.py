@@ -194,10 +194,12 @@ def _denial_facts(
         hit = by_id[call.id].category is ToolErrorCategory.PERMISSION_DENIED
         if threshold is not None:
             denials = min(denials + 1, threshold) if hit else 0
-            denied = denied or denials >= threshold
+            denied = denials >= threshold
         if size is not None:
             denial_log = (denial_log + ("1" if hit else "0"))[-size:]
             denied = denied or (hit and denial_log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
+        if denied:
+            break  # the breaker tripped: the counts stay where they tripped it
     facts.denials, facts.denial_log, facts.denied = denials, denial_log, denied
 
 
@@ -244,8 +246,11 @@ def _conflict_facts(
     facts.outcomes = outcomes
     facts.pending = tuple(pending) if facts.seconds is not None else ()
     facts.attempt = attempt
-    facts.terminal = facts.seconds is None and any(
-        call.terminates_turn and outcomes[call.id].ok for call in turn.calls
+    facts.terminal = (
+        facts.seconds is None
+        and not tripped
+        and not denied
+        and any(call.terminates_turn and outcomes[call.id].ok for call in turn.calls)
     )
 
 
@@ -443,17 +448,18 @@ def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: No
 
 
 def _invoke_tools(
-    core: Core, turn: TurnState, event: ModelReplied, facts: DoomFacts, _s: None
+    core: Core, turn: TurnState, event: ModelReplied, facts: DoomFacts | None, _s: None
 ) -> Action:
     state = core.state
     turn.reply = event.reply
-    state.doom_last = facts.last
-    state.doom_run = facts.run
-    if facts.window is not None:
-        state.doom_window = facts.window
-        state.doom_since = facts.since
-    if facts.fired:
-        core.fire_limit(SessionStatus.ERROR_DOOM_LOOP)
+    if facts is not None:  # None: no detector runs (the table never invokes then)
+        state.doom_last = facts.last
+        state.doom_run = facts.run
+        if facts.window is not None:
+            state.doom_window = facts.window
+            state.doom_since = facts.since
+        if facts.fired:
+            core.fire_limit(SessionStatus.ERROR_DOOM_LOOP)
     turn.calls = turn.in_flight = event.tool_calls
     return InvokeTools(event.tool_calls)
 

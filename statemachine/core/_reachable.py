@@ -134,6 +134,8 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
         return f"status: {status.value} is set but the limit that fired is {limit!s}"
     if status in END_STATUSES and state.turn is not None:
         turn_state = state.turn.state
+        if state.turn.final_answer and turn_state in TERMINAL_STATES:
+            return f"status: {status.value}, but the final-answer turn ended it with its limit"
         if turn_state != IDLE and turn_state not in TERMINAL_STATES:
             return f"status: {status.value}, but turn {state.turn.index} is still {turn_state}"
     budget = limit is SessionStatus.ERROR_MAX_BUDGET_USD
@@ -186,6 +188,8 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
             return "turn: missing, but the session has counted retries or spend"
         if state.tool_retries or state.denials or state.denial_log or state.crash_logs:
             return "turn: missing, but the session has counted tool outcomes"
+        if state.finished_at is not None or state.idle_s or state.doom_window or state.doom_since:
+            return "turn: missing, but the session has finished turns or seen tool calls"
         if state.breakers or state.tripped or state.doom_run:
             return "turn: missing, but the session has crash counts or a doom run"
         return None
@@ -203,14 +207,18 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
 
 def _tree_problem(state: SessionState) -> str | None:
     children = state.child_costs or {}
-    if len(children) > state.children:
-        return f"child_costs: {len(children)} children, but {state.children} were spawned"
     if children and state.session_id is None:
         return "session_id: a session with children has an id"
     if state.cost_usd + _SPEND_EPSILON * (1 + state.cost_usd) < sum(children.values()):
         return f"cost_usd: {state.cost_usd} is less than the children's spend"
     if state.parent_id is not None and state.session_id is None:
         return "session_id: a child session has an id"
+    if state.parent_id is None and (
+        state.ancestor_budget_usd is not None or state.ancestor_mark_usd
+    ):
+        return "ancestor_budget_usd: a root session has no ancestors"
+    if len(children) != state.children:
+        return f"children: {state.children} spawned, but {len(children)} are known"
     if state.ancestor_mark_usd > state.cost_usd:
         return "ancestor_mark_usd: beyond the session's spend"
     return None
@@ -309,8 +317,25 @@ def _round_problem(turn: TurnState, settings: Settings) -> str | None:
         return f"turn.conflict_attempt: {turn.conflict_attempt} is over max_conflict_retries"
     if turn.conflict_attempt and not turn.pending:
         return "turn.conflict_attempt: counts re-invocations, but no call is pending"
+    call_ids = [call.id for call in turn.calls]
+    answered = sorted(latest) == sorted(call_ids)
+    if turn.state == "invoking_tools":
+        if not turn.pending and (turn.in_flight != turn.calls or turn.outcomes):
+            return "turn.in_flight: a first tool round has every call in flight, no outcome yet"
+        if turn.pending and not (
+            answered
+            and turn.conflict_attempt >= 1
+            and [call.id for call in turn.in_flight] == [turn.pending[0]]
+        ):
+            return "turn.in_flight: a re-invocation is the first pending call alone"
+    if turn.state == "backing_off_tools" and not answered:
+        return "turn.outcomes: backing off before every call has an outcome"
+    if turn.state in TERMINAL_STATES and (turn.pending or turn.conflict_attempt):
+        return "turn.pending: a finished turn re-invokes nothing"
     previous = -1
-    for i, (index, _cost) in enumerate(turn.costs):
+    for i, (index, cost) in enumerate(turn.costs):
+        if not cost > 0:
+            return f"turn.costs[{i}]: an event that cost nothing is not kept"
         if index <= previous or index >= len(turn.path):
             return f"turn.costs[{i}]: step {index} is not a later step of the turn"
         if turn.path[index][0][1] not in ("ModelReplied", "ModelFailed"):

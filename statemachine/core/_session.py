@@ -224,8 +224,14 @@ class Session:
             raise ConfigError(f"seed: must be an int or None, got {seed!r:.60}")
         number = state.children + 1
         parent_id = state.session_id or "session"
-        child_id = session_id or f"{parent_id}.{number}"
-        if child_id == parent_id or child_id in (state.child_costs or {}):
+        taken = state.child_costs or {}
+        child_id = session_id
+        if child_id is None:
+            serial = number
+            while f"{parent_id}.{serial}" in taken:
+                serial += 1
+            child_id = f"{parent_id}.{serial}"
+        if child_id == parent_id or child_id in taken:
             raise ConfigError(f"session_id: {child_id!r} is taken in this session's tree")
         if seed is None:
             seed = (state.seed * 0x9E3779B97F4A7C15 + number) & _SEED_MASK
@@ -265,6 +271,11 @@ class Session:
             or total_usd < 0
         ):
             raise ConfigError(f"total_usd: must be a finite number >= 0, got {total_usd!r:.60}")
+        if child_id not in (self._core.state.child_costs or {}):
+            raise ConfigError(
+                f"child_id: {child_id!r} is not a child this session spawned "
+                f"(its children: {', '.join(sorted(self._core.state.child_costs or {})) or 'none'})"
+            )
         self._core.record_child_spend(child_id, float(total_usd))
 
     # -- what the session holds -------------------------------------------------
@@ -400,6 +411,8 @@ class Session:
         allow_nan=False)`` always works.
         """
         core = self._core
+        if core.parent is not None:
+            core.remaining_budget_usd()  # a live child records its ancestors' budget as it is
         return write_snapshot(core.settings, core.state, core.clock())
 
     @classmethod
@@ -453,6 +466,13 @@ class Turn:
         core = self._core
         if core.state.turn is not self._turn:
             self._refuse("start")
+        status = core.state.status
+        if status is not None:  # ended on purpose before this turn started
+            raise SessionEnded(
+                f"start: turn {self._turn.index} belongs to a session that has ended "
+                f"({status.value})",
+                status=status,
+            )
         return core.fire(self._turn, "start", None)
 
     def send(self, event: object) -> Action:

@@ -86,6 +86,9 @@ class Record:
             elapsed = data.get("elapsed_s")
             if isinstance(elapsed, int | float) and not isinstance(elapsed, bool):
                 data = {**data, "elapsed_s": elapsed + idle_s}
+            finished = data.get("finished_at")  # seconds since the last Finish: idle too
+            if isinstance(finished, int | float) and not isinstance(finished, bool):
+                data = {**data, "finished_at": finished + idle_s}
         try:
             return Session.restore(data, clock, wall_clock=wall_clock, observers=observers)
         except SnapshotError as exc:

@@ -384,8 +384,12 @@ class Worker:
         if key is not None and any(k == key for _, k in record.keys):
             return None
         state = copy_session_state(state)
-        elapsed = record.snapshot["elapsed_s"] + self._idle(record)
-        state.started = self._clock() - elapsed
+        idle = self._idle(record)
+        now = self._clock()
+        state.started = now - (record.snapshot["elapsed_s"] + idle)
+        finished: Any = record.snapshot.get("finished_at")
+        if type(finished) in (int, float):
+            state.finished_at = now - (finished + idle)  # as a read from the store has it
         session = Session.from_state(
             settings, state, self._clock, wall_clock=self._now, observers=observers, check=False
         )
@@ -449,6 +453,13 @@ class Worker:
         invoking tools is recorded as this worker's claim on those calls.
         """
         check_name(session_id)
+        tree = session.parent_id is not None or bool(session.child_costs)
+        if (session.session_id is not None or tree) and session.session_id != session_id:
+            raise ConfigError(
+                f"session_id: the session's id is {session.session_id!r}, its store id "
+                f"{session_id!r}: in a session tree they must be the same (spend is reported "
+                "by id); create it with Session(..., session_id=<the store id>)"
+            )
         turn = session.current_turn
         action = None if turn is None else turn.action
         keys = () if key is None else ((1, key),)
@@ -551,7 +562,7 @@ class Worker:
                 new = Record(
                     parent_id,
                     write_snapshot(parent.settings, parent.state, self._clock(), record.snapshot),
-                    record.saved_at,
+                    self._now(),  # the idle time up to now is in the snapshot's elapsed_s
                     record.keys,
                     record.claim,
                     record.carried,
