@@ -879,3 +879,28 @@ def test_spend_reports_and_store_idle_time_keep_the_wall_clock_honest(
     unnamed.spawn()
     with pytest.raises(sm.ConfigError, match=r"^session_id"):
         worker(backend.make(), "c", now).create("conv", unnamed)
+
+
+@pytest.mark.requirement("ER-87")
+def test_a_worker_passes_its_second_tier_doom_check_to_every_session(
+    backend: Backend, now: Clock
+) -> None:
+    """The hook is a host function: the worker hands it to each session it restores."""
+    seen: list[int] = []
+
+    def judge(calls: tuple[sm.ToolCall, ...]) -> bool:
+        seen.append(len(calls))
+        return True
+
+    for remember in (1024, 0):
+        w = worker(backend.make(), "a", now, doom_check=judge, remember=remember)
+        sid = f"doom{remember}"
+        w.create(sid, new_session(doom_check_window=2))
+        result = w.advance(sid, None, expected_version=1)
+        result = w.advance(sid, sm.Assembled("req", 1), expected_version=result.version)
+        calls = (sm.ToolCall("a", "fs", "ls", {"d": 1}), sm.ToolCall("b", "fs", "ls", {"d": 2}))
+        result = w.advance(sid, sm.ModelReplied(calls), expected_version=result.version)
+        assert result.session.limit_reached is sm.SessionStatus.ERROR_DOOM_LOOP, remember
+    assert seen == [2, 2]
+    with pytest.raises(sm.ConfigError, match=r"^doom_check"):
+        worker(backend.make(), "a", now, doom_check="yes")

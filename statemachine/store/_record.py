@@ -25,7 +25,7 @@ import attrs
 from ..core._codec import decode, encode
 from ..core._exceptions import SnapshotError
 from ..core._session import Session
-from ..core._tool_calls import ToolOutcome
+from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ._core import CorruptSession
 
@@ -79,6 +79,7 @@ class Record:
         wall_clock: Callable[[], float],
         observers: tuple[Callable[[TraceRecord], None], ...],
         idle_s: float,
+        doom_check: Callable[[tuple[ToolCall, ...]], bool] | None = None,
     ) -> Session:
         """The session in this record; ``idle_s`` is added to its elapsed time."""
         data = self.snapshot
@@ -90,7 +91,9 @@ class Record:
             if isinstance(finished, int | float) and not isinstance(finished, bool):
                 data = {**data, "finished_at": finished + idle_s}
         try:
-            return Session.restore(data, clock, wall_clock=wall_clock, observers=observers)
+            return Session.restore(
+                data, clock, wall_clock=wall_clock, observers=observers, doom_check=doom_check
+            )
         except SnapshotError as exc:
             raise CorruptSession(
                 f"session {self.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",

@@ -290,6 +290,8 @@ class Worker:
     ``now`` is wall-clock Unix time, shared by all workers, for leases and idle
     time: with ``count_idle`` the time a session spent in the store between two
     workers counts toward its wall-clock bound, as it would in one process.
+    ``doom_check`` is the sessions' second-tier doom-loop check (a host function, not
+    data: every worker of a store should be given the same one).
     """
 
     def __init__(
@@ -304,6 +306,7 @@ class Worker:
         count_idle: bool = True,
         observers: Iterable[Callable[[TraceRecord], None]] = (),
         remember: int = _LIVE_SESSIONS,
+        doom_check: Callable[[tuple[ToolCall, ...]], bool] | None = None,
     ) -> None:
         if (
             isinstance(lease_s, bool)
@@ -333,6 +336,9 @@ class Worker:
         if isinstance(remember, bool) or not isinstance(remember, int) or remember < 0:
             raise ConfigError(f"remember: must be an int >= 0, got {remember!r}")
         self._remember_at_most = remember
+        if doom_check is not None and not callable(doom_check):
+            raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
+        self._doom_check = doom_check
         self._live: dict[str, tuple[int, Record, Settings, SessionState]] = {}
         """The last record this worker read or wrote per session, with its decoded
         state: the next advance at that version skips reading and restoring it (the
@@ -348,7 +354,9 @@ class Worker:
         record = parse_record(session_id, stored.record)
         if observers is None:
             observers = self._observers
-        session = record.restore(self._clock, self._now, observers, self._idle(record))
+        session = record.restore(
+            self._clock, self._now, observers, self._idle(record), self._doom_check
+        )
         self._remember(session_id, stored.version, record, session)
         return stored, record, session
 
@@ -391,7 +399,13 @@ class Worker:
         if type(finished) in (int, float):
             state.finished_at = now - (finished + idle)  # as a read from the store has it
         session = Session.from_state(
-            settings, state, self._clock, wall_clock=self._now, observers=observers, check=False
+            settings,
+            state,
+            self._clock,
+            wall_clock=self._now,
+            observers=observers,
+            check=False,
+            doom_check=self._doom_check,
         )
         return record, session
 
