@@ -904,3 +904,27 @@ def test_a_worker_passes_its_second_tier_doom_check_to_every_session(
     assert seen == [2, 2]
     with pytest.raises(sm.ConfigError, match=r"^doom_check"):
         worker(backend.make(), "a", now, doom_check="yes")
+
+
+@pytest.mark.requirement("ER-81")
+def test_a_child_in_the_store_sees_its_siblings_spend_at_its_next_turn(
+    backend: Backend, now: Clock
+) -> None:
+    """Siblings advanced by other workers spend the parent's budget; a child's next turn
+    reads the parent's remaining budget from its record and takes the limit-reached
+    path when nothing is left."""
+    store = backend.make()
+    w = worker(store, "a", now)
+    root = sm.Session(sm.Settings(max_cost_usd=1.0), seed=1, clock=lambda: 0.0, session_id="t")
+    first, second = root.spawn(), root.spawn()
+    for s in (root, first, second):
+        w.create(s.session_id or "", s)
+    result = w.advance("t.2", None, expected_version=1)
+    result = w.advance("t.2", sm.Assembled("req", 1), expected_version=result.version)
+    w.advance("t.2", sm.ModelReplied(cost=1.0), expected_version=result.version)
+    assert w.load("t").session.cost_usd == pytest.approx(1.0)
+    started = worker(store, "b", now).advance("t.1", None, expected_version=1)
+    assert started.session.remaining_budget_usd == pytest.approx(0.0)
+    assert started.session.current_turn is not None
+    assert started.session.current_turn.final_answer
+    assert started.session.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD

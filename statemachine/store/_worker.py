@@ -557,6 +557,22 @@ class Worker:
                 except ConfigError:  # not a spend (a forged record): nothing to count
                     continue
 
+    def _pull_budget(self, session: Session) -> None:
+        """Before a child's turn starts, read its parent's remaining budget from the
+        parent's record (siblings' spend included), as a live parent would give it."""
+        parent_id = session.parent_id
+        if parent_id is None:
+            return
+        try:
+            _, _, parent = self._read(parent_id)
+        except (SessionNotFound, CorruptSession, InvalidSessionId):
+            return
+        if session.session_id not in parent.child_costs:
+            return  # not this parent's child (a forged or re-created id): keep what it has
+        state = session._core.state  # noqa: SLF001 - the store is the engine's own host
+        state.ancestor_budget_usd = parent.remaining_budget_usd
+        state.ancestor_mark_usd = state.cost_usd
+
     def _report_spend(self, child: Session, attempts: int = 16) -> None:
         """Charge ``child``'s total to its ancestors' records (compare-and-set, retried
         on a conflict; a total is a max-merge, so a repeat is harmless). A parent that
@@ -607,6 +623,7 @@ class Worker:
         turn = session.current_turn
         if event is None:
             self._pull_spend(session)
+            self._pull_budget(session)
             if turn is not None and turn.state == "idle":
                 return turn.start()
             return session.new_turn().start()
