@@ -1,0 +1,361 @@
+"""Tests that kill the mutants of ``statemachine/io/_classify.py`` the other suites let
+live (``python -m tools.mutate --module statemachine/io/_classify.py``; the verdicts
+are in specs/mutation.md).
+
+Each body is one a provider really sends (its source is named next to it); the bounds
+are checked at their edge, one value either side.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+import statemachine as sm
+from statemachine.io import _classify
+
+C = sm.ErrorCategory
+REQUEST = httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+
+# -- context overflow, one phrase or code at a time -----------------------------------
+
+CONTEXT_BODIES = [
+    pytest.param(
+        # Groq (thepersonalaicompany/amurex-backend#51, OpenHands/OpenHands#1902): the
+        # code alone says it, the message names no phrase
+        {"error": {"message": "Please reduce the length of the messages or completion.",
+                   "type": "invalid_request_error", "param": "messages",
+                   "code": "context_length_exceeded"}},
+        "context_length_exceeded", id="groq-code-only"),
+    pytest.param(
+        # OpenAI (AnswerDotAI/fastllm#45, orchidfiles/ungate#26)
+        {"error": {"message": "Invalid 'input[149].call_id': string too long. Expected a "
+                              "string with maximum length 64, but got a string with length "
+                              "86 instead.",
+                   "type": "invalid_request_error", "param": "input[149].call_id",
+                   "code": "string_above_max_length"}},
+        "string_above_max_length", id="openai-string-above-max-length"),
+    pytest.param(
+        # MiniMax's Anthropic-compatible endpoint (rowboatlabs/rowboat#514)
+        {"type": "error",
+         "error": {"type": "bad_request_error",
+                   "message": "invalid params, context window exceeds limit (2013)",
+                   "http_code": "400"},
+         "request_id": "06340988ef34a8f048d8267af65d3228"},
+        "bad_request_error", id="minimax-context-window"),
+    pytest.param(
+        # LM Studio (Gitlawb/openclaude#353)
+        {"error": "The number of tokens to keep from the initial prompt is greater than the "
+                  "context length (n_keep: 13055>= n_ctx: 4096). Try to load the model with a "
+                  "larger context length, or provide a shorter input."},
+        None, id="lmstudio-context-length"),
+    pytest.param(
+        # Amazon Bedrock (aws-samples/assessment-generator#2; the REST body is
+        # {"message": ...}, charmbracelet/crush#946)
+        {"message": "Input is too long for requested model."},
+        None, id="bedrock-input-is-too-long"),
+    pytest.param(
+        # Cohere v1 ({"message": ...}; cohere-ai/sandbox-topically#4)
+        {"message": "too many tokens: total number of tokens (prompt and prediction) cannot "
+                    "exceed 2048 - received 6354. Try using a shorter prompt or a smaller "
+                    "max_tokens value."},
+        None, id="cohere-too-many-tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(("body", "code"), CONTEXT_BODIES)
+def test_each_context_phrase_and_code_is_read_on_its_own(body: Any, code: str | None) -> None:
+    """A 400 that says the context overflowed in only one of the known ways (one code,
+    or one phrase) is context_length_exceeded, with the vendor's code kept; as bytes
+    and as parsed JSON."""
+    for given in (body, json.dumps(body).encode()):
+        error = sm.classify((400, {"content-type": "application/json"}, given))
+        assert (error.category, error.code, error.status) == (
+            C.CONTEXT_LENGTH_EXCEEDED,
+            code,
+            400,
+        )
+
+
+@pytest.mark.requirement("ER-40")
+def test_an_sdk_error_without_a_body_is_read_by_its_quoted_message() -> None:
+    """Groq's OpenAI-style SDK error quotes the body in its message; without a parsed
+    body, ``context_length_exceeded`` in that message is enough."""
+    quoted = (
+        "Error code: 400 - {'error': {'message': 'Please reduce the length of the messages "
+        "or completion.', 'type': 'invalid_request_error', 'param': 'messages', 'code': "
+        "'context_length_exceeded'}}"
+    )
+    exc = openai.BadRequestError(quoted, response=httpx2.Response(400, request=REQUEST), body=None)
+    error = sm.classify(exc)
+    assert (error.category, error.status, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, 400, None)
+    assert error.message == quoted
+
+
+@pytest.mark.requirement("ER-41")
+def test_a_billing_hard_limit_on_a_400_is_not_an_invalid_request() -> None:
+    """OpenAI's ``billing_hard_limit_reached`` comes with HTTP 400
+    (bajrangCoder/acode-plugin-chatgpt#19, all-in-aigc/aiwallpaper#2): unknown, not
+    retried, code kept; not invalid_request."""
+    body = {
+        "error": {
+            "message": "Billing hard limit has been reached",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "billing_hard_limit_reached",
+        }
+    }
+    error = sm.classify((400, {}, json.dumps(body).encode()))
+    assert (error.category, error.code) == (C.UNKNOWN, "billing_hard_limit_reached")
+    assert not error.retryable
+
+
+# -- error events inside a 200 stream, every Anthropic error type ----------------------
+
+ANTHROPIC_STREAM_TYPES = [
+    ("overloaded_error", "Overloaded", C.OVERLOADED),
+    ("api_error", "Internal server error", C.OVERLOADED),
+    ("timeout_error", "Request timed out", C.OVERLOADED),
+    ("rate_limit_error", "Number of request tokens has exceeded your rate limit", C.RATE_LIMITED),
+    ("authentication_error", "invalid x-api-key", C.AUTH_ERROR),
+    ("permission_error", "Your API key does not have permission to use the specified resource",
+     C.AUTH_ERROR),
+    ("invalid_request_error", "messages: text content blocks must be non-empty",
+     C.INVALID_REQUEST),
+    ("not_found_error", "model: claude-nope", C.INVALID_REQUEST),
+    ("request_too_large", "Request exceeds the maximum allowed number of bytes",
+     C.INVALID_REQUEST),
+]  # fmt: skip
+
+
+@pytest.mark.requirement("ER-44")
+@pytest.mark.parametrize(("etype", "message", "category"), ANTHROPIC_STREAM_TYPES)
+def test_every_anthropic_error_type_in_a_stream_is_read_by_its_type(
+    etype: str, message: str, category: C
+) -> None:
+    """An Anthropic ``event: error`` after a 200 (the Messages streaming docs) is
+    classified by its error type, each of the documented types; the status carries
+    nothing, so nothing else could decide."""
+    event = {"type": "error", "error": {"type": etype, "message": message}}
+    sse = (
+        'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1",'
+        '"type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5",'
+        '"stop_reason":null}}\n\n'
+        f"event: error\ndata: {json.dumps(event)}\n\n"
+    )
+    error = sm.classify((200, {"content-type": "text/event-stream"}, sse.encode()))
+    assert (error.category, error.code, error.message, error.status) == (
+        category,
+        etype,
+        message,
+        200,
+    )
+
+
+# -- replies that are refusals ---------------------------------------------------------
+
+
+def _anthropic_message(stop_reason: str) -> Any:
+    return anthropic.types.Message.model_validate(
+        {
+            "id": "msg_01RefusalTestMessage123456789",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": "claude-opus-4-7",
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 20, "output_tokens": 1},
+        }
+    )
+
+
+def _chat_completion(finish_reason: str, refusal: str | None) -> Any:
+    return openai.types.chat.ChatCompletion.model_validate(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": "gpt-4o-2024-08-06",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                    "message": {"role": "assistant", "content": None, "refusal": refusal},
+                }
+            ],
+        }
+    )
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_refusal_reply_keeps_status_200_and_its_plain_json_body() -> None:
+    """Each refusal shape of a reply is content_filtered with status 200, the code that
+    names it, and the reply itself as plain JSON (its ``model_dump``)."""
+    cases = [
+        (_anthropic_message("refusal"), "refusal", "the model refused"),
+        (_chat_completion("content_filter", None), "content_filter",
+         "the reply was stopped by the content filter"),
+        (_chat_completion("stop", "I'm sorry, I can't assist with that."), "refusal",
+         "I'm sorry, I can't assist with that."),
+    ]  # fmt: skip
+    for reply, code, message in cases:
+        error = sm.classify(reply)
+        assert (error.category, error.code, error.status, error.message) == (
+            C.CONTENT_FILTERED,
+            code,
+            200,
+            message,
+        )
+        assert error.body == reply.model_dump(mode="json")
+
+
+@pytest.mark.requirement("ER-43")
+def test_an_ordinary_reply_is_not_a_refusal() -> None:
+    """A reply that finished normally is no provider error: unknown, not a refusal."""
+    for reply in (_anthropic_message("end_turn"), _chat_completion("stop", None)):
+        error = sm.classify(reply)
+        assert error.category is C.UNKNOWN
+        assert error.code is None
+        assert error.message.startswith("not a provider error")
+
+
+# -- the bounds, at their edge ---------------------------------------------------------
+
+
+def _openai_body(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_message_is_kept_whole_up_to_2000_characters_then_cut() -> None:
+    """A message of exactly 2000 characters is kept whole; one more, and it is cut to
+    1999 characters and an ellipsis (2000 in all)."""
+    exact = "The server had an error while processing your request. " * 40
+    exact = exact[:2000]
+    error = sm.classify((500, {}, _openai_body(exact)))
+    assert error.message == exact
+    longer = exact + "x"
+    error = sm.classify((500, {}, _openai_body(longer)))
+    assert error.message == longer[:1999] + "…"
+    assert len(error.message) == 2000
+
+
+def _padded_json(size: int) -> bytes:
+    """Anthropic's 529 body, pretty-printed with trailing whitespace up to ``size``."""
+    body = b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}'
+    return body + b" " * (size - len(body) - 1) + b"\n"
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_body_of_exactly_max_body_bytes_is_parsed_whole_and_one_more_is_not() -> None:
+    """MAX_BODY bytes are read as one JSON document; MAX_BODY + 1 bytes are not (the
+    body is then text, and the status decides)."""
+    exact = _padded_json(_classify.MAX_BODY)
+    assert len(exact) == _classify.MAX_BODY
+    error = sm.classify((529, {}, exact))
+    assert (error.category, error.code) == (C.OVERLOADED, "overloaded_error")
+    assert error.body == json.loads(exact)
+    over = _padded_json(_classify.MAX_BODY + 1)
+    error = sm.classify((529, {}, over))
+    assert (error.category, error.code) == (C.OVERLOADED, "http_529")
+    assert isinstance(error.body, str)
+    # a str body is cut the same way
+    assert sm.classify((529, {}, exact.decode())).body == json.loads(exact)
+    assert isinstance(sm.classify((529, {}, over.decode())).body, str)
+
+
+TEXT_DELTA = (
+    'data: {"type":"content_block_delta","index":0,'
+    '"delta":{"type":"text_delta","text":"That error means the file is missing."}}\n\n'
+)
+ERROR_EVENT = (
+    'event: error\ndata: {"type":"error","error":{"type":"overloaded_error",'
+    '"message":"Overloaded"}}\n\n'
+)
+
+
+@pytest.mark.requirement("ER-58", "ER-44")
+def test_the_error_event_is_found_among_max_sse_lines_candidates_and_not_after() -> None:
+    """Text deltas that mention "error" are candidates too: the error event is found
+    when it is the MAX_SSE_LINES-th candidate, not when it is one later."""
+    for before, found in ((_classify.MAX_SSE_LINES - 1, True), (_classify.MAX_SSE_LINES, False)):
+        body = TEXT_DELTA * before + ERROR_EVENT
+        error = sm.classify((200, {}, body.encode()))
+        if found:
+            assert (error.category, error.code) == (C.OVERLOADED, "overloaded_error")
+        else:
+            assert (error.category, error.code) == (C.UNKNOWN, None)
+
+
+@pytest.mark.requirement("ER-58", "ER-44")
+def test_a_tail_that_starts_on_a_line_boundary_keeps_that_line() -> None:
+    """A long buffered stream whose last MAX_BODY bytes begin exactly with the error
+    event's line (the byte before is a newline): that line is whole and is read."""
+    event_line = (
+        b'data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n'
+    )
+    filler = (
+        b'data: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"hi"}}\n'
+    )
+    head = filler * (_classify.MAX_BODY // len(filler) + 2)
+    rest = _classify.MAX_BODY - len(event_line)
+    tail = event_line + filler * (rest // len(filler)) + b"\n" * (rest % len(filler))
+    assert len(tail) == _classify.MAX_BODY
+    error = sm.classify((200, {}, head + tail))
+    assert (error.category, error.code) == (C.OVERLOADED, "overloaded_error")
+    assert sm.classify((200, {}, (head + tail).decode())).code == "overloaded_error"
+
+
+def _values(body: Any) -> int:
+    """How many JSON values ``body`` holds (containers, keys' values, scalars)."""
+    if isinstance(body, dict):
+        return 1 + sum(_values(v) for v in body.values())
+    if isinstance(body, list):
+        return 1 + sum(_values(v) for v in body)
+    return 1
+
+
+def _body_with_values(total: int) -> dict[str, Any]:
+    """Anthropic's 529 envelope plus a list of usage numbers, ``total`` values in all."""
+    body: dict[str, Any] = {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "Overloaded"},
+        "n": [],
+    }
+    body["n"] = list(range(total - _values(body)))
+    assert _values(body) == total
+    return body
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_parsed_body_of_max_body_values_is_kept_as_is_and_one_more_is_cut() -> None:
+    """A parsed body of exactly MAX_BODY_VALUES values is kept as given; one value more
+    and the kept copy holds at most MAX_BODY_VALUES."""
+    exact = _body_with_values(_classify.MAX_BODY_VALUES)
+    error = sm.classify((529, {}, exact))
+    assert error.body is exact
+    over = _body_with_values(_classify.MAX_BODY_VALUES + 1)
+    error = sm.classify((529, {}, over))
+    assert error.code == "overloaded_error"
+    assert _values(error.body) <= _classify.MAX_BODY_VALUES
+    assert error.body["error"] == over["error"]
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_copied_body_cuts_each_string_to_max_body_string() -> None:
+    """A body over the bounds is copied with each string cut to MAX_BODY_STRING
+    characters, the short ones whole."""
+    long_text = "Internal error while generating. " * 3000
+    body = {"error": {"type": "api_error", "message": "Internal server error"}, "log": long_text}
+    error = sm.classify((500, {}, body))
+    assert error.body["log"] == long_text[: _classify.MAX_BODY_STRING]
+    assert error.body["error"] == body["error"]
