@@ -349,10 +349,54 @@ def test_a_parsed_body_of_max_body_values_is_kept_as_is_and_one_more_is_cut() ->
     error = sm.classify((529, {}, exact))
     assert error.body is exact
     over = _body_with_values(MAX_BODY_VALUES + 1)
-    error = sm.classify((529, {}, over))
+    error = sm.classify((529, None, over))
     assert error.code == "overloaded_error"
-    assert _values(error.body) <= MAX_BODY_VALUES
+    assert _values(error.body) == MAX_BODY_VALUES  # the first ones, breadth first
     assert error.body["error"] == over["error"]
+    assert error.body["n"] == over["n"][: len(error.body["n"])]  # numbers copied as numbers
+    assert error.headers is None  # no headers given, none invented
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_parsed_body_of_max_body_characters_is_kept_as_is_and_one_more_is_cut() -> None:
+    """Keys count as text: a body whose keys and strings make exactly MAX_BODY
+    characters is kept as given; one character more and its long string is cut."""
+    keys = len("error") + len("type") + len("api_error") + len("message")
+    for extra, kept_whole in ((0, True), (1, False)):
+        body = {"error": {"type": "api_error", "message": "e" * (MAX_BODY - keys + extra)}}
+        error = sm.classify((500, {}, body))
+        assert error.category is C.OVERLOADED
+        if kept_whole:
+            assert error.body is body
+        else:
+            assert len(error.body["error"]["message"]) == MAX_BODY_STRING
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_422_validation_error_without_a_vendor_type_is_an_invalid_request() -> None:
+    """A FastAPI-based OpenAI-compatible server answers a malformed request with 422
+    and FastAPI's ``{"detail": [...]}``: invalid_request by its status alone."""
+    body = {
+        "detail": [
+            {
+                "type": "missing",
+                "loc": ["body", "messages"],
+                "msg": "Field required",
+                "input": {"model": "llama-3.1-8b-instruct"},
+            }
+        ]
+    }
+    error = sm.classify((422, {"content-type": "application/json"}, json.dumps(body).encode()))
+    assert (error.category, error.code, error.status) == (C.INVALID_REQUEST, None, 422)
+
+
+@pytest.mark.requirement("ER-44")
+def test_an_sse_data_line_without_the_optional_space_is_read() -> None:
+    """The SSE format makes the space after ``data:`` optional (servers built on
+    Spring's SseEmitter write none): the error event is still found."""
+    sse = 'event: error\ndata:{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
+    error = sm.classify((200, {"content-type": "text/event-stream"}, sse.encode()))
+    assert (error.category, error.code) == (C.OVERLOADED, "overloaded_error")
 
 
 @pytest.mark.requirement("ER-58")
