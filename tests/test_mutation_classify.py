@@ -408,3 +408,21 @@ def test_a_copied_body_cuts_each_string_to_max_body_string() -> None:
     error = sm.classify((500, {}, body))
     assert error.body["log"] == long_text[:MAX_BODY_STRING]
     assert error.body["error"] == body["error"]
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_copy_of_a_body_nested_too_deep_keeps_exactly_max_depth_levels() -> None:
+    """JSON nested deeper than MAX_DEPTH (100, ER-58) is kept down to that depth, not
+    one level less, and nothing below it."""
+    deep: list[Any] = []
+    node = deep
+    for _ in range(150):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    error = sm.classify((400, None, deep))
+    assert error.category is C.INVALID_REQUEST
+    depth, kept = 0, error.body
+    while isinstance(kept, list) and kept:
+        depth, kept = depth + 1, kept[0]
+    assert (depth, kept) == (100, None)
