@@ -639,3 +639,28 @@ def test_a_session_reduces_the_context_on_a_request_too_large_429() -> None:
     t2.start()
     t2.send(sm.Assembled("req", 100))
     assert isinstance(t2.send(sm.ModelFailed(limited)), sm.Wait)
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"promptFeedback": {"blockReason": "SAFETY", "safetyRatings": []}}, "SAFETY"),
+        ({"promptFeedback": {"blockReason": "PROHIBITED_CONTENT"}}, "PROHIBITED_CONTENT"),
+        ({"candidates": [{"finishReason": "RECITATION", "index": 0}]}, "RECITATION"),
+        (
+            {"candidates": [{"finishReason": "SAFETY", "content": {"parts": [{"text": "No"}]}}]},
+            "SAFETY",
+        ),
+    ],
+)
+def test_gemini_safety_blocks_are_content_filtered(body: object, code: str) -> None:
+    """A Gemini 200 its filters stopped (the prompt blocked, or the candidate cut) is
+    surfaced as content_filtered with Gemini's reason, whatever the input form."""
+    for form in (body, json.dumps(body), json.dumps(body).encode()):
+        error = sm.classify((200, {}, form))
+        assert (error.category, error.code) == (sm.ErrorCategory.CONTENT_FILTERED, code)
+    done = {"candidates": [{"finishReason": "STOP", "content": {"parts": [{"text": "hi"}]}}]}
+    assert sm.classify((200, {}, done)).category is not sm.ErrorCategory.CONTENT_FILTERED
+    limited = {"candidates": [{"finishReason": "MAX_TOKENS"}]}
+    assert sm.classify((200, {}, limited)).category is not sm.ErrorCategory.CONTENT_FILTERED

@@ -85,6 +85,7 @@ _CONTEXT_PHRASES = (
     "too many tokens",
     "input is too long",
     "exceeds the available context size",  # llama.cpp server
+    "exceeds the maximum number of tokens allowed",  # Gemini: "The input token count ..."
 )
 _TOO_LARGE_429_PHRASES = (
     "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
@@ -97,6 +98,12 @@ _CONTEXT_CODES = frozenset(
 )
 _QUOTA_CODES = frozenset({"insufficient_quota", "billing_error", "billing_hard_limit_reached"})
 _FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "refusal"})
+_GEMINI_BLOCKS = frozenset(
+    {"SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"}
+)
+"""Gemini's ``finishReason`` / ``promptFeedback.blockReason`` values that mean its
+filters stopped the reply (a 200 with no text, or with a cut candidate)."""
+_STOPPED = frozenset({"refusal", "content_filter"}) | _GEMINI_BLOCKS
 _RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "requests", "tokens"})
 _OVERLOAD_TYPES = frozenset(
     {"overloaded_error", "api_error", "server_error", "service_unavailable", "timeout_error"}
@@ -307,9 +314,9 @@ def _from_parts(
 
     if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
         return make(ErrorCategory.UNKNOWN, vendor or "payment_required")
-    if code in _FILTER_CODES or etype in _FILTER_CODES or finish in {"refusal", "content_filter"}:
+    if code in _FILTER_CODES or etype in _FILTER_CODES or finish in _STOPPED:
         named = next((name for name in (code, etype) if name in _FILTER_CODES), None)
-        stopped = finish if finish in {"refusal", "content_filter"} else None
+        stopped = finish if finish in _STOPPED else None
         # a stream's refusal event has a type ("message_delta") that names no error
         return make(ErrorCategory.CONTENT_FILTERED, named or stopped or vendor)
     if (status in {400, 413, None, 200}) and (
@@ -393,6 +400,16 @@ def _finish_reason(body: Mapping[str, Any]) -> str | None:
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
         return _str(choices[0].get("finish_reason"))
+    feedback = body.get("promptFeedback")  # Gemini: the prompt itself was blocked
+    if isinstance(feedback, Mapping):
+        blocked = _str(feedback.get("blockReason"))
+        if blocked in _GEMINI_BLOCKS:
+            return blocked
+    candidates = body.get("candidates")  # Gemini: a candidate the filters stopped
+    if isinstance(candidates, list) and candidates and isinstance(candidates[0], Mapping):
+        reason = _str(candidates[0].get("finishReason"))
+        if reason in _GEMINI_BLOCKS:
+            return reason
     return None
 
 
