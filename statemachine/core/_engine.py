@@ -121,22 +121,41 @@ class ToolFacts:
     terminal: bool
 
 
-def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
+def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
+    """The wait before retry ``attempt`` (from 0): the backoff formula with the
+    session's next jitter draw (previewed, not consumed), at least ``server``."""
     settings = core.settings
     state = core.state
-    server = retry_after(event.error, core.wall_clock)
-    seconds = wait_seconds(
-        turn.attempt,
+    return wait_seconds(
+        attempt,
         jitter(state.seed, state.draws),
         server,
         settings.base_delay_ms,
         settings.backoff_factor,
         settings.max_delay_ms,
     )
-    too_long = server is not None and server > settings.max_server_wait_s
-    limit = settings.max_wall_clock_s
-    crosses = limit is not None and core.bound_elapsed_s() + seconds > limit
-    return WaitFacts(server, seconds, too_long, crosses)
+
+
+def _crosses_wall_clock(core: Core, seconds: float) -> bool:
+    """Whether a wait of ``seconds`` would cross ``max_wall_clock_s``."""
+    limit = core.settings.max_wall_clock_s
+    return limit is not None and core.bound_elapsed_s() + seconds > limit
+
+
+def _take_wait(core: Core, seconds: float) -> None:
+    """Consume the jitter draw of a wait and add it to the session's waited time (a sum
+    that stays JSON: it saturates at the largest float)."""
+    state = core.state
+    state.draws += 1
+    waited = state.waited_s + seconds
+    state.waited_s = waited if waited < _LARGEST else _LARGEST
+
+
+def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
+    server = retry_after(event.error, core.wall_clock)
+    seconds = _backoff_s(core, turn.attempt, server)
+    too_long = server is not None and server > core.settings.max_server_wait_s
+    return WaitFacts(server, seconds, too_long, _crosses_wall_clock(core, seconds))
 
 
 def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
@@ -209,7 +228,6 @@ def _conflict_facts(
     """Conflicts: re-invoked one at a time while they have re-invocations left and the
     wait fits the wall clock; whatever is left goes to the model as it is."""
     settings = core.settings
-    state = core.state
     in_flight = turn.in_flight
     tripped = facts.tripped
     denied = facts.denied
@@ -232,16 +250,8 @@ def _conflict_facts(
         attempt = 0
     facts.seconds = None
     if pending and not tripped and not denied:
-        seconds = wait_seconds(
-            attempt,
-            jitter(state.seed, state.draws),
-            None,
-            settings.base_delay_ms,
-            settings.backoff_factor,
-            settings.max_delay_ms,
-        )
-        limit = settings.max_wall_clock_s
-        if limit is None or core.bound_elapsed_s() + seconds <= limit:
+        seconds = _backoff_s(core, attempt, None)
+        if not _crosses_wall_clock(core, seconds):
             facts.seconds = seconds
     facts.outcomes = outcomes
     facts.pending = tuple(pending) if facts.seconds is not None else ()
@@ -420,11 +430,8 @@ def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Act
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
-    state = core.state
-    state.retries += 1
-    state.draws += 1
-    waited = state.waited_s + facts.seconds
-    state.waited_s = waited if waited < _LARGEST else _LARGEST  # a sum that stays JSON
+    core.state.retries += 1
+    _take_wait(core, facts.seconds)
     return Wait(facts.seconds, event.error.category, turn.attempt)
 
 
@@ -507,13 +514,10 @@ def _finish_tools(
 
 def _tool_wait(core: Core, turn: TurnState, _e: ToolsDone, facts: ToolFacts, _s: None) -> Action:
     _apply_tool_facts(core, turn, facts)
-    state = core.state
     seconds: float = facts.seconds  # type: ignore[assignment]
     turn.conflict_attempt = facts.attempt + 1
-    state.tool_retries += 1
-    state.draws += 1
-    waited = state.waited_s + seconds
-    state.waited_s = waited if waited < _LARGEST else _LARGEST
+    core.state.tool_retries += 1
+    _take_wait(core, seconds)
     return Wait(seconds, ToolErrorCategory.CONCURRENCY_CONFLICT, facts.attempt)
 
 
