@@ -707,6 +707,8 @@ class Group:
     facts: Facts | None
     check: Callable[[Core, TurnState, Any], None] | None = None
     """The payload check of the trigger (bad data refused before anything changes)."""
+    charges: bool = False
+    """The trigger reports a model call's usage: its event's ``cost`` is charged."""
 
 
 DispatchKey = tuple[str, str, "ErrorCategory | None"]
@@ -745,7 +747,7 @@ class Dispatch:
                     )
                 ]
                 self.groups[(source, trigger, category)] = _group(
-                    members, effect_of, _PAYLOAD_CHECKS.get(trigger)
+                    trigger, members, effect_of, _PAYLOAD_CHECKS.get(trigger)
                 )
         for source, trigger in keys:
             if trigger != START:
@@ -761,7 +763,11 @@ class Dispatch:
         return f"{trigger} is not legal in state {state!r} (legal there: {legal})"
 
 
+_USAGE_TRIGGERS = frozenset({"ModelReplied", "ModelFailed"})
+
+
 def _group(
+    trigger: str,
     rows: list[Row],
     effect_of: Mapping[str, Effect],
     check: Callable[[Core, TurnState, Any], None] | None,
@@ -783,7 +789,7 @@ def _group(
                 names=names,
             )
         )
-    return Group(tuple(bound), facts, check)
+    return Group(tuple(bound), facts, check, trigger in _USAGE_TRIGGERS)
 
 
 # -- payload checks: bad data is refused before anything changes ---------------------------
@@ -1084,6 +1090,15 @@ class Core:
 
     # -- events ------------------------------------------------------------------------
 
+    def start(self, turn: TurnState) -> Action:
+        """Start ``turn``: the time since the last turn's Finish was idle (counted only
+        when the start is legal, before the transition an observer may see)."""
+        state = self.state
+        if state.finished_at is not None and (turn.state, START, None) in self.groups:
+            state.idle_s += max(0.0, self.clock() - state.finished_at)
+            state.finished_at = None
+        return self.fire(turn, START, None)
+
     def fire(self, turn: TurnState, trigger: str, event: Any) -> Action:
         """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn."""
         state = turn.state
@@ -1104,16 +1119,9 @@ class Core:
                 break
         else:  # pragma: no cover - the model check proves every group is total
             raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
-        cost = 0.0
-        if trigger in ("ModelReplied", "ModelFailed"):
-            cost = event.cost
-            if cost:
-                self.charge(cost)
-        elif trigger == START:
-            session = self.state
-            if session.finished_at is not None:
-                session.idle_s += max(0.0, self.clock() - session.finished_at)
-                session.finished_at = None
+        cost = event.cost if group.charges else 0.0
+        if cost:
+            self.charge(cost)
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
         step = step_after(row.steps, row.info, turn, self.state)

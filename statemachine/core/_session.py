@@ -473,7 +473,7 @@ class Turn:
                 f"({status.value})",
                 status=status,
             )
-        return core.fire(self._turn, "start", None)
+        return core.start(self._turn)
 
     def send(self, event: object) -> Action:
         """Take ``event``; return the next action (a :class:`Finish` at the end)."""
