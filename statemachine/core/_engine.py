@@ -40,6 +40,7 @@ from ._events import (
 )
 from ._exceptions import IllegalEvent, SessionEnded, TurnInProgress
 from ._model_error import ModelError
+from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
 from ._state import TRACE_FIELDS, RowInfo, SessionState, Step, TurnState, step_after
@@ -979,20 +980,10 @@ class Core:
         no session on it has a budget). With a live parent the ancestors are read
         now, and the reading is kept (``ancestor_budget_usd``) for a snapshot."""
         state = self.state
-        limit = self.settings.max_cost_usd
-        own = None if limit is None else limit - state.cost_usd
-        parent = self.parent
-        if parent is not None:
-            above = parent.remaining_budget_usd()
-            state.ancestor_budget_usd = above
+        if self.parent is not None:
+            state.ancestor_budget_usd = self.parent.remaining_budget_usd()
             state.ancestor_mark_usd = state.cost_usd
-        elif state.ancestor_budget_usd is not None:
-            above = state.ancestor_budget_usd - (state.cost_usd - state.ancestor_mark_usd)
-        else:
-            above = None
-        if own is None:
-            return above
-        return own if above is None else min(own, above)
+        return budget_left(state, self.settings)
 
     # -- turns ------------------------------------------------------------------------
 

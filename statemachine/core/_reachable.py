@@ -115,7 +115,10 @@ def check_reachable(state: SessionState, settings: Settings) -> None:
         raise SnapshotError(problem)
 
 
-def _budget_left(state: SessionState, settings: Settings) -> float | None:
+def budget_left(state: SessionState, settings: Settings) -> float | None:
+    """The smallest remaining ``max_cost_usd`` on the path to the root, from the state
+    as recorded (the ancestors' budget last read, less the spend since): ``None`` when
+    no session on the path has a budget."""
     limit = settings.max_cost_usd
     own = None if limit is None else limit - state.cost_usd
     above = state.ancestor_budget_usd
@@ -147,7 +150,7 @@ def _session_problem(state: SessionState, settings: Settings) -> str | None:
         return f"limit: {limit.value} fired but settings.{_BOUND_OF_LIMIT[limit]} is unset"
     if limit is SessionStatus.ERROR_MAX_TURNS and state.turns < settings.max_turns:  # type: ignore[operator]
         return f"limit: error_max_turns fired after {state.turns} of {settings.max_turns} turns"
-    left = _budget_left(state, settings)
+    left = budget_left(state, settings)
     if budget and (left is None or left > 0):
         return f"limit: error_max_budget_usd fired at a spend of {state.cost_usd}"
     problem = _tree_problem(state) or _tools_problem(state, settings)
