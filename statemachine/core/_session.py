@@ -219,9 +219,6 @@ class Session:
                 f"the session has ended ({state.status.value}): it spawns no child",
                 status=state.status,
             )
-        _check_id("session_id", session_id)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ConfigError(f"seed: must be an int or None, got {seed!r:.60}")
         number = state.children + 1
         parent_id = state.session_id or "session"
         taken = state.child_costs or {}
@@ -261,9 +258,6 @@ class Session:
         at the live ancestors. A total no larger than the last one reported changes
         nothing, so a report may be repeated or arrive late (a store's workers use
         this; a child spawned in this process reports by itself)."""
-        _check_id("child_id", child_id)
-        if child_id is None:
-            raise ConfigError("child_id: must be a non-empty str, got None")
         if (
             isinstance(total_usd, bool)
             or not isinstance(total_usd, int | float)
@@ -271,7 +265,7 @@ class Session:
             or total_usd < 0
         ):
             raise ConfigError(f"total_usd: must be a finite number >= 0, got {total_usd!r:.60}")
-        if child_id not in (self._core.state.child_costs or {}):
+        if not isinstance(child_id, str) or child_id not in (self._core.state.child_costs or {}):
             raise ConfigError(
                 f"child_id: {child_id!r} is not a child this session spawned "
                 f"(its children: {', '.join(sorted(self._core.state.child_costs or {})) or 'none'})"

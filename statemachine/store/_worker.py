@@ -589,14 +589,14 @@ class Worker:
                 parent.record_child_spend(child_id or "", total)
                 if parent.cost_usd == before:
                     break  # already counted
-                new = Record(
+                new = self._record(
                     parent_id,
-                    write_snapshot(parent.settings, parent.state, self._clock(), record.snapshot),
-                    self._now(),  # the idle time up to now is in the snapshot's elapsed_s
+                    parent,
+                    None,  # no new action: the parent's claim and carried outcomes stay
                     record.keys,
-                    record.claim,
-                    record.carried,
-                    incarnation=record.incarnation,
+                    claim=record.claim,
+                    carried=record.carried,
+                    previous=record,
                 )
                 try:
                     version = self._write(parent_id, stored.version, new, parent)
