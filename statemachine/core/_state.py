@@ -258,27 +258,22 @@ OPAQUE = Kind("host data", _same, _opaque)
 """The host's own data (requests, replies): JSON data, never interpreted."""
 CALLS = Kind("tool calls", encode, _values_of(ToolCall))
 FALLBACKS = Kind("fallbacks", encode, _values_of(Fallback, lambda v: _fallbacks(v)))  # noqa: PLW0108 - defined below
-CRASH_COUNTS = Kind(
-    "crash counts",
-    lambda v: dict(v or {}),
-    _crash_counts,
-    lambda v: None if v is None else dict(v),
-)
+
+
+def _optional_dict(name: str, decode: Callable[[Any, str], Any]) -> Kind:
+    """A dict kept as ``None`` while empty: written as ``{}``, copied when set."""
+    return Kind(name, lambda v: dict(v or {}), decode, lambda v: None if v is None else dict(v))
+
+
+CRASH_COUNTS = _optional_dict("crash counts", _crash_counts)
 PROVIDERS = Kind("providers", sorted, _providers)
 CLOCK = Kind("clock reading", _same, _number, relative=True)
 OPTIONAL_CLOCK = Kind("optional clock reading", _same, _optional_number, relative=True)
 SIGNED = Kind("signed number", _same, _signed)
-CHILD_COSTS = Kind(
-    "child costs",
-    lambda v: dict(v or {}),
-    _child_costs,
-    lambda v: None if v is None else dict(v),
-)
+CHILD_COSTS = _optional_dict("child costs", _child_costs)
 WINDOW = Kind("window", _same, _window)
 """The last outcomes of a sliding window, oldest first: ``1`` counted, ``0`` not."""
-WINDOWS = Kind(
-    "windows", lambda v: dict(v or {}), _windows, lambda v: None if v is None else dict(v)
-)
+WINDOWS = _optional_dict("windows", _windows)
 OUTCOMES = Kind("tool outcomes", encode, _values_of(ToolOutcome))
 IDS = Kind("call ids", list, _ids)
 COSTS = Kind("costs", lambda v: [list(e) for e in v], _decode_costs, list, grows=True)
