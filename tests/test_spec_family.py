@@ -28,11 +28,16 @@ def session(clock: Clock | None = None, **settings: Any) -> sm.Session:
     return sm.Session(sm.Settings(**settings), seed=3, clock=clock or Clock())
 
 
-def reply_turn(s: sm.Session, cost: float = 0.0, calls: tuple[sm.ToolCall, ...] = ()) -> sm.Action:
+def calling(s: sm.Session, request: Any = "request") -> sm.Turn:
+    """A new turn of ``s``, started and assembled: its model call is in flight."""
     turn = s.new_turn()
     turn.start()
-    turn.send(sm.Assembled("request", 100))
-    return turn.send(sm.ModelReplied(calls, cost=cost))
+    turn.send(sm.Assembled(request, 100))
+    return turn
+
+
+def reply_turn(s: sm.Session, cost: float = 0.0, calls: tuple[sm.ToolCall, ...] = ()) -> sm.Action:
+    return calling(s).send(sm.ModelReplied(calls, cost=cost))
 
 
 def call(i: int, provider: str = "fs", name: str = "write", **kw: Any) -> sm.ToolCall:
@@ -48,9 +53,7 @@ def failed(i: int, category: str) -> sm.ToolOutcome:
 
 
 def tool_turn(s: sm.Session, calls: list[sm.ToolCall]) -> sm.Turn:
-    turn = s.new_turn()
-    turn.start()
-    turn.send(sm.Assembled("request", 100))
+    turn = calling(s)
     action = turn.send(sm.ModelReplied(tuple(calls)))
     assert isinstance(action, sm.InvokeTools)
     return turn
@@ -172,10 +175,8 @@ def test_consecutive_denials_trip_the_denial_breaker() -> None:
     finish = turn.send(sm.ToolsDone(tuple(failed(i, "permission_denied") for i in (4, 5, 6))))
     assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.BREAKER_OPEN
     assert len(finish.tool_results) == 3 and all(r.is_error for r in finish.tool_results)
-    final = s.new_turn()
+    final = calling(s)
     assert final.final_answer and "denial breaker" in (final.instruction or "")
-    final.start()
-    final.send(sm.Assembled("request", 100))
     final.send(sm.ModelReplied())
     assert s.status is sm.SessionStatus.ERROR_DENIAL_BREAKER
 
@@ -303,9 +304,7 @@ def test_a_second_tier_check_sees_the_window_and_can_fire_the_doom_loop() -> Non
     s = sm.Session(sm.Settings(doom_loop_threshold=3), seed=1, clock=Clock(), doom_check=broken)
     turn = tool_turn(s, [sm.ToolCall("a", "fs", "ls", {})])
     turn.send(sm.ToolsDone((sm.ToolOutcome("a", True),)))
-    turn = s.new_turn()
-    turn.start()
-    turn.send(sm.Assembled("request", 100))
+    turn = calling(s)
     before = s.snapshot()
     with pytest.raises(RuntimeError, match="judge"):
         turn.send(sm.ModelReplied((sm.ToolCall("b", "fs", "ls", {}),)))  # one short: consulted
@@ -321,9 +320,7 @@ def test_a_billed_failure_counts_toward_the_budget_and_every_cost_is_traced() ->
     and survives a snapshot."""
     clock = Clock()
     s = session(clock, max_cost_usd=0.5)
-    turn = s.new_turn()
-    turn.start()
-    turn.send(sm.Assembled("request", 100))
+    turn = calling(s)
     wait = turn.send(sm.ModelFailed(sm.ModelError("overloaded"), cost=0.25))
     assert isinstance(wait, sm.Wait)
     turn.send(sm.WaitDone())
@@ -404,10 +401,7 @@ def test_invalid_and_unknown_failures_are_logged_by_shape_only(
     request = {"model": "m", "messages": [{"role": "user", "content": private}], "n": 1}
     for category, status in (("invalid_request", "invalid_request"), ("unknown", "unknown_error")):
         caplog.clear()
-        s = session()
-        turn = s.new_turn()
-        turn.start()
-        turn.send(sm.Assembled(request, 100))
+        turn = calling(session(), request)
         with caplog.at_level(logging.WARNING, logger="statemachine"):
             turn.send(sm.ModelFailed(sm.ModelError(category, f"echo: {private}", code="E42")))
         text = caplog.text
@@ -415,10 +409,7 @@ def test_invalid_and_unknown_failures_are_logged_by_shape_only(
         assert "messages: list[1] of {role: str[4], content: str[" in text
         assert "SECRET" not in text and "private" not in text
     caplog.clear()
-    s = session()
-    turn = s.new_turn()
-    turn.start()
-    turn.send(sm.Assembled(request, 100))
+    turn = calling(session(), request)
     with caplog.at_level(logging.WARNING, logger="statemachine"):
         turn.send(sm.ModelFailed(sm.ModelError("auth_error", "bad key")))
     assert caplog.text == ""
