@@ -92,11 +92,20 @@ RATE_LIMITED_EXC = _rate_limited_exception()
 
 
 def _jobs(n: int) -> list[tuple[sm.Turn, FakeModel]]:
+    """A mix: every other turn has a tool round, every fifth a rate limit."""
     jobs = []
     for i in range(n):
         turn = sm.Session(seed=i, clock=time.monotonic).new_turn()
         jobs.append((turn, FakeModel(tools=i % 2 == 1, flaky=i % 5 == 0)))
     return jobs
+
+
+def _path_jobs(n: int, tools: bool, flaky: bool) -> list[tuple[sm.Turn, FakeModel]]:
+    """``n`` turns that all take one path."""
+    return [
+        (sm.Session(seed=i, clock=time.monotonic).new_turn(), FakeModel(tools=tools, flaky=flaky))
+        for i in range(n)
+    ]
 
 
 async def _gather(jobs: list[tuple[sm.Turn, FakeModel]]) -> list[Any]:
@@ -183,13 +192,7 @@ def _floor_ratios(n: int, repeats: int) -> dict[str, float]:
     ):
         ratios = []
         for _ in range(repeats):
-            jobs = [
-                (
-                    sm.Session(seed=i, clock=time.monotonic).new_turn(),
-                    FakeModel(tools=tools, flaky=flaky),
-                )
-                for i in range(n)
-            ]
+            jobs = _path_jobs(n, tools, flaky)
             gc.collect()
             t0 = time.perf_counter()
             asyncio.run(_gather(jobs))
@@ -235,13 +238,7 @@ def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
         ("tool round, 2 calls, 1 crash (4 events)", True, False),
         ("one rate limit, then happy (5 events)", False, True),
     ):
-        jobs = [
-            (
-                sm.Session(seed=i, clock=time.monotonic).new_turn(),
-                FakeModel(tools=tools, flaky=flaky),
-            )
-            for i in range(n)
-        ]
+        jobs = _path_jobs(n, tools, flaky)
         gc.collect()
         t0 = time.perf_counter()
         asyncio.run(_gather(jobs))
