@@ -600,14 +600,16 @@ def test_a_server_that_closes_stdout_while_idle_is_restarted_for_the_next_call()
     assert _gone(old_pid)
 
 
-@pytest.mark.requirement("ER-54")
-def test_a_server_that_closes_stdout_at_start_raises_at_start() -> None:
-    """A server whose stdout is gone before the handshake is ended and start() raises
-    MCPStartError saying the transport closed, without waiting for the handshake
-    timeout."""
+def _failed_start(
+    behaviour: str, *, initialize_timeout_s: float
+) -> tuple[MCPStartError, float, MCPStdioTools]:
+    """Start a hostile server that must fail to start: (the error, seconds until it
+    was raised, the closed tools)."""
 
     async def scenario() -> tuple[MCPStartError, float, MCPStdioTools]:
-        tools = MCPStdioTools("hostile", _hostile("close-stdout"), initialize_timeout_s=30)
+        tools = MCPStdioTools(
+            "hostile", _hostile(behaviour), initialize_timeout_s=initialize_timeout_s
+        )
         started = time.monotonic()
         try:
             with pytest.raises(MCPStartError) as error:
@@ -616,7 +618,16 @@ def test_a_server_that_closes_stdout_at_start_raises_at_start() -> None:
             await tools.aclose()
         return error.value, time.monotonic() - started, tools
 
-    error, elapsed, _ = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.requirement("ER-54")
+def test_a_server_that_closes_stdout_at_start_raises_at_start() -> None:
+    """A server whose stdout is gone before the handshake is ended and start() raises
+    MCPStartError saying the transport closed, without waiting for the handshake
+    timeout."""
+
+    error, elapsed, _ = _failed_start("close-stdout", initialize_timeout_s=30)
     assert "transport closed" in str(error)
     assert error.signal == 15
     assert "closed stdout at start" in error.stderr_tail
@@ -653,17 +664,7 @@ def test_initialize_timeout_s_bounds_the_handshake_and_raises_at_start() -> None
     """A server that never answers initialize: start() raises MCPStartError after
     initialize_timeout_s=0.2, the process is stopped and not counted as crashed."""
 
-    async def scenario() -> tuple[MCPStartError, float, MCPStdioTools]:
-        tools = MCPStdioTools("hostile", _hostile("mute"), initialize_timeout_s=0.2)
-        started = time.monotonic()
-        try:
-            with pytest.raises(MCPStartError) as error:
-                await tools.start()
-        finally:
-            await tools.aclose()
-        return error.value, time.monotonic() - started, tools
-
-    error, elapsed, tools = asyncio.run(scenario())
+    error, elapsed, tools = _failed_start("mute", initialize_timeout_s=0.2)
     assert "did not start within 0.2s" in str(error)
     assert "initialize_timeout_s" in str(error)
     assert 0.2 <= elapsed < 3.0
