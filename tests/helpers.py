@@ -55,3 +55,22 @@ def tool_round(
     if isinstance(action, sm.InvokeTools):
         return turn.send(sm.ToolsDone(outcomes))
     return action
+
+
+def nested_lists(levels: int) -> list[Any]:
+    """``[[[...]]]``, ``levels`` deep, built without recursion."""
+    root: list[Any] = []
+    node = root
+    for _ in range(levels):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    return root
+
+
+def list_depth(value: Any) -> tuple[int, Any]:
+    """(how many first-item list levels ``value`` holds, what is at the bottom)."""
+    depth = 0
+    while isinstance(value, list) and value:
+        depth, value = depth + 1, value[0]
+    return depth, value

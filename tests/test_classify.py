@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
+from tests.helpers import list_depth, nested_lists
 
 C = sm.ErrorCategory
 REQUEST = httpx2.Request("POST", "http://127.0.0.1:9/v1/messages")
@@ -460,17 +461,9 @@ def test_a_huge_parsed_body_is_read_for_its_error_and_kept_bounded() -> None:
 def test_deeply_nested_parsed_json_is_cut_at_the_depth_bound() -> None:
     """Parsed JSON nested 100,000 levels deep (built without recursion) never raises;
     the body kept stops at MAX_DEPTH levels and can be written as JSON."""
-    deep: list[Any] = []
-    node = deep
-    for _ in range(100_000):
-        child: list[Any] = []
-        node.append(child)
-        node = child
-    error = sm.classify((400, None, deep))
+    error = sm.classify((400, None, nested_lists(100_000)))
     assert error.category is C.INVALID_REQUEST
-    depth, node = 0, error.body
-    while isinstance(node, list) and node:
-        depth, node = depth + 1, node[0]
+    depth, _ = list_depth(error.body)
     assert depth <= _classify.MAX_DEPTH
     json.dumps(error.body)
 

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 import statemachine as sm
+from tests.helpers import list_depth, nested_lists
 
 C = sm.ErrorCategory
 # the bounds as ER-58 and specs/classification.md state them, written out, not read from
@@ -414,15 +415,6 @@ def test_a_copied_body_cuts_each_string_to_max_body_string() -> None:
 def test_a_copy_of_a_body_nested_too_deep_keeps_exactly_max_depth_levels() -> None:
     """JSON nested deeper than MAX_DEPTH (100, ER-58) is kept down to that depth, not
     one level less, and nothing below it."""
-    deep: list[Any] = []
-    node = deep
-    for _ in range(150):
-        child: list[Any] = []
-        node.append(child)
-        node = child
-    error = sm.classify((400, None, deep))
+    error = sm.classify((400, None, nested_lists(150)))
     assert error.category is C.INVALID_REQUEST
-    depth, kept = 0, error.body
-    while isinstance(kept, list) and kept:
-        depth, kept = depth + 1, kept[0]
-    assert (depth, kept) == (100, None)
+    assert list_depth(error.body) == (100, None)
