@@ -44,7 +44,7 @@ from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
 from ._state import TRACE_FIELDS, RowInfo, SessionState, Step, TurnState, step_after
-from ._table import IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
+from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._trace import TraceRecord
@@ -592,7 +592,7 @@ def request_shape(value: object, depth: int = 0) -> str:
 
 def _cancel(core: Core, turn: TurnState, event: Cancelled, _f: None, status: TurnStatus) -> Action:
     results: tuple[ToolResult, ...] = ()
-    if turn.calls and turn.state in (INVOKING_TOOLS, "backing_off_tools"):
+    if turn.calls and turn.state in (INVOKING_TOOLS, BACKING_OFF_TOOLS):
         reason = f"cancelled: {event.reason}" if event.reason else "cancelled"
         unsettled = set(turn.pending)
         if turn.state == INVOKING_TOOLS:

@@ -36,10 +36,10 @@ from ._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ._exceptions import SnapshotError
 from ._settings import Settings
 from ._state import TRACED, RowInfo, SessionState, Step, TurnState, traced_counters
-from ._table import IDLE, ROWS, TERMINAL_STATES
+from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, TERMINAL_STATES
 from ._taxonomy import END_STATUSES, LIMIT_STATUSES, SessionStatus, ToolErrorCategory
 
-_RUNNING_TOOLS = ("invoking_tools", "backing_off_tools")
+_RUNNING_TOOLS = (INVOKING_TOOLS, BACKING_OFF_TOOLS)
 _SPEND_EPSILON = 1e-9
 
 _ACTION_OF_EFFECT: dict[str, type] = {
@@ -314,7 +314,7 @@ def _round_problem(turn: TurnState, settings: Settings) -> str | None:
         return "turn.pending: a call waits to be re-invoked, but did not conflict"
     if turn.pending and turn.state not in _RUNNING_TOOLS:
         return f"turn.pending: calls wait to be re-invoked in state {turn.state!r}"
-    if turn.state == "backing_off_tools" and not (turn.pending and turn.conflict_attempt):
+    if turn.state == BACKING_OFF_TOOLS and not (turn.pending and turn.conflict_attempt):
         return "turn.pending: backing off with no conflicting call to re-invoke"
     if turn.conflict_attempt > settings.max_conflict_retries:
         return f"turn.conflict_attempt: {turn.conflict_attempt} is over max_conflict_retries"
@@ -322,7 +322,7 @@ def _round_problem(turn: TurnState, settings: Settings) -> str | None:
         return "turn.conflict_attempt: counts re-invocations, but no call is pending"
     call_ids = [call.id for call in turn.calls]
     answered = sorted(latest) == sorted(call_ids)
-    if turn.state == "invoking_tools":
+    if turn.state == INVOKING_TOOLS:
         if not turn.pending and (turn.in_flight != turn.calls or turn.outcomes):
             return "turn.in_flight: a first tool round has every call in flight, no outcome yet"
         if turn.pending and not (
@@ -331,7 +331,7 @@ def _round_problem(turn: TurnState, settings: Settings) -> str | None:
             and [call.id for call in turn.in_flight] == [turn.pending[0]]
         ):
             return "turn.in_flight: a re-invocation is the first pending call alone"
-    if turn.state == "backing_off_tools" and not answered:
+    if turn.state == BACKING_OFF_TOOLS and not answered:
         return "turn.outcomes: backing off before every call has an outcome"
     if turn.state in TERMINAL_STATES and (turn.pending or turn.conflict_attempt):
         return "turn.pending: a finished turn re-invokes nothing"
@@ -380,7 +380,7 @@ def _path_problem(turn: TurnState, session: SessionState, settings: Settings) ->
     calls = [a for a in turn.actions if type(a) is CallModel]
     if calls and calls[-1].request != turn.request:
         return "turn.request: not the request of the turn's last CallModel"
-    if turn.state == "invoking_tools" and (
+    if turn.state == INVOKING_TOOLS and (
         not turn.in_flight or turn.actions[-1] != InvokeTools(turn.in_flight)
     ):
         return "turn.in_flight: the calls in flight are not those of the last InvokeTools"
