@@ -263,7 +263,7 @@ def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
     (commands,) = _blocks("sh")[:1]
     first, second = (line.split("#")[0].strip() for line in commands.splitlines()[:2])
     assert first == "pip install -e . && python -m statemachine simulate"
-    assert second == "pip install -e '.[dev,anthropic,openai,mcp,redis]' && python -m pytest"
+    assert second == "pip install -e '.[dev,anthropic,openai,mcp,redis,temporal,otel]' && python -m pytest"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" -q ", " ")
     assert second in ci.splitlines()
 
