@@ -6,6 +6,7 @@ import copy
 import json
 from typing import Any
 
+import attrs
 import pytest
 
 import statemachine as sm
@@ -55,7 +56,8 @@ def test_restore_at_any_step_continues_exactly(cut: int) -> None:
     assert rest.action == got[-1]
     got += [rest.send(e) for e in _events()[cut:]]
     assert got == expected
-    assert rest.trace == turn.trace
+    # the times are the restored session's clock, which started 901 s earlier
+    assert [attrs.evolve(r, at=r.at + 901.0) for r in rest.trace] == list(turn.trace)
     assert restored.snapshot()["elapsed_s"] == straight.snapshot()["elapsed_s"]
     assert {k: v for k, v in restored.snapshot().items() if k != "elapsed_s"} == {
         k: v for k, v in straight.snapshot().items() if k != "elapsed_s"
@@ -132,7 +134,7 @@ _DELETE = object()
     ("path", "value", "match"),
     [
         ("format", "something.else", "^format:"),
-        ("version", 4, "^version: 4 is not supported"),
+        ("version", 5, "^version: 5 is not supported"),
         ("version", "1", "^version: '1' is not supported"),
         ("seed", _DELETE, "^seed: missing"),
         ("draws", -1, "^draws: must be >= 0"),
@@ -222,7 +224,7 @@ def test_snapshot_is_versioned_plain_data() -> None:
     """The snapshot is a dict of JSON types with a format and a version."""
     data = _snapshot()
     assert data["format"] == "statemachine.session"
-    assert data["version"] == 3
+    assert data["version"] == 4
     assert json.loads(json.dumps(data)) == data
 
 
@@ -265,4 +267,80 @@ def test_inconsistent_turn_data_is_refused(changes: dict[str, object], match: st
     for path, value in changes.items():
         data = _set(data, path, value)
     with pytest.raises(sm.SnapshotError, match=match):
+        sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-97")
+def test_trace_records_carry_the_clock_of_each_transition_across_restore() -> None:
+    """``at`` is the injected clock when the transition was taken: observers and
+    ``Turn.trace`` agree, and a restored session keeps the durations between steps."""
+    clock = ManualClock(start=50.0)
+    seen: list[sm.TraceRecord] = []
+    session = sm.Session(sm.Settings(), seed=1, clock=clock, observers=[seen.append])
+    turn = session.new_turn()
+    turn.start()
+    clock.advance(0.25)
+    turn.send(sm.Assembled(request={"m": 1}, size=10))
+    clock.advance(1.5)
+    turn.send(fail("rate_limited", retry_after_seconds=2.0))
+    assert [r.at for r in turn.trace] == [50.0, 50.25, 51.75]
+    assert list(turn.trace) == seen
+    clock.advance(2.0)
+    restored = sm.Session.restore(
+        json.loads(json.dumps(session.snapshot())), clock=ManualClock(start=500.0)
+    )
+    rest = restored.current_turn
+    assert rest is not None
+    rest.send(sm.WaitDone())
+    # restored at 500.0, 3.75 s into the session: the session started at 496.25
+    assert [r.at for r in rest.trace] == [496.25, 496.5, 498.0, 500.0]
+
+
+@pytest.mark.requirement("ER-97")
+def test_a_format_3_snapshot_reads_its_step_times_as_unknown() -> None:
+    clock = ManualClock()
+    session = new_session(clock=clock)
+    turn = session.new_turn()
+    turn.start()
+    data = session.snapshot()
+    data["version"] = 3
+    del data["turn"]["times"]
+    restored = sm.Session.restore(data, clock=clock)
+    rest = restored.current_turn
+    assert rest is not None
+    clock.advance(1.0)
+    rest.send(sm.Assembled(request={}, size=1))
+    assert [r.at for r in rest.trace] == [None, 1001.0]
+
+
+@pytest.mark.requirement("ER-97")
+@pytest.mark.parametrize(
+    ("times", "match"),
+    [
+        ([], "turn.times: not one time per transition"),
+        ([0.0, 0.0], "turn.times: not one time per transition"),
+        (["0"], r"turn.times\[0\]: must be a finite number >= 0"),
+        ([-1.0], r"turn.times\[0\]: must be a finite number >= 0"),
+    ],
+)
+def test_forged_step_times_are_refused(times: list[Any], match: str) -> None:
+    session = new_session()
+    session.new_turn().start()
+    data = session.snapshot()
+    data["turn"]["times"] = times
+    with pytest.raises(sm.SnapshotError, match=match):
+        sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-97")
+def test_step_times_that_run_backwards_are_refused() -> None:
+    clock = ManualClock()
+    session = new_session(clock=clock)
+    turn = session.new_turn()
+    turn.start()
+    clock.advance(1.0)
+    turn.send(sm.Assembled(request={}, size=1))
+    data = session.snapshot()
+    data["turn"]["times"] = [1.0, 0.5]
+    with pytest.raises(sm.SnapshotError, match="turn.times: a transition was taken before"):
         sm.Session.restore(data, clock=ManualClock())

@@ -168,7 +168,7 @@ def test_version_1_snapshots_of_the_first_release_restore_and_continue(
     entry: dict[str, Any],
 ) -> None:
     """Snapshots written by the first release (tests/data/snapshots-v1.json) restore with
-    the same counters and trace, and write themselves back as version 2."""
+    the same counters and trace, and write themselves back as the current version."""
     data = entry["snapshot"]
     restored = sm.Session.restore(data, clock=ManualClock())
     assert restored.retries_used == data["retries"]
@@ -182,7 +182,7 @@ def test_version_1_snapshots_of_the_first_release_restore_and_continue(
         assert turn.trace[-1].session_retries == data["retries"]
         assert turn.attempt == data["turn"]["attempt"]
     again = restored.snapshot()
-    assert again["version"] == 3
+    assert again["version"] == 4
     assert sm.Session.restore(again, clock=ManualClock()).snapshot()["retries"] == data["retries"]
 
 

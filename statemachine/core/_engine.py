@@ -1118,31 +1118,37 @@ class Core:
         step = step_after(row.steps, row.info, turn, self.state)
         turn.path.append(step)
         turn.actions.append(action)
+        elapsed = self.clock() - self.state.started
+        turn.times.append(elapsed)
         if cost:
             turn.costs.append((len(turn.path) - 1, cost))
         if type(action) is Finish:
             self._turn_finished(turn, action)
         if self.observers:
-            record = trace_record(turn.index, len(turn.actions) - 1, step, action, cost)
+            record = trace_record(
+                turn.index, len(turn.actions) - 1, step, action, cost, self.state.started + elapsed
+            )
             for observer in self.observers:
                 observer(record)
         return action
 
 
-def _record_maker() -> Callable[[int, int, Step, Action, float], TraceRecord]:
+def _record_maker() -> Callable[[int, int, Step, Action, float, float | None], TraceRecord]:
     counters = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(TRACE_FIELDS))
     source = (
-        "def trace_record(turn, index, step, action, cost=0.0):\n"
+        "def trace_record(turn, index, step, action, cost=0.0, at=None):\n"
         "    source, trigger, guard, dest, _ = step[0]\n"
         "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost)\n"
+        f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost, at=at)\n"
     )
     namespace: dict[str, Any] = {"TraceRecord": TraceRecord}
     exec(compile(source, "<trace_record, derived from TRACED>", "exec"), namespace)  # noqa: S102
     return namespace["trace_record"]  # type: ignore[no-any-return]
 
 
-trace_record: Callable[[int, int, Step, Action, float], TraceRecord] = _record_maker()
+trace_record: Callable[[int, int, Step, Action, float, float | None], TraceRecord] = (
+    _record_maker()
+)
 """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
 row, its action, the counters of :data:`TRACED` and the cost its event carried
 (generated, as it runs for every event an observer sees)."""

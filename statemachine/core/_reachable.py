@@ -292,6 +292,11 @@ def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) ->
         return "turn.attempt: the final-answer turn makes one attempt only"
     if len(turn.path) != len(turn.actions):
         return "turn.actions: not one action per transition of turn.path"
+    if len(turn.times) != len(turn.path):
+        return "turn.times: not one time per transition of turn.path"
+    known = [t for t in turn.times if t is not None]
+    if any(later < earlier for earlier, later in zip(known, known[1:], strict=False)):
+        return "turn.times: a transition was taken before the one it follows"
     ids = [call.id for call in turn.calls]
     if len(set(ids)) != len(ids):
         return "turn.calls: two calls in flight share an id"

@@ -588,9 +588,14 @@ class Turn:
         """One frozen record per transition taken so far, in order."""
         turn = self._turn
         costs = dict(turn.costs)
+        started = self._session._core.state.started
         return tuple(
-            trace_record(turn.index, i, step, action, costs.get(i, 0.0))
-            for i, (step, action) in enumerate(zip(turn.path, turn.actions, strict=True))
+            trace_record(
+                turn.index, i, step, action, costs.get(i, 0.0), None if at is None else started + at
+            )
+            for i, (step, action, at) in enumerate(
+                zip(turn.path, turn.actions, turn.times, strict=True)
+            )
         )
 
     def __repr__(self) -> str:

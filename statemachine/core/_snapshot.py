@@ -1,8 +1,8 @@
 """The snapshot format: a session's declared state as plain JSON data.
 
-Version 3 (written now) is the declaration of ``_state.py``, field by field::
+Version 4 (written now) is the declaration of ``_state.py``, field by field::
 
-    {"format": "statemachine.session", "version": 2, "settings": {...},
+    {"format": "statemachine.session", "version": 4, "settings": {...},
      "seed": 7, "draws": 1, "retries": 1, "turns": 1, "cost_usd": 0.0,
      "elapsed_s": 0.5, "breakers": {}, "tripped": [], "doom_last": null,
      "doom_run": 0, "limit": null, "status": null,
@@ -13,9 +13,10 @@ Version 3 (written now) is the declaration of ``_state.py``, field by field::
               "reply": null, "fallbacks": [],
               "path": [[source, event, guard, dest, attempt, reductions,
                         session_retries], ...],
-              "actions": [{"$type": "Assemble", ...}, ...]}}
+              "actions": [{"$type": "Assemble", ...}, ...],
+              "times": [0.0, 0.5, ...], ...}}
 
-Version 2 is read with the fields version 3 added at their defaults. Version 1 (the
+Version 3 is read with its steps' times unknown (``None``). Version 2 is read with the fields version 3 added at their defaults. Version 1 (the
 first release) is read too: it is rewritten into version 2 (its
 ``doom`` object split in two, its turn's counters replayed along its trace from
 ``retries_at_start``) and then read like any other.
@@ -45,8 +46,8 @@ from ._state import (
 )
 
 SNAPSHOT_FORMAT = "statemachine.session"
-SNAPSHOT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SNAPSHOT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 _CACHE_SIZE = 256
@@ -129,6 +130,8 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     del body["format"], body["version"]
     if version < 3:
         _from_version_2(body)
+    if version < 4:
+        _from_version_3(body)
     if "settings" not in body:
         raise SnapshotError("settings: missing")
     raw_settings = body.pop("settings")
@@ -150,6 +153,18 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
         if v1_status != (status.value if status else None):
             raise SnapshotError(f"turn.status: {short_repr(v1_status)} is not where its trace ends")
     return settings, state
+
+
+# -- version 3 --------------------------------------------------------------------------
+
+
+def _from_version_3(body: dict[str, Any]) -> None:
+    """Version 3 did not record when each transition was taken: its steps' times are
+    unknown (``None``), and every step taken after the restore has one."""
+    turn = body.get("turn")
+    if type(turn) is dict:
+        path = turn.get("path")
+        body["turn"] = {**turn, "times": [None] * len(path) if type(path) is list else []}
 
 
 # -- version 2 --------------------------------------------------------------------------

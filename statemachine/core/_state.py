@@ -280,6 +280,17 @@ COSTS = Kind("costs", lambda v: [list(e) for e in v], _decode_costs, list, grows
 """(step, cost) of every event of the turn that carried a cost."""
 
 
+def _decode_times(raw: Any, key: str) -> list[float | None]:
+    if type(raw) is not list:
+        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
+    return [None if t is None else _number(t, f"{key}[{i}]") for i, t in enumerate(raw)]
+
+
+TIMES = Kind("step times", list, _decode_times, list, grows=True)
+"""When each transition of the turn was taken: seconds since the session started on its
+clock (``None`` for a step restored from a format that did not record it)."""
+
+
 def _encode_path(path: list[Step]) -> list[list[Any]]:
     return [[*step[0][:4], *step[1:]] for step in path]
 
@@ -525,6 +536,9 @@ class TurnState:
     """How often the first pending call has been re-invoked (or is about to be)."""
     costs: list[tuple[int, float]] = declared(COSTS, factory=list, key="omit", since=3)
     """(step, cost) of every event of this turn that carried a cost: each usage kept."""
+    times: list[float | None] = declared(TIMES, factory=list, key="omit", since=4)
+    """When each transition was taken, in seconds since the session started (one per
+    entry of ``path``)."""
 
     @property
     def status(self) -> TurnStatus | None:

@@ -14,7 +14,10 @@ class TraceRecord:
     emitted ``action``. The counters are as they stood after the transition:
     ``attempt`` of the current call, ``session_retries`` used so far, and the
     ``reductions`` of this turn's context; ``cost_usd`` is what this transition's
-    event cost (a ``ModelReplied`` or a billed ``ModelFailed``; 0 for the others)."""
+    event cost (a ``ModelReplied`` or a billed ``ModelFailed``; 0 for the others).
+    ``at`` is the session's clock when the transition was taken (the injected clock, so
+    a simulated or replayed turn has true durations); ``None`` only for a step restored
+    from a snapshot of a format that did not record it."""
 
     turn: int
     step: int
@@ -27,3 +30,4 @@ class TraceRecord:
     session_retries: int
     reductions: int
     cost_usd: float = 0.0
+    at: float | None = None
