@@ -1146,9 +1146,7 @@ def _record_maker() -> Callable[[int, int, Step, Action, float, float | None], T
     return namespace["trace_record"]  # type: ignore[no-any-return]
 
 
-trace_record: Callable[[int, int, Step, Action, float, float | None], TraceRecord] = (
-    _record_maker()
-)
+trace_record: Callable[[int, int, Step, Action, float, float | None], TraceRecord] = _record_maker()
 """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
 row, its action, the counters of :data:`TRACED` and the cost its event carried
 (generated, as it runs for every event an observer sees)."""

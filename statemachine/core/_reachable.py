@@ -29,6 +29,7 @@ The rules, in the order they are checked:
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import attrs
 
@@ -295,7 +296,7 @@ def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) ->
     if len(turn.times) != len(turn.path):
         return "turn.times: not one time per transition of turn.path"
     known = [t for t in turn.times if t is not None]
-    if any(later < earlier for earlier, later in zip(known, known[1:], strict=False)):
+    if any(later < earlier for earlier, later in pairwise(known)):
         return "turn.times: a transition was taken before the one it follows"
     ids = [call.id for call in turn.calls]
     if len(set(ids)) != len(ids):

@@ -588,7 +588,7 @@ class Turn:
         """One frozen record per transition taken so far, in order."""
         turn = self._turn
         costs = dict(turn.costs)
-        started = self._session._core.state.started
+        started = self._core.state.started
         return tuple(
             trace_record(
                 turn.index, i, step, action, costs.get(i, 0.0), None if at is None else started + at

@@ -16,10 +16,10 @@ Version 4 (written now) is the declaration of ``_state.py``, field by field::
               "actions": [{"$type": "Assemble", ...}, ...],
               "times": [0.0, 0.5, ...], ...}}
 
-Version 3 is read with its steps' times unknown (``None``). Version 2 is read with the fields version 3 added at their defaults. Version 1 (the
-first release) is read too: it is rewritten into version 2 (its
-``doom`` object split in two, its turn's counters replayed along its trace from
-``retries_at_start``) and then read like any other.
+Version 3 is read with its steps' times unknown (``None``). Version 2 is read with the
+fields version 3 added at their defaults. Version 1 (the first release) is read too: it
+is rewritten into version 2 (its ``doom`` object split in two, its turn's counters
+replayed along its trace from ``retries_at_start``) and then read like any other.
 
 :func:`read_snapshot` refuses anything the engine could not have written: each field is
 checked by its kind, then the whole state by ``reachable_problem``. Every refusal is a
