@@ -6,10 +6,13 @@ Subcommands:
   on a virtual clock and print their traces; with no argument, every built-in.
 * ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
 * ``check``: the exhaustive model check (``statemachine.dev.check``).
+* ``trace FILE``: draw a recorded turn (``simulate --json`` output, or a
+  ``TraceWriter`` file) on the machine: SVG, mermaid, and with ``--html`` one page.
 
 Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
-(``diagram --check``), or the SVGs could not be drawn under ``--require-svg``;
-2 bad usage or a bad scenario file.
+(``diagram --check``), or the SVGs could not be drawn under ``--require-svg``
+(or ``trace`` needs ``dot`` for an SVG or a page); 2 bad usage, a bad scenario file,
+or a trace file this engine cannot draw.
 """
 
 from __future__ import annotations
@@ -106,6 +109,33 @@ def _parser() -> argparse.ArgumentParser:
         help="also put turn.mmd into the first ```mermaid block of FILE (e.g. README.md)",
     )
 
+    traced = commands.add_parser(
+        "trace",
+        help="draw a recorded turn on the machine (svg, mermaid, an html page)",
+        description=(
+            "Draw a recorded trace (the JSON lines of `simulate --json`, or a file a "
+            "TraceWriter observer wrote) on the turn machine: the whole table faintly, "
+            "the edges taken in bold, numbered in order, with the waits and the final "
+            "status. Writes DIR/NAME.dot, NAME.svg (needs graphviz's `dot`) and NAME.mmd. "
+            "A trace of another format version or engine table, or with a step that is not "
+            "a row of this engine's table, is refused (exit 2) and nothing is written."
+        ),
+    )
+    traced.add_argument("file", type=Path, metavar="FILE")
+    traced.add_argument(
+        "--out", type=Path, default=Path(), metavar="DIR", help="default: the current directory"
+    )
+    traced.add_argument("--name", metavar="NAME", help="file stem (default: FILE's stem)")
+    traced.add_argument("--scenario", metavar="NAME", help="the scenario to draw, if several")
+    traced.add_argument("--turn", type=int, metavar="N", help="draw only turn N")
+    traced.add_argument(
+        "--html",
+        type=Path,
+        metavar="PAGE",
+        help="also write one self-contained page: the drawing and a clickable step list",
+    )
+    traced.add_argument("--no-svg", action="store_true", help="write the .dot and .mmd only")
+
     commands.add_parser(
         "check",
         help="exhaustive model check of the machine (see `statemachine check --help`)",
@@ -135,6 +165,8 @@ def main(
         return _simulate(options, out, err)
     if options.command == "diagram":
         return _diagram(options, out, err)
+    if options.command == "trace":
+        return _trace(options, out, err)
     parser.print_help(out)
     return EXIT_USAGE
 
@@ -196,6 +228,42 @@ def _diagram(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print(f"statemachine diagram: {INSTALL_HINT}", file=err)
         print("the .dot and .mmd files were written; the .svg files were not", file=err)
         return EXIT_FAILED if options.require_svg else EXIT_OK
+    return EXIT_OK
+
+
+# -- trace ---------------------------------------------------------------------------
+
+
+def _trace(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from ..io._trace_file import TraceFileError, load_trace  # noqa: PLC0415
+    from ._diagrams import INSTALL_HINT, DotMissing, render_svg  # noqa: PLC0415
+    from ._trace_draw import draw, html_page  # noqa: PLC0415
+
+    try:
+        drawing = draw(load_trace(options.file), scenario=options.scenario, turn=options.turn)
+    except TraceFileError as exc:
+        print(f"statemachine trace: {exc}", file=err)
+        return EXIT_USAGE
+    name = options.name or options.file.stem
+    files = {f"{name}.dot": drawing.dot, f"{name}.mmd": drawing.mermaid}
+    svg = None
+    if not options.no_svg or options.html is not None:
+        try:
+            svg = render_svg(drawing.dot, name)
+        except DotMissing:
+            print(f"statemachine trace: {INSTALL_HINT}", file=err)
+            return EXIT_FAILED
+        if not options.no_svg:
+            files[f"{name}.svg"] = svg
+    options.out.mkdir(parents=True, exist_ok=True)
+    for file_name, text in files.items():
+        path = options.out / file_name
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}", file=out)
+    if options.html is not None and svg is not None:
+        options.html.write_text(html_page(drawing, svg), encoding="utf-8")
+        print(f"wrote {options.html}", file=out)
+    print(drawing.title, file=out)
     return EXIT_OK
 
 

@@ -1,0 +1,367 @@
+"""Recorded traces as JSON lines: the observer that writes them and the reader.
+
+A trace file is what ``simulate --json`` prints and what :class:`TraceWriter` (an
+observer a production host attaches to its sessions) writes: one JSON object per
+line. :class:`TraceWriter` starts the file with a *header*::
+
+    {"type": "header", "format": "turnstate-trace", "version": 1,
+     "engine": "<turnstate version>", "table": "<sha256 of the transition table>"}
+
+then one ``step`` object per transition, with the keys ``simulate --json`` uses for
+the same facts (``turn``, ``step``, ``t``, ``state``, ``event``, ``guard``, ``next``,
+``action``, ``attempt``, ``session_retries``, ``reductions``) and ``event_cost_usd``,
+the cost the transition's event carried. ``simulate --json`` output has no header
+(its steps name their ``scenario``; its ``cost_usd`` is the session's running total)
+and ends each scenario with a ``summary`` line.
+
+:func:`read_trace` accepts both and checks every line before anything is drawn: a
+header of another format, version or table (an engine whose rows differ), a line
+that is not JSON, a step whose (state, event, guard, next) is not a row of this
+engine's table, an action that is not the one that row emits, or steps out of order
+is a :class:`TraceFileError` naming the line. A trace is never drawn wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._codec import decode, encode
+from ..core._table import IDLE, ROWS, START
+from ..core._trace import TraceRecord
+
+FORMAT = "turnstate-trace"
+"""The ``format`` of a trace file's header."""
+VERSION = 1
+"""The trace format version this engine writes and reads."""
+
+_ROW_KEYS: dict[tuple[str, str, str, str], str] = {
+    (row.source, row.event, " & ".join(row.guards), row.dest): row.effect for row in ROWS
+}
+
+_EFFECT_ACTIONS: dict[str, type] = {
+    "assemble": Assemble,
+    "reduce": Assemble,
+    "call_model": CallModel,
+    "retry": CallModel,
+    "fall_back": CallModel,
+    "wait": Wait,
+    "tool_wait": Wait,
+    "invoke_tools": InvokeTools,
+    "reinvoke": InvokeTools,
+    "complete": Finish,
+    "finish_tools": Finish,
+    "finish": Finish,
+    "cancel": Finish,
+}
+"""The action class each effect of the table emits."""
+
+
+def table_digest() -> str:
+    """The SHA-256 (hex) of the transition table, rows in order: two engines whose
+    digests agree take the same rows in the same order."""
+    rows = [[r.source, r.event, list(r.guards), r.dest, r.effect, r.status] for r in ROWS]
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+
+
+def _engine_version() -> str:
+    from .. import __version__  # noqa: PLC0415 - the package imports this module's users
+
+    return __version__
+
+
+def header() -> dict[str, Any]:
+    """The header line :class:`TraceWriter` writes first."""
+    return {
+        "type": "header",
+        "format": FORMAT,
+        "version": VERSION,
+        "engine": _engine_version(),
+        "table": table_digest(),
+    }
+
+
+def record_json(record: TraceRecord) -> dict[str, Any]:
+    """One transition as the ``step`` object of a trace file."""
+    return {
+        "type": "step",
+        "turn": record.turn,
+        "step": record.step,
+        "t": record.at,
+        "state": record.source,
+        "event": record.event,
+        "guard": record.guard,
+        "next": record.dest,
+        "action": encode(record.action),
+        "attempt": record.attempt,
+        "session_retries": record.session_retries,
+        "reductions": record.reductions,
+        "event_cost_usd": record.cost_usd,
+    }
+
+
+class TraceWriter:
+    """An observer that writes every transition to ``target`` as a trace file line.
+
+    ``target`` is a path (opened for appending text; closed by :meth:`close`) or an
+    open text stream (left open). The header is written before the first step. Each
+    line is flushed as it is written, so a crash loses no transition already taken.
+    A host's data inside actions (requests, tool arguments, replies) is written as it
+    is: a trace file holds what the session held.
+
+    Use one writer per session: ``Session(..., observers=[TraceWriter(path)])``.
+    """
+
+    __slots__ = ("_owned", "_started", "_stream")
+
+    def __init__(self, target: str | Path | IO[str]) -> None:
+        if isinstance(target, str | Path):
+            self._stream: IO[str] = open(target, "a", encoding="utf-8")  # noqa: SIM115
+            self._owned = True
+        else:
+            self._stream = target
+            self._owned = False
+        self._started = False
+
+    def __call__(self, record: TraceRecord) -> None:
+        stream = self._stream
+        if not self._started:
+            stream.write(json.dumps(header(), sort_keys=True) + "\n")
+            self._started = True
+        stream.write(
+            json.dumps(record_json(record), sort_keys=True, allow_nan=False, default=str) + "\n"
+        )
+        stream.flush()
+
+    def close(self) -> None:
+        """Close the file, if the writer opened it."""
+        if self._owned:
+            self._stream.close()
+
+
+class TraceFileError(ValueError):
+    """A trace file that cannot be read or does not fit this engine's table; the
+    message names the file and line."""
+
+
+@attrs.frozen
+class TracedStep:
+    """One transition read from a trace file."""
+
+    line: int
+    """The line of the file it was read from (from 1)."""
+    scenario: str | None
+    """The scenario (``simulate --json``), or ``None`` (a :class:`TraceWriter` file)."""
+    record: TraceRecord
+    auto: bool = False
+    """``simulate`` sent this event itself (a ``WaitDone`` after a ``Wait``)."""
+    detail: str = ""
+    """``simulate``'s short description of the event's payload, if any."""
+
+
+@attrs.frozen
+class Trace:
+    """A checked trace file: its steps in order, and what its header or summaries say."""
+
+    source: str
+    steps: tuple[TracedStep, ...]
+    engine: str | None
+    """The engine version the header names (``None``: no header, ``simulate --json``)."""
+    session_status: Mapping[str | None, str | None] = attrs.field(factory=dict)
+    """The session status each scenario's ``summary`` line reports."""
+
+    @property
+    def scenarios(self) -> tuple[str | None, ...]:
+        """The scenarios the steps belong to, in order of appearance."""
+        return tuple(dict.fromkeys(s.scenario for s in self.steps))
+
+
+_STEP_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "turn": int,
+    "step": int,
+    "state": str,
+    "event": str,
+    "guard": str,
+    "next": str,
+    "action": dict,
+    "attempt": int,
+    "session_retries": int,
+    "reductions": int,
+}
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in data:
+        raise TraceFileError(f"{where}: a step without {key!r}")
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TraceFileError(f"{where}: {key}: got {value!r:.60}")
+    return value
+
+
+def _number(data: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TraceFileError(f"{where}: {key}: must be a finite number, got {value!r:.60}")
+    return float(value)
+
+
+def _check_header(data: Mapping[str, Any], where: str) -> str:
+    if data.get("format") != FORMAT:
+        raise TraceFileError(
+            f"{where}: not a {FORMAT} file (its header's format is {data.get('format')!r:.60})"
+        )
+    version = data.get("version")
+    engine = data.get("engine")
+    if version != VERSION:
+        raise TraceFileError(
+            f"{where}: trace format version {version!r:.20} (written by turnstate "
+            f"{engine!s:.40}); this engine reads version {VERSION} only"
+        )
+    if data.get("table") != table_digest():
+        raise TraceFileError(
+            f"{where}: written by turnstate {engine!s:.40}, whose transition table differs "
+            f"from this engine's ({_engine_version()}): its rows cannot be drawn on this machine"
+        )
+    return str(engine)
+
+
+def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
+    """Read and check a trace (the lines of a trace file); ``TraceFileError`` naming
+    ``source`` and the line for anything this engine cannot draw truthfully."""
+    steps: list[TracedStep] = []
+    statuses: dict[str | None, str | None] = {}
+    engine: str | None = None
+    last: dict[tuple[str | None, int], TraceRecord] = {}
+    previous_cost: dict[str | None, float] = {}
+    seen_any = False
+    for number, raw in enumerate(lines, start=1):
+        where = f"{source}:{number}"
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise TraceFileError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise TraceFileError(f"{where}: a line must be a JSON object, got {text:.60}")
+        kind = data.get("type")
+        if kind == "header":
+            if seen_any:
+                raise TraceFileError(f"{where}: a header after the first line")
+            engine = _check_header(data, where)
+        elif kind == "summary":
+            status = data.get("session_status")
+            statuses[data.get("scenario")] = status if isinstance(status, str) else None
+        elif kind == "step":
+            step = _read_step(data, where, number, engine is not None, last, previous_cost)
+            steps.append(step)
+        else:
+            raise TraceFileError(f"{where}: unknown line type {kind!r:.40}")
+        seen_any = True
+    if not steps:
+        raise TraceFileError(f"{source}: no steps")
+    return Trace(source, tuple(steps), engine, statuses)
+
+
+def _read_step(
+    data: Mapping[str, Any],
+    where: str,
+    number: int,
+    written: bool,
+    last: dict[tuple[str | None, int], TraceRecord],
+    previous_cost: dict[str | None, float],
+) -> TracedStep:
+    values = {key: _field(data, key, kind, where) for key, kind in _STEP_FIELDS.items()}
+    scenario = data.get("scenario")
+    if scenario is not None and not isinstance(scenario, str):
+        raise TraceFileError(f"{where}: scenario: got {scenario!r:.60}")
+    key = (values["state"], values["event"], values["guard"], values["next"])
+    effect = _ROW_KEYS.get(key)
+    if effect is None:
+        guard = f" [{values['guard']}]" if values["guard"] else ""
+        raise TraceFileError(
+            f"{where}: {values['state']} -{values['event']}{guard}-> {values['next']} "
+            "is not a row of this engine's transition table (a trace of another engine "
+            "version?): it cannot be drawn on this machine"
+        )
+    try:
+        action: Action = decode(values["action"], "action")
+    except ValueError as exc:
+        raise TraceFileError(f"{where}: {exc}") from None
+    expected = _EFFECT_ACTIONS[effect]
+    if type(action) is not expected:
+        raise TraceFileError(
+            f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
+            f"emits {expected.__name__}, the step has {type(action).__name__}"
+        )
+    at = _number(data, "t", where)
+    if written:
+        cost = _number(data, "event_cost_usd", where) or 0.0
+    else:  # simulate --json: cost_usd is the session's running total
+        total = _number(data, "cost_usd", where) or 0.0
+        cost = max(0.0, total - previous_cost.get(scenario, 0.0))
+        previous_cost[scenario] = total
+    turn_key = (scenario, values["turn"])
+    before = last.get(turn_key)
+    if before is None:
+        if values["step"] != 0 and not written:
+            raise TraceFileError(f"{where}: turn {values['turn']} starts at step {values['step']}")
+        if values["step"] == 0 and (values["state"], values["event"]) != (IDLE, START):
+            raise TraceFileError(f"{where}: step 0 of turn {values['turn']} must be idle -start->")
+    else:
+        if values["step"] != before.step + 1:
+            raise TraceFileError(
+                f"{where}: turn {values['turn']} step {values['step']} follows step {before.step}"
+            )
+        if values["state"] != before.dest:
+            raise TraceFileError(
+                f"{where}: turn {values['turn']} step {values['step']} leaves "
+                f"{values['state']!r}, but step {before.step} ended in {before.dest!r}"
+            )
+        if before.at is not None and at is not None and at < before.at:
+            raise TraceFileError(f"{where}: time runs backwards ({at} after {before.at})")
+    record = TraceRecord(
+        turn=values["turn"],
+        step=values["step"],
+        source=values["state"],
+        event=values["event"],
+        guard=values["guard"],
+        dest=values["next"],
+        action=action,
+        attempt=values["attempt"],
+        session_retries=values["session_retries"],
+        reductions=values["reductions"],
+        cost_usd=cost,
+        at=at,
+    )
+    last[turn_key] = record
+    detail = data.get("detail")
+    return TracedStep(
+        number,
+        scenario,
+        record,
+        auto=data.get("auto") is True,
+        detail=detail if isinstance(detail, str) else "",
+    )
+
+
+def load_trace(path: str | Path) -> Trace:
+    """:func:`read_trace` of the file at ``path`` (``TraceFileError`` if unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return read_trace(handle, str(path))
+    except OSError as exc:
+        raise TraceFileError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFileError(f"{path}: not UTF-8 text ({exc.reason})") from None
