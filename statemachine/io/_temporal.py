@@ -1,0 +1,733 @@
+"""The engine inside Temporal workflows: the engine decides, Temporal remembers.
+
+Three layers, each usable on its own:
+
+* **Activities** (:class:`Activities`): the providers of the drivers (objects with
+  ``assemble`` / ``complete`` / ``invoke``, sync or async) wrapped as three Temporal
+  activities. A model call's exception is classified *inside* the activity
+  (``sm.classify``) and returned as data, never raised: the workflow gives it to the
+  engine as ``ModelFailed``, so the engine, not Temporal's retry policy, reacts to
+  each category. A tool's exception becomes a failed ``ToolOutcome``, as in the
+  drivers.
+* **The workflow-side driver** (:func:`run_turn`): ``sm.arun_turn`` for workflow code.
+  Every ``CallModel`` is exactly one activity attempt (``RetryPolicy(maximum_attempts=1)``),
+  every ``Wait`` is a durable timer (``workflow.sleep``), the tool calls of a round are
+  concurrent activities; a cancelled workflow sends ``Cancelled()`` to the turn.
+  :func:`new_session` / :func:`restore_session` build sessions on workflow time.
+* **A ready-made workflow** (:class:`SessionWorkflow`): runs a session's turns until
+  the model answers or the session ends; status query, continue-as-new carrying the
+  snapshot, an optional durable sleep through ``retry_deferred``.
+
+Everything the workflow holds is JSON data on the wire (the engine's codec), so the
+default data converter serialises it and :mod:`._temporal_replay` can read it back
+from a history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, NoReturn, Protocol
+
+import attrs
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._codec import decode, encode
+from ..core._events import (
+    Assembled,
+    Cancelled,
+    CannotShrink,
+    ModelFailed,
+    ModelReplied,
+    ToolsDone,
+    WaitDone,
+)
+from ..core._exceptions import (
+    ConfigError,
+    IllegalEvent,
+    SessionEnded,
+    SnapshotError,
+    TurnInProgress,
+)
+from ..core._model_error import ModelError
+from ..core._session import Session, Turn
+from ..core._settings import Settings
+from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
+from ..core._tool_calls import ToolCall, ToolOutcome, ToolResult
+from ._classify import classify
+from ._drivers import check_retry_owner, error_details
+
+ASSEMBLE = "turnstate.assemble"
+"""The context activity's name: ``{"action": Assemble, "prompt", "turns"}`` in,
+``{"assembled": {"request", "size"}}`` or ``{"cannot_shrink": true}`` out."""
+COMPLETE = "turnstate.complete"
+"""The model activity's name: a ``CallModel`` in, ``{"replied": ...}`` or
+``{"failed": ...}`` out (a failure classified in the activity, as data)."""
+INVOKE = "turnstate.invoke"
+"""The tool activity's name: one ``ToolCall`` in, its ``ToolOutcome`` out."""
+WORKFLOW = "turnstate.Session"
+"""The ready-made workflow's type name."""
+
+PASSTHROUGH_MODULES = ("statemachine", "attrs", "transitions")
+"""Modules a workflow worker passes through its sandbox: the engine is deterministic
+and does no I/O, and attrs' generated ``__repr__`` keeps a ``threading.local`` that a
+re-imported (sandboxed) attrs may not touch, so engine values could not even be
+printed inside a workflow."""
+
+BUG_ERRORS: tuple[type[Exception], ...] = (
+    IllegalEvent,
+    ConfigError,
+    SnapshotError,
+    SessionEnded,
+    TurnInProgress,
+)
+"""Engine errors that mean a bug (in the host or its data): they fail the workflow
+(``failure_exception_types``) instead of failing its task, which Temporal would
+retry forever."""
+
+DEFAULT_ACTIVITY_TIMEOUT_S = 300.0
+"""``start_to_close_timeout`` of a model or tool activity when the settings give no
+``model_timeout_s`` / ``tool_timeout_s``; running out is a timeout the engine sees
+(``overloaded``/``timeout`` for a model call, a ``timeout`` outcome for a tool)."""
+
+
+def sandbox_restrictions() -> SandboxRestrictions:
+    """Temporal's default sandbox restrictions with :data:`PASSTHROUGH_MODULES`
+    passed through."""
+    return SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
+
+
+def sandbox_runner() -> SandboxedWorkflowRunner:
+    """A workflow runner for ``Worker(workflow_runner=...)`` that keeps the sandbox
+    and passes the engine through it (:func:`sandbox_restrictions`)."""
+    return SandboxedWorkflowRunner(restrictions=sandbox_restrictions())
+
+
+# -- the wire format ------------------------------------------------------------------
+
+
+def _value(data: Any, kind: type, where: str) -> Any:
+    value = decode(data, where)
+    if not isinstance(value, kind):
+        raise TypeError(f"{where}: expected an encoded {kind.__name__}, got {data!r:.200}")
+    return value
+
+
+def model_event_data(event: ModelReplied | ModelFailed) -> dict[str, Any]:
+    """A model activity's result as JSON data."""
+    if isinstance(event, ModelReplied):
+        return {
+            "replied": {
+                "tool_calls": encode(event.tool_calls),
+                "cost": event.cost,
+                "reply": event.reply,
+            }
+        }
+    return {"failed": {"error": encode(event.error), "partial": event.partial, "cost": event.cost}}
+
+
+def model_event(data: Any) -> ModelReplied | ModelFailed:
+    """The engine event a model activity's result stands for."""
+    if isinstance(data, dict) and isinstance(data.get("replied"), dict):
+        replied = data["replied"]
+        calls = decode(replied.get("tool_calls", []), "replied.tool_calls")
+        return ModelReplied(calls, cost=replied.get("cost", 0.0), reply=replied.get("reply"))
+    if isinstance(data, dict) and isinstance(data.get("failed"), dict):
+        failed = data["failed"]
+        return ModelFailed(
+            _value(failed.get("error"), ModelError, "failed.error"),
+            partial=failed.get("partial", False),
+            cost=failed.get("cost", 0.0),
+        )
+    raise TypeError(f"a model activity result must hold 'replied' or 'failed', got {data!r:.200}")
+
+
+def context_event_data(event: Assembled | CannotShrink) -> dict[str, Any]:
+    """A context activity's result as JSON data."""
+    if isinstance(event, Assembled):
+        return {"assembled": {"request": event.request, "size": event.size}}
+    return {"cannot_shrink": True}
+
+
+def context_event(data: Any) -> Assembled | CannotShrink:
+    """The engine event a context activity's result stands for."""
+    if isinstance(data, dict) and isinstance(data.get("assembled"), dict):
+        return Assembled(data["assembled"].get("request"), data["assembled"].get("size"))
+    if isinstance(data, dict) and data.get("cannot_shrink") is True:
+        return CannotShrink()
+    raise TypeError(
+        f"a context activity result must hold 'assembled' or 'cannot_shrink', got {data!r:.200}"
+    )
+
+
+MODEL_TIMED_OUT = "the model activity timed out (start_to_close_timeout)"
+TOOL_TIMED_OUT = "the tool activity timed out (start_to_close_timeout)"
+
+
+def timed_out_model(message: str) -> ModelFailed:
+    """What a model activity that ran out of time (or whose worker died) stands for:
+    ``overloaded`` with ``code="timeout"``, as the drivers' ``model_timeout_s``."""
+    return ModelFailed(ModelError(ErrorCategory.OVERLOADED, message, code="timeout"))
+
+
+def timed_out_tool(call: ToolCall, message: str) -> ToolOutcome:
+    """What a tool activity that ran out of time stands for: a ``timeout`` outcome."""
+    return ToolOutcome(call.id, ok=False, content=message, category=ToolErrorCategory.TIMEOUT)
+
+
+# -- activities -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Conversation:
+    """What a context provider's ``assemble`` may read, inside the context activity,
+    through :func:`conversation`: the session's ``prompt`` (the workflow's input) and
+    one record per finished turn (``turn``, ``status``, ``reply``, ``tool_results``),
+    oldest first. The workflow holds it, so it survives any worker."""
+
+    prompt: Any
+    turns: tuple[Any, ...]
+
+
+_CONVERSATION: contextvars.ContextVar[Conversation] = contextvars.ContextVar(
+    "statemachine.temporal.conversation"
+)
+
+
+def conversation() -> Conversation:
+    """The conversation of the context activity that is running (``LookupError``
+    outside one)."""
+    try:
+        return _CONVERSATION.get()
+    except LookupError:
+        raise LookupError(
+            "statemachine.temporal.conversation() is only available inside the "
+            "context activity (a context provider's assemble())"
+        ) from None
+
+
+async def _call(method: Callable[[Any], Any], argument: Any) -> Any:
+    """``method(argument)``: awaited when it is a coroutine function, else on a thread
+    (a sync SDK call must not block the worker's event loop)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(argument)
+    result = await asyncio.to_thread(method, argument)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _contract(message: str) -> ApplicationError:
+    return ApplicationError(message, type="ProviderContractError", non_retryable=True)
+
+
+class Activities:
+    """The three activities over a host's providers, as the drivers take them.
+
+    ``model.complete(CallModel)``, ``tools.invoke(ToolCall)`` and
+    ``context.assemble(Assemble)`` may be sync or async. Register :attr:`all` with a
+    worker. A model provider holding an SDK client that retries on its own is
+    refused (``ConfigError``), as the drivers refuse it: the engine is the one retry
+    owner. A provider that breaks its contract (returns the wrong type) fails the
+    activity with a non-retryable ``ProviderContractError``, which fails the
+    workflow: it is a bug, not a provider failure.
+    """
+
+    def __init__(
+        self, *, model: object = None, tools: object = None, context: object = None
+    ) -> None:
+        if model is not None:
+            check_retry_owner(model)
+        self._model = model
+        self._tools = tools
+        self._context = context
+
+    @property
+    def all(self) -> list[Callable[..., Any]]:
+        """The activities whose provider was given, for ``Worker(activities=...)``."""
+        pairs = (
+            (self._context, self.assemble),
+            (self._model, self.complete),
+            (self._tools, self.invoke),
+        )
+        return [fn for provider, fn in pairs if provider is not None]
+
+    @activity.defn(name=ASSEMBLE)
+    async def assemble(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The context activity: ``context.assemble(action)``, with
+        :func:`conversation` set."""
+        action = _value(data.get("action"), Assemble, "action")
+        turns = data.get("turns") or []
+        token = _CONVERSATION.set(Conversation(data.get("prompt"), tuple(turns)))
+        try:
+            event = await _call(self._context.assemble, action)  # type: ignore[attr-defined]
+        finally:
+            _CONVERSATION.reset(token)
+        if not isinstance(event, Assembled | CannotShrink):
+            raise _contract(
+                f"context.assemble must return Assembled or CannotShrink, got {event!r}"
+            )
+        return context_event_data(event)
+
+    @activity.defn(name=COMPLETE)
+    async def complete(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The model activity: one attempt of ``model.complete(action)``; a raised
+        error is classified here and returned, never raised."""
+        action = _value(data, CallModel, "CallModel")
+        try:
+            event = await _call(self._model.complete, action)  # type: ignore[attr-defined]
+        except Exception as exc:
+            event = ModelFailed(classify(exc))
+        if not isinstance(event, ModelReplied | ModelFailed):
+            raise _contract(
+                f"model.complete must return ModelReplied or ModelFailed, got {event!r}"
+            )
+        return model_event_data(event)
+
+    @activity.defn(name=INVOKE)
+    async def invoke(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The tool activity: ``tools.invoke(call)``; a raised error becomes a failed
+        outcome (``timeout`` for a timeout, else ``unknown``), as in the drivers."""
+        call = _value(data, ToolCall, "ToolCall")
+        try:
+            outcome = await _call(self._tools.invoke, call)  # type: ignore[attr-defined]
+        except Exception as exc:
+            outcome = _tool_failure(call, exc)
+        if not (isinstance(outcome, ToolOutcome) and outcome.call_id == call.id):
+            outcome = ToolOutcome(
+                call.id,
+                ok=False,
+                content=f"tools.invoke({call.name!r}) must return a ToolOutcome for call id "
+                f"{call.id!r}, got {outcome!r:.200}",
+                category=ToolErrorCategory.UNKNOWN,
+            )
+        result: dict[str, Any] = encode(outcome)
+        return result
+
+
+def _tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
+    timeout = isinstance(exc, TimeoutError | asyncio.TimeoutError)
+    return ToolOutcome(
+        call.id,
+        ok=False,
+        content=f"{type(exc).__name__}: {error_details(exc)['message']}",
+        category=ToolErrorCategory.TIMEOUT if timeout else ToolErrorCategory.UNKNOWN,
+        details=error_details(exc),
+    )
+
+
+# -- the workflow side ----------------------------------------------------------------
+
+
+class TurnIO(Protocol):
+    """What a turn needs done; :class:`_Activities` does it with activities and timers,
+    the replay check with a recorded history."""
+
+    def now(self) -> float: ...
+
+    async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink: ...
+
+    async def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
+
+    async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def continue_as_new_suggested(self) -> bool: ...
+
+
+def workflow_clock() -> float:
+    """The workflow's clock, in seconds (``workflow.time()``): deterministic, the same
+    at replay; both the session's monotonic and its wall clock inside a workflow."""
+    return workflow.time()
+
+
+def new_session(
+    settings: Settings | None = None,
+    *,
+    seed: int | None = None,
+    session_id: str | None = None,
+    **options: Any,
+) -> Session:
+    """A session for workflow code: both clocks read workflow time, never ``time.*``.
+
+    ``seed`` defaults to one derived from the workflow id (:func:`seed_of`), so a
+    session's jitter is fixed by its id and never random at replay; ``session_id``
+    defaults to the workflow id. Other keyword arguments go to ``Session``.
+    """
+    workflow_id = workflow.info().workflow_id
+    return Session(
+        settings,
+        seed_of(workflow_id) if seed is None else seed,
+        workflow_clock,
+        wall_clock=workflow_clock,
+        session_id=workflow_id if session_id is None else session_id,
+        **options,
+    )
+
+
+def restore_session(data: dict[str, Any], **options: Any) -> Session:
+    """``Session.restore(data)`` on workflow time (a snapshot carried by
+    continue-as-new, or kept in the workflow's input)."""
+    return Session.restore(data, workflow_clock, wall_clock=workflow_clock, **options)
+
+
+def seed_of(text: str) -> int:
+    """A 64-bit seed fixed by ``text`` (a workflow id): SHA-256, not ``hash()``, which
+    Python salts per process."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivityOptions:
+    """How the workflow-side driver starts its activities. ``task_queue`` ``None``:
+    the workflow's own. Timeouts ``None``: the settings' ``model_timeout_s`` /
+    ``tool_timeout_s``, else :data:`DEFAULT_ACTIVITY_TIMEOUT_S`. Retries are never an
+    option: every attempt is the engine's decision (``maximum_attempts=1``)."""
+
+    task_queue: str | None = None
+    model_timeout_s: float | None = None
+    tool_timeout_s: float | None = None
+    context_timeout_s: float = 60.0
+
+
+_ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+
+
+class _Activities:
+    """:class:`TurnIO` with Temporal activities and durable timers."""
+
+    def __init__(self, options: ActivityOptions, settings: Settings) -> None:
+        self._queue = options.task_queue
+        model = options.model_timeout_s or settings.model_timeout_s or DEFAULT_ACTIVITY_TIMEOUT_S
+        tool = options.tool_timeout_s or settings.tool_timeout_s or DEFAULT_ACTIVITY_TIMEOUT_S
+        self._model = timedelta(seconds=model)
+        self._tool = timedelta(seconds=tool)
+        self._context = timedelta(seconds=options.context_timeout_s)
+
+    def now(self) -> float:
+        return workflow.time()
+
+    async def _run(self, name: str, data: Any, timeout: timedelta) -> Any:
+        return await workflow.execute_activity(
+            name,
+            data,
+            start_to_close_timeout=timeout,
+            retry_policy=_ONE_ATTEMPT,
+            task_queue=self._queue,
+            result_type=dict,
+        )
+
+    async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink:
+        data = {"action": encode(action), "prompt": talk.prompt, "turns": list(talk.turns)}
+        try:
+            return context_event(await self._run(ASSEMBLE, data, self._context))
+        except ActivityError as err:
+            raise _failed("context", err) from err
+
+    async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        try:
+            return model_event(await self._run(COMPLETE, encode(action), self._model))
+        except ActivityError as err:
+            if isinstance(err.cause, TemporalTimeout):
+                return timed_out_model(MODEL_TIMED_OUT)
+            raise _failed("model", err) from err
+
+    async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
+        return tuple(await asyncio.gather(*(self._invoke(call) for call in calls)))
+
+    async def _invoke(self, call: ToolCall) -> ToolOutcome:
+        try:
+            data = await self._run(INVOKE, encode(call), self._tool)
+        except ActivityError as err:
+            if isinstance(err.cause, TemporalTimeout):
+                return timed_out_tool(call, TOOL_TIMED_OUT)
+            raise _failed("tool", err) from err
+        return _value(data, ToolOutcome, "ToolOutcome")  # type: ignore[no-any-return]
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await workflow.sleep(seconds)
+
+    def continue_as_new_suggested(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested()
+
+
+def _failed(what: str, err: ActivityError) -> ApplicationError:
+    return ApplicationError(
+        f"the {what} activity failed ({err.cause!r:.300}): the activities return failures "
+        "as data, so this is a bug or a lost worker setup, not a provider error",
+        type="ActivityFailed",
+        non_retryable=True,
+    )
+
+
+async def run_turn(
+    turn: Turn,
+    *,
+    options: ActivityOptions | None = None,
+    prompt: Any = None,
+    turns: Sequence[Any] = (),
+) -> Finish:
+    """``sm.arun_turn`` for workflow code: run ``turn`` to its ``Finish`` with the
+    activities of :class:`Activities` and durable timers.
+
+    Each ``CallModel`` is one activity attempt (``maximum_attempts=1``), each
+    ``Wait`` one ``workflow.sleep``; the tool calls of a round run as concurrent
+    activities. ``prompt`` and ``turns`` are what the context activity's
+    :func:`conversation` gives the context provider. Cancelling the workflow sends
+    ``Cancelled()`` to the turn (which finishes ``cancelled``) and re-raises.
+    """
+    io = _Activities(options or ActivityOptions(), turn.session.settings)
+    return await drive(turn, io, Conversation(prompt, tuple(turns)))
+
+
+def _unexpected(action: object) -> NoReturn:
+    raise TypeError(f"unexpected action {action!r}")
+
+
+async def drive(turn: Turn, io: TurnIO, talk: Conversation) -> Finish:
+    """Run ``turn`` to its ``Finish`` with ``io``: the loop both the workflow and the
+    replay check run."""
+    action = turn.start() if turn.state == "idle" else turn.action
+    try:
+        while not isinstance(action, Finish):
+            event: object
+            if isinstance(action, Assemble):
+                event = await io.assemble(action, talk)
+            elif isinstance(action, CallModel):
+                event = await io.complete(action)
+            elif isinstance(action, Wait):
+                await io.sleep(action.seconds)
+                event = WaitDone()
+            elif isinstance(action, InvokeTools):
+                event = ToolsDone(await io.invoke(action.calls))
+            else:  # pragma: no cover - the engine emits no other action
+                _unexpected(action)
+            action = turn.send(event)
+    except BaseException as exc:
+        if not turn.done and turn.state != "idle" and turn.current:
+            turn.send(Cancelled(reason=f"{type(exc).__name__}: {exc}".rstrip(": ")[:500]))
+        raise
+    return action
+
+
+# -- the ready-made workflow ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInput:
+    """The ready-made workflow's input.
+
+    ``prompt`` is the host's data for the context provider (:func:`conversation`);
+    ``settings`` a ``Settings.to_dict()``-shaped mapping (unknown keys fail the
+    workflow: ``ConfigError``); ``seed`` ``None``: derived from the workflow id.
+    ``sleep_through_deferred``: a turn that ends ``retry_deferred`` (the server asked
+    for more than ``max_server_wait_s``) is followed by a durable sleep until its
+    ``retry_at`` and a new turn, instead of ending the session.
+    ``turns_per_run``: continue-as-new after this many turns in one run (Temporal's
+    own suggestion is followed too). ``snapshot``, ``turns`` and ``runs`` are what
+    continue-as-new carries; leave them out.
+    """
+
+    prompt: Any = None
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int | None = None
+    session_id: str | None = None
+    sleep_through_deferred: bool = False
+    turns_per_run: int = 50
+    task_queue: str | None = None
+    activity_timeout_s: float | None = None
+    snapshot: dict[str, Any] | None = None
+    turns: list[Any] = dataclasses.field(default_factory=list)
+    runs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The session's counters and state: the ``status`` query's answer and the
+    workflow's result.
+
+    ``status`` is the session's status (``completed`` once the model answered, a
+    limit's status, ``None`` while it can go on); ``last_turn`` the last finished
+    turn's status; ``state`` the current turn's state; ``runs`` how many times the
+    workflow continued as new. ``reply`` is the last turn's reply.
+    """
+
+    status: str | None
+    last_turn: str | None
+    state: str | None
+    turns: int
+    retries: int
+    waited_s: float
+    cost_usd: float
+    tool_retries: int
+    denials: int
+    tripped: list[str]
+    crash_counts: dict[str, int]
+    elapsed_s: float
+    runs: int
+    reply: Any = None
+
+
+def report(session: Session, runs: int, reply: Any = None) -> Report:
+    """The :class:`Report` of ``session`` as it is now."""
+    turn = session.current_turn
+    finish = turn.finish if turn is not None else None
+    return Report(
+        status=None if session.status is None else session.status.value,
+        last_turn=None if finish is None else finish.status.value,
+        state=None if turn is None else turn.state,
+        turns=session.turns,
+        retries=session.retries_used,
+        waited_s=session.waited_s,
+        cost_usd=session.cost_usd,
+        tool_retries=session.tool_retries,
+        denials=session.denials,
+        tripped=sorted(session.tripped_providers),
+        crash_counts=dict(sorted(session.crash_counts.items())),
+        elapsed_s=session.elapsed_s,
+        runs=runs,
+        reply=reply,
+    )
+
+
+_GOES_ON = frozenset({TurnStatus.COMPLETED, TurnStatus.BREAKER_OPEN})
+"""Turn statuses after which the session's next turn runs (a limit's final-answer
+turn included); any other status ends the workflow with the session as it is."""
+
+
+@attrs.frozen
+class Continue:
+    """The session loop's request to continue as new with this state."""
+
+    snapshot: dict[str, Any]
+    turns: list[Any]
+
+
+class Holder:
+    """Where the session loop leaves its session, for the status query."""
+
+    session: Session | None = None
+    reply: Any = None
+
+
+def turn_record(finish: Finish, index: int) -> dict[str, Any]:
+    """One finished turn as the conversation keeps it (JSON data)."""
+    results: list[ToolResult] = list(finish.tool_results)
+    return {
+        "turn": index,
+        "status": finish.status.value,
+        "reply": finish.reply,
+        "tool_results": [
+            {"call_id": r.call_id, "content": r.content, "is_error": r.is_error} for r in results
+        ],
+    }
+
+
+def open_session(data: SessionInput, io: TurnIO, workflow_id: str) -> Session:
+    """The session a run starts with: restored from the carried snapshot, or new."""
+    if data.snapshot is not None:
+        return Session.restore(data.snapshot, io.now, wall_clock=io.now)
+    settings = Settings.from_dict(data.settings)
+    seed = seed_of(workflow_id) if data.seed is None else data.seed
+    return Session(
+        settings,
+        seed,
+        io.now,
+        wall_clock=io.now,
+        session_id=data.session_id or workflow_id,
+    )
+
+
+async def session_loop(
+    data: SessionInput, io: TurnIO, workflow_id: str, holder: Holder
+) -> Report | Continue:
+    """Run the session's turns: the ready-made workflow's body, also run by the
+    replay check. Returns the final report, or a :class:`Continue`."""
+    session = open_session(data, io, workflow_id)
+    holder.session = session
+    turns = list(data.turns)
+    ran = 0
+    while session.status is None:
+        turn = session.current_turn
+        if turn is None or turn.done:
+            turn = session.new_turn()
+        finish = await drive(turn, io, Conversation(data.prompt, tuple(turns)))
+        turns.append(turn_record(finish, turn.index))
+        holder.reply = finish.reply
+        ran += 1
+        if finish.done and session.status is None:
+            session.end(SessionStatus.COMPLETED)
+            break
+        if finish.status is TurnStatus.RETRY_DEFERRED and data.sleep_through_deferred:
+            retry_at = finish.retry_at if finish.retry_at is not None else io.now()
+            await io.sleep(max(0.0, retry_at - io.now()))
+        elif finish.status not in _GOES_ON:
+            break
+        if session.status is None and (ran >= data.turns_per_run or io.continue_as_new_suggested()):
+            return Continue(session.snapshot(), turns)
+    return report(session, data.runs, holder.reply)
+
+
+def activity_options(data: SessionInput) -> ActivityOptions:
+    """The activity options the ready-made workflow uses for ``data``."""
+    return ActivityOptions(
+        task_queue=data.task_queue,
+        model_timeout_s=data.activity_timeout_s,
+        tool_timeout_s=data.activity_timeout_s,
+    )
+
+
+def settings_of(data: SessionInput) -> Settings:
+    """The settings a run of ``data`` runs with."""
+    if data.snapshot is not None:
+        return Settings.from_dict(data.snapshot.get("settings", {}), source="snapshot")
+    return Settings.from_dict(data.settings)
+
+
+@workflow.defn(name=WORKFLOW, failure_exception_types=list(BUG_ERRORS))
+class SessionWorkflow:
+    """A session's turns, run by the engine: start it with a :class:`SessionInput`.
+
+    Runs turns until the model answers (``Finish.done``: the session ends
+    ``completed``), a limit's final-answer turn is over, or a turn ends with a
+    status that ends the conversation (``auth_error``, ``retries_exhausted``...).
+    ``status`` (a query) gives the :class:`Report`; cancelling the workflow cancels
+    the running turn. Register it with :class:`Activities` and
+    ``workflow_runner=sandbox_runner()``.
+    """
+
+    def __init__(self) -> None:
+        self._holder = Holder()
+        self._runs = 0
+
+    @workflow.run
+    async def run(self, data: SessionInput) -> Report:
+        """Run the session (see the class docstring)."""
+        self._runs = data.runs
+        io = _Activities(activity_options(data), settings_of(data))
+        outcome = await session_loop(data, io, workflow.info().workflow_id, self._holder)
+        if isinstance(outcome, Continue):
+            workflow.continue_as_new(
+                dataclasses.replace(
+                    data, snapshot=outcome.snapshot, turns=outcome.turns, runs=data.runs + 1
+                )
+            )
+        return outcome
+
+    @workflow.query(name="status")
+    def status(self) -> Report | None:
+        """The session's counters and state (``None`` before it is built)."""
+        session = self._holder.session
+        return None if session is None else report(session, self._runs, self._holder.reply)

