@@ -928,3 +928,103 @@ def test_a_child_in_the_store_sees_its_siblings_spend_at_its_next_turn(
     assert started.session.current_turn is not None
     assert started.session.current_turn.final_answer
     assert started.session.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+
+
+# -- the bytes a worker writes ---------------------------------------------------------------
+
+
+class _ProxyStore:
+    """Another store (not one of ours): the worker hands it records as JSON data."""
+
+    def __init__(self, inner: InMemoryStore) -> None:
+        self.inner = inner
+
+    def load(self, session_id: str) -> Stored:
+        return self.inner.load(session_id)
+
+    def compare_and_set(
+        self, session_id: str, expected_version: int, record: Any, *, ended: bool = False
+    ) -> int:
+        return self.inner.compare_and_set(session_id, expected_version, record, ended=ended)
+
+    def delete(self, session_id: str) -> bool:
+        return self.inner.delete(session_id)
+
+
+def _payload(store: InMemoryStore, session_id: str) -> bytes:
+    return store._data[store.key(session_id)][1]
+
+
+@pytest.mark.requirement("ER-70")
+@pytest.mark.parametrize("remember", [1024, 0])
+def test_the_bytes_a_worker_builds_are_the_json_of_its_record(remember: int) -> None:
+    """A worker writes our stores the record's bytes built from what changed since its
+    last write; they are byte for byte what another store gets from ``json.dumps`` of
+    the record, on every write of several turns with retries, tool claims, idempotency
+    keys, a takeover (claim and carried outcomes) and a moving clock."""
+    fast_store, slow_inner = InMemoryStore(), InMemoryStore()
+    clocks = {"fast": Clock(5.0), "slow": Clock(5.0)}
+    walls = {"fast": Clock(10_000.0), "slow": Clock(10_000.0)}
+    workers = {
+        "fast": Worker(fast_store, owner="w", clock=clocks["fast"], now=walls["fast"],
+                       idempotent={"search"}, remember=remember),
+        "slow": Worker(_ProxyStore(slow_inner), owner="w", clock=clocks["slow"],
+                       now=walls["slow"], idempotent={"search"}, remember=remember),
+    }
+    assert workers["fast"]._payload_cas is not None
+    assert workers["slow"]._payload_cas is None
+    results = {
+        name: w.create("s", sm.Session(settings(), seed=3, clock=clocks[name]))
+        for name, w in workers.items()
+    }
+    incarnations = {
+        name: json.loads(_payload(store, "s"))["incarnation"]
+        for name, store in (("fast", fast_store), ("slow", slow_inner))
+    }
+    writes = 0
+    seen: set[str] = set()
+    for step in range(200):
+        event = next_event(results["fast"], turns=3, failures=2)
+        if event is STOP:
+            break
+        for name, w in workers.items():
+            clocks[name].now += 0.125
+            walls[name].now += 0.5
+            if isinstance(event, sm.ToolsDone) and step % 2:
+                walls[name].now += 1000.0  # the claim's lease runs out: take it over
+                results[name] = w.resume("s", force=True)
+            else:
+                results[name] = w.advance(
+                    "s", event, expected_version=results[name].version, key=f"k{step}"
+                )
+        fast = _payload(fast_store, "s")
+        slow = _payload(slow_inner, "s").replace(
+            incarnations["slow"].encode(), incarnations["fast"].encode()
+        )
+        assert fast == slow, f"step {step}: the bytes differ"
+        writes += 1
+        written = json.loads(fast)
+        seen |= {key for key in ("claim", "carried") if written[key]}
+    assert writes > 20
+    assert seen == {"claim", "carried"}
+    assert results["fast"].session.turns == 3
+    record = json.loads(_payload(fast_store, "s"))
+    assert record["keys"] and record["snapshot"]["turn"]["times"]
+
+
+@pytest.mark.requirement("ER-70")
+def test_changing_the_returned_session_does_not_change_what_the_worker_writes() -> None:
+    """The session a worker returns is the caller's: sending it an event by hand moves
+    neither the store nor the worker's memory of the record."""
+    store = InMemoryStore()
+    w = Worker(store, owner="w", clock=lambda: 0.0, now=lambda: 1.0)
+    created = w.create("s", sm.Session(settings(), seed=3, clock=lambda: 0.0))
+    started = w.advance("s", None, expected_version=created.version)
+    turn = started.session.current_turn
+    assert turn is not None
+    turn.send(sm.Assembled({"by": "hand"}, 5))  # the caller's own copy moves on
+    after = w.advance("s", sm.Assembled({"by": "worker"}, 7), expected_version=started.version)
+    assert after.status is AdvanceStatus.APPLIED
+    stored = json.loads(_payload(store, "s"))["snapshot"]["turn"]
+    assert stored["request"] == {"by": "worker"}
+    assert stored["size"] == 7

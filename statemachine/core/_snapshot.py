@@ -38,11 +38,14 @@ from ._settings import Settings
 from ._state import (
     ROW_INFOS,
     SessionState,
+    TextCache,
     TurnState,
     declared_defaults,
     decode_state,
     defaults_since,
     encode_state,
+    encode_state_text,
+    json_text,
 )
 
 SNAPSHOT_FORMAT = "statemachine.session"
@@ -99,6 +102,31 @@ def write_snapshot(
         "settings": _settings_data(settings),
         **encode_state(state, now, previous),
     }
+
+
+_HEADS: dict[int, tuple[Settings, str]] = {}
+
+
+def write_snapshot_text(
+    settings: Settings, state: SessionState, now: float, old: TextCache, new: TextCache
+) -> str:
+    """``json_text(write_snapshot(settings, state, now))``, byte for byte, built from what
+    an earlier write of the same session left in ``old`` (see ``encode_state_text``):
+    a store's write costs what changed, not the whole trace again."""
+    cached = _HEADS.get(id(settings))
+    if cached is None or cached[0] is not settings:
+        head = json_text(
+            {
+                "format": SNAPSHOT_FORMAT,
+                "version": SNAPSHOT_VERSION,
+                "settings": _settings_data(settings),
+            }
+        )
+        cached = (settings, head[:-1] + ",")
+        if len(_HEADS) >= _CACHE_SIZE:
+            _HEADS.clear()
+        _HEADS[id(settings)] = cached
+    return cached[1] + encode_state_text(state, now, old, new)[1:]
 
 
 def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:

@@ -23,7 +23,9 @@ where the state is...) is checked by ``_reachable.reachable_problem``, which
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Any
 
 import attrs
@@ -674,6 +676,112 @@ def encode_state(
     return out
 
 
+class TextCache:
+    """What :func:`encode_state_text` wrote last for one session, to reuse: the text of
+    every immutable field value (by identity) and of the trace lists' entries so far.
+
+    A cache is never changed once built: each write returns a new one, so two threads
+    writing from the same cache cannot corrupt each other's text.
+    """
+
+    __slots__ = ("grown", "texts", "values")
+
+    def __init__(
+        self,
+        values: dict[str, Any] | None = None,
+        texts: dict[str, str] | None = None,
+        grown: dict[str, tuple[int, int, str]] | None = None,
+    ) -> None:
+        self.values: dict[str, Any] = values or {}
+        self.texts: dict[str, str] = texts or {}
+        self.grown: dict[str, tuple[int, int, str]] = grown or {}
+        """key -> (turn index, entries, their text joined by commas)"""
+
+
+def _not_json(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_py_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+"""The encoding every store record uses: compact, UTF-8, no NaN."""
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+# json's C encoder, built once (JSONEncoder.encode builds one per call, most of the
+# cost of encoding a small value); the same output as _py_dumps.
+_c_encode = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder({}, _not_json, encode_basestring, None, ":", ",", False, False, False)
+)
+
+
+def _dumps(value: Any) -> str:
+    if _c_encode is None:  # pragma: no cover - CPython always has the C encoder
+        return _py_dumps(value)
+    if type(value) is str:
+        return encode_basestring(value)
+    return "".join(_c_encode(value, 0))
+
+
+def json_text(value: Any) -> str:
+    """``value`` (plain JSON data) as the compact JSON text a store record holds."""
+    return _dumps(value)
+
+
+def _text_or_null(value: str | None) -> str:
+    return "null" if value is None else encode_basestring(value)
+
+
+def _number_or_null(value: float | None) -> str:
+    return "null" if value is None else repr(value)
+
+
+def _status_text(value: SessionStatus | None) -> str:
+    return "null" if value is None else encode_basestring(value.value)
+
+
+def _relative_text(now: float, value: float | None) -> str:
+    return "null" if value is None else repr(now - value)
+
+
+def _value_text(
+    at: str, value: Any, encoder: Callable[[Any], Any] | None, old: TextCache, new: TextCache
+) -> str:
+    """The text of an immutable value: reused when it is the one ``old`` wrote."""
+    if old.values.get(at, _NO_VALUE) is value:
+        text = old.texts[at]
+    else:
+        text = _dumps(value if encoder is None else encoder(value))
+    new.values[at] = value
+    new.texts[at] = text
+    return text
+
+
+def _grown_text(
+    at: str,
+    value: list[Any],
+    index: int,
+    encoder: Callable[[Any], Any],
+    old: TextCache,
+    new: TextCache,
+) -> str:
+    """The text of a list that only grows within a turn: what ``old`` wrote of the same
+    turn, plus the entries added since."""
+    known = old.grown.get(at)
+    if known is not None and known[0] == index and known[1] <= len(value):
+        body = known[2]
+        added = value[known[1] :]
+    else:
+        body, added = "", value
+    if added:
+        more = ",".join(_dumps(item) for item in encoder(added))
+        body = f"{body},{more}" if body else more
+    new.grown[at] = (index, len(value), body)
+    return f"[{body}]"
+
+
+_NO_VALUE = object()
+
+
 def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
     plan = []
     for name, key, kind in _PLANS[cls]:
@@ -691,6 +799,18 @@ def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None,
 
 
 _WRITE_PLANS = {cls: _write_plan(cls) for cls in _PLANS}
+_KEY_TEXT = {
+    prefix + key: _dumps(key) + ":"
+    for cls, prefix in ((SessionState, ""), (TurnState, "turn."))
+    for _, key, _ in _PLANS[cls]
+}
+_IMMUTABLE = {
+    prefix + key: kind.copy is None
+    for cls, prefix in ((SessionState, ""), (TurnState, "turn."))
+    for _, key, kind in _PLANS[cls]
+}
+"""Whether the field's values are never changed in place (so a value met again, by
+identity, has the same text)."""
 
 
 def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
@@ -808,3 +928,68 @@ def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
     return tuple(
         (f.name, f.metadata["key"]) for f in attrs.fields(cls) if f.metadata["key"] != "omit"
     )
+
+
+# -- the snapshot as text ------------------------------------------------------------
+
+
+def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[..., str]:
+    """The text writer of ``cls``, generated as one f-string from the declaration: the
+    kinds whose values are plain ints, flags or numbers are written inline, the others
+    through the helpers above."""
+    namespace: dict[str, Any] = {
+        "text_or_null": _text_or_null,
+        "number_or_null": _number_or_null,
+        "status_text": _status_text,
+        "relative_text": _relative_text,
+        "value_text": _value_text,
+        "grown_text": _grown_text,
+        "dumps": _dumps,
+        "turn_text": turn_text,
+    }
+    pieces = []
+    for f in attrs.fields(cls):
+        kind: Kind = f.metadata["kind"]
+        key = f.metadata["snapshot_key"] or f.name
+        at = prefix + key
+        read = f"state.{f.name}"
+        namespace[f"enc_{f.name}"] = None if kind.encode is _same else kind.encode
+        if kind in (COUNT, SEED, MODEL_INDEX):
+            expr = f"int.__repr__({read})"
+        elif kind is FLAG:
+            expr = f"'true' if {read} else 'false'"
+        elif kind is NUMBER:
+            expr = f"repr({read})"
+        elif kind in (TEXT, STATE):
+            expr = f"text_or_null({read})"
+        elif kind in (OPTIONAL_COUNT, SIGNED):
+            expr = f"number_or_null({read})"
+        elif kind is SESSION_STATUS:
+            expr = f"status_text({read})"
+        elif kind.relative:
+            expr = f"relative_text(now, {read})"
+        elif kind is TURN:
+            expr = f"'null' if {read} is None else turn_text({read}, now, old, new)"
+        elif kind.grows:
+            expr = f"grown_text({at!r}, {read}, state.index, enc_{f.name}, old, new)"
+        elif kind.copy is None:
+            expr = f"value_text({at!r}, {read}, enc_{f.name}, old, new)"
+        else:  # a mutable value: written again each time
+            expr = f"dumps({read} if enc_{f.name} is None else enc_{f.name}({read}))"
+        pieces.append(f"{_dumps(key)}:{{{expr}}}")
+    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
+    return _compile(source, "write", namespace)  # type: ignore[no-any-return]
+
+
+_TURN_TEXT = _text_writer(TurnState, "turn.")
+_SESSION_TEXT = _text_writer(SessionState, "", _TURN_TEXT)
+
+
+def encode_state_text(
+    state: TurnState | SessionState, now: float, old: TextCache, new: TextCache
+) -> str:
+    """``json_text(encode_state(state, now))``, byte for byte, reusing what ``old`` holds
+    (the cache of an earlier write of the same session, whose turn only grew since) and
+    recording into ``new`` what the next write may reuse."""
+    write = _SESSION_TEXT if type(state) is SessionState else _TURN_TEXT
+    return write(state, now, old, new)

@@ -133,6 +133,11 @@ def encode_record(session_id: str, record: Mapping[str, Any], max_bytes: int) ->
         ).encode()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"session {session_id!r}: the record is not JSON data: {exc}") from None
+    return check_payload(session_id, payload, max_bytes)
+
+
+def check_payload(session_id: str, payload: bytes, max_bytes: int) -> bytes:
+    """``payload`` if it fits in ``max_bytes``, else ``RecordTooLarge``."""
     if len(payload) > max_bytes:
         raise RecordTooLarge(
             f"session {session_id!r}: the record is {len(payload)} bytes, "

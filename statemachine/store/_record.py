@@ -16,6 +16,7 @@ Every check here raises ``CorruptSession`` naming the session and the key.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +26,14 @@ import attrs
 from ..core._codec import decode, encode
 from ..core._exceptions import SnapshotError
 from ..core._session import Session
+from ..core._state import TextCache, json_text
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ._core import CorruptSession
 
 RECORD_FORMAT = "statemachine.store.record"
 RECORD_VERSION = 1
+_HEAD = f'{{"format":{json_text(RECORD_FORMAT)},"version":{RECORD_VERSION},"session_id":'
 MAX_KEYS = 16
 """How many recent idempotency keys a record remembers."""
 
@@ -46,8 +49,13 @@ class Claim:
 
 @attrs.frozen
 class Record:
+    """One session's record. Read from a store it holds the decoded ``snapshot``;
+    written by a :class:`~statemachine.store.Worker` it holds the snapshot's JSON
+    text instead (``snapshot_text``, built from what changed since the last write)
+    and the ``cache`` that built it."""
+
     session_id: str
-    snapshot: dict[str, Any]
+    snapshot: dict[str, Any] | None
     saved_at: float
     keys: tuple[tuple[int, str], ...] = ()
     claim: Claim | None = None
@@ -56,8 +64,15 @@ class Record:
     """Drawn when the session is created under its id, kept by every write: a session
     deleted and created again under the same id is another incarnation, so a write
     computed from the old one is refused even at the same version."""
+    snapshot_text: str | None = attrs.field(default=None, repr=False)
+    cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
+    """What built ``snapshot_text``: the next write of the same session reuses it."""
+    elapsed_s: float = 0.0
+    """The snapshot's ``elapsed_s``, as written."""
+    finished_s: float | None = None
+    """The snapshot's ``finished_at`` (seconds since the last turn finished), as written."""
 
-    def to_json(self) -> dict[str, Any]:
+    def _header(self) -> dict[str, Any]:
         claim = self.claim
         return {
             "format": RECORD_FORMAT,
@@ -70,8 +85,34 @@ class Record:
             else {"owner": claim.owner, "calls": list(claim.calls), "until": claim.until},
             "carried": encode(self.carried),
             "incarnation": self.incarnation,
-            "snapshot": self.snapshot,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON data."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            snapshot = json.loads(self.snapshot_text or "null")
+        return {**self._header(), "snapshot": snapshot}
+
+    def to_payload(self) -> bytes:
+        """``json_text(self.to_json())`` as UTF-8: what a store keeps, byte for byte."""
+        text = self.snapshot_text
+        if text is None:
+            text = json_text(self.snapshot)
+        claim = self.claim
+        return (
+            f"{_HEAD}{json_text(self.session_id)}"
+            f',"saved_at":{json_text(self.saved_at)}'
+            f',"keys":{json_text(self.keys) if self.keys else "[]"}'
+            ',"claim":'
+            + (
+                "null"
+                if claim is None
+                else json_text({"owner": claim.owner, "calls": claim.calls, "until": claim.until})
+            )
+            + f',"carried":{json_text(encode(self.carried)) if self.carried else "[]"}'
+            f',"incarnation":{json_text(self.incarnation)},"snapshot":{text}}}'
+        ).encode()
 
     def restore(
         self,
@@ -83,6 +124,8 @@ class Record:
     ) -> Session:
         """The session in this record; ``idle_s`` is added to its elapsed time."""
         data = self.snapshot
+        if data is None:
+            data = self.to_json()["snapshot"]
         if idle_s > 0:
             elapsed = data.get("elapsed_s")
             if isinstance(elapsed, int | float) and not isinstance(elapsed, bool):
@@ -167,6 +210,7 @@ def parse_record(session_id: str, data: dict[str, Any]) -> Record:
     if incarnation is not None and (type(incarnation) is not str or not incarnation):
         raise _bad(session_id, "incarnation", f"must be a non-empty str, got {incarnation!r:.40}")
     assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
+    elapsed, finished = snapshot.get("elapsed_s"), snapshot.get("finished_at")
     return Record(
         session_id,
         snapshot,
@@ -175,4 +219,9 @@ def parse_record(session_id: str, data: dict[str, Any]) -> Record:
         parsed_claim,
         outcomes,
         incarnation,
+        # checked when the snapshot is restored, which a worker does before using them
+        elapsed_s=float(elapsed) if isinstance(elapsed, int | float) and _finite(elapsed) else 0.0,
+        finished_s=float(finished)
+        if isinstance(finished, int | float) and _finite(finished)
+        else None,
     )

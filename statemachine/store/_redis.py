@@ -22,6 +22,7 @@ from ._core import (
     StoreUnavailable,
     check_max_bytes,
     check_name,
+    check_payload,
     check_ttl,
     check_version,
     decode_record,
@@ -207,13 +208,34 @@ class RedisStore:
         record yet); returns the new version. Raises ``StaleWrite`` (or
         ``SessionNotFound`` when the record vanished) and writes nothing otherwise.
         """
+        payload = encode_record(session_id, record, self.max_bytes)
+        return self.compare_and_set_payload(
+            session_id,
+            expected_version,
+            payload,
+            incarnation=record_incarnation(record),
+            ended=ended,
+        )
+
+    def compare_and_set_payload(
+        self,
+        session_id: str,
+        expected_version: int,
+        payload: bytes,
+        *,
+        incarnation: str | None,
+        ended: bool = False,
+    ) -> int:
+        """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
+        :class:`~statemachine.store.Worker` writes); ``incarnation`` is the one the
+        record names."""
         key = self.key(session_id)
         expected = check_version(session_id, expected_version)
-        payload = encode_record(session_id, record, self.max_bytes)
+        check_payload(session_id, payload, self.max_bytes)
         ttl_ms = 0
         if ended and self.ended_ttl_s is not None:
             ttl_ms = max(1, math.ceil(self.ended_ttl_s * 1000))
-        incarnation = record_incarnation(record) or ""
+        incarnation = incarnation or ""
         reply = self._run(session_id, self._cas, key, expected, payload, ttl_ms, incarnation)
         if reply[0] == 1:
             return int(reply[1])

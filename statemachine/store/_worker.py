@@ -18,8 +18,8 @@ from ..core._events import ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
 from ..core._settings import Settings
-from ..core._snapshot import write_snapshot
-from ..core._state import SessionState, copy_session_state
+from ..core._snapshot import write_snapshot_text
+from ..core._state import SessionState, TextCache, copy_session_state
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
@@ -35,6 +35,7 @@ from ._core import (
     StoreUnavailable,
     check_max_bytes,
     check_name,
+    check_payload,
     check_ttl,
     check_version,
     decode_record,
@@ -205,10 +206,30 @@ class InMemoryStore:
     ) -> int:
         """Write ``record`` if the stored version is ``expected_version`` (0: create) and,
         when the record names its incarnation, the stored one is that incarnation."""
+        payload = encode_record(session_id, record, self.max_bytes)
+        return self.compare_and_set_payload(
+            session_id,
+            expected_version,
+            payload,
+            incarnation=record_incarnation(record),
+            ended=ended,
+        )
+
+    def compare_and_set_payload(
+        self,
+        session_id: str,
+        expected_version: int,
+        payload: bytes,
+        *,
+        incarnation: str | None,
+        ended: bool = False,
+    ) -> int:
+        """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
+        :class:`Worker` writes: it builds the bytes from what changed since its last
+        write). ``incarnation`` is the one the record names."""
         key = self.key(session_id)
         expected = check_version(session_id, expected_version)
-        payload = encode_record(session_id, record, self.max_bytes)
-        incarnation = record_incarnation(record)
+        check_payload(session_id, payload, self.max_bytes)
         with self._lock:
             entry = self._get(key)
             actual = 0 if entry is None else entry[0]
@@ -339,6 +360,14 @@ class Worker:
         if doom_check is not None and not callable(doom_check):
             raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
         self._doom_check = doom_check
+        self._payload_cas: Callable[..., int] | None = (
+            store.compare_and_set_payload
+            if isinstance(store, InMemoryStore | RedisStore)
+            and type(store) in (InMemoryStore, RedisStore)
+            else None
+        )
+        """Our own stores take the record as the bytes the worker built from what
+        changed; any other store gets the record as JSON data."""
         self._live: dict[str, tuple[int, Record, Settings, SessionState]] = {}
         """The last record this worker read or wrote per session, with its decoded
         state: the next advance at that version skips reading and restoring it (the
@@ -366,7 +395,8 @@ class Worker:
     def _remember(self, session_id: str, version: int, record: Record, session: Session) -> None:
         if not self._remember_at_most:
             return
-        entry = (version, record, session.settings, session.state)
+        # a copy: the session itself is the caller's to use as they like
+        entry = (version, record, session.settings, copy_session_state(session.state))
         with self._live_lock:
             live = self._live
             live.pop(session_id, None)
@@ -383,21 +413,21 @@ class Worker:
     ) -> tuple[Record, Session] | None:
         """The session as :meth:`_read` would restore it at ``version``, from the last
         record this worker saw, if that is the version (and ``key`` is not among its
-        keys: a duplicate is answered from the store)."""
+        keys: a duplicate is answered from the store). The entry is taken out: what it
+        becomes is remembered again once written."""
         with self._live_lock:
             live = self._live.get(session_id)
-        if live is None or live[0] != version:
-            return None
-        _, record, settings, state = live
-        if key is not None and any(k == key for _, k in record.keys):
-            return None
-        state = copy_session_state(state)
+            if live is None or live[0] != version:
+                return None
+            _, record, settings, state = live
+            if key is not None and any(k == key for _, k in record.keys):
+                return None
+            del self._live[session_id]
         idle = self._idle(record)
         now = self._clock()
-        state.started = now - (record.snapshot["elapsed_s"] + idle)
-        finished: Any = record.snapshot.get("finished_at")
-        if type(finished) in (int, float):
-            state.finished_at = now - (finished + idle)  # as a read from the store has it
+        state.started = now - (record.elapsed_s + idle)
+        if record.finished_s is not None:
+            state.finished_at = now - (record.finished_s + idle)  # as a read from the store has it
         session = Session.from_state(
             settings,
             state,
@@ -438,27 +468,55 @@ class Worker:
         previous: Record | None = None,
     ) -> Record:
         """The record to write for ``session``; ``previous`` is the record it was read
-        from (its incarnation is kept, and the trace entries its snapshot already holds
-        are reused instead of encoded again)."""
+        from (its incarnation is kept, and what its snapshot's text already holds is
+        reused instead of encoded again)."""
         if claim is None and isinstance(action, InvokeTools) and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
-        incarnation: str | None
         if previous is None:
             snapshot = session.snapshot()
-            incarnation = uuid.uuid4().hex
-        else:
-            snapshot = write_snapshot(
-                session.settings, session.state, self._clock(), previous.snapshot
+            finished: Any = snapshot["finished_at"]
+            return Record(
+                session_id,
+                snapshot,
+                self._now(),
+                keys,
+                claim,
+                carried,
+                uuid.uuid4().hex,
+                elapsed_s=snapshot["elapsed_s"],
+                finished_s=finished,
             )
-            incarnation = previous.incarnation
+        state = session.state
+        now = self._clock()
+        cache = TextCache()
+        text = write_snapshot_text(
+            session.settings, state, now, previous.cache or TextCache(), cache
+        )
         return Record(
-            session_id, snapshot, self._now(), keys, claim, carried, incarnation=incarnation
+            session_id,
+            None,
+            self._now(),
+            keys,
+            claim,
+            carried,
+            previous.incarnation,
+            snapshot_text=text,
+            cache=cache,
+            elapsed_s=now - state.started,
+            finished_s=None if state.finished_at is None else now - state.finished_at,
         )
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
-        return self.store.compare_and_set(
-            session_id, expected, record.to_json(), ended=session.status is not None
-        )
+        ended = session.status is not None
+        if self._payload_cas is not None:
+            return self._payload_cas(
+                session_id,
+                expected,
+                record.to_payload(),
+                incarnation=record.incarnation,
+                ended=ended,
+            )
+        return self.store.compare_and_set(session_id, expected, record.to_json(), ended=ended)
 
     def create(self, session_id: str, session: Session, *, key: str | None = None) -> Advanced:
         """Store a new session under ``session_id`` (version 1).
@@ -508,6 +566,7 @@ class Worker:
         recalled = self._recall(session_id, expected, key, observers)
         if recalled is not None:
             record, session = recalled
+            before = session.cost_usd
             try:
                 action = self._apply(session_id, session, record, event)
             except (IllegalEvent, SessionEnded, TurnInProgress):
@@ -522,7 +581,9 @@ class Worker:
                 return self._result(AdvanceStatus.CONFLICT, stored, record, session)
             if relay is not None:
                 relay.hold()
+            before = session.cost_usd
             action = self._apply(session_id, session, record, event)
+        spent = session.cost_usd > before if session.parent_id is not None else False
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
@@ -535,7 +596,7 @@ class Worker:
         self._remember(session_id, version, new, session)
         if relay is not None:
             relay.deliver()
-        if session.parent_id is not None and session.cost_usd > record.snapshot.get("cost_usd", 0):
+        if spent:
             self._report_spend(session)
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
 
@@ -547,7 +608,7 @@ class Worker:
         for child_id in session.child_costs:
             try:
                 stored = self.store.load(child_id)
-                snapshot = parse_record(child_id, stored.record).snapshot
+                snapshot = parse_record(child_id, stored.record).snapshot or {}
             except (SessionNotFound, CorruptSession, InvalidSessionId):
                 continue
             total: Any = snapshot.get("cost_usd")
