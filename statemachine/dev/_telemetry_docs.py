@@ -100,8 +100,13 @@ def span_tree(spans: Sequence[Any], *, attributes: Iterable[str] = ()) -> str:
     for span in spans:
         parent = span.parent.span_id if span.parent is not None else None
         by_parent.setdefault(parent if parent in ids else None, []).append(span)
-    for children in by_parent.values():  # ties: the order they ended in
-        children.sort(key=lambda s: (s.start_time, s.end_time, order[s.context.span_id]))
+
+    def key(span: Any) -> tuple[int, int, int]:  # ties: the trace step that began them
+        step = (span.attributes or {}).get("turnstate.step", -1)
+        return (span.start_time, step, order[span.context.span_id])
+
+    for children in by_parent.values():
+        children.sort(key=key)
     roots = by_parent.get(None, [])
     origin = min((s.start_time for s in roots), default=0)
     lines: list[str] = []

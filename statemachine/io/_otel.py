@@ -340,12 +340,17 @@ class Telemetry:
             elif event == "Cancelled":
                 self._end_chat(chat, turn.chat_start, now, attrs, "cancelled")
             else:
-                category = _failure_category(action)
+                # the error itself: a record's own (an engine that records it), or
+                # the Finish's; a wait's or a fallback's is not in the record
+                error = getattr(record, "error", None)
+                if error is None and type(action) is Finish:
+                    error = action.error
+                category = _failure_category(action) if error is None else error.category.value
+                if error is not None:
+                    self._error_details(chat, error)
                 if category is None:  # a fallback: the Finish will say which error
                     turn.deferred_chats.append((chat, now, turn.chat_start, attrs))
                 else:
-                    if type(action) is Finish and action.error is not None:
-                        self._error_details(chat, action.error)
                     self._end_chat(chat, turn.chat_start, now, attrs, category)
         if event == "ToolsDone" or (event == "Cancelled" and turn.tools):
             if type(action) is Finish:
@@ -394,6 +399,7 @@ class Telemetry:
                 **self._base,
                 OPERATION: "chat",
                 "turnstate.attempt": action.attempt,
+                "turnstate.step": record.step,
             }
             if action.model is not None:
                 attrs[REQUEST_MODEL] = action.model
@@ -445,6 +451,7 @@ class Telemetry:
                     TOOL_CALL_ID: call.id,
                     TOOL_TYPE: "function",
                     "turnstate.tool.provider": call.provider,
+                    "turnstate.step": record.step,
                 }
                 if self._capture:
                     attributes["gen_ai.tool.call.arguments"] = _json(call.arguments)
