@@ -91,6 +91,94 @@ def _worker(url: str, round_: str, parties: int, index: int, sessions: int, atte
     client.close()
 
 
+def _floor_worker(
+    url: str, round_: str, parties: int, index: int, sessions: int, attempts: int, size: int
+) -> None:
+    """The floor: the same two Lua scripts per attempt (load, then compare-and-set at
+    the version read) with a fixed record of ``size`` bytes, no engine and no JSON."""
+    import redis
+
+    from statemachine.store._redis import _CAS, _LOAD
+
+    client = redis.Redis.from_url(url)
+    load, cas = client.register_script(_LOAD), client.register_script(_CAS)
+    payload = b"x" * size
+    rng = random.Random(index)
+    if client.incr(f"{round_}:arrived") == parties:
+        client.rpush(f"{round_}:gate", *["go"] * parties)
+    client.blpop([f"{round_}:gate"], timeout=60)
+    counts = {status.value: 0 for status in AdvanceStatus}
+    start = time.monotonic()
+    for _ in range(attempts):
+        key = f"floor:session:s{rng.randrange(sessions)}"
+        reply = load(keys=[key], args=[10**9])
+        version = int(reply[1])
+        won = cas(keys=[key], args=[version, payload, 0, "i"])[0] == 1
+        counts["applied" if won else "conflict"] += 1
+    end = time.monotonic()
+    client.rpush(f"{round_}:results", json.dumps({"start": start, "end": end, **counts}))
+    client.close()
+
+
+def _floor_round(url: str, workers: int, steps: int, sessions: int, size: int) -> dict[str, Any]:
+    """The raw Lua compare-and-set rate with ``workers`` processes and records of
+    ``size`` bytes, measured the way :func:`_round` measures the worker."""
+    import redis
+
+    from statemachine.store._redis import _CAS
+
+    client = redis.Redis.from_url(url)
+    try:
+        cas = client.register_script(_CAS)
+        for i in range(sessions):
+            cas(keys=[f"floor:session:s{i}"], args=[0, b"x" * size, 0, "i"])
+        round_ = f"floor{workers}"
+        reports = _run_processes(
+            client,
+            round_,
+            workers,
+            _floor_worker,
+            (url, round_, workers),
+            (sessions, max(1, steps // workers), size),
+        )
+        applied = sum(r["applied"] for r in reports)
+        total = sum(r["applied"] + r["conflict"] for r in reports)
+        wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+        return {
+            "sessions_per_s": applied / wall if wall else float("inf"),
+            "conflict_rate": (total - applied) / total if total else 0.0,
+        }
+    finally:
+        client.close()
+
+
+def _run_processes(
+    client: Any,
+    round_: str,
+    workers: int,
+    target: Any,
+    head: tuple[Any, ...],
+    tail: tuple[Any, ...],
+) -> list[dict[str, Any]]:
+    """Start ``workers`` processes of ``target(*head, index, *tail)`` and collect their
+    reports."""
+    context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+    procs = [
+        context.Process(target=target, args=(*head, i, *tail), daemon=True) for i in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    reports = []
+    for _ in range(workers):
+        item = client.blpop([f"{round_}:results"], timeout=300)
+        if item is None:
+            raise RuntimeError(f"a worker of the {workers}-worker round {round_} never reported")
+        reports.append(json.loads(item[1]))
+    for proc in procs:
+        proc.join(timeout=30)
+    return reports
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -145,24 +233,14 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
         round_ = f"round{workers}"
-        context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-        attempts = max(1, steps // workers)
-        procs = [
-            context.Process(
-                target=_worker, args=(url, round_, workers, i, sessions, attempts), daemon=True
-            )
-            for i in range(workers)
-        ]
-        for proc in procs:
-            proc.start()
-        reports = []
-        for _ in range(workers):
-            item = client.blpop([f"{round_}:results"], timeout=300)
-            if item is None:
-                raise RuntimeError(f"a worker of the {workers}-worker round never reported")
-            reports.append(json.loads(item[1]))
-        for proc in procs:
-            proc.join(timeout=30)
+        reports = _run_processes(
+            client,
+            round_,
+            workers,
+            _worker,
+            (url, round_, workers),
+            (sessions, max(1, steps // workers)),
+        )
         applied = sum(r["applied"] for r in reports)
         conflicts = sum(r["conflict"] for r in reports)
         total = sum(sum(r[s.value] for s in AdvanceStatus) for r in reports)
@@ -195,9 +273,13 @@ def run(
     """Sessions advanced per second and CAS conflict rate for each worker count."""
     url = url or os.environ.get("STATEMACHINE_REDIS_URL")
     rounds: dict[str, dict[str, Any]] = {}
+    floors: dict[str, dict[str, Any]] = {}
     with _server(url) as (server_url, server):
         for count in workers:
-            rounds[str(count)] = _round(server_url, count, steps, sessions)
+            rounds[str(count)] = ours = _round(server_url, count, steps, sessions)
+            floors[str(count)] = _floor_round(
+                server_url, count, steps, sessions, ours["record_bytes"]
+            )
     return {
         "unit": "sessions advanced (one event applied with CAS) per second, N worker processes",
         "server": server,
@@ -209,6 +291,11 @@ def run(
         "applied": {k: v["applied"] for k, v in rounds.items()},
         "conflicts": {k: v["conflicts"] for k, v in rounds.items()},
         "mean_record_bytes": {k: v["record_bytes"] for k, v in rounds.items()},
+        "floor_sessions_per_s": {k: round(v["sessions_per_s"], 1) for k, v in floors.items()},
+        "floor_conflict_rate": {k: round(v["conflict_rate"], 4) for k, v in floors.items()},
+        "of_floor": {
+            k: round(rounds[k]["sessions_per_s"] / floors[k]["sessions_per_s"], 3) for k in rounds
+        },
     }
 
 

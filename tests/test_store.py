@@ -33,6 +33,7 @@ from statemachine.store import (
     Stored,
     Worker,
 )
+from statemachine.store._record import Record
 
 from .helpers import fail
 from .store_worker import STOP, Clock, RedisServer, next_event, settings
@@ -1028,3 +1029,34 @@ def test_changing_the_returned_session_does_not_change_what_the_worker_writes() 
     stored = json.loads(_payload(store, "s"))["snapshot"]["turn"]
     assert stored["request"] == {"by": "worker"}
     assert stored["size"] == 7
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
+    backend: Backend, now: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading back the very bytes it wrote, a worker uses the state it knows instead of
+    decoding and checking them again; any other bytes (another worker's write, or a
+    record changed under it) are decoded and checked in full."""
+    store = backend.make()
+    w = worker(store, "w", now)
+    created = w.create("s", new_session())
+    w.advance("s", None, expected_version=created.version)
+    restores: list[str] = []
+    real = Record.restore
+
+    def counted(self: Record, *args: Any, **kwargs: Any) -> sm.Session:
+        restores.append(self.session_id)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Record, "restore", counted)
+    loaded = w.load("s")
+    assert restores == []
+    assert loaded.session.snapshot() == json.loads(store.load_payload("s")[1])["snapshot"]
+    other = worker(store, "other", now)
+    moved = other.advance("s", sm.Assembled({"q": 1}, 10), expected_version=loaded.version)
+    assert restores == ["s"]  # the other worker had never seen these bytes
+    again = w.load("s")
+    assert restores == ["s", "s"]  # w sees bytes it did not write: checked in full
+    assert again.version == moved.version
+    assert again.session.snapshot() == moved.session.snapshot()

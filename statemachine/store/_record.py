@@ -67,6 +67,8 @@ class Record:
     snapshot_text: str | None = attrs.field(default=None, repr=False)
     cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
     """What built ``snapshot_text``: the next write of the same session reuses it."""
+    payload: bytes | None = attrs.field(default=None, eq=False, repr=False)
+    """The bytes a store holds for this record, when known (read, or built to write)."""
     elapsed_s: float = 0.0
     """The snapshot's ``elapsed_s``, as written."""
     finished_s: float | None = None

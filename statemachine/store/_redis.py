@@ -167,6 +167,12 @@ class RedisStore:
 
     def load(self, session_id: str) -> Stored:
         """The record of ``session_id`` and its version; ``SessionNotFound`` if none."""
+        version, payload = self.load_payload(session_id)
+        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+
+    def load_payload(self, session_id: str) -> tuple[int, bytes]:
+        """:meth:`load` without decoding: the version and the record's bytes (one Lua
+        read)."""
         key = self.key(session_id)
         reply = self._run(session_id, self._load, key, self.max_bytes)
         if reply[0] == 0:
@@ -194,7 +200,16 @@ class RedisStore:
                 f"session {session_id!r}: key {key!r} has no record field",
                 session_id=session_id,
             )
-        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+        if isinstance(payload, str):
+            payload = payload.encode()
+        if not isinstance(payload, bytes):
+            raise CorruptSession(
+                f"session {session_id!r}: the stored record is not text ({type(payload).__name__})",
+                session_id=session_id,
+            )
+        if len(payload) > self.max_bytes:
+            raise oversized(session_id, len(payload), self.max_bytes)
+        return version, payload
 
     def compare_and_set(
         self,

@@ -188,13 +188,17 @@ class InMemoryStore:
 
     def load(self, session_id: str) -> Stored:
         """The record of ``session_id`` and its version; ``SessionNotFound`` if none."""
+        version, payload = self.load_payload(session_id)
+        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+
+    def load_payload(self, session_id: str) -> tuple[int, bytes]:
+        """:meth:`load` without decoding: the version and the record's bytes."""
         key = self.key(session_id)
         with self._lock:
             entry = self._get(key)
         if entry is None:
             raise not_found(session_id)
-        version, payload, _, _ = entry
-        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+        return entry[0], entry[1]
 
     def compare_and_set(
         self,
@@ -360,14 +364,17 @@ class Worker:
         if doom_check is not None and not callable(doom_check):
             raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
         self._doom_check = doom_check
-        self._payload_cas: Callable[..., int] | None = (
-            store.compare_and_set_payload
-            if isinstance(store, InMemoryStore | RedisStore)
-            and type(store) in (InMemoryStore, RedisStore)
-            else None
-        )
-        """Our own stores take the record as the bytes the worker built from what
-        changed; any other store gets the record as JSON data."""
+        # Our own stores take and give the record as bytes: the worker builds them from
+        # what changed, and knows them again when it reads them back. Any other store
+        # (a subclass of ours included) gets and gives the record as JSON data.
+        self._payload_cas: Callable[..., int] | None = None
+        self._payload_load: Callable[[str], tuple[int, bytes]] | None = None
+        if isinstance(store, InMemoryStore | RedisStore) and type(store) in (
+            InMemoryStore,
+            RedisStore,
+        ):
+            self._payload_cas = store.compare_and_set_payload
+            self._payload_load = store.load_payload
         self._live: dict[str, tuple[int, Record, Settings, SessionState]] = {}
         """The last record this worker read or wrote per session, with its decoded
         state: the next advance at that version skips reading and restoring it (the
@@ -378,16 +385,38 @@ class Worker:
 
     def _read(
         self, session_id: str, observers: tuple[Observer, ...] | None = None
-    ) -> tuple[Stored, Record, Session]:
-        stored = self.store.load(session_id)
-        record = parse_record(session_id, stored.record)
+    ) -> tuple[int, Record, Session]:
+        """The stored version, record and session. Finding in the store the very bytes
+        this worker last wrote or read for the session, it skips decoding and checking
+        them again: it knows the state they hold."""
         if observers is None:
             observers = self._observers
+        if self._payload_load is None:
+            stored = self.store.load(session_id)
+            version, record = stored.version, parse_record(session_id, stored.record)
+        else:
+            version, payload = self._payload_load(session_id)
+            known = self._known(session_id, payload, observers)
+            if known is not None:
+                record, session = known
+                self._remember(session_id, version, record, session)
+                return version, record, session
+            data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
+            record = attrs.evolve(parse_record(session_id, data), payload=payload)
         session = record.restore(
             self._clock, self._now, observers, self._idle(record), self._doom_check
         )
-        self._remember(session_id, stored.version, record, session)
-        return stored, record, session
+        self._remember(session_id, version, record, session)
+        return version, record, session
+
+    def _known(
+        self, session_id: str, payload: bytes, observers: tuple[Observer, ...]
+    ) -> tuple[Record, Session] | None:
+        with self._live_lock:
+            live = self._live.get(session_id)
+        if live is None or live[1].payload != payload:
+            return None
+        return live[1], self._session_of(live[1], live[2], copy_session_state(live[3]), observers)
 
     def _idle(self, record: Record) -> float:
         return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
@@ -423,12 +452,23 @@ class Worker:
             if key is not None and any(k == key for _, k in record.keys):
                 return None
             del self._live[session_id]
+        return record, self._session_of(record, settings, state, observers)
+
+    def _session_of(
+        self,
+        record: Record,
+        settings: Settings,
+        state: SessionState,
+        observers: tuple[Observer, ...],
+    ) -> Session:
+        """The session in ``state`` (this worker's own copy of what ``record`` holds), as
+        :meth:`Record.restore` would give it now."""
         idle = self._idle(record)
         now = self._clock()
         state.started = now - (record.elapsed_s + idle)
         if record.finished_s is not None:
             state.finished_at = now - (record.finished_s + idle)  # as a read from the store has it
-        session = Session.from_state(
+        return Session.from_state(
             settings,
             state,
             self._clock,
@@ -437,22 +477,21 @@ class Worker:
             check=False,
             doom_check=self._doom_check,
         )
-        return record, session
 
     def _result(
-        self, status: AdvanceStatus, stored: Stored, record: Record, session: Session
+        self, status: AdvanceStatus, version: int, record: Record, session: Session
     ) -> Advanced:
         turn = session.current_turn
         action = None if turn is None else turn.action
         if isinstance(action, InvokeTools) and record.carried:
             claimed = set(record.claim.calls) if record.claim else set()
             action = InvokeTools(tuple(c for c in action.calls if c.id in claimed))
-        return Advanced(status, session, stored.version, action)
+        return Advanced(status, session, version, action)
 
     def load(self, session_id: str) -> Advanced:
         """The stored session, its version and pending action (``UNCHANGED``)."""
-        stored, record, session = self._read(session_id)
-        return self._result(AdvanceStatus.UNCHANGED, stored, record, session)
+        version, record, session = self._read(session_id)
+        return self._result(AdvanceStatus.UNCHANGED, version, record, session)
 
     # -- writing ------------------------------------------------------------------
 
@@ -492,7 +531,7 @@ class Worker:
         text = write_snapshot_text(
             session.settings, state, now, previous.cache or TextCache(), cache
         )
-        return Record(
+        record = Record(
             session_id,
             None,
             self._now(),
@@ -505,6 +544,7 @@ class Worker:
             elapsed_s=now - state.started,
             finished_s=None if state.finished_at is None else now - state.finished_at,
         )
+        return attrs.evolve(record, payload=record.to_payload())
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
         ended = session.status is not None
@@ -512,7 +552,7 @@ class Worker:
             return self._payload_cas(
                 session_id,
                 expected,
-                record.to_payload(),
+                record.payload or record.to_payload(),
                 incarnation=record.incarnation,
                 ended=ended,
             )
@@ -572,13 +612,13 @@ class Worker:
             except (IllegalEvent, SessionEnded, TurnInProgress):
                 action = None  # maybe the store moved on: read it, and answer from there
         if action is None:
-            stored, record, session = self._read(session_id, observers)
+            version, record, session = self._read(session_id, observers)
             if relay is not None:
                 relay.deliver()  # nothing applied yet: the session passes records on
             if key is not None and any(k == key for _, k in record.keys):
-                return self._result(AdvanceStatus.DUPLICATE, stored, record, session)
-            if stored.version != expected:
-                return self._result(AdvanceStatus.CONFLICT, stored, record, session)
+                return self._result(AdvanceStatus.DUPLICATE, version, record, session)
+            if version != expected:
+                return self._result(AdvanceStatus.CONFLICT, version, record, session)
             if relay is not None:
                 relay.hold()
             before = session.cost_usd
@@ -643,7 +683,7 @@ class Worker:
             parent: Session | None = None
             for _ in range(attempts):
                 try:
-                    stored, record, parent = self._read(parent_id)
+                    parent_version, record, parent = self._read(parent_id)
                 except (SessionNotFound, CorruptSession, InvalidSessionId):
                     return
                 before = parent.cost_usd
@@ -660,7 +700,7 @@ class Worker:
                     previous=record,
                 )
                 try:
-                    version = self._write(parent_id, stored.version, new, parent)
+                    version = self._write(parent_id, parent_version, new, parent)
                 except StaleWrite:
                     self._forget(parent_id)
                     continue
@@ -673,10 +713,10 @@ class Worker:
             child = parent
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
-        stored, record, session = self._read(session_id)
+        version, record, session = self._read(session_id)
         mine = key is not None and any(k == key for _, k in record.keys)
         status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
-        return self._result(status, stored, record, session)
+        return self._result(status, version, record, session)
 
     def _apply(
         self, session_id: str, session: Session, record: Record, event: object | None
@@ -711,7 +751,7 @@ class Worker:
         turn finishes at once. ``APPLIED`` on takeover; ``BUSY`` while another
         worker's lease holds; ``UNCHANGED`` (the pending action) otherwise.
         """
-        stored, record, session = self._read(session_id)
+        version, record, session = self._read(session_id)
         turn = session.current_turn
         claim = record.claim
         pending = None if turn is None else turn.action
@@ -721,9 +761,9 @@ class Worker:
             or claim is None
             or not isinstance(pending, InvokeTools)
         ):
-            return self._result(AdvanceStatus.UNCHANGED, stored, record, session)
+            return self._result(AdvanceStatus.UNCHANGED, version, record, session)
         if not force and claim.owner != self.owner and self._now() < claim.until:
-            return self._result(AdvanceStatus.BUSY, stored, record, session)
+            return self._result(AdvanceStatus.BUSY, version, record, session)
         by_id = {call.id: call for call in pending.calls}
         missing = [i for i in claim.calls if i not in by_id]
         if missing:
@@ -757,7 +797,7 @@ class Worker:
             action = turn.send(ToolsDone(carried))
             new = self._record(session_id, session, action, record.keys, previous=record)
         try:
-            version = self._write(session_id, stored.version, new, session)
+            version = self._write(session_id, version, new, session)
         except StaleWrite:
             self._forget(session_id)
             return self._lost_race(session_id, None)
