@@ -1,0 +1,314 @@
+"""Trace files and ``python -m statemachine trace``: a recorded turn drawn on the machine.
+
+The TraceWriter observer's file reads back as the records the session gave; every
+built-in scenario's ``simulate --json`` output reads and draws (each step a bold,
+numbered edge, the whole table faint); a trace of another format version or table,
+or with a row the table lacks, is refused naming its line, exit status 2, nothing
+written; the ``--html`` page works in a real headless Chromium.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import statemachine as sm
+from statemachine.core._actions import Finish, Wait
+from statemachine.dev._cli import main
+from statemachine.dev._scenarios import builtin_names
+from statemachine.dev._telemetry_docs import scenario_trace_lines
+from statemachine.dev._trace_draw import draw
+from statemachine.io._trace_file import (
+    FORMAT,
+    VERSION,
+    TraceFileError,
+    TraceWriter,
+    header,
+    read_trace,
+    table_digest,
+)
+
+DATA = Path(__file__).parent / "data" / "trace"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recorded_session(target: io.StringIO | Path) -> tuple[sm.Session, list[sm.TraceRecord]]:
+    """Two turns (a wait, a tool round, a reply) with a TraceWriter and a list."""
+    clock = Clock()
+    seen: list[sm.TraceRecord] = []
+    writer = TraceWriter(target)
+    session = sm.Session(sm.Settings(), seed=2, clock=clock, observers=[writer, seen.append])
+    for _ in range(2):
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled(request={"q": "hi"}, size=10))
+        clock.now += 1.5
+        wait = turn.send(sm.ModelFailed(sm.ModelError("overloaded")))
+        assert isinstance(wait, Wait)
+        clock.now += wait.seconds
+        turn.send(sm.WaitDone())
+        call = sm.ToolCall("c1", "fs", "read", {"p": 1})
+        turn.send(sm.ModelReplied(tool_calls=(call,), cost=0.5))
+        turn.send(sm.ToolsDone((sm.ToolOutcome("c1", ok=False, category="timeout"),)))
+    writer.close()
+    return session, seen
+
+
+@pytest.mark.requirement("ER-130")
+def test_the_writer_file_reads_back_as_the_sessions_records() -> None:
+    """A header naming the format, version, engine and table, then one line per
+    transition; read back, the records equal the ones the observers saw (times and
+    each event's cost included)."""
+    file = io.StringIO()
+    _, seen = recorded_session(file)
+    lines = file.getvalue().splitlines()
+    first = json.loads(lines[0])
+    assert first == {
+        "type": "header",
+        "format": FORMAT,
+        "version": VERSION,
+        "engine": sm.__version__,
+        "table": table_digest(),
+    }
+    trace = read_trace(lines, "live.jsonl")
+    assert trace.engine == sm.__version__
+    assert [s.record for s in trace.steps] == seen
+    assert [s.record.at for s in trace.steps] == [r.at for r in seen]
+    assert [s.record.cost_usd for s in trace.steps] == [r.cost_usd for r in seen]
+    assert [s.line for s in trace.steps] == list(range(2, len(lines) + 1))
+
+
+@pytest.mark.requirement("ER-130")
+def test_the_writer_appends_to_a_path(tmp_path: Path) -> None:
+    """Given a path, the writer opens it for appending and closes it on close()."""
+    path = tmp_path / "session.jsonl"
+    _, seen = recorded_session(path)
+    trace = read_trace(path.read_text(encoding="utf-8").splitlines())
+    assert len(trace.steps) == len(seen)
+
+
+@pytest.mark.requirement("ER-131")
+@pytest.mark.parametrize("name", builtin_names())
+def test_every_scenario_reads_and_draws(name: str) -> None:
+    """simulate --json output reads (no header: its rows are checked one by one) and
+    draws: each step one bold edge with its number, the waits with their seconds,
+    the statuses in the title, every (source, dest) of the table drawn."""
+    lines = scenario_trace_lines(name)
+    trace = read_trace(lines, f"{name}.jsonl")
+    assert trace.engine is None
+    drawing = draw(trace)
+    steps = [json.loads(line) for line in lines if '"type": "step"' in line]
+    assert len(drawing.steps) == len(steps)
+    for number, (drawn, raw) in enumerate(zip(drawing.steps, steps, strict=True), start=1):
+        assert drawn.number == number
+        assert f"id=step_{number}," in drawing.dot
+        assert drawn.label.startswith(f"{number}: {raw['event']}")
+        action = drawn.traced.record.action
+        if isinstance(action, Wait):
+            assert f"Wait {action.seconds:.3f}s {action.category.value}" in drawn.label
+    assert drawing.dot.count("penwidth=2.2") == len(steps)
+    assert drawing.mermaid.count(" ==>|") == len(steps)
+    statuses = [
+        s.traced.record.action.status.value
+        for s in drawing.steps
+        if isinstance(s.traced.record.action, Finish)
+    ]
+    assert ", ".join(statuses) in drawing.title
+
+
+@pytest.mark.requirement("ER-131")
+def test_the_command_writes_svg_mermaid_and_dot(tmp_path: Path) -> None:
+    """``trace FILE --turn N`` writes NAME.dot, NAME.svg (its edges carry the step
+    ids) and NAME.mmd, and prints the title with the turn's status."""
+    source = tmp_path / "storm.jsonl"
+    source.write_text("\n".join(scenario_trace_lines("rate-limit-storm")) + "\n")
+    code, out, err = run("trace", str(source), "--turn", "2", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    assert "turn 2: retries_exhausted (13 steps" in out
+    svg = (tmp_path / "o" / "storm.svg").read_text()
+    assert len(re.findall(r'<g id="step_\d+" class="edge">', svg)) == 13
+    assert "13: ModelFailed [transient] / Finish(retries_exhausted)" in svg
+    mermaid = (tmp_path / "o" / "storm.mmd").read_text()
+    assert mermaid.startswith("---\ntitle:") and "flowchart LR" in mermaid
+    assert (tmp_path / "o" / "storm.dot").read_text().startswith("digraph trace {")
+
+
+def test_several_scenarios_need_a_choice(tmp_path: Path) -> None:
+    """A file of several scenarios draws one chosen with --scenario."""
+    source = tmp_path / "two.jsonl"
+    lines = scenario_trace_lines("invalid-request") + scenario_trace_lines("content-filtered")
+    source.write_text("\n".join(lines) + "\n")
+    code, _, err = run("trace", str(source), "--out", str(tmp_path / "o"), "--no-svg")
+    assert code == 2
+    assert "holds 2 scenarios (invalid-request, content-filtered): choose one" in err
+    code, out, _ = run(
+        "trace",
+        str(source),
+        "--scenario",
+        "content-filtered",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-svg",
+    )
+    assert code == 0
+    assert "content-filtered: turn 1: content_filtered" in out
+
+
+def _writer_lines() -> list[str]:
+    file = io.StringIO()
+    recorded_session(file)
+    return file.getvalue().splitlines()
+
+
+def _edit(lines: list[str], index: int, **changes: object) -> list[str]:
+    data = json.loads(lines[index])
+    data.update(changes)
+    return [*lines[:index], json.dumps(data), *lines[index + 1 :]]
+
+
+def _bad_traces() -> list[tuple[str, list[str], str]]:
+    lines = _writer_lines()
+    old_header = {**header(), "version": 0, "engine": "0.1.0"}
+    other_table = {**header(), "table": "0" * 64, "engine": "9.9.9"}
+    return [
+        ("not-json", [lines[0], "{not json", *lines[1:]], ":2: not JSON"),
+        ("old-version", [json.dumps(old_header), *lines[1:]], ":1: trace format version 0"),
+        ("other-table", [json.dumps(other_table), *lines[1:]], "whose transition table differs"),
+        ("other-format", [json.dumps({**header(), "format": "x"}), *lines[1:]], "not a turnstate"),
+        (
+            "unknown-row",
+            _edit(lines, 3, guard="transient & retries_left & wait_fits & sunny"),
+            ":4: calling -ModelFailed [transient & retries_left & wait_fits & sunny]-> "
+            "backing_off is not a row of this engine's transition table",
+        ),
+        (
+            "wrong-action",
+            _edit(lines, 3, action={"$type": "InvokeTools", "calls": []}),
+            "emits Wait",
+        ),
+        ("out-of-order", [*lines[:3], *lines[4:]], ":4: turn 1 step 3 follows step 1"),
+        ("bad-action", _edit(lines, 2, action={"$type": "Nope"}), "unknown value type"),
+        ("missing-field", _edit(lines, 2, state=None), ":3: state: got None"),
+        ("no-steps", [lines[0]], "no steps"),
+        ("late-header", [lines[0], *lines[1:3], lines[0]], ":4: a header after the first line"),
+        ("odd-type", [*lines, json.dumps({"type": "span"})], "unknown line type 'span'"),
+        ("time-backwards", _edit(lines, 3, t=0.0), "time runs backwards"),
+    ]
+
+
+@pytest.mark.requirement("ER-133")
+@pytest.mark.parametrize(
+    ("case", "lines", "message"), _bad_traces(), ids=[c[0] for c in _bad_traces()]
+)
+def test_a_trace_that_does_not_fit_is_refused(
+    tmp_path: Path, case: str, lines: list[str], message: str
+) -> None:
+    """Refused with the file, the line and the problem; exit 2; nothing written."""
+    source = tmp_path / f"{case}.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    out_dir = tmp_path / "out"
+    code, out, err = run(
+        "trace", str(source), "--out", str(out_dir), "--html", str(tmp_path / "p.html")
+    )
+    assert code == 2, (out, err)
+    assert err.startswith(f"statemachine trace: {source}")
+    assert message in err
+    assert not out_dir.exists()
+    assert not (tmp_path / "p.html").exists()
+    with pytest.raises(TraceFileError):
+        read_trace(lines)
+
+
+@pytest.mark.requirement("ER-133")
+def test_a_missing_or_binary_file_is_refused(tmp_path: Path) -> None:
+    code, _, err = run("trace", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "No such file" in err
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    code, _, err = run("trace", str(binary), "--out", str(tmp_path / "o"))
+    assert code == 2 and "not UTF-8" in err
+
+
+@pytest.mark.requirement("ER-133")
+def test_the_fixtures_of_older_engines_are_refused() -> None:
+    """Committed traces: one of a future format version, one whose table row no
+    longer exists; both refused."""
+    for name, message in (
+        ("format-v0.jsonl", "trace format version 0"),
+        ("removed-row.jsonl", "is not a row of this engine's transition table"),
+    ):
+        with pytest.raises(TraceFileError, match=re.escape(message)):
+            read_trace((DATA / name).read_text().splitlines(), name)
+
+
+def chromium() -> str:
+    """The headless browser; a failure in CI when it is missing."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed, and CI is set: the page test needs it")
+    pytest.skip("chromium is not installed")
+
+
+@pytest.mark.requirement("ER-132")
+def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
+    """The --html page in a real headless Chromium: its script ran (the page marks
+    itself ready), the step named in the address is the highlighted one, its edge
+    is the one drawn active, and the page loads nothing from outside."""
+    browser = chromium()
+    source = tmp_path / "storm.jsonl"
+    source.write_text("\n".join(scenario_trace_lines("rate-limit-storm")) + "\n")
+    page = tmp_path / "incident.html"
+    code, _, err = run(
+        "trace", str(source), "--turn", "2", "--out", str(tmp_path), "--html", str(page)
+    )
+    assert code == 0, err
+    text = page.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["'](https?:|//)""", text)
+    assert "<svg" in text and "<?xml" not in text
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=2000",
+            "--dump-dom",
+            page.as_uri() + "#step_5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    dom = done.stdout
+    assert '<body data-ready="1" data-active="5">' in dom, done.stderr[-2000:]
+    assert '<g id="step_5" class="edge active">' in dom
+    assert dom.count("edge active") == 1
+    pressed = re.findall(r'<button type="button" data-step="(\d+)" aria-pressed="true">', dom)
+    assert pressed == ["5"]
