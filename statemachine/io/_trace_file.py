@@ -23,6 +23,7 @@ is a :class:`TraceFileError` naming the line. A trace is never drawn wrong.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -64,6 +65,7 @@ _EFFECT_ACTIONS: dict[str, type] = {
 """The action class each effect of the table emits."""
 
 
+@functools.cache
 def table_digest() -> str:
     """The SHA-256 (hex) of the transition table, rows in order: two engines whose
     digests agree take the same rows in the same order."""
