@@ -294,6 +294,10 @@ def _print_driver(r: dict[str, Any]) -> list[str]:
         (f"  arun_turn / hand-written asyncio loop, {k}", f"{v:.2f}x")
         for k, v in r.get("over_hand_written_floor", {}).items()
     ]
+    paths += [
+        (f"  run_turn / plain loop, {k}", f"{v:.2f}x")
+        for k, v in r.get("run_turn_over_plain_loop", {}).items()
+    ]
     return _table(
         [
             ("concurrent turns", _fmt(r["concurrent_turns"])),

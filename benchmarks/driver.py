@@ -206,6 +206,81 @@ def _floor_ratios(n: int, repeats: int) -> dict[str, float]:
     return out
 
 
+class SyncContext:
+    def assemble(self, _action: Any) -> Any:
+        return ASSEMBLED
+
+
+class SyncModel:
+    """The blocking twin of :class:`FakeModel`."""
+
+    def __init__(self, *, tools: bool, flaky: bool) -> None:
+        self.tools = tools
+        self.flaky = flaky
+
+    def complete(self, action: Any) -> Any:
+        if self.flaky and action.attempt == 0:
+            raise RATE_LIMITED_EXC
+        return REPLY_TOOLS if self.tools else REPLY
+
+
+class SyncTools:
+    def invoke(self, call: Any) -> Any:
+        if call.provider == "plugin-b":
+            return sm.ToolOutcome(call.id, ok=False, content="died", category="process_crashed")
+        return sm.ToolOutcome(call.id, ok=True, content="sunny")
+
+
+def _noop(_seconds: float) -> None:
+    return None
+
+
+def _plain_loop(models: list[SyncModel], tools: SyncTools, context: SyncContext) -> None:
+    """The blocking floor: the same calls written by hand, with no engine: assemble;
+    call the model, sleeping and calling again after an exception; run the reply's
+    tool calls one after the other."""
+    for model in models:
+        context.assemble(None)
+        attempt = 0
+        while True:
+            try:
+                reply = model.complete(_ATTEMPTS[attempt])
+            except Exception:
+                _noop(0.0)
+                attempt += 1
+                continue
+            break
+        for call in reply.tool_calls:
+            tools.invoke(call)
+
+
+def _sync_ratios(n: int, repeats: int) -> dict[str, float]:
+    """Per path, ``run_turn`` over the plain loop (the two alternately, the median of the
+    per-pair ratios)."""
+    out = {}
+    context, tools = SyncContext(), SyncTools()
+    for label, with_tools, flaky in (
+        ("happy", False, False),
+        ("tool round", True, False),
+        ("rate limit", False, True),
+    ):
+        ratios = []
+        for _ in range(repeats):
+            turns = [sm.Session(seed=i, clock=time.monotonic).new_turn() for i in range(n)]
+            models = [SyncModel(tools=with_tools, flaky=flaky) for _ in range(n)]
+            gc.collect()
+            t0 = time.perf_counter()
+            for turn, model in zip(turns, models, strict=True):
+                sm.run_turn(turn, model=model, tools=tools, context=context, sleep=_noop)
+            driver = time.perf_counter() - t0
+            gc.collect()
+            t0 = time.perf_counter()
+            _plain_loop(models, tools, context)
+            ratios.append(driver / (time.perf_counter() - t0))
+        out[label] = statistics.median(ratios)
+    return out
+
+
 def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
     """Events/s through ``arun_turn`` at ``n`` concurrent turns (or a skip message)."""
     try:
@@ -259,5 +334,6 @@ def run(n: int = 10_000, repeats: int = 3) -> dict[str, Any]:
         "driver_overhead_x": hand / rate,
         "us_per_event_by_path": by_path,
         "over_hand_written_floor": _floor_ratios(n, repeats),
+        "run_turn_over_plain_loop": _sync_ratios(n, repeats),
         "statuses": statuses,
     }
