@@ -647,3 +647,45 @@ def test_otlp_export_to_a_real_receiver_process() -> None:
     assert {a["key"]: a["value"] for a in turn["attributes"]}["turnstate.turn.status"] == {
         "stringValue": "completed"
     }
+
+
+@pytest.mark.requirement("ER-121", "ER-122")
+def test_an_engine_that_records_the_error_lights_up_the_wait(otel: Otel) -> None:
+    """The trace records hold no ModelError for a wait or a fallback (the engine does
+    not record it yet): a record that carries ``error`` and a Wait that carries
+    ``retry_after`` (what the engine is asked to add) put the HTTP status and the
+    retry-after honoured on the chat span and the wait event."""
+    import attrs
+
+    @attrs.frozen
+    class RecordWithError(sm.TraceRecord):
+        error: sm.ModelError | None = None
+
+    @attrs.frozen
+    class WaitWithRetryAfter(sm.Wait):
+        retry_after: float | None = None
+
+    clock = Clock()
+    seen: list[sm.TraceRecord] = []
+    session = sm.Session(sm.Settings(), seed=3, clock=clock, observers=[seen.append])
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request={}, size=1))
+    error = sm.ModelError("rate_limited", retry_after_seconds=2, status=429)
+    turn.send(sm.ModelFailed(error))
+    telemetry = otel.telemetry(clock_offset=0.0)
+    for record in seen:
+        fed = record
+        if isinstance(record.action, sm.Wait):
+            wait = WaitWithRetryAfter(
+                record.action.seconds, record.action.category, record.action.attempt, 2.0
+            )
+            fields = {**attrs.asdict(record, recurse=False), "action": wait}
+            fed = RecordWithError(**fields, error=error)
+        telemetry.observe(fed)
+    telemetry.end()
+    (chat,) = [s for s in otel.spans() if s.name == "chat"]
+    assert (chat.attributes or {})["http.response.status_code"] == 429
+    (turn_span,) = [s for s in otel.spans() if s.name.startswith("invoke_agent")]
+    (event,) = [e for e in turn_span.events if e.name == "turnstate.wait"]
+    assert (event.attributes or {})["turnstate.retry_after_s"] == 2.0
