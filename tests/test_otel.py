@@ -689,3 +689,30 @@ def test_an_engine_that_records_the_error_lights_up_the_wait(otel: Otel) -> None
     (turn_span,) = [s for s in otel.spans() if s.name.startswith("invoke_agent")]
     (event,) = [e for e in turn_span.events if e.name == "turnstate.wait"]
     assert (event.attributes or {})["turnstate.retry_after_s"] == 2.0
+
+
+@pytest.mark.requirement("ER-123")
+def test_a_bound_session_ends_its_span_when_a_limit_ends_it(otel: Otel) -> None:
+    """max_turns=1 on a bound session: the limit event at the final-answer turn's
+    start, the session span ended at its Finish with error_max_turns, no end() call."""
+    clock = Clock()
+    telemetry = otel.telemetry(clock_offset=0.0)
+    session = sm.Session(sm.Settings(max_turns=1), clock=clock, observers=[telemetry])
+    telemetry.bind(session)
+    for _ in range(2):
+        turn = session.new_turn()
+        turn.start()
+        clock.now += 1
+        turn.send(sm.Assembled(request={}, size=1))
+        clock.now += 1
+        turn.send(sm.ModelReplied())
+    assert session.status is sm.SessionStatus.ERROR_MAX_TURNS
+    (span,) = [s for s in otel.spans() if s.name == "session"]
+    assert span.end_time == int(clock.now * 1e9)
+    assert [(e.name, e.timestamp) for e in span.events] == [
+        ("turnstate.limit", int(102e9)),
+        ("turnstate.session_end", int(104e9)),
+    ]
+    turns = [s for s in otel.spans() if s.name.startswith("invoke_agent")]
+    assert [(s.attributes or {}).get("turnstate.turn.final_answer") for s in turns] == [False, True]
+    assert (span.attributes or {})["turnstate.session.status"] == "error_max_turns"
