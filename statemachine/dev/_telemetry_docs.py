@@ -25,8 +25,9 @@ from ..io._otel import Telemetry
 from ._scenarios import Scenario, builtin
 from ._simulate import EPOCH, StepRecord, run, step_json
 
-SPAN_TREE_SCENARIO = "overloaded-fallback"
-"""The run whose span tree the telemetry page shows."""
+SPAN_TREE_SCENARIO = "docs/telemetry-demo.toml"
+"""The run whose span tree the telemetry page and the README show (a scenario file:
+its model and tool calls take time)."""
 BREAKER_SCENARIO = "plugin-crash-breaker"
 """The run whose session events the telemetry page shows."""
 INCIDENT_SCENARIO = "rate-limit-storm"
@@ -150,8 +151,18 @@ _TREE_ATTRIBUTES = (
 )
 
 
+def _scenario(name: str) -> Scenario:
+    """A built-in scenario, or a scenario file relative to the repository."""
+    if name.endswith(".toml"):
+        from ._scenarios import load  # noqa: PLC0415
+
+        return load(Path(__file__).resolve().parents[2] / name)
+    return builtin(name)
+
+
 def run_span_tree(scenario: str) -> str:
-    """The span tree of a built-in scenario's run, on the SDK's in-memory exporter."""
+    """The span tree of a scenario's run (a built-in's name or a file of the
+    repository), on the SDK's in-memory exporter."""
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - dev dependency
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: PLC0415
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: PLC0415
@@ -162,7 +173,7 @@ def run_span_tree(scenario: str) -> str:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry = Telemetry(tracer_provider=provider, clock_offset=EPOCH, provider_name="demo")
-    scenario_telemetry(scenario, telemetry)
+    scenario_telemetry(_scenario(scenario), telemetry)
     provider.shutdown()
     return span_tree(exporter.get_finished_spans(), attributes=_TREE_ATTRIBUTES)
 
@@ -172,8 +183,9 @@ def span_tree_block() -> str:
     tree = run_span_tree(SPAN_TREE_SCENARIO)
     return (
         f"{BLOCK_START}\n"
-        f"`python -m statemachine simulate {SPAN_TREE_SCENARIO}` with a `Telemetry` observer "
-        "(times on the virtual clock):\n\n"
+        f"The spans of `python -m statemachine simulate {SPAN_TREE_SCENARIO}` (529s on the "
+        "primary model, a fallback that answers with a tool call), through a `Telemetry` "
+        "observer, times on the virtual clock:\n\n"
         f"```text\n{tree}```\n{BLOCK_END}"
     )
 
