@@ -124,7 +124,7 @@ class Model:
         request = action.request
         script = request["prompt"] or {}
         failure = script.get("fail")
-        if failure is not None:
+        if failure is not None and request["turn"] <= script.get("fail_turns", 1 << 30):
             fails = script.get("fails", 1)
             context = failure == "context_length_exceeded"
             if (context and not request["reduced"]) or (not context and action.attempt < fails):

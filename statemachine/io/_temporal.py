@@ -532,9 +532,10 @@ class SessionInput:
     ``prompt`` is the host's data for the context provider (:func:`conversation`);
     ``settings`` a ``Settings.to_dict()``-shaped mapping (unknown keys fail the
     workflow: ``ConfigError``); ``seed`` ``None``: derived from the workflow id.
-    ``sleep_through_deferred``: a turn that ends ``retry_deferred`` (the server asked
-    for more than ``max_server_wait_s``) is followed by a durable sleep until its
-    ``retry_at`` and a new turn, instead of ending the session.
+    ``sleep_through_deferred``: how many turns in a row that end ``retry_deferred``
+    (the server asked for more than ``max_server_wait_s``) are each followed by a
+    durable sleep until their ``retry_at`` and a new turn, instead of ending the
+    workflow (0: none; the count bounds a server that keeps deferring).
     ``turns_per_run``: continue-as-new after this many turns in one run (Temporal's
     own suggestion is followed too). ``snapshot``, ``turns`` and ``runs`` are what
     continue-as-new carries; leave them out.
@@ -544,7 +545,7 @@ class SessionInput:
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     seed: int | None = None
     session_id: str | None = None
-    sleep_through_deferred: bool = False
+    sleep_through_deferred: int = 0
     turns_per_run: int = 50
     task_queue: str | None = None
     activity_timeout_s: float | None = None
@@ -658,7 +659,7 @@ async def session_loop(
     session = open_session(data, io, workflow_id)
     holder.session = session
     turns = list(data.turns)
-    ran = 0
+    ran = deferred = 0
     while session.status is None:
         turn = session.current_turn
         if turn is None or turn.done:
@@ -670,7 +671,8 @@ async def session_loop(
         if finish.done and session.status is None:
             session.end(SessionStatus.COMPLETED)
             break
-        if finish.status is TurnStatus.RETRY_DEFERRED and data.sleep_through_deferred:
+        deferred = deferred + 1 if finish.status is TurnStatus.RETRY_DEFERRED else 0
+        if deferred and deferred <= data.sleep_through_deferred:
             retry_at = finish.retry_at if finish.retry_at is not None else io.now()
             await io.sleep(max(0.0, retry_at - io.now()))
         elif finish.status not in _GOES_ON:

