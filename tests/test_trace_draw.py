@@ -275,8 +275,9 @@ def chromium() -> str:
 @pytest.mark.requirement("ER-132")
 def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
     """The --html page in a real headless Chromium: its script ran (the page marks
-    itself ready), the step named in the address is the highlighted one, its edge
-    is the one drawn active, and the page loads nothing from outside."""
+    itself ready), the step named in the address was the one highlighted first, a
+    click on another step's button moves the highlight (its button pressed, its edge
+    the only one drawn active), and the page loads nothing from outside."""
     browser = chromium()
     source = tmp_path / "storm.jsonl"
     source.write_text("\n".join(scenario_trace_lines("rate-limit-storm")) + "\n")
@@ -288,6 +289,15 @@ def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
     text = page.read_text()
     assert not re.search(r"""(src|href)\s*=\s*["'](https?:|//)""", text)
     assert "<svg" in text and "<?xml" not in text
+    # a copy that, once the page's own script ran, notes the step the address chose
+    # and clicks step 7's button the way a reviewer would
+    clicked = tmp_path / "clicked.html"
+    probe = (
+        "<script>document.body.setAttribute('data-first', "
+        "document.body.getAttribute('data-active'));"
+        "document.querySelector('button[data-step=\"7\"]').click();</script>\n</body>"
+    )
+    clicked.write_text(text.replace("</body>", probe, 1))
     done = subprocess.run(
         [
             browser,
@@ -299,7 +309,7 @@ def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
             f"--user-data-dir={tmp_path / 'profile'}",
             "--virtual-time-budget=2000",
             "--dump-dom",
-            page.as_uri() + "#step_5",
+            clicked.as_uri() + "#step_5",
         ],
         capture_output=True,
         text=True,
@@ -307,8 +317,8 @@ def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
         check=False,
     )
     dom = done.stdout
-    assert '<body data-ready="1" data-active="5">' in dom, done.stderr[-2000:]
-    assert '<g id="step_5" class="edge active">' in dom
+    assert '<body data-ready="1" data-active="7" data-first="5">' in dom, done.stderr[-2000:]
+    assert '<g id="step_7" class="edge active">' in dom
     assert dom.count("edge active") == 1
     pressed = re.findall(r'<button type="button" data-step="(\d+)" aria-pressed="true">', dom)
-    assert pressed == ["5"]
+    assert pressed == ["7"]
