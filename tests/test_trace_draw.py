@@ -100,11 +100,22 @@ def test_the_writer_file_reads_back_as_the_sessions_records() -> None:
 
 @pytest.mark.requirement("ER-130")
 def test_the_writer_appends_to_a_path(tmp_path: Path) -> None:
-    """Given a path, the writer opens it for appending and closes it on close()."""
+    """Given a path, the writer opens it for appending (a header only in a new file)
+    and closes it on close()."""
     path = tmp_path / "session.jsonl"
-    _, seen = recorded_session(path)
-    trace = read_trace(path.read_text(encoding="utf-8").splitlines())
-    assert len(trace.steps) == len(seen)
+    session, seen = recorded_session(path)
+    # a restarted process restores the session and appends: no second header
+    data = session.snapshot()
+    writer = TraceWriter(path)
+    restored = sm.Session.restore(data, clock=Clock(), observers=[writer, seen.append])
+    turn = restored.new_turn()
+    turn.start()
+    writer.close()
+    text = path.read_text(encoding="utf-8")
+    assert text.count('"type": "header"') == 1
+    trace = read_trace(text.splitlines())
+    assert [s.record for s in trace.steps] == seen
+    assert trace.steps[-1].record.turn == 3
 
 
 @pytest.mark.requirement("ER-131")

@@ -113,8 +113,10 @@ class TraceWriter:
     """An observer that writes every transition to ``target`` as a trace file line.
 
     ``target`` is a path (opened for appending text; closed by :meth:`close`) or an
-    open text stream (left open). The header is written before the first step. Each
-    line is flushed as it is written, so a crash loses no transition already taken.
+    open text stream (left open). The header is written before the first step, unless
+    the file at ``target`` already has content: a process that restores the session
+    after a restart appends to its trace. Each line is flushed as it is written, so a
+    crash loses no transition already taken.
     A host's data inside actions (requests, tool arguments, replies) is written as it
     is: a trace file holds what the session held.
 
@@ -127,10 +129,11 @@ class TraceWriter:
         if isinstance(target, str | Path):
             self._stream: IO[str] = open(target, "a", encoding="utf-8")  # noqa: SIM115
             self._owned = True
+            self._started = self._stream.tell() > 0
         else:
             self._stream = target
             self._owned = False
-        self._started = False
+            self._started = False
 
     def __call__(self, record: TraceRecord) -> None:
         stream = self._stream
