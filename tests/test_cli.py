@@ -21,6 +21,10 @@ from statemachine.dev._simulate import run
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {
+    name: (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8")
+    for name in ("machine", "settings", "simulate")
+}
 
 
 def _run(*argv: str) -> tuple[int, str, str]:
@@ -229,11 +233,11 @@ def test_readme_first_command_in_a_subprocess() -> None:
 # -- the README ---------------------------------------------------------------------------
 
 
-def _blocks(language: str) -> list[str]:
-    """The README's fenced blocks of ``language``, skipping any right after a
-    ``<!-- not-run -->`` comment (for examples that need a network or an API key)."""
+def _blocks(language: str, text: str = README) -> list[str]:
+    """The fenced blocks of ``language`` of ``text`` (the README), skipping any right
+    after a ``<!-- not-run -->`` comment (for examples that need a network or an API key)."""
     pattern = re.compile(rf"(<!-- not-run -->\s*)?```{language}\n(.*?)```", re.DOTALL)
-    return [match.group(2) for match in pattern.finditer(README) if not match.group(1)]
+    return [match.group(2) for match in pattern.finditer(text) if not match.group(1)]
 
 
 @pytest.mark.requirement("ER-69")
@@ -249,10 +253,10 @@ def test_readme_python_blocks_run() -> None:
 
 @pytest.mark.requirement("ER-69")
 def test_readme_mermaid_block_is_the_generated_diagram() -> None:
-    """The README's mermaid block is ``diagrams/turn.mmd``, byte for byte."""
-    (block,) = _blocks("mermaid")
+    """docs/machine.md's mermaid block is ``diagrams/turn.mmd``, byte for byte."""
+    (block,) = _blocks("mermaid", DOCS["machine"])
     assert block == (ROOT / "diagrams" / "turn.mmd").read_text(encoding="utf-8"), (
-        "run: python -m statemachine diagram --readme README.md"
+        "run: python -m statemachine diagram --readme docs/machine.md"
     )
 
 
@@ -270,13 +274,13 @@ def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
 
 @pytest.mark.requirement("ER-69")
 def test_readme_scenario_example_runs_and_builtin_table_matches() -> None:
-    """The README's scenario example is valid and meets its expectations, and its table
-    of built-ins gives each one's real turn and session statuses."""
-    (example,) = [block for block in _blocks("toml") if "[[turn]]" in block]
-    result = run(parse(example, "README.md", "readme"))
+    """docs/simulate.md's scenario example is valid and meets its expectations, and its
+    table of built-ins gives each one's real turn and session statuses."""
+    (example,) = [block for block in _blocks("toml", DOCS["simulate"]) if "[[turn]]" in block]
+    result = run(parse(example, "docs/simulate.md", "readme"))
     assert result.ok, result.failures
     row = re.compile(r"^\| `([a-z-]+)` \| [^|]+ \| ([a-z_, ]+) \| ([a-z_]+) \|$", re.MULTILINE)
-    rows = {m.group(1): (m.group(2), m.group(3)) for m in row.finditer(README)}
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in row.finditer(DOCS["simulate"])}
     assert set(rows) == set(builtin_names())
     for name, (turns, session) in rows.items():
         outcome = run(builtin(name))
@@ -286,8 +290,8 @@ def test_readme_scenario_example_runs_and_builtin_table_matches() -> None:
 
 @pytest.mark.requirement("ER-69")
 def test_readme_settings_table_lists_every_field_with_its_default() -> None:
-    """Each ``Settings`` field has a row in the README with its real default."""
-    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+?) \|", README, re.MULTILINE))
+    """Each ``Settings`` field has a row in docs/settings.md with its real default."""
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+?) \|", DOCS["settings"], re.MULTILINE))
     defaults = sm.Settings()
     for field in attrs.fields(sm.Settings):
         assert field.name in rows, field.name

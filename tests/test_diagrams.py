@@ -31,7 +31,7 @@ from statemachine.dev._diagrams import (
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "diagrams"
 HAS_DOT = shutil.which("dot") is not None
-REGENERATE = "regenerate with: python -m statemachine diagram --readme README.md"
+REGENERATE = "regenerate with: python -m statemachine diagram --readme docs/machine.md"
 
 
 @pytest.mark.requirement("ER-60")

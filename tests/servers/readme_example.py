@@ -1,7 +1,8 @@
-"""The README's "Embedding with the async driver and an SDK" example, verbatim below
-the marker; tests/test_sdk_e2e.py runs it against the loopback server."""
+"""The README's SDK example ("A turn behind a real SDK"), verbatim below the marker
+(tests/test_docs.py checks it); tests/test_sdk_e2e.py runs it against the loopback server."""
 
 # --- README snippet ---
+import asyncio
 import time
 
 import anthropic
@@ -23,6 +24,7 @@ class Tools:  # your tools (or statemachine.mcp.MCPStdioTools)
 
 async def main(base_url=None, api_key=None, sleep=None):
     session = sm.Session(sm.Settings(model_timeout_s=60), seed=1, clock=time.monotonic)
+    # max_retries=0: the engine is the one retry owner (api_key=None: ANTHROPIC_API_KEY)
     client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
     async with client:
         model = AsyncAnthropicModel(client, model="claude-sonnet-5")
@@ -30,3 +32,7 @@ async def main(base_url=None, api_key=None, sleep=None):
         finish = await sm.arun_turn(turn, model=model, tools=tools, context=context, sleep=sleep)
     print(finish.status, [result.content for result in finish.tool_results])
     return finish
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
