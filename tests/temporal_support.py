@@ -75,7 +75,10 @@ FAILURES: dict[str, Callable[[dict[str, Any]], Exception | sm.ModelFailed]] = {
     ),
     "auth_error": lambda s: _http_error(
         401,
-        {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
+        {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+        },
     ),
     "invalid_request": lambda s: _http_error(
         400,

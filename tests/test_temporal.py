@@ -460,7 +460,7 @@ def test_the_replay_check_reports_the_first_drift() -> None:
     assert "timer" in seed.expected
     assert "timer" in seed.found
     assert seed.index > 0  # the first waits are the retry-after's: a seed cannot change them
-    prompt, settings = support.RECORDINGS["storm"]
+    _, settings = support.RECORDINGS["storm"]
     slower = smt.check_replay(text, settings=sm.Settings(**{**settings, "base_delay_ms": 300}))
     assert slower is not None
     assert slower.index <= seed.index
@@ -521,7 +521,9 @@ def test_engine_bug_errors_fail_the_workflow_instead_of_retrying_its_task(
                 IllegalWorkflow.run, id=support.new_id("illegal"), task_queue=QUEUE
             ),
         ]
-        for handle, kind in zip(handles, ("ConfigError", "SnapshotError", "IllegalEvent")):
+        for handle, kind in zip(
+            handles, ("ConfigError", "SnapshotError", "IllegalEvent"), strict=True
+        ):
             with pytest.raises(WorkflowFailureError) as failure:
                 await handle.result()
             cause = failure.value.cause
@@ -576,11 +578,11 @@ def test_the_public_surface() -> None:
     assert done.stdout.strip() == "False"
     for name in smt.__all__:
         assert getattr(smt, name) is not None
-    assert smt.BUG_ERRORS == (
+    assert (
         sm.IllegalEvent,
         sm.ConfigError,
         sm.SnapshotError,
         sm.SessionEnded,
         sm.TurnInProgress,
-    )
+    ) == smt.BUG_ERRORS
     assert Path(smt.__file__).name == "temporal.py"
