@@ -344,3 +344,33 @@ def test_step_times_that_run_backwards_are_refused() -> None:
     data["turn"]["times"] = [1.0, 0.5]
     with pytest.raises(sm.SnapshotError, match=r"turn\.times: a transition was taken before"):
         sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-3", "ER-97")
+def test_a_wait_names_the_retry_after_it_honours_and_keeps_it_across_restore() -> None:
+    """``Wait.retry_after`` is the server's requested wait the engine honoured (``None``
+    without one); it survives a snapshot, and a forged one longer than its wait, or on a
+    tool round's wait, is refused."""
+    clock = ManualClock()
+    session = new_session(clock=clock)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request={}, size=1))
+    wait = turn.send(fail("rate_limited", retry_after_seconds=4.0))
+    assert isinstance(wait, sm.Wait)
+    assert wait.retry_after == 4.0
+    assert wait.seconds >= 4.0
+    turn.send(sm.WaitDone())
+    plain = turn.send(fail("rate_limited"))
+    assert isinstance(plain, sm.Wait)
+    assert plain.retry_after is None
+    data = json.loads(json.dumps(session.snapshot()))
+    restored = sm.Session.restore(data, clock=clock).current_turn
+    assert restored is not None
+    assert [getattr(r.action, "retry_after", "-") for r in restored.trace][2:5] == [4.0, "-", None]
+    data["turn"]["actions"][2]["retry_after"] = wait.seconds + 1
+    with pytest.raises(sm.SnapshotError, match="shorter than the retry-after"):
+        sm.Session.restore(data, clock=clock)
+    data["turn"]["actions"][2]["retry_after"] = "4"
+    with pytest.raises(sm.SnapshotError, match=r"Wait\.retry_after"):
+        sm.Session.restore(data, clock=clock)

@@ -41,11 +41,16 @@ class Wait:
 
     ``category`` is a model error's (``rate_limited``, ``overloaded``) before a model
     call is retried, or ``ToolErrorCategory.CONCURRENCY_CONFLICT`` before a tool call
-    that conflicted is re-invoked."""
+    that conflicted is re-invoked. ``retry_after`` is the wait the server asked for
+    (``retry-after``, ``retry-after-ms``, an HTTP-date or the error's own field), in
+    seconds, which ``seconds`` is never shorter than; ``None`` when it asked for none
+    (and for a tool's wait). It is information for observers: two waits that differ
+    only in it compare equal."""
 
     seconds: float
     category: ErrorCategory | ToolErrorCategory
     attempt: int
+    retry_after: float | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

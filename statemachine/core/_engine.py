@@ -433,7 +433,7 @@ def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Act
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
     core.state.retries += 1
     _take_wait(core, facts.seconds)
-    return Wait(facts.seconds, event.error.category, turn.attempt)
+    return Wait(facts.seconds, event.error.category, turn.attempt, facts.server)
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:

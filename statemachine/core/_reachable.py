@@ -459,11 +459,15 @@ def _action_problem(
             return f"{where}: a tool round's Wait for {action.category}"
         if action.attempt >= settings.max_conflict_retries:
             return f"{where}: Wait attempt {action.attempt} beyond max_conflict_retries"
+        if action.retry_after is not None:
+            return f"{where}: a tool round's Wait names a server's retry-after"
         if not (math.isfinite(action.seconds) and 0 <= action.seconds <= longest_wait):
             return f"{where}: a wait of {action.seconds!r} s the settings cannot ask for"
     elif type(action) is Wait:
         if action.attempt != step[1 + _ATTEMPT]:
             return f"{where}: Wait attempt {action.attempt}, not the step's"
+        if action.retry_after is not None and not action.retry_after <= action.seconds:
+            return f"{where}: a wait shorter than the retry-after it honours"
         if not (math.isfinite(action.seconds) and 0 <= action.seconds <= longest_wait):
             return f"{where}: a wait of {action.seconds!r} s the settings cannot ask for"
     elif type(action) is InvokeTools and turn.final_answer:

@@ -396,7 +396,11 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
         ("model", _is_text),
         ("withhold_tools", lambda v: type(v) is bool),
     ),
-    Wait: (("seconds", _is_seconds), ("attempt", _is_count)),
+    Wait: (
+        ("seconds", _is_seconds),
+        ("attempt", _is_count),
+        ("retry_after", lambda v: _is_seconds(v, optional=True)),
+    ),
     InvokeTools: (("calls", lambda v: _all(v, ToolCall) and len(v) > 0),),
     Finish: (
         ("status", lambda v: type(v) is TurnStatus),
