@@ -11,7 +11,8 @@ and a dict table), ``events`` (µs per event on every path), ``creation`` (sessi
 turn creation, and against 1k/10k/100k live turns), ``memory`` (bytes per live turn at
 10,000 live), ``copy`` (snapshot + restore against JSON, ``Worker.advance`` against one
 event), ``driver`` (events/s through ``sm.arun_turn`` at 10,000 concurrent
-turns), ``classify`` (µs per ``sm.classify`` on a small and on 10 MB bodies),
+turns), ``classify`` (µs per ``sm.classify`` on a small and on 10 MB bodies), ``otel``
+(what an observer costs per event: records, a trace file, telemetry),
 ``check`` (the model check of default settings), ``hypothesis`` (examples/s
 of the stateful suite), ``crash`` (crash-detection latency of real plugin processes)
 and ``redis`` (the Redis session store), the last two when their modules and
@@ -58,6 +59,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "copy": {"n": 10, "repeats": 1},
     "tools": {"turns": 5, "repeats": 1},
     "classify": {"n": 5, "big_n": 2, "repeats": 1, "size": 100_000},
+    "otel": {"n": 50, "repeats": 2},
 }
 
 ALL = (
@@ -69,6 +71,7 @@ ALL = (
     "tools",
     "driver",
     "classify",
+    "otel",
     "check",
     "hypothesis",
     "crash",
@@ -346,6 +349,17 @@ def _print_copy(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print_otel(r: dict[str, Any]) -> list[str]:
+    lines = [f"  {r['unit']}"]
+    lines += _table(
+        [
+            (k, f"{v:.2f} µs (+{r['extra_us_per_event'][k]:.2f})")
+            for k, v in r["us_per_event"].items()
+        ]
+    )
+    return lines
+
+
 def _print_classify(r: dict[str, Any]) -> list[str]:
     lines = [f"  {r['unit']}, big bodies of {r['body_bytes']:,} bytes"]
     lines += _table([(k, _fmt(v, " µs")) for k, v in r["rows"].items()])
@@ -356,6 +370,7 @@ def _print_classify(r: dict[str, Any]) -> list[str]:
 
 _PRINTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classify": _print_classify,
+    "otel": _print_otel,
     "copy": _print_copy,
     "tools": _print_tools,
     "retry": _print_retry,
@@ -375,6 +390,7 @@ TITLES = {
     "tools": "8. a tool round of n calls, per call",
     "driver": "4b. asyncio driver throughput",
     "classify": "7. sm.classify on small and hostile bodies",
+    "otel": "9. what an observer costs per event (records, trace file, telemetry)",
     "check": "5a. model check of default settings",
     "hypothesis": "5b. hypothesis examples per second (stateful suite)",
     "crash": "crash-detection latency (real plugin processes)",

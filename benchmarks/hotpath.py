@@ -99,16 +99,19 @@ def _slot_setters(cls: type, names: tuple[str, ...]) -> list[Callable[[Any, Any]
     return [cls.__dict__[name].__set__ for name in names]
 
 
-def fast_wait_factory() -> Callable[[float, ErrorCategory, int], Wait]:
+def fast_wait_factory() -> Callable[..., Wait]:
     """``Wait(...)`` without attrs' frozen ``__init__``: slot descriptors set directly."""
     new = object.__new__
-    s, c, a = _slot_setters(Wait, ("seconds", "category", "attempt"))
+    s, c, a, r = _slot_setters(Wait, ("seconds", "category", "attempt", "retry_after"))
 
-    def make(seconds: float, category: ErrorCategory, attempt: int) -> Wait:
+    def make(
+        seconds: float, category: ErrorCategory, attempt: int, retry_after: float | None = None
+    ) -> Wait:
         w = new(Wait)
         s(w, seconds)
         c(w, category)
         a(w, attempt)
+        r(w, retry_after)
         return w
 
     return make

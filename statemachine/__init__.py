@@ -43,6 +43,7 @@ from .io._drivers import (
     arun_turn,
     run_turn,
 )
+from .io._trace_file import TraceFileError, TraceWriter
 
 try:
     __version__: str = _metadata.version("turnstate")
@@ -84,7 +85,9 @@ __all__ = [
     "ToolProvider",
     "ToolResult",
     "ToolsDone",
+    "TraceFileError",
     "TraceRecord",
+    "TraceWriter",
     "Turn",
     "TurnInProgress",
     "TurnStatus",

@@ -215,6 +215,18 @@ def documents() -> dict[str, str]:
     }
 
 
+USAGE = (
+    "import statemachine as sm\n"
+    "from statemachine.otel import Telemetry\n\n"
+    'telemetry = Telemetry(provider_name="anthropic", session_id="chat-42")\n'
+    "session = sm.Session(sm.Settings(), observers=[telemetry])\n"
+    "telemetry.bind(session)  # the session's limits and status, as they happen\n"
+    "# ... run the session's turns: each becomes a span tree ...\n"
+    "telemetry.end()  # after the last turn (a limit ends it by itself)\n"
+)
+"""How a host attaches the observer (runs as written: tests/test_docs.py)."""
+
+
 def _telemetry_page() -> str:
     out = io.StringIO()
     out.write(
@@ -225,11 +237,7 @@ def _telemetry_page() -> str:
         "'turnstate[otel]'`, which needs `opentelemetry-api` only). It turns the trace "
         "into spans that follow the OpenTelemetry GenAI semantic conventions, on the "
         "session's injected clock:\n\n"
-        "```python\nfrom statemachine.otel import Telemetry\n\n"
-        'telemetry = Telemetry(provider_name="anthropic", session_id="chat-42")\n'
-        "session = sm.Session(settings, observers=[telemetry])\n"
-        "telemetry.bind(session)   # the session's limits and status, as they happen\n"
-        "...\ntelemetry.end()          # after the last turn (a limit ends it by itself)\n```\n\n"
+        f"```python\n{USAGE}```\n\n"
         "| span | kind | attributes |\n|---|---|---|\n"
         "| `session` | internal | `gen_ai.agent.name`, `gen_ai.conversation.id`, "
         "`turnstate.session.status`; events `turnstate.breaker_open`, `turnstate.limit`, "
@@ -282,8 +290,8 @@ def _incident_page(mermaid: str, steps: str) -> str:
         "writes `incident.dot`, `incident.svg` (below), `incident.mmd` (the "
         "mermaid at the end) and `incident.html`. A production host records the same "
         "lines with the `TraceWriter` observer "
-        "(`Session(..., observers=[TraceWriter(path)])`, from "
-        "`statemachine.io._trace_file`): a header naming the format, its version, the "
+        "(`sm.Session(..., observers=[sm.TraceWriter(path)])`): a header naming the "
+        "format, its version, the "
         "engine version and a digest of the transition table, then one line per "
         "transition. A trace of another format version or table, or with a step that is "
         "not a row of this table, is refused with its line (exit status 2), never drawn "
