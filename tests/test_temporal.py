@@ -65,7 +65,7 @@ def env(runner: asyncio.Runner) -> Iterator[WorkflowEnvironment]:
         WorkflowEnvironment.start_local(
             ip="127.0.0.1",
             dev_server_existing_path=binary,
-            dev_server_extra_args=list(support.TIME_SKIPPING),
+            dev_server_extra_args=list(support.SERVER_ARGS),
         )
     )
     worker, task = runner.run(_start(environment.client))
