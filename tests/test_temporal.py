@@ -589,6 +589,25 @@ def test_the_public_surface() -> None:
     assert Path(smt.__file__).name == "temporal.py"
 
 
+@pytest.mark.requirement("ER-101")
+def test_a_model_provider_with_sdk_retries_is_refused() -> None:
+    """Activities refuse a model provider whose SDK client retries on its own (three
+    SDK retries times five engine retries would be fifteen requests)."""
+    anthropic = pytest.importorskip("anthropic")
+
+    class Model:
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            return sm.ModelReplied()
+
+    client = anthropic.AsyncAnthropic(api_key="test-key")
+    with pytest.raises(sm.ConfigError, match="max_retries"):
+        smt.Activities(model=Model(client))
+    assert smt.Activities(model=Model(client.with_options(max_retries=0))).all
+
+
 @pytest.mark.requirement("ER-117")
 def test_the_documented_example_runs_against_a_dev_server(
     runner: asyncio.Runner,

@@ -326,6 +326,7 @@ def check_replay(
     *,
     settings: Settings | None = None,
     seed: int | None = None,
+    workflow_id: str | None = None,
     data_converter: DataConverter | None = None,
 ) -> Drift | None:
     """Replay one run of a recorded :class:`SessionWorkflow` history through the
@@ -335,7 +336,10 @@ def check_replay(
     JSON (``to_json()``, text or parsed). By default the run replays with the
     input it was started with; ``settings`` and ``seed`` replace the input's (or the
     carried snapshot's), to see what a changed configuration would have done to a
-    recorded session. ``data_converter`` must be the one the workflow ran with.
+    recorded session. The workflow id (the default seed and session id) is read from
+    the history (a ``WorkflowHistory``'s, or the start event's); pass ``workflow_id``
+    for a JSON history from a server that does not record it. ``data_converter`` must
+    be the one the workflow ran with.
     """
     events = _history(history)
     if not events or events[0].event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
@@ -343,9 +347,9 @@ def check_replay(
     recorded = _History(events, data_converter or DataConverter.default)
     data: SessionInput = recorded.input_of(events[0], "workflow_execution_started_event_attributes")
     data = _override(data, settings, seed)
-    workflow_id = events[0].workflow_execution_started_event_attributes.workflow_id or ""
-    if not workflow_id:
-        workflow_id = _workflow_id(history)
+    if workflow_id is None:
+        workflow_id = events[0].workflow_execution_started_event_attributes.workflow_id
+        workflow_id = workflow_id or _workflow_id(history)
     end = recorded.end()
     try:
         outcome = _run(session_loop(data, recorded, workflow_id, Holder()))
