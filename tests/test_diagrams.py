@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_svg_records_its_source_instead_of_the_graphviz_version() -> None:
 def test_every_table_row_is_an_edge_label_in_both_engines() -> None:
     """Each row shows as ``Event [guards] / Action`` on the edge from its source to its
     destination, in the graphviz and the mermaid diagram alike."""
-    dot = dot_source(views()[0])
+    dot = dot_source(views()[1])
     mmd = mermaid_source()
     for row in ROWS:
         label = row.event
@@ -119,7 +120,7 @@ def test_every_table_row_is_an_edge_label_in_both_engines() -> None:
 def test_terminal_states_are_coloured_by_kind_with_a_legend() -> None:
     """Terminal states carry their kind's colours and name; the legend explains every
     kind and every guard; mermaid classes them the same way."""
-    dot = dot_source(views()[0])
+    dot = dot_source(views()[1])
     mmd = mermaid_source()
     for state, kind in TERMINAL_KIND.items():
         fill, line = KIND_COLOURS[kind]
@@ -152,7 +153,7 @@ def test_category_views_highlight_only_that_categorys_rows() -> None:
     assert by_effect["retry"] in rate
     assert by_effect["reduce"] in overflow
     assert by_effect["reduce"] not in rate
-    assert len(views()) == 1 + len(ErrorCategory)
+    assert len(views()) == 2 + len(ErrorCategory)
     dot = dot_source(next(v for v in views() if v.name == "category-auth_error"))
     assert "ModelFailed [auth_error] / Finish(auth_error)" in dot
     assert "Wait" not in dot.split("subgraph cluster_legend")[0].replace("WaitDone", "")
@@ -194,3 +195,54 @@ def test_readme_option_puts_the_mermaid_diagram_into_a_readme(tmp_path: Path) ->
     err = io.StringIO()
     assert main(args, stdout=out, stderr=err) == 2
     assert "no ```mermaid block" in err.getvalue()
+
+
+PAGE_WIDTH_PX = 1200
+"""The default view's limit: at most 1,200 px wide rendered at 96 dpi (GitHub shows a
+README image in a column of about 900 px, so its 11-pt labels stay above 8 pt)."""
+
+
+@pytest.mark.requirement("ER-61")
+def test_the_default_view_numbers_every_row_on_its_edge_and_in_its_table() -> None:
+    """The page-width view labels each edge with the numbers of its rows and lists every
+    row, numbered, in a table under the machine; the Cancelled rows (one from every
+    running state) are one table line and unlabelled dashed edges, never stacked labels."""
+    dot = dot_source(views()[0])
+    assert views()[0].compact
+    cancels = [n for n, row in enumerate(ROWS, 1) if row.event == "Cancelled"]
+    assert len(cancels) == len({row.source for row in ROWS if row.event == "Cancelled"}) > 3
+    for number, row in enumerate(ROWS, 1):
+        if row.event == "Cancelled":
+            dashed = rf"^\s*{row.source} -> failed \[arrowsize=0.6 color=\"#b0b0b0\" style=dashed\]$"
+            assert re.search(dashed, dot, re.MULTILINE), row.source
+            continue
+        edge = re.search(rf'^\s*{row.source} -> {row.dest} \[label=" ([^"]*) "', dot, re.MULTILINE)
+        assert edge is not None, (row.source, row.dest)
+        numbers: set[int] = set()
+        for part in edge.group(1).split(", "):
+            low, _, high = part.partition("-")
+            numbers.update(range(int(low), int(high or low) + 1))
+        assert number in numbers, (number, edge.group(1))
+        guards = f" [{' &amp; '.join(row.guards)}]" if row.guards else ""
+        assert f'<TD ALIGN="LEFT">{number}</TD><TD ALIGN="LEFT">{row.event}{guards}</TD>' in dot
+    assert f"{cancels[0]}-{cancels[-1]}</TD><TD ALIGN=\"LEFT\">Cancelled</TD>" in dot
+    assert "subgraph cluster_legend" not in dot  # the legend is one compact band
+
+
+@pytest.mark.requirement("ER-61")
+@pytest.mark.skipif(not HAS_DOT and not os.environ.get("CI"), reason="graphviz's dot is not installed")
+def test_the_default_view_renders_at_page_width() -> None:
+    """The committed turn.svg, converted to PNG at 96 dpi, is at most PAGE_WIDTH_PX wide
+    (the every-row view is the wide one), and not squeezed into a sliver either."""
+    import cairosvg
+
+    def size(name: str) -> tuple[int, int]:
+        png = cairosvg.svg2png(url=str(COMMITTED / name), dpi=96)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+    width, height = size("turn.svg")
+    assert 600 <= width <= PAGE_WIDTH_PX, width
+    assert height < 2.5 * width
+    full_width, _ = size("turn-full.svg")
+    assert full_width > PAGE_WIDTH_PX  # what the compact view saves

@@ -109,6 +109,9 @@ class View:
     title: str
     highlight: frozenset[RowKey] | None = None
     """Rows drawn in colour (others greyed); ``None``: every row, normally."""
+    compact: bool = False
+    """Edges labelled with row numbers, the rows in a table below, drawn top to bottom:
+    the view for review at page width (the others put every row on its edge)."""
 
 
 def category_rows(category: ErrorCategory) -> frozenset[RowKey]:
@@ -140,10 +143,16 @@ def category_rows(category: ErrorCategory) -> frozenset[RowKey]:
     return frozenset(keys)
 
 
+ROW_NUMBERS: dict[RowKey, int] = {row_key(row): i for i, row in enumerate(ROWS, 1)}
+"""Each row's number in the compact view: its place in the table, from 1."""
+
+
 def views() -> tuple[View, ...]:
-    """Every diagram ``diagram`` writes: the machine, then one view per category."""
+    """Every diagram ``diagram`` writes: the machine at page width, the machine with
+    every row on its edge, then one view per category."""
     return (
-        View("turn", "turn"),
+        View("turn", "turn", compact=True),
+        View("turn-full", "turn: every row on its edge"),
         *(
             View(f"category-{c.value}", f"turn: the path of {c.value}", category_rows(c))
             for c in ErrorCategory
@@ -214,6 +223,9 @@ class _DotGraph(_gv.Graph):
         container.edge("__start", "idle")
 
     def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
+        if self.machine.view.compact:
+            _add_numbered_edges(transitions, container)
+            return
         for (src, dst), labels in _group(self.machine, transitions).items():
             lit = [label for label, on in labels if on]
             if self.machine.view.highlight is None:
@@ -229,6 +241,102 @@ class _DotGraph(_gv.Graph):
                 )
             else:
                 container.edge(src, dst, color=_DIM, style="dashed")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``3-5, 9``."""
+    parts: list[str] = []
+    start = previous = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == previous + 1:
+            previous = n
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if n is not None:
+            start = previous = n
+    return ", ".join(parts)
+
+
+def _add_numbered_edges(transitions: list[dict[str, Any]], container: Any) -> None:
+    """One edge per pair of states labelled with its rows' numbers; the ``Cancelled``
+    rows (one from every running state) as one unlabelled dashed edge each."""
+    numbered: dict[tuple[str, str], list[int]] = defaultdict(list)
+    cancelled: set[tuple[str, str]] = set()
+    for tran in transitions:
+        if not tran.get("trigger"):
+            continue
+        pair = (tran["source"], tran["dest"])
+        if tran["trigger"] == "Cancelled":
+            cancelled.add(pair)
+            continue
+        key = (tran["source"], tran["trigger"], tuple(tran.get("conditions", ())))
+        numbered[pair].append(ROW_NUMBERS[key])
+    for (src, dst), numbers in numbered.items():
+        container.edge(src, dst, label=f" {_ranges(sorted(numbers))} ", fontsize="11")
+    for src, dst in sorted(cancelled):
+        container.edge(src, dst, style="dashed", color=_DIM, arrowsize="0.6")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _group_line(source: str) -> str:
+    return f'<TR><TD COLSPAN="3" ALIGN="LEFT" BGCOLOR="#f5f5f5"><B>from {source}</B></TD></TR>'
+
+
+def _rows_table() -> str:
+    """The compact view's table: every row, numbered, as an HTML-like graphviz label."""
+
+    def line(*cells: str) -> str:
+        return "<TR>" + "".join(f'<TD ALIGN="LEFT">{c}</TD>' for c in cells) + "</TR>"
+
+    head = "".join(
+        f'<TD ALIGN="LEFT" BGCOLOR="#eeeeee"><B>{h}</B></TD>'
+        for h in ("#", "event [guards]", "to: action")
+    )
+    lines = [f"<TR>{head}</TR>"]
+    cancels = [n for n, row in enumerate(ROWS, 1) if row.event == "Cancelled"]
+    source = None
+    for number, row in enumerate(ROWS, 1):
+        if row.event == "Cancelled":
+            continue
+        if row.source != source:  # the rows are grouped by the state they leave
+            source = row.source
+            lines.append(_group_line(source))
+        event = row.event + (f" [{' &amp; '.join(row.guards)}]" if row.guards else "")
+        action = action_label(row.effect, row.status or None)
+        lines.append(line(str(number), event, f"{row.dest}: {_html(action)}"))
+    if cancels:  # one from every running state: one line, the dashed edges
+        lines.append(_group_line("every running state"))
+        lines.append(line(_ranges(cancels), "Cancelled", "failed: Finish(cancelled)"))
+    return (
+        '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">'
+        + "".join(lines)
+        + "</TABLE>>"
+    )
+
+
+def _compact_legend(title: str) -> str:
+    """The compact view's title and legend, as the graph's own label (centred above the
+    machine, never beside it)."""
+    swatches = "".join(
+        f'<TD BGCOLOR="{fill}" COLOR="{line}" BORDER="{1 if kind == "running" else 2}">'
+        f" {_html(KIND_MEANING[kind].split(':')[0])} </TD>"
+        for kind, (fill, line) in KIND_COLOURS.items()
+    )
+    notes = (
+        "edge labels: the numbers of the rows in the table below, tried in that order",
+        "dashed grey: Cancelled / Finish(cancelled), from every running state",
+    )
+    rows = "".join(
+        f'<TR><TD COLSPAN="4"><FONT POINT-SIZE="11">{_html(n)}</FONT></TD></TR>' for n in notes
+    )
+    return (
+        '<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="4" CELLPADDING="2">'
+        f'<TR><TD COLSPAN="4"><FONT POINT-SIZE="16">{_html(title)}</FONT></TD></TR>'
+        f"<TR>{swatches}</TR>{rows}</TABLE>>"
+    )
 
 
 class _MermaidGraph(_mm.Graph):
@@ -301,6 +409,19 @@ def _graph(view: View, engine: str) -> Any:
 def dot_source(view: View) -> str:
     """The graphviz source of ``view``, legend included."""
     graph = _graph(view, "graphviz")
+    if view.compact:
+        graph.attr(rankdir="TB", nodesep="0.25", ranksep="0.4", label=_compact_legend(view.title))
+        graph.node("rows", label=_rows_table(), shape="plaintext", style="", fontsize="11")
+        with graph.subgraph() as ends:  # the turn's ends side by side, one rank
+            ends.attr(rank="same")
+            for state in TERMINAL_STATES:
+                ends.node(state)
+        with graph.subgraph() as bottom:
+            bottom.attr(rank="sink")
+            bottom.node("rows")
+        for state in TERMINAL_STATES:
+            graph.edge(state, "rows", style="invis")
+        return str(graph.source)
     with graph.subgraph(name="cluster_legend") as legend:
         legend.attr(label="legend", fontname="Helvetica", color="#9e9e9e", style="dashed")
         previous = None
