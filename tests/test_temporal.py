@@ -629,3 +629,18 @@ def test_the_documented_example_runs_against_a_dev_server(
     assert (status, retries) == ("completed", "2")
     assert float(waited.rstrip("s")) >= 2.0
     assert "Hello!" in " ".join(reply)
+
+
+def test_the_benchmark_reads_a_sessions_activity_sequence_from_its_history() -> None:
+    """benchmarks/temporal.py's no-engine workflow replays the activities and timers of
+    a recorded session: here the storm's context, five model calls and four timers."""
+    from benchmarks import temporal as bench
+
+    history = WorkflowHistory.from_json("recorded-storm", committed("storm"))
+    steps = bench._steps(list(history.events))
+    kinds = [step[0] if step[0] != "activity" else step[1] for step in steps]
+    assert kinds[:3] == [smt.ASSEMBLE, smt.COMPLETE, "timer"]
+    assert kinds.count(smt.COMPLETE) == 5
+    assert kinds.count("timer") == 4
+    tools = bench._steps(list(WorkflowHistory.from_json("t", committed("tools")).events))
+    assert [len(step[1]) for step in tools if step[0] == "tools"] == [2, 2]
