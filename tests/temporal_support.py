@@ -12,6 +12,8 @@ of ``tests/data/temporal/`` (the replay-check tests read them).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import dataclasses
 import json
 import os
@@ -267,6 +269,51 @@ async def record(directory: Path = HISTORIES) -> None:
                 history = await handle.fetch_history()
                 text = json.dumps(json.loads(history.to_json()), indent=1, sort_keys=True)
                 (directory / f"{name}.json").write_text(text + "\n", encoding="utf-8")
+
+
+class ExitGuard:
+    """Skips interpreter teardown at the end of a pytest run that used the SDK.
+
+    The Temporal SDK's Rust runtime keeps threads that can call into Python while the
+    interpreter finalizes, and abort the process (a "Fatal Python error" and SIGABRT
+    after every test passed). Registered as a plugin by the server fixture, it keeps
+    pytest's exit status (``pytest_sessionfinish``); at exit it runs every other atexit
+    handler (coverage's, say), flushes, and ends the process with that status by
+    ``os._exit``, before finalization starts. It does nothing in a process whose
+    pytest session did not finish (``pytest.main`` inside another program that goes on).
+    """
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self._running = False
+        atexit.register(self.at_exit)
+
+    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        """Keep the run's exit status."""
+        self.status = int(exitstatus)
+
+    def pytest_unconfigure(self, config: Any) -> None:
+        """Forget the status if pytest is being run from a program that goes on."""
+        if not _is_pytest_main():
+            self.status = None
+
+    def at_exit(self) -> None:
+        """Run the other handlers, flush, and leave without finalization."""
+        if self._running or self.status is None:
+            return
+        self._running = True
+        atexit._run_exitfuncs()  # the handlers registered before this one
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(self.status)
+
+
+def _is_pytest_main() -> bool:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", "") or ""
+    return name.startswith("pytest") or Path(sys.argv[0]).name in {"pytest", "py.test"}
 
 
 def start_worker_process(address: str, task_queue: str) -> subprocess.Popen[str]:

