@@ -81,6 +81,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_table.py",
     ),
     "statemachine/core/_state.py": ("tests/test_state.py", "tests/test_engine.py"),
+    "statemachine/core/_session.py": (
+        "tests/test_engine.py",
+        "tests/test_snapshot.py",
+        "tests/test_spec_family.py",
+        "tests/test_state.py",
+    ),
     "statemachine/core/_snapshot.py": ("tests/test_snapshot.py",),
     "statemachine/core/_settings.py": ("tests/test_settings.py",),
     "statemachine/io/_classify.py": ("tests/test_classify.py",),
