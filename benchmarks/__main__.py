@@ -12,7 +12,8 @@ turn creation, and against 1k/10k/100k live turns), ``memory`` (bytes per live t
 10,000 live), ``copy`` (snapshot + restore against JSON, ``Worker.advance`` against one
 event), ``driver`` (events/s through ``sm.arun_turn`` at 10,000 concurrent
 turns), ``classify`` (µs per ``sm.classify`` on a small and on 10 MB bodies), ``otel``
-(what an observer costs per event: records, a trace file, telemetry),
+(what an observer costs per event: records, a trace file, telemetry), ``temporal``
+(the engine's share of a session inside a Temporal workflow, sessions/s),
 ``check`` (the model check of default settings), ``hypothesis`` (examples/s
 of the stateful suite), ``crash`` (crash-detection latency of real plugin processes)
 and ``redis`` (the Redis session store), the last two when their modules and
@@ -60,6 +61,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "tools": {"turns": 5, "repeats": 1},
     "classify": {"n": 5, "big_n": 2, "repeats": 1, "size": 100_000},
     "otel": {"n": 50, "repeats": 2},
+    "temporal": {"sessions": 3, "levels": (1, 2), "repeats": 1},
 }
 
 ALL = (
@@ -76,6 +78,7 @@ ALL = (
     "hypothesis",
     "crash",
     "redis",
+    "temporal",
 )
 
 
@@ -151,6 +154,8 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
         return _optional("crash_latency", _nothing)
     if name == "redis":
         return _optional("redis_store", _needs_redis)
+    if name == "temporal":  # its run() says "skipped" itself without the temporal CLI
+        return _optional("temporal", _nothing)
     module = {
         "check": "model_check",
         "hypothesis": "hypothesis_rate",
@@ -371,6 +376,7 @@ def _print_classify(r: dict[str, Any]) -> list[str]:
 _PRINTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classify": _print_classify,
     "otel": _print_otel,
+    "temporal": lambda r: importlib.import_module("benchmarks.temporal").lines(r),
     "copy": _print_copy,
     "tools": _print_tools,
     "retry": _print_retry,
@@ -395,6 +401,7 @@ TITLES = {
     "hypothesis": "5b. hypothesis examples per second (stateful suite)",
     "crash": "crash-detection latency (real plugin processes)",
     "redis": "Redis session store",
+    "temporal": "Temporal: engine share of a session, sessions/s against no engine",
 }
 
 
