@@ -113,3 +113,123 @@ def test_a_replaced_handle_gets_illegal_event_and_after_the_end_session_ended() 
     session.end("cancelled")
     with pytest.raises(sm.SessionEnded, match="belongs to a session that has ended"):
         old.send(sm.WaitDone())
+
+
+@pytest.mark.requirement("ER-28")
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"clock": 5.0}, "clock: clock and wall_clock must be callables"),
+        ({"wall_clock": "now"}, "clock: clock and wall_clock must be callables"),
+        ({"doom_check": 3}, "doom_check: must be a callable or None"),
+        ({"session_id": ""}, "session_id: must be a non-empty str or None"),
+        ({"session_id": 7}, "session_id: must be a non-empty str or None"),
+        ({"session_id": "a\ud800"}, "session_id: must be a non-empty str or None"),
+    ],
+)
+def test_the_constructors_other_arguments_are_checked(options: dict, match: str) -> None:
+    with pytest.raises(sm.ConfigError, match=match):
+        sm.Session(sm.Settings(), **{"clock": ManualClock(), **options})
+
+
+@pytest.mark.requirement("ER-28")
+def test_no_settings_means_the_defaults() -> None:
+    session = sm.Session(clock=ManualClock())
+    assert session.settings == sm.Settings()
+
+
+@pytest.mark.requirement("ER-26")
+def test_from_state_checks_the_state_unless_told_not_to() -> None:
+    """``from_state`` refuses a state the engine cannot reach (as restore does); the
+    model checker's ``check=False`` takes it as it is."""
+    state = sm.Session(sm.Settings(), clock=ManualClock()).state
+    state.retries = 10**6  # over the session's ceiling: unreachable
+    with pytest.raises(sm.SnapshotError, match="retries"):
+        sm.Session.from_state(sm.Settings(), state, ManualClock())
+    unchecked = sm.Session.from_state(sm.Settings(), state, ManualClock(), check=False)
+    assert unchecked.retries_used == 10**6
+    assert unchecked.current_turn is None
+
+
+@pytest.mark.requirement("ER-90")
+@pytest.mark.parametrize("reason", [3, "bad \ud800"])
+def test_an_end_reason_must_be_text(reason: object) -> None:
+    session = sm.Session(sm.Settings(), clock=ManualClock())
+    with pytest.raises(ValueError, match="reason: must be valid text"):
+        session.end("completed", reason=reason)  # type: ignore[arg-type]
+    assert session.status is None
+
+
+@pytest.mark.requirement("ER-80")
+def test_a_child_takes_its_own_settings_or_else_its_parents() -> None:
+    parent = sm.Session(sm.Settings(max_retries=2), clock=ManualClock())
+    assert parent.spawn().settings == sm.Settings(max_retries=2)
+    assert parent.spawn(sm.Settings(max_turns=4)).settings == sm.Settings(max_turns=4)
+
+
+@pytest.mark.requirement("ER-81")
+def test_a_child_spend_report_of_zero_counts_and_a_negative_one_is_refused() -> None:
+    parent = sm.Session(sm.Settings(), clock=ManualClock(), session_id="p")
+    child_id = parent.spawn().session_id
+    assert child_id is not None
+    parent.record_child_spend(child_id, 0)
+    assert parent.child_costs == {child_id: 0.0}
+    with pytest.raises(sm.ConfigError, match="total_usd: must be a finite number >= 0"):
+        parent.record_child_spend(child_id, -0.5)
+    parent.record_child_spend(child_id, 0.25)
+    assert parent.cost_usd == 0.25
+    assert parent.own_cost_usd == 0.0
+
+
+@pytest.mark.requirement("ER-80")
+def test_a_live_childs_snapshot_records_its_ancestors_budget_as_it_stands() -> None:
+    """A child's snapshot holds the ancestors' remaining budget at the time of the
+    snapshot, so a child restored elsewhere cannot outspend what its siblings left."""
+    parent = sm.Session(sm.Settings(max_cost_usd=1.0), clock=ManualClock(), session_id="p")
+    child = parent.spawn(sm.Settings())
+    sibling = parent.spawn(sm.Settings())
+    turn = sibling.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request={}, size=1))
+    turn.send(sm.ModelReplied(cost=0.75))
+    assert child.snapshot()["ancestor_budget_usd"] == pytest.approx(0.25)
+    restored = sm.Session.restore(child.snapshot(), clock=ManualClock())
+    assert restored.remaining_budget_usd == pytest.approx(0.25)
+
+
+@pytest.mark.requirement("ER-37")
+def test_a_replaced_handle_names_the_turn_that_replaced_it() -> None:
+    session = sm.Session(sm.Settings(), clock=ManualClock())
+    first = session.new_turn()
+    first.start()
+    first.send(sm.Cancelled())
+    session.new_turn()
+    with pytest.raises(sm.IllegalEvent, match="replaced by turn 2;"):
+        first.start()
+
+
+@pytest.mark.requirement("ER-10")
+def test_a_turn_reports_its_action_finish_and_model_as_they_stand() -> None:
+    """Before ``start()`` a turn has no action and no finish; a running turn's finish is
+    ``None``; ``model`` follows the fallback chain (``None`` for the host's default,
+    then each fallback by name)."""
+    session = sm.Session(
+        sm.Settings(fallback_models=("b", "c"), max_retries=0), clock=ManualClock()
+    )
+    turn = session.new_turn()
+    assert turn.action is None
+    assert turn.finish is None
+    assert turn.model is None
+    turn.start()
+    assert isinstance(turn.action, sm.Assemble)
+    assert turn.finish is None
+    turn.send(sm.Assembled(request={}, size=1))
+    turn.send(fail("overloaded"))
+    assert turn.model == "b"
+    turn.send(fail("overloaded"))
+    assert turn.model == "c"
+    done = turn.send(sm.ModelReplied())
+    assert turn.finish is done
+    assert isinstance(done, sm.Finish)
+    primary = sm.Session(sm.Settings(model="a", fallback_models=("b",)), clock=ManualClock())
+    assert primary.new_turn().model == "a"
