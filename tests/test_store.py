@@ -1060,3 +1060,59 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     assert restores == ["s", "s"]  # w sees bytes it did not write: checked in full
     assert again.version == moved.version
     assert again.session.snapshot() == moved.session.snapshot()
+
+
+class _Float(float):
+    """A float subclass with its own repr, like numpy's ``float64``."""
+
+    def __repr__(self) -> str:
+        return f"_Float({float(self)!r})"
+
+
+@pytest.mark.requirement("ER-70")
+def test_the_bytes_hold_plain_json_numbers_for_a_float_subclass_cost() -> None:
+    """A cost given as a float subclass (numpy's ``float64``) is written as JSON writes
+    the number, never by the subclass's repr: another worker reads the record."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled({"q": 1}, 5), expected_version=r.version)
+    r = w.advance("s", sm.ModelReplied(cost=_Float(0.25)), expected_version=r.version)
+    payload = _payload(store, "s")
+    assert b"_Float" not in payload
+    assert json.loads(payload)["snapshot"]["cost_usd"] == 0.25
+    other = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0).load("s")
+    assert other.session.cost_usd == 0.25
+
+
+@pytest.mark.requirement("ER-70")
+def test_host_data_changed_in_place_after_an_advance_is_stored_as_the_session_holds_it() -> None:
+    """A host that changes a request the engine handed out (``action.request``) finds
+    the next write agreeing with the session, and another worker can read it (the
+    turn's request and its last CallModel's are the same data)."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled({"messages": ["hi"]}, 5), expected_version=r.version)
+    assert isinstance(r.action, sm.CallModel)
+    r.action.request["messages"].append("changed")
+    r = w.advance("s", fail("rate_limited"), expected_version=r.version)
+    turn = json.loads(_payload(store, "s"))["snapshot"]["turn"]
+    assert turn["request"] == turn["actions"][1]["request"] == {"messages": ["hi", "changed"]}
+    other = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0).load("s")
+    assert other.session.snapshot() == r.session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_the_record_encoder_keeps_nothing_between_calls() -> None:
+    """After a value fails to encode (a NaN), the same containers, fixed, encode: the
+    encoder holds no state between calls."""
+    from statemachine.core._state import json_text
+
+    value: list[Any] = [1.0, {"x": float("nan")}]
+    with pytest.raises(ValueError, match="Out of range float"):
+        json_text(value)
+    value[1]["x"] = 0.0
+    assert json_text(value) == '[1.0,{"x":0.0}]'

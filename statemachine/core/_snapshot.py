@@ -90,17 +90,13 @@ def _settings_of(raw: dict[str, Any]) -> Settings:
     return settings
 
 
-def write_snapshot(
-    settings: Settings, state: SessionState, now: float, previous: Any = None
-) -> dict[str, Any]:
-    """The snapshot of ``state`` under ``settings``, the session's clock reading ``now``
-    (``previous``: an earlier snapshot of the same session whose trace entries may be
-    reused, see ``encode_state``)."""
+def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
+    """The snapshot of ``state`` under ``settings``, the session's clock reading ``now``."""
     return {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
         "settings": _settings_data(settings),
-        **encode_state(state, now, previous),
+        **encode_state(state, now),
     }
 
 

@@ -645,38 +645,19 @@ in the order a :data:`Step` holds them."""
 TRACE_FIELDS = tuple(name for _, _, name in TRACED)
 
 
-def encode_state(
-    state: TurnState | SessionState, now: float, previous: Any = None
-) -> dict[str, Any]:
+def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
     """The state as plain JSON data: one key per declared field. ``now`` is the
-    session's clock, which clock readings are written relative to.
-
-    ``previous`` may be an earlier encoding of the same session (a store's last
-    record): the trace of a turn only grows, so the entries it already holds for the
-    same turn are reused instead of encoded again. Only pass data no one else changes.
-    """
+    session's clock, which clock readings are written relative to. (A store's writes
+    build the same data as text, from what changed: :func:`encode_state_text`.)"""
     out: dict[str, Any] = {}
-    reuse = type(previous) is dict and type(state) is TurnState
     for name, key, encoder, mode in _WRITE_PLANS[type(state)]:
         value = getattr(state, name)
-        if mode is None:
-            out[key] = value if encoder is None else encoder(value)
-        elif mode == "relative":
+        if mode == "relative":
             out[key] = None if value is None else now - value
         elif mode == "turn":
-            before = previous.get(key) if type(previous) is dict else None
-            if value is None:
-                out[key] = None
-            elif type(before) is dict and before.get("index") == value.index:
-                out[key] = encode_state(value, now, before)
-            else:
-                out[key] = encode_state(value, now)
-        else:  # a list that grows within a turn
-            known = previous.get(key) if reuse else None
-            if type(known) is list and len(known) <= len(value):
-                out[key] = known + encoder(value[len(known) :])  # type: ignore[misc]
-            else:
-                out[key] = encoder(value)  # type: ignore[misc]
+            out[key] = None if value is None else encode_state(value, now)
+        else:
+            out[key] = value if encoder is None else encoder(value)
     return out
 
 
@@ -714,7 +695,9 @@ _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
 _c_encode = (
     None
     if _c_make_encoder is None
-    else _c_make_encoder({}, _not_json, encode_basestring, None, ":", ",", False, False, False)
+    # markers None: no circular check (the engine's data is checked acyclic when it comes
+    # in), and no dict shared between calls or threads
+    else _c_make_encoder(None, _not_json, encode_basestring, None, ":", ",", False, False, False)
 )
 
 
@@ -735,8 +718,20 @@ def _text_or_null(value: str | None) -> str:
     return "null" if value is None else encode_basestring(value)
 
 
+def _number_text(value: float) -> str:
+    """A number as JSON writes it: ``float.__repr__`` for a float (a float subclass, such
+    as numpy's, goes through the encoder, which writes it the same way), ``int``'s for
+    an int."""
+    kind = type(value)
+    if kind is float:
+        return float.__repr__(value)
+    if kind is int:
+        return int.__repr__(value)
+    return _dumps(value)
+
+
 def _number_or_null(value: float | None) -> str:
-    return "null" if value is None else repr(value)
+    return "null" if value is None else _number_text(value)
 
 
 def _status_text(value: SessionStatus | None) -> str:
@@ -744,7 +739,7 @@ def _status_text(value: SessionStatus | None) -> str:
 
 
 def _relative_text(now: float, value: float | None) -> str:
-    return "null" if value is None else repr(now - value)
+    return "null" if value is None else _number_text(now - value)
 
 
 def _value_text(
@@ -937,12 +932,22 @@ def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
 # -- the snapshot as text ------------------------------------------------------------
 
 
+_FROZEN = (PROVIDERS,)
+"""The kinds whose values can never change in place (no host data inside): their text
+is reused while the value is the same object, as the trace's rows, times and costs are
+by their grown prefix. Everything that holds the host's data (requests, replies, tool
+calls and outcomes, errors, the actions that carry them) is written anew on every
+write, so a host that changes an object the engine handed out finds the store agreeing
+with the session (as ``json.dumps`` of the snapshot would)."""
+
+
 def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[..., str]:
     """The text writer of ``cls``, generated as one f-string from the declaration: the
     kinds whose values are plain ints, flags or numbers are written inline, the others
     through the helpers above."""
     namespace: dict[str, Any] = {
         "text_or_null": _text_or_null,
+        "number_text": _number_text,
         "number_or_null": _number_or_null,
         "status_text": _status_text,
         "relative_text": _relative_text,
@@ -963,7 +968,7 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
         elif kind is FLAG:
             expr = f"'true' if {read} else 'false'"
         elif kind is NUMBER:
-            expr = f"repr({read})"
+            expr = f"number_text({read})"
         elif kind in (TEXT, STATE):
             expr = f"text_or_null({read})"
         elif kind in (OPTIONAL_COUNT, SIGNED):
@@ -974,11 +979,11 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
             expr = f"relative_text(now, {read})"
         elif kind is TURN:
             expr = f"'null' if {read} is None else turn_text({read}, now, old, new)"
-        elif kind.grows:
+        elif kind.grows and kind is not ACTIONS:  # actions hold host data: written anew
             expr = f"grown_text({at!r}, {read}, state.index, enc_{f.name}, old, new)"
-        elif kind.copy is None:
+        elif kind in _FROZEN:
             expr = f"value_text({at!r}, {read}, enc_{f.name}, old, new)"
-        else:  # a mutable value: written again each time
+        else:  # host data (the host may change it in place) or a mutable value: written again
             expr = f"dumps({read} if enc_{f.name} is None else enc_{f.name}({read}))"
         pieces.append(f"{_dumps(key)}:{{{expr}}}")
     source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'

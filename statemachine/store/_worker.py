@@ -412,11 +412,12 @@ class Worker:
     def _known(
         self, session_id: str, payload: bytes, observers: tuple[Observer, ...]
     ) -> tuple[Record, Session] | None:
-        with self._live_lock:
+        with self._live_lock:  # copied under the lock: an advance may take the entry
             live = self._live.get(session_id)
-        if live is None or live[1].payload != payload:
-            return None
-        return live[1], self._session_of(live[1], live[2], copy_session_state(live[3]), observers)
+            if live is None or live[1].payload != payload:
+                return None
+            record, settings, state = live[1], live[2], copy_session_state(live[3])
+        return record, self._session_of(record, settings, state, observers)
 
     def _idle(self, record: Record) -> float:
         return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
