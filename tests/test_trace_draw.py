@@ -224,7 +224,18 @@ def _bad_traces() -> list[tuple[str, list[str], str]]:
         ("late-header", [lines[0], *lines[1:3], lines[0]], ":4: a header after the first line"),
         ("odd-type", [*lines, json.dumps({"type": "span"})], "unknown line type 'span'"),
         ("time-backwards", _edit(lines, 3, t=0.0), "time runs backwards"),
+        ("forged-status", _forged_finish(lines), "the step says"),
     ]
+
+
+def _forged_finish(lines: list[str]) -> list[str]:
+    """The first Finish of the trace, its status changed to another one."""
+    for index, line in enumerate(lines):
+        action = json.loads(line).get("action")
+        if isinstance(action, dict) and action.get("$type") == "Finish":
+            forged = "auth_error" if action["status"] != "auth_error" else "completed"
+            return _edit(lines, index, action={**action, "status": forged})
+    raise AssertionError("the recorded session has no Finish")
 
 
 @pytest.mark.requirement("ER-133")

@@ -46,6 +46,13 @@ VERSION = 1
 _ROW_KEYS: dict[tuple[str, str, str, str], str] = {
     (row.source, row.event, " & ".join(row.guards), row.dest): row.effect for row in ROWS
 }
+_ROW_STATUSES: dict[tuple[str, str, str, str], str | None] = {
+    (row.source, row.event, " & ".join(row.guards), row.dest): row.status
+    or ("completed" if row.effect == "complete" else None)
+    for row in ROWS
+}
+"""The status each row's Finish must carry (``None``: the row finishes nothing, or the
+status comes from the event, as for ``Cancelled``)."""
 
 _EFFECT_ACTIONS: dict[str, type] = {
     "assemble": Assemble,
@@ -309,6 +316,12 @@ def _read_step(
         raise TraceFileError(
             f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
             f"emits {expected.__name__}, the step has {type(action).__name__}"
+        )
+    status = _ROW_STATUSES[key]
+    if isinstance(action, Finish) and status is not None and action.status.value != status:
+        raise TraceFileError(
+            f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
+            f"finishes {status}, the step says {action.status.value}: it would be drawn wrong"
         )
     at = _number(data, "t", where)
     if written:
