@@ -134,6 +134,8 @@ class Model:
         self.calls += 1
         request = action.request
         script = request["prompt"] or {}
+        if script.get("hang"):  # a slow provider: the call is in flight for this long
+            await asyncio.sleep(script["hang"])
         failure = script.get("fail")
         if failure is not None and request["turn"] <= script.get("fail_turns", 1 << 30):
             fails = script.get("fails", 1)

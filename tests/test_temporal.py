@@ -9,6 +9,7 @@ Skipped locally without the ``temporal`` CLI; a failure when ``CI`` is set.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +32,7 @@ try:
     from temporalio.worker import Replayer, Worker
 
     from statemachine import temporal as smt
+    from statemachine.io import _temporal
 
     from . import temporal_support as support
     from .temporal_workflows import IllegalWorkflow, OneTurnWorkflow, ProbeWorkflow
@@ -402,6 +404,86 @@ def test_cancelling_the_workflow_cancels_the_turn_and_the_query_shows_it(
         assert smt.check_replay(await handle.fetch_history()) is None
 
     run(runner, body())
+
+
+@pytest.mark.requirement("ER-107")
+def test_cancelling_the_workflow_during_a_model_call_ends_it_cancelled(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """Cancelled while the model activity is in flight (not during a timer): the
+    activity's cancellation is the workflow's, not a bug error; the turn finishes
+    ``cancelled`` and the workflow ends cancelled."""
+    client = env.client
+
+    async def body() -> None:
+        handle = await start(client, support.session_input({"hang": 3}), "cancel-call")
+
+        async def calling() -> bool:
+            status = await handle.query("status", result_type=smt.Report)
+            return status is not None and status.state == "calling"
+
+        await support.wait_for(calling)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert isinstance(failure.value.cause, CancelledError)
+        described = await handle.describe()
+        assert described.status is not None
+        assert described.status.name == "CANCELED"
+        after = await handle.query("status", result_type=smt.Report)
+        assert after.last_turn == "cancelled"
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-105")
+def test_the_deferred_turns_bound_holds_across_continue_as_new() -> None:
+    """``sleep_through_deferred`` counts deferred turns in a row across runs: a server
+    that always defers ends the session after that many durable sleeps, however often
+    the workflow continues as new."""
+
+    class Deferring:
+        """A workflow's I/O whose server always asks for an hour."""
+
+        def __init__(self) -> None:
+            self.t = 0.0
+            self.sleeps = 0
+
+        def now(self) -> float:
+            return self.t
+
+        async def assemble(self, action: sm.Assemble, talk: Any) -> sm.Assembled:
+            return sm.Assembled({"q": 1}, 10)
+
+        async def complete(self, action: sm.CallModel) -> sm.ModelFailed:
+            return sm.ModelFailed(sm.ModelError("rate_limited", retry_after_seconds=3600))
+
+        async def invoke(self, calls: Any) -> Any:
+            raise AssertionError("no tool call was asked for")
+
+        async def sleep(self, seconds: float) -> None:
+            self.sleeps += 1
+            self.t += seconds
+
+        def continue_as_new_suggested(self) -> bool:
+            return False
+
+    async def session(turns_per_run: int) -> tuple[int, int, str | None]:
+        io = Deferring()
+        data = smt.SessionInput(sleep_through_deferred=2, turns_per_run=turns_per_run)
+        for runs in range(20):
+            out = await _temporal.session_loop(data, io, "wf-deferring", _temporal.Holder())
+            if not isinstance(out, _temporal.Continue):
+                return runs, io.sleeps, out.last_turn
+            data = dataclasses.replace(
+                data, snapshot=out.snapshot, turns=out.turns, runs=runs + 1, deferred=out.deferred
+            )
+        raise AssertionError(f"still going after 20 runs and {io.sleeps} durable sleeps")
+
+    assert asyncio.run(session(50)) == (0, 2, "retry_deferred")
+    runs, sleeps, last = asyncio.run(session(1))
+    assert (sleeps, last) == (2, "retry_deferred")
+    assert runs == 2  # two continue-as-new, then the third deferred turn ends it
 
 
 @pytest.mark.requirement("ER-109")

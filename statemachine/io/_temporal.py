@@ -38,6 +38,7 @@ import attrs
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import CancelledError as TemporalCancelled
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -463,7 +464,11 @@ class _Activities:
         return workflow.info().is_continue_as_new_suggested()
 
 
-def _failed(what: str, err: ActivityError) -> ApplicationError:
+def _failed(what: str, err: ActivityError) -> BaseException:
+    """What an activity that did not return becomes: the workflow's own cancellation
+    when the activity was cancelled with it, else a non-retryable bug error."""
+    if isinstance(err.cause, TemporalCancelled):
+        return asyncio.CancelledError(f"the {what} activity was cancelled")
     return ApplicationError(
         f"the {what} activity failed ({err.cause!r:.300}): the activities return failures "
         "as data, so this is a bug or a lost worker setup, not a provider error",
@@ -552,6 +557,9 @@ class SessionInput:
     snapshot: dict[str, Any] | None = None
     turns: list[Any] = dataclasses.field(default_factory=list)
     runs: int = 0
+    deferred: int = 0
+    """How many turns in a row had ended ``retry_deferred`` when the last run continued
+    as new: ``sleep_through_deferred`` bounds them across runs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -614,6 +622,8 @@ class Continue:
 
     snapshot: dict[str, Any]
     turns: list[Any]
+    deferred: int = 0
+    """The run of ``retry_deferred`` turns so far (carried, so it stays a bound)."""
 
 
 class Holder:
@@ -659,7 +669,7 @@ async def session_loop(
     session = open_session(data, io, workflow_id)
     holder.session = session
     turns = list(data.turns)
-    ran = deferred = 0
+    ran, deferred = 0, data.deferred
     while session.status is None:
         turn = session.current_turn
         if turn is None or turn.done:
@@ -678,7 +688,7 @@ async def session_loop(
         elif finish.status not in _GOES_ON:
             break
         if session.status is None and (ran >= data.turns_per_run or io.continue_as_new_suggested()):
-            return Continue(session.snapshot(), turns)
+            return Continue(session.snapshot(), turns, deferred)
     return report(session, data.runs, holder.reply)
 
 
@@ -723,7 +733,11 @@ class SessionWorkflow:
         if isinstance(outcome, Continue):
             workflow.continue_as_new(
                 dataclasses.replace(
-                    data, snapshot=outcome.snapshot, turns=outcome.turns, runs=data.runs + 1
+                    data,
+                    snapshot=outcome.snapshot,
+                    turns=outcome.turns,
+                    runs=data.runs + 1,
+                    deferred=outcome.deferred,
                 )
             )
         return outcome
