@@ -669,18 +669,15 @@ class TextCache:
     writing from the same cache cannot corrupt each other's text.
     """
 
-    __slots__ = ("grown", "texts", "values")
+    __slots__ = ("actions", "grown", "texts", "values")
 
-    def __init__(
-        self,
-        values: dict[str, Any] | None = None,
-        texts: dict[str, str] | None = None,
-        grown: dict[str, tuple[int, int, str]] | None = None,
-    ) -> None:
-        self.values: dict[str, Any] = values or {}
-        self.texts: dict[str, str] = texts or {}
-        self.grown: dict[str, tuple[int, int, str]] = grown or {}
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.texts: dict[str, str] = {}
+        self.grown: dict[str, tuple[int, int, str]] = {}
         """key -> (turn index, entries, their text joined by commas)"""
+        self.actions: tuple[int, list[Action], list[str]] | None = None
+        """(turn index, the actions, each action's text) of the last write's trace"""
 
 
 def _not_json(value: object) -> Any:
@@ -779,6 +776,25 @@ def _grown_text(
 
 
 _NO_VALUE = object()
+
+_PLAIN_ACTIONS = (Assemble, Wait)
+"""Actions that hold none of the host's data: their text never changes."""
+
+
+def _actions_text(value: list[Action], index: int, old: TextCache, new: TextCache) -> str:
+    """The text of the turn's actions: a ``Wait`` or an ``Assemble`` met before is
+    reused; an action that carries the host's data (a request, calls, results) is
+    written anew, as the host may have changed that data in place."""
+    known = old.actions
+    seen, before = (known[1], known[2]) if known is not None and known[0] == index else ([], [])
+    texts = []
+    for i, action in enumerate(value):
+        if i < len(seen) and action is seen[i] and type(action) in _PLAIN_ACTIONS:
+            texts.append(before[i])
+        else:
+            texts.append(_dumps(encode(action)))
+    new.actions = (index, list(value), texts)
+    return f"[{','.join(texts)}]"
 
 
 def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
@@ -953,6 +969,7 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
         "relative_text": _relative_text,
         "value_text": _value_text,
         "grown_text": _grown_text,
+        "actions_text": _actions_text,
         "dumps": _dumps,
         "turn_text": turn_text,
     }
@@ -979,7 +996,9 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
             expr = f"relative_text(now, {read})"
         elif kind is TURN:
             expr = f"'null' if {read} is None else turn_text({read}, now, old, new)"
-        elif kind.grows and kind is not ACTIONS:  # actions hold host data: written anew
+        elif kind is ACTIONS:
+            expr = f"actions_text({read}, state.index, old, new)"
+        elif kind.grows:
             expr = f"grown_text({at!r}, {read}, state.index, enc_{f.name}, old, new)"
         elif kind in _FROZEN:
             expr = f"value_text({at!r}, {read}, enc_{f.name}, old, new)"
