@@ -1116,3 +1116,17 @@ def test_the_record_encoder_keeps_nothing_between_calls() -> None:
         json_text(value)
     value[1]["x"] = 0.0
     assert json_text(value) == '[1.0,{"x":0.0}]'
+
+
+@pytest.mark.requirement("ER-70")
+def test_each_turns_trace_is_written_from_its_own_entries() -> None:
+    """Short turns one after another (a turn's number can equal the entries the last
+    one left): every write's snapshot is what the session's own ``snapshot()`` says."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    for turn in range(1, 6):
+        r = w.advance("s", None, expected_version=r.version)
+        for event in (sm.Assembled({"turn": turn}, 5), sm.ModelReplied(cost=0.001)):
+            r = w.advance("s", event, expected_version=r.version)
+            assert json.loads(_payload(store, "s"))["snapshot"] == r.session.snapshot(), turn

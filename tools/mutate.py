@@ -80,7 +80,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_backoff.py",
         "tests/test_table.py",
     ),
-    "statemachine/core/_state.py": ("tests/test_state.py", "tests/test_engine.py"),
+    "statemachine/core/_state.py": (
+        "tests/test_state.py",
+        "tests/test_engine.py",
+        "tests/test_snapshot.py",
+        "tests/test_store.py",
+    ),
     "statemachine/core/_session.py": (
         "tests/test_engine.py",
         "tests/test_snapshot.py",
