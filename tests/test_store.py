@@ -1130,3 +1130,38 @@ def test_each_turns_trace_is_written_from_its_own_entries() -> None:
         for event in (sm.Assembled({"turn": turn}, 5), sm.ModelReplied(cost=0.001)):
             r = w.advance("s", event, expected_version=r.version)
             assert json.loads(_payload(store, "s"))["snapshot"] == r.session.snapshot(), turn
+
+
+@pytest.mark.requirement("ER-70", "ER-82")
+def test_fallbacks_and_child_spend_reports_are_written_as_the_sessions_hold_them() -> None:
+    """Through a fallback, and through the reports a child's spend makes to its
+    parent's record, every stored snapshot is what the session restored from it would
+    snapshot (the bytes built from what changed hold the whole state)."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    base = sm.Settings(fallback_models=("b", "c"), max_retries=0, session_retry_ceiling=100)
+    parent = sm.Session(base, seed=1, clock=lambda: 0.0, session_id="p")
+    child = parent.spawn()
+    assert child.session_id is not None
+    rp = w.create("p", parent)
+    rc = w.create(child.session_id, child)
+
+    def stored_is_whole(session_id: str) -> None:
+        snapshot = json.loads(_payload(store, session_id))["snapshot"]
+        assert sm.Session.restore(snapshot, clock=lambda: 0.0).snapshot() == snapshot
+
+    for turn in range(2):
+        for sid in ("p", child.session_id):
+            r = w.advance(sid, None, expected_version=(rp if sid == "p" else rc).version)
+            for event in (
+                sm.Assembled({"turn": turn}, 5),
+                fail("overloaded"),  # no retries: straight to the fallback
+                sm.ModelReplied(cost=0.01),
+            ):
+                r = w.advance(sid, event, expected_version=r.version)
+                stored_is_whole(sid)
+                stored_is_whole("p")
+            rp, rc = (r, rc) if sid == "p" else (w.load("p"), r)
+    parent_record = json.loads(_payload(store, "p"))["snapshot"]
+    assert parent_record["child_costs"] == {child.session_id: pytest.approx(0.02)}
+    assert parent_record["turn"]["fallbacks"]
