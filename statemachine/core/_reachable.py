@@ -43,7 +43,7 @@ from ._taxonomy import END_STATUSES, LIMIT_STATUSES, SessionStatus, ToolErrorCat
 _RUNNING_TOOLS = (INVOKING_TOOLS, BACKING_OFF_TOOLS)
 _SPEND_EPSILON = 1e-9
 
-_ACTION_OF_EFFECT: dict[str, type] = {
+ACTION_OF_EFFECT: dict[str, type] = {
     "assemble": Assemble,
     "reduce": Assemble,
     "call_model": CallModel,
@@ -432,7 +432,7 @@ def _action_problem(
 ) -> str | None:
     effect = info[4]
     where = f"turn.actions[{i}]"
-    if type(action) is not _ACTION_OF_EFFECT[effect]:
+    if type(action) is not ACTION_OF_EFFECT[effect]:
         return f"{where}: a {type(action).__name__} for effect {effect}"
     if type(action) is Finish:
         if action.status.value != _STATUS_OF_ROW[info]:

@@ -33,8 +33,9 @@ from typing import IO, Any
 
 import attrs
 
-from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._actions import Action, Finish
 from ..core._codec import decode, encode
+from ..core._reachable import ACTION_OF_EFFECT
 from ..core._table import IDLE, ROWS, START
 from ..core._trace import TraceRecord
 
@@ -53,23 +54,6 @@ _ROW_STATUSES: dict[tuple[str, str, str, str], str | None] = {
 }
 """The status each row's Finish must carry (``None``: the row finishes nothing, or the
 status comes from the event, as for ``Cancelled``)."""
-
-_EFFECT_ACTIONS: dict[str, type] = {
-    "assemble": Assemble,
-    "reduce": Assemble,
-    "call_model": CallModel,
-    "retry": CallModel,
-    "fall_back": CallModel,
-    "wait": Wait,
-    "tool_wait": Wait,
-    "invoke_tools": InvokeTools,
-    "reinvoke": InvokeTools,
-    "complete": Finish,
-    "finish_tools": Finish,
-    "finish": Finish,
-    "cancel": Finish,
-}
-"""The action class each effect of the table emits."""
 
 
 @functools.cache
@@ -311,7 +295,7 @@ def _read_step(
         action: Action = decode(values["action"], "action")
     except ValueError as exc:
         raise TraceFileError(f"{where}: {exc}") from None
-    expected = _EFFECT_ACTIONS[effect]
+    expected = ACTION_OF_EFFECT[effect]
     if type(action) is not expected:
         raise TraceFileError(
             f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
