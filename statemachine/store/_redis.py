@@ -11,26 +11,22 @@ record from another. Errors of redis-py are translated here, at this one boundar
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core._exceptions import ConfigError
 from ._core import (
     DEFAULT_MAX_BYTES,
+    BytesStore,
     CorruptSession,
-    Stored,
     StoreUnavailable,
     check_max_bytes,
     check_name,
     check_payload,
     check_ttl,
     check_version,
-    decode_record,
-    encode_record,
     key_prefix,
     not_found,
     oversized,
-    record_incarnation,
     stale,
 )
 
@@ -92,7 +88,7 @@ def _text(value: object) -> str:
     return str(value)
 
 
-class RedisStore:
+class RedisStore(BytesStore):
     """Session records in Redis (redis-py, the optional extra ``redis``).
 
     ``client`` is a ``redis.Redis`` (``decode_responses`` either way). Keys are
@@ -165,11 +161,6 @@ class RedisStore:
         """The Redis key of ``session_id`` (validated)."""
         return self._prefix + check_name(session_id)
 
-    def load(self, session_id: str) -> Stored:
-        """The record of ``session_id`` and its version; ``SessionNotFound`` if none."""
-        version, payload = self.load_payload(session_id)
-        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
-
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
         """:meth:`load` without decoding: the version and the record's bytes (one Lua
         read)."""
@@ -210,27 +201,6 @@ class RedisStore:
         if len(payload) > self.max_bytes:
             raise oversized(session_id, len(payload), self.max_bytes)
         return version, payload
-
-    def compare_and_set(
-        self,
-        session_id: str,
-        expected_version: int,
-        record: Mapping[str, Any],
-        *,
-        ended: bool = False,
-    ) -> int:
-        """Write ``record`` if the stored version is ``expected_version`` (0: no
-        record yet); returns the new version. Raises ``StaleWrite`` (or
-        ``SessionNotFound`` when the record vanished) and writes nothing otherwise.
-        """
-        payload = encode_record(session_id, record, self.max_bytes)
-        return self.compare_and_set_payload(
-            session_id,
-            expected_version,
-            payload,
-            incarnation=record_incarnation(record),
-            ended=ended,
-        )
 
     def compare_and_set_payload(
         self,

@@ -25,6 +25,7 @@ from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ._core import (
     DEFAULT_MAX_BYTES,
+    BytesStore,
     CorruptSession,
     InvalidSessionId,
     RecordTooLarge,
@@ -39,10 +40,8 @@ from ._core import (
     check_ttl,
     check_version,
     decode_record,
-    encode_record,
     key_prefix,
     not_found,
-    record_incarnation,
     stale,
 )
 from ._record import MAX_KEYS, Claim, Record, parse_record
@@ -135,7 +134,7 @@ class SessionStore(Protocol):
         ...
 
 
-class InMemoryStore:
+class InMemoryStore(BytesStore):
     """Session records in this process's memory: the embedded default.
 
     Thread-safe (one lock). Records are kept as JSON bytes, exactly as a server
@@ -186,11 +185,6 @@ class InMemoryStore:
             return None
         return entry
 
-    def load(self, session_id: str) -> Stored:
-        """The record of ``session_id`` and its version; ``SessionNotFound`` if none."""
-        version, payload = self.load_payload(session_id)
-        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
-
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
         """:meth:`load` without decoding: the version and the record's bytes."""
         key = self.key(session_id)
@@ -199,25 +193,6 @@ class InMemoryStore:
         if entry is None:
             raise not_found(session_id)
         return entry[0], entry[1]
-
-    def compare_and_set(
-        self,
-        session_id: str,
-        expected_version: int,
-        record: Mapping[str, Any],
-        *,
-        ended: bool = False,
-    ) -> int:
-        """Write ``record`` if the stored version is ``expected_version`` (0: create) and,
-        when the record names its incarnation, the stored one is that incarnation."""
-        payload = encode_record(session_id, record, self.max_bytes)
-        return self.compare_and_set_payload(
-            session_id,
-            expected_version,
-            payload,
-            incarnation=record_incarnation(record),
-            ended=ended,
-        )
 
     def compare_and_set_payload(
         self,
