@@ -68,6 +68,21 @@ def _next_event(result: Any) -> object | None:
     raise AssertionError(f"unexpected action {action!r}")
 
 
+def _barrier(client: Any, round_: str, parties: int) -> tuple[dict[str, int], float]:
+    """Wait until all ``parties`` of the round have arrived; zeroed counts and the start."""
+    if client.incr(f"{round_}:arrived") == parties:
+        client.rpush(f"{round_}:gate", *["go"] * parties)
+    client.blpop([f"{round_}:gate"], timeout=60)
+    return {status.value: 0 for status in AdvanceStatus}, time.monotonic()
+
+
+def _report(client: Any, round_: str, start: float, counts: dict[str, int]) -> None:
+    """Push one process's counts and times to the round's results, and disconnect."""
+    end = time.monotonic()
+    client.rpush(f"{round_}:results", json.dumps({"start": start, "end": end, **counts}))
+    client.close()
+
+
 def _worker(url: str, round_: str, parties: int, index: int, sessions: int, attempts: int) -> None:
     """One worker process: wait at the barrier, make ``attempts`` attempts, report."""
     import redis
@@ -75,20 +90,14 @@ def _worker(url: str, round_: str, parties: int, index: int, sessions: int, atte
     client = redis.Redis.from_url(url)
     worker = Worker(RedisStore(client, prefix=PREFIX), owner=f"w{index}")
     rng = random.Random(index)
-    if client.incr(f"{round_}:arrived") == parties:
-        client.rpush(f"{round_}:gate", *["go"] * parties)
-    client.blpop([f"{round_}:gate"], timeout=60)
-    counts = {status.value: 0 for status in AdvanceStatus}
-    start = time.monotonic()
+    counts, start = _barrier(client, round_, parties)
     for _ in range(attempts):
         session_id = f"s{rng.randrange(sessions)}"
         result = worker.load(session_id)
         event = _next_event(result)
         outcome = worker.advance(session_id, event, expected_version=result.version)
         counts[outcome.status.value] += 1
-    end = time.monotonic()
-    client.rpush(f"{round_}:results", json.dumps({"start": start, "end": end, **counts}))
-    client.close()
+    _report(client, round_, start, counts)
 
 
 def _floor_worker(
@@ -104,20 +113,14 @@ def _floor_worker(
     load, cas = client.register_script(_LOAD), client.register_script(_CAS)
     payload = b"x" * size
     rng = random.Random(index)
-    if client.incr(f"{round_}:arrived") == parties:
-        client.rpush(f"{round_}:gate", *["go"] * parties)
-    client.blpop([f"{round_}:gate"], timeout=60)
-    counts = {status.value: 0 for status in AdvanceStatus}
-    start = time.monotonic()
+    counts, start = _barrier(client, round_, parties)
     for _ in range(attempts):
         key = f"floor:session:s{rng.randrange(sessions)}"
         reply = load(keys=[key], args=[10**9])
         version = int(reply[1])
         won = cas(keys=[key], args=[version, payload, 0, "i"])[0] == 1
         counts["applied" if won else "conflict"] += 1
-    end = time.monotonic()
-    client.rpush(f"{round_}:results", json.dumps({"start": start, "end": end, **counts}))
-    client.close()
+    _report(client, round_, start, counts)
 
 
 def _floor_round(url: str, workers: int, steps: int, sessions: int, size: int) -> dict[str, Any]:
