@@ -143,10 +143,15 @@ def _kind(state: str) -> str:
     return TERMINAL_KIND.get(state, "running")
 
 
+def _visited_and_taken(steps: Sequence[DrawnStep]) -> tuple[set[str], set[tuple[str, str]]]:
+    """The states the steps pass through, and the (source, dest) pairs they take."""
+    pairs = {(s.traced.record.source, s.traced.record.dest) for s in steps}
+    return {state for pair in pairs for state in pair}, pairs
+
+
 def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
     """The graphviz source: the machine faint, the steps bold and numbered."""
-    visited = {s.traced.record.source for s in steps} | {s.traced.record.dest for s in steps}
-    taken = {(s.traced.record.source, s.traced.record.dest) for s in steps}
+    visited, taken = _visited_and_taken(steps)
     lines = [
         "digraph trace {",
         f"  graph [rankdir=LR, fontname=Helvetica, labelloc=t, label={_quote(title)}];",
@@ -193,8 +198,7 @@ def _mermaid_text(text: str) -> str:
 
 def mermaid_source(title: str, steps: Sequence[DrawnStep]) -> str:
     """The mermaid flowchart: the machine dotted, the steps bold and numbered."""
-    visited = {s.traced.record.source for s in steps} | {s.traced.record.dest for s in steps}
-    taken = {(s.traced.record.source, s.traced.record.dest) for s in steps}
+    visited, taken = _visited_and_taken(steps)
     lines = [
         "---",
         f"title: {json.dumps(title)}",
