@@ -1044,8 +1044,8 @@ class Core:
         ):
             state.limit = SessionStatus.ERROR_MAX_WALL_CLOCK
 
-    def _turn_finished(self, turn: TurnState, finish: Finish) -> None:
-        self.state.finished_at = self.clock()
+    def _turn_finished(self, turn: TurnState, finish: Finish, now: float) -> None:
+        self.state.finished_at = now
         if turn.final_answer:
             self.state.status = self.state.limit
             return
@@ -1118,16 +1118,17 @@ class Core:
         step = step_after(row.steps, row.info, turn, self.state)
         turn.path.append(step)
         turn.actions.append(action)
-        elapsed = self.clock() - self.state.started
+        now = self.clock()
+        elapsed = now - self.state.started
         turn.times.append(elapsed)
         if cost:
             turn.costs.append((len(turn.path) - 1, cost))
         if type(action) is Finish:
-            self._turn_finished(turn, action)
+            self._turn_finished(turn, action, now)
         if self.observers:
-            record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, self.state.started + elapsed
-            )
+            # as Turn.trace gives it: the start plus the step's time (same float)
+            at = self.state.started + elapsed
+            record = trace_record(turn.index, len(turn.actions) - 1, step, action, cost, at)
             for observer in self.observers:
                 observer(record)
         return action
