@@ -57,8 +57,8 @@ class Kind:
     relative: bool = False
     """A reading of the session's clock: written as the seconds elapsed since it."""
     grows: bool = False
-    """A list that only grows within a turn (the trace): an earlier encoding of its
-    prefix can be reused."""
+    """A list that only grows within a turn (the trace): a store's write reuses the
+    text of the entries it wrote before (``encode_state_text``)."""
 
 
 def _same(value: Any) -> Any:
@@ -663,17 +663,15 @@ def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
 
 class TextCache:
     """What :func:`encode_state_text` wrote last for one session, to reuse: the text of
-    every immutable field value (by identity) and of the trace lists' entries so far.
+    the trace lists' entries so far.
 
     A cache is never changed once built: each write returns a new one, so two threads
     writing from the same cache cannot corrupt each other's text.
     """
 
-    __slots__ = ("actions", "grown", "texts", "values")
+    __slots__ = ("actions", "grown")
 
     def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-        self.texts: dict[str, str] = {}
         self.grown: dict[str, tuple[int, int, str]] = {}
         """key -> (turn index, entries, their text joined by commas)"""
         self.actions: tuple[int, list[Action], list[str]] | None = None
@@ -739,19 +737,6 @@ def _relative_text(now: float, value: float | None) -> str:
     return "null" if value is None else _number_text(now - value)
 
 
-def _value_text(
-    at: str, value: Any, encoder: Callable[[Any], Any] | None, old: TextCache, new: TextCache
-) -> str:
-    """The text of an immutable value: reused when it is the one ``old`` wrote."""
-    if old.values.get(at, _NO_VALUE) is value:
-        text = old.texts[at]
-    else:
-        text = _dumps(value if encoder is None else encoder(value))
-    new.values[at] = value
-    new.texts[at] = text
-    return text
-
-
 def _grown_text(
     at: str,
     value: list[Any],
@@ -774,8 +759,6 @@ def _grown_text(
     new.grown[at] = (index, len(value), body)
     return f"[{body}]"
 
-
-_NO_VALUE = object()
 
 _PLAIN_ACTIONS = (Assemble, Wait)
 """Actions that hold none of the host's data: their text never changes."""
@@ -800,32 +783,12 @@ def _actions_text(value: list[Action], index: int, old: TextCache, new: TextCach
 def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
     plan = []
     for name, key, kind in _PLANS[cls]:
-        mode = (
-            "relative"
-            if kind.relative
-            else "turn"
-            if kind is TURN
-            else "grows"
-            if kind.grows
-            else None
-        )
+        mode = "relative" if kind.relative else "turn" if kind is TURN else None
         plan.append((name, key, None if kind.encode is _same else kind.encode, mode))
     return tuple(plan)
 
 
 _WRITE_PLANS = {cls: _write_plan(cls) for cls in _PLANS}
-_KEY_TEXT = {
-    prefix + key: _dumps(key) + ":"
-    for cls, prefix in ((SessionState, ""), (TurnState, "turn."))
-    for _, key, _ in _PLANS[cls]
-}
-_IMMUTABLE = {
-    prefix + key: kind.copy is None
-    for cls, prefix in ((SessionState, ""), (TurnState, "turn."))
-    for _, key, kind in _PLANS[cls]
-}
-"""Whether the field's values are never changed in place (so a value met again, by
-identity, has the same text)."""
 
 
 def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
@@ -948,15 +911,6 @@ def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
 # -- the snapshot as text ------------------------------------------------------------
 
 
-_FROZEN = (PROVIDERS,)
-"""The kinds whose values can never change in place (no host data inside): their text
-is reused while the value is the same object, as the trace's rows, times and costs are
-by their grown prefix. Everything that holds the host's data (requests, replies, tool
-calls and outcomes, errors, the actions that carry them) is written anew on every
-write, so a host that changes an object the engine handed out finds the store agreeing
-with the session (as ``json.dumps`` of the snapshot would)."""
-
-
 def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[..., str]:
     """The text writer of ``cls``, generated as one f-string from the declaration: the
     kinds whose values are plain ints, flags or numbers are written inline, the others
@@ -967,7 +921,6 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
         "number_or_null": _number_or_null,
         "status_text": _status_text,
         "relative_text": _relative_text,
-        "value_text": _value_text,
         "grown_text": _grown_text,
         "actions_text": _actions_text,
         "dumps": _dumps,
@@ -1000,9 +953,11 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
             expr = f"actions_text({read}, state.index, old, new)"
         elif kind.grows:
             expr = f"grown_text({at!r}, {read}, state.index, enc_{f.name}, old, new)"
-        elif kind in _FROZEN:
-            expr = f"value_text({at!r}, {read}, enc_{f.name}, old, new)"
-        else:  # host data (the host may change it in place) or a mutable value: written again
+        else:
+            # anything else is written anew: host data above all (requests, replies, tool
+            # calls and outcomes, errors), which the host may change in place once the
+            # engine handed it out; the store then agrees with the session
+            # (as json.dumps of the snapshot would)
             expr = f"dumps({read} if enc_{f.name} is None else enc_{f.name}({read}))"
         pieces.append(f"{_dumps(key)}:{{{expr}}}")
     source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
