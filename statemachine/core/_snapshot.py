@@ -28,7 +28,7 @@ checked by its kind, then the whole state by ``reachable_problem``. Every refusa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._exceptions import ConfigError, SnapshotError
@@ -54,22 +54,39 @@ READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 _CACHE_SIZE = 256
-_WRITTEN: dict[int, tuple[Settings, dict[str, Any]]] = {}
+_WRITTEN: dict[tuple[str, int], tuple[Settings, Any]] = {}
 _READ: dict[tuple[Any, ...], Settings] = {}
 """Settings written and read by snapshots, by identity and by value: a store restores
 and snapshots the same few settings over and over (Settings are immutable)."""
 
 
-def _settings_data(settings: Settings) -> dict[str, Any]:
-    cached = _WRITTEN.get(id(settings))
+def _written(what: str, settings: Settings, make: Callable[[Settings], Any]) -> Any:
+    """``make(settings)``, computed once per settings object (by identity)."""
+    cached = _WRITTEN.get((what, id(settings)))
     if cached is None or cached[0] is not settings:
-        cached = (settings, settings.to_dict())
+        cached = (settings, make(settings))
         if len(_WRITTEN) >= _CACHE_SIZE:
             _WRITTEN.clear()
-        _WRITTEN[id(settings)] = cached
-    data = dict(cached[1])
+        _WRITTEN[(what, id(settings))] = cached
+    return cached[1]
+
+
+def _settings_data(settings: Settings) -> dict[str, Any]:
+    data = dict(_written("data", settings, Settings.to_dict))
     data["fallback_models"] = list(settings.fallback_models)
     return data
+
+
+def _head_text(settings: Settings) -> str:
+    """The snapshot's text up to its first state field: format, version, settings."""
+    head = json_text(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "version": SNAPSHOT_VERSION,
+            "settings": _settings_data(settings),
+        }
+    )
+    return head[:-1] + ","
 
 
 def _settings_of(raw: dict[str, Any]) -> Settings:
@@ -100,29 +117,14 @@ def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[
     }
 
 
-_HEADS: dict[int, tuple[Settings, str]] = {}
-
-
 def write_snapshot_text(
     settings: Settings, state: SessionState, now: float, old: TextCache, new: TextCache
 ) -> str:
     """``json_text(write_snapshot(settings, state, now))``, byte for byte, built from what
     an earlier write of the same session left in ``old`` (see ``encode_state_text``):
     a store's write costs what changed, not the whole trace again."""
-    cached = _HEADS.get(id(settings))
-    if cached is None or cached[0] is not settings:
-        head = json_text(
-            {
-                "format": SNAPSHOT_FORMAT,
-                "version": SNAPSHOT_VERSION,
-                "settings": _settings_data(settings),
-            }
-        )
-        cached = (settings, head[:-1] + ",")
-        if len(_HEADS) >= _CACHE_SIZE:
-            _HEADS.clear()
-        _HEADS[id(settings)] = cached
-    return cached[1] + encode_state_text(state, now, old, new)[1:]
+    head: str = _written("head", settings, _head_text)
+    return head + encode_state_text(state, now, old, new)[1:]
 
 
 def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:
