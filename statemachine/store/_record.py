@@ -74,6 +74,10 @@ class Record:
     finished_s: float | None = None
     """The snapshot's ``finished_at`` (seconds since the last turn finished), as written."""
 
+    def __attrs_post_init__(self) -> None:
+        if self.payload is None and self.snapshot_text is not None:  # written here: its bytes
+            object.__setattr__(self, "payload", self.to_payload())
+
     def _header(self) -> dict[str, Any]:
         claim = self.claim
         return {
@@ -156,8 +160,9 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_record(session_id: str, data: dict[str, Any]) -> Record:
-    """``data`` (a decoded record) checked and typed, or ``CorruptSession``."""
+def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = None) -> Record:
+    """``data`` (a decoded record; ``payload``: the bytes it was decoded from) checked and
+    typed, or ``CorruptSession``."""
     if data.get("format") != RECORD_FORMAT:
         raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
     version = data.get("version")
@@ -221,6 +226,7 @@ def parse_record(session_id: str, data: dict[str, Any]) -> Record:
         parsed_claim,
         outcomes,
         incarnation,
+        payload=payload,
         # checked when the snapshot is restored, which a worker does before using them
         elapsed_s=float(elapsed) if isinstance(elapsed, int | float) and _finite(elapsed) else 0.0,
         finished_s=float(finished)

@@ -377,7 +377,7 @@ class Worker:
                 self._remember(session_id, version, record, session)
                 return version, record, session
             data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
-            record = attrs.evolve(parse_record(session_id, data), payload=payload)
+            record = parse_record(session_id, data, payload)
         session = record.restore(
             self._clock, self._now, observers, self._idle(record), self._doom_check
         )
@@ -507,7 +507,7 @@ class Worker:
         text = write_snapshot_text(
             session.settings, state, now, previous.cache or TextCache(), cache
         )
-        record = Record(
+        return Record(  # its bytes are built with it (Record.payload)
             session_id,
             None,
             self._now(),
@@ -520,7 +520,6 @@ class Worker:
             elapsed_s=now - state.started,
             finished_s=None if state.finished_at is None else now - state.finished_at,
         )
-        return attrs.evolve(record, payload=record.to_payload())
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
         ended = session.status is not None
