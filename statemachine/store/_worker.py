@@ -371,10 +371,9 @@ class Worker:
             version, record = stored.version, parse_record(session_id, stored.record)
         else:
             version, payload = self._payload_load(session_id)
-            known = self._known(session_id, payload, observers)
+            known = self._known(session_id, version, payload, observers)
             if known is not None:
                 record, session = known
-                self._remember(session_id, version, record, session)
                 return version, record, session
             data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
             record = parse_record(session_id, data, payload)
@@ -385,13 +384,18 @@ class Worker:
         return version, record, session
 
     def _known(
-        self, session_id: str, payload: bytes, observers: tuple[Observer, ...]
+        self, session_id: str, version: int, payload: bytes, observers: tuple[Observer, ...]
     ) -> tuple[Record, Session] | None:
+        """The session in ``payload`` if it is the record this worker remembers: a copy
+        of the remembered state (which stays remembered, now at ``version``)."""
         with self._live_lock:  # copied under the lock: an advance may take the entry
             live = self._live.get(session_id)
             if live is None or live[1].payload != payload:
                 return None
-            record, settings, state = live[1], live[2], copy_session_state(live[3])
+            _, record, settings, remembered = live
+            del self._live[session_id]  # remembered again as the most recent, at ``version``
+            self._live[session_id] = (version, record, settings, remembered)
+            state = copy_session_state(remembered)
         return record, self._session_of(record, settings, state, observers)
 
     def _idle(self, record: Record) -> float:
