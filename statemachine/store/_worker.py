@@ -491,7 +491,8 @@ class Worker:
         reused instead of encoded again)."""
         if claim is None and isinstance(action, InvokeTools) and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
-        if previous is None:
+        if previous is None or self._payload_cas is None:
+            # a new record, or a store that takes JSON data: the snapshot as data
             snapshot = session.snapshot()
             finished: Any = snapshot["finished_at"]
             return Record(
@@ -501,7 +502,7 @@ class Worker:
                 keys,
                 claim,
                 carried,
-                uuid.uuid4().hex,
+                uuid.uuid4().hex if previous is None else previous.incarnation,
                 elapsed_s=snapshot["elapsed_s"],
                 finished_s=finished,
             )
