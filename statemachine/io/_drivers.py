@@ -158,7 +158,9 @@ def _timeout_error(what: str, seconds: float) -> TimeoutError:
     return TimeoutError(f"{what} timed out after {seconds:g}s (driver timeout)")
 
 
-def _tool_outcome(call: ToolCall, outcome: object) -> ToolOutcome:
+def tool_outcome(call: ToolCall, outcome: object) -> ToolOutcome:
+    """``outcome`` if it is the ToolOutcome of ``call``, else a failed one saying what
+    the tool provider returned instead."""
     if isinstance(outcome, ToolOutcome) and outcome.call_id == call.id:
         return outcome
     return ToolOutcome(
@@ -172,7 +174,9 @@ def _tool_outcome(call: ToolCall, outcome: object) -> ToolOutcome:
     )
 
 
-def _tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
+def tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
+    """The failed outcome of a tool call that raised ``exc``: ``timeout`` for any
+    library's timeout, else ``unknown``, the raw error in ``details``."""
     if is_timeout(exc, {cls.__name__ for cls in type(exc).__mro__}):
         category = ToolErrorCategory.TIMEOUT
     else:
@@ -265,9 +269,9 @@ def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) ->
 
 def _sync_tool(tools: ToolProvider, call: ToolCall, limit: float | None) -> ToolOutcome:
     try:
-        return _tool_outcome(call, _bounded(lambda: tools.invoke(call), limit, f"tool {call.name}"))
+        return tool_outcome(call, _bounded(lambda: tools.invoke(call), limit, f"tool {call.name}"))
     except Exception as exc:
-        return _tool_failure(call, exc)
+        return tool_failure(call, exc)
 
 
 def _bounded(fn: Callable[[], _T], limit: float | None, what: str) -> _T:
@@ -376,7 +380,7 @@ async def _async_tool(tools: AsyncToolProvider, call: ToolCall, limit: float | N
     except TimeoutError as exc:
         if limit is not None and not str(exc):
             exc = _timeout_error(f"tool {call.name}", limit)
-        return _tool_failure(call, exc)
+        return tool_failure(call, exc)
     except Exception as exc:
-        return _tool_failure(call, exc)
-    return _tool_outcome(call, outcome)
+        return tool_failure(call, exc)
+    return tool_outcome(call, outcome)

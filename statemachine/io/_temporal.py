@@ -66,7 +66,7 @@ from ..core._settings import Settings
 from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._classify import classify
-from ._drivers import check_retry_owner, error_details
+from ._drivers import check_retry_owner, tool_failure, tool_outcome
 
 ASSEMBLE = "turnstate.assemble"
 """The context activity's name: ``{"action": Assemble, "prompt", "turns"}`` in,
@@ -303,28 +303,9 @@ class Activities:
         try:
             outcome = await _call(self._tools.invoke, call)  # type: ignore[attr-defined]
         except Exception as exc:
-            outcome = _tool_failure(call, exc)
-        if not (isinstance(outcome, ToolOutcome) and outcome.call_id == call.id):
-            outcome = ToolOutcome(
-                call.id,
-                ok=False,
-                content=f"tools.invoke({call.name!r}) must return a ToolOutcome for call id "
-                f"{call.id!r}, got {outcome!r:.200}",
-                category=ToolErrorCategory.UNKNOWN,
-            )
-        result: dict[str, Any] = encode(outcome)
+            outcome = tool_failure(call, exc)
+        result: dict[str, Any] = encode(tool_outcome(call, outcome))
         return result
-
-
-def _tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
-    timeout = isinstance(exc, TimeoutError | asyncio.TimeoutError)
-    return ToolOutcome(
-        call.id,
-        ok=False,
-        content=f"{type(exc).__name__}: {error_details(exc)['message']}",
-        category=ToolErrorCategory.TIMEOUT if timeout else ToolErrorCategory.UNKNOWN,
-        details=error_details(exc),
-    )
 
 
 # -- the workflow side ----------------------------------------------------------------
