@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from statemachine.io._drivers import _tool_failure
+from statemachine.io._drivers import tool_failure
 
 
 class Clock:
@@ -381,7 +381,7 @@ def test_tool_errors_carry_retryable_and_details() -> None:
     assert sm.ToolOutcome("a", False, category="unknown", retryable=True).retryable
     with pytest.raises(ValueError, match=r"^retryable"):
         sm.ToolOutcome("a", True, retryable=True)
-    outcome = _tool_failure(call(1), KeyError("token"))
+    outcome = tool_failure(call(1), KeyError("token"))
     assert outcome.category is sm.ToolErrorCategory.UNKNOWN
     assert outcome.details == {"type": "builtins.KeyError", "message": "'token'"}
     s = session()
