@@ -94,7 +94,11 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "statemachine/core/_snapshot.py": ("tests/test_snapshot.py",),
     "statemachine/core/_settings.py": ("tests/test_settings.py",),
-    "statemachine/io/_classify.py": ("tests/test_classify.py",),
+    "statemachine/io/_classify.py": (
+        "tests/test_classify.py",
+        "tests/test_corpus.py",
+        "tests/test_classification_rows.py",
+    ),
 }
 """The fast tests (files or node IDs) that exercise each module; the slow suites
 (stateful, redis, MCP, SDK end-to-end, the whole model check) are never defaults."""

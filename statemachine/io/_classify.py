@@ -76,8 +76,7 @@ the fields next to it of the ``MAX_BODY`` characters)."""
 
 _CONTEXT_PHRASES = (
     "prompt is too long",
-    "maximum context length",
-    "context length",
+    "context length",  # also OpenAI's and vLLM's "maximum context length"
     "context window",
     "context_length_exceeded",
     "exceed context limit",
@@ -114,7 +113,9 @@ _AUTH_TYPES = frozenset(
 _INVALID_TYPES = frozenset(
     {"invalid_request_error", "not_found_error", "request_too_large", "model_not_found"}
 )
-_OVERLOADED_STATUSES = frozenset({408, 409, 500, 502, 503, 504, 520, 522, 524, 529})
+_OVERLOADED_4XX = frozenset({408, 409})
+"""Request timeout and conflict: the server's trouble, worth a retry (every 5xx but 501
+is too: 500, 502-504, Cloudflare's 520-524, Anthropic's 529)."""
 
 
 def classify(obj: object) -> ModelError:
@@ -335,7 +336,7 @@ def _from_parts(
         return make(ErrorCategory.RATE_LIMITED, vendor or "rate_limited")
     if status in {401, 403}:
         return make(ErrorCategory.AUTH_ERROR)
-    if status in _OVERLOADED_STATUSES or (status >= 500 and status != 501):
+    if status in _OVERLOADED_4XX or (status >= 500 and status != 501):
         return make(ErrorCategory.OVERLOADED, vendor or f"http_{status}")
     if status in {400, 404, 413, 422}:
         return make(ErrorCategory.INVALID_REQUEST)
@@ -456,12 +457,10 @@ def _parse_body(body: Any) -> Any:
 def _byte_parts(body: bytes | bytearray | memoryview) -> tuple[str, str | None]:
     """The decoded head of ``body`` and, when it is longer than :data:`MAX_BODY`, its
     decoded tail from the first whole line (invalid UTF-8 is replaced)."""
-    raw = memoryview(body)
-    if raw.ndim != 1 or raw.itemsize != 1:
-        try:
-            raw = raw.cast("B")
-        except TypeError:  # not contiguous: copy it (no network body is shaped so)
-            raw = memoryview(raw.tobytes())
+    try:
+        raw = memoryview(body).cast("B")  # a flat view of bytes, whatever the shape
+    except TypeError:  # not contiguous: copy it (no network body is shaped so)
+        raw = memoryview(memoryview(body).tobytes())
     head = raw[:MAX_BODY].tobytes().decode("utf-8", errors="replace")
     if len(raw) <= MAX_BODY:
         return head, None
@@ -609,9 +608,7 @@ def _headers(raw: Any) -> Headers | None:
     try:
         if isinstance(raw, Headers):
             return raw
-        if isinstance(raw, Mapping):
-            return Headers(raw)
-        if hasattr(raw, "items"):
+        if hasattr(raw, "items"):  # a mapping, httpx's Headers, a CaseInsensitiveDict
             return Headers(list(raw.items()))
         return Headers(raw)
     except Exception:  # unusable headers are dropped, not raised

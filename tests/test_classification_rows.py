@@ -1,0 +1,301 @@
+"""specs/classification.md's mapping, one entry at a time.
+
+Real bodies (tests/corpus/, tests/test_classify.py) carry several of the table's
+entries at once: OpenAI's context overflow says "maximum context length" *and* has
+code ``context_length_exceeded``, its rate limits have code ``rate_limit_exceeded``
+*and* type ``tokens``. Dropping one entry from the table is then invisible to them.
+The bodies here are built to carry exactly one entry (a neutral message, one code or
+one type, one status), so each documented phrase, name and status is proven to
+decide on its own. The entries are written out as the spec states them, never read
+from the module (a test that read the table would move with a mutated table).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+
+C = sm.ErrorCategory
+NEUTRAL = "the request was rejected"  # says nothing any row reads
+
+
+def _classify(status: int | None, body: Any) -> sm.ModelError:
+    return sm.classify((status, {}, body))
+
+
+# -- row 3: context overflow -----------------------------------------------------------
+
+CONTEXT_PHRASES = [
+    "prompt is too long",
+    "maximum context length",
+    "context length",
+    "context window",
+    "context_length_exceeded",
+    "exceed context limit",
+    "exceeds the context",
+    "too many tokens",
+    "input is too long",
+    "exceeds the available context size",
+    "exceeds the maximum number of tokens allowed",
+]
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize("phrase", CONTEXT_PHRASES)
+@pytest.mark.parametrize("status", [400, 413, 200, None])
+def test_each_context_phrase_alone_is_a_context_overflow(phrase: str, status: int | None) -> None:
+    """A message that says it only this way, in any casing, is a context overflow on
+    every status row 3 names; the same message without the phrase is not."""
+    for said in (phrase, phrase.upper(), phrase.capitalize()):
+        error = _classify(status, {"error": {"message": f"{NEUTRAL}: {said}."}})
+        assert error.category is C.CONTEXT_LENGTH_EXCEEDED, said
+        assert error.code is None
+    without = _classify(status, {"error": {"message": f"{NEUTRAL}."}})
+    assert without.category is not C.CONTEXT_LENGTH_EXCEEDED
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize("status", [401, 403, 404, 422, 500, 503])
+def test_a_context_phrase_on_another_status_is_that_status_row(status: int) -> None:
+    """Row 3 reads the message only on 400, 413, 200 or none."""
+    error = _classify(status, {"error": {"message": "context length exceeded"}})
+    assert error.category is not C.CONTEXT_LENGTH_EXCEEDED
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(
+    "name", ["context_length_exceeded", "string_above_max_length", "exceed_context_size_error"]
+)
+@pytest.mark.parametrize("field", ["code", "type"])
+@pytest.mark.parametrize("status", [400, 413, 200, None])
+def test_each_context_code_alone_is_a_context_overflow(
+    name: str, field: str, status: int | None
+) -> None:
+    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
+    assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, name)
+
+
+@pytest.mark.requirement("ER-95")
+@pytest.mark.parametrize("phrase", ["request too large", "must be reduced"])
+def test_each_too_large_phrase_alone_makes_a_429_a_context_overflow(phrase: str) -> None:
+    for said in (phrase, phrase.upper()):
+        error = _classify(429, {"error": {"message": f"{NEUTRAL}: {said}"}})
+        assert error.category is C.CONTEXT_LENGTH_EXCEEDED
+    assert _classify(429, {"error": {"message": NEUTRAL}}).category is C.RATE_LIMITED
+    # only a 429 says it this way: a 400 saying it is an ordinary invalid request
+    assert _classify(400, {"error": {"message": phrase}}).category is C.INVALID_REQUEST
+
+
+# -- row 1: quota and billing; row 2: filters ------------------------------------------
+
+
+@pytest.mark.requirement("ER-41")
+@pytest.mark.parametrize(
+    "name", ["insufficient_quota", "billing_error", "billing_hard_limit_reached"]
+)
+@pytest.mark.parametrize("field", ["code", "type"])
+@pytest.mark.parametrize("status", [400, 429, 403, 500, 200, None])
+def test_each_quota_name_alone_is_unknown_on_any_status(
+    name: str, field: str, status: int | None
+) -> None:
+    """Never retried, whatever status it comes with (ER-41): unknown, the name kept."""
+    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
+    assert (error.category, error.code) == (C.UNKNOWN, name)
+
+
+@pytest.mark.requirement("ER-41")
+def test_a_bare_402_is_payment_required() -> None:
+    error = _classify(402, None)
+    assert (error.category, error.code) == (C.UNKNOWN, "payment_required")
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize("name", ["content_filter", "content_policy_violation", "refusal"])
+@pytest.mark.parametrize("field", ["code", "type"])
+@pytest.mark.parametrize("status", [400, 403, 200, None])
+def test_each_filter_name_alone_is_content_filtered(
+    name: str, field: str, status: int | None
+) -> None:
+    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
+    assert (error.category, error.code) == (C.CONTENT_FILTERED, name)
+
+
+GEMINI_BLOCKS = ["SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"]
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize("reason", GEMINI_BLOCKS)
+def test_each_gemini_block_reason_is_content_filtered(reason: str) -> None:
+    """Gemini's reasons, as the prompt's block reason and as the candidate's finish."""
+    for body in (
+        {"promptFeedback": {"blockReason": reason}},
+        {"candidates": [{"finishReason": reason, "index": 0}]},
+    ):
+        error = _classify(200, body)
+        assert (error.category, error.code) == (C.CONTENT_FILTERED, reason)
+    for body in (
+        {"promptFeedback": {"blockReason": "OTHER_REASON"}},
+        {"candidates": [{"finishReason": "STOP", "index": 0}]},
+    ):
+        assert _classify(200, body).category is not C.CONTENT_FILTERED
+
+
+# -- row 4 (in a stream) and row 9 (any other status): by type -------------------------
+
+BY_TYPE = [
+    ("overloaded_error", C.OVERLOADED),
+    ("api_error", C.OVERLOADED),
+    ("server_error", C.OVERLOADED),
+    ("service_unavailable", C.OVERLOADED),
+    ("timeout_error", C.OVERLOADED),
+    ("rate_limit_error", C.RATE_LIMITED),
+    ("rate_limit_exceeded", C.RATE_LIMITED),
+    ("requests", C.RATE_LIMITED),
+    ("tokens", C.RATE_LIMITED),
+    ("authentication_error", C.AUTH_ERROR),
+    ("permission_error", C.AUTH_ERROR),
+    ("invalid_api_key", C.AUTH_ERROR),
+    ("permission_denied", C.AUTH_ERROR),
+    ("invalid_request_error", C.INVALID_REQUEST),
+    ("not_found_error", C.INVALID_REQUEST),
+    ("request_too_large", C.INVALID_REQUEST),
+    ("model_not_found", C.INVALID_REQUEST),
+]
+
+
+@pytest.mark.requirement("ER-44")
+@pytest.mark.parametrize(("name", "category"), BY_TYPE)
+@pytest.mark.parametrize("field", ["code", "type"])
+@pytest.mark.parametrize("status", [200, None, 418])
+def test_each_name_of_the_by_type_table_decides_alone(
+    name: str, category: sm.ErrorCategory, field: str, status: int | None
+) -> None:
+    """An error event in a stream (200 or no status), or a status no row names (418),
+    is read by its code or type; each name decides on its own, in either field."""
+    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
+    assert (error.category, error.code) == (category, name)
+
+
+@pytest.mark.requirement("ER-44")
+@pytest.mark.parametrize("status", [200, None, 418])
+def test_a_name_the_by_type_table_does_not_know_is_unknown(status: int | None) -> None:
+    error = _classify(status, {"error": {"message": NEUTRAL, "type": "teapot_error"}})
+    assert (error.category, error.code) == (C.UNKNOWN, "teapot_error")
+
+
+# -- rows 5 to 9: the status decides ---------------------------------------------------
+
+OVERLOADED_STATUSES = [408, 409, 500, 502, 503, 504, 505, 507, 520, 522, 524, 529, 599]
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize(
+    ("status", "category"),
+    [(429, C.RATE_LIMITED), (401, C.AUTH_ERROR), (403, C.AUTH_ERROR)]
+    + [(status, C.OVERLOADED) for status in OVERLOADED_STATUSES]
+    + [(status, C.INVALID_REQUEST) for status in (400, 404, 413, 422)]
+    + [(status, C.UNKNOWN) for status in (402, 405, 410, 418, 451, 499, 501)],
+)
+def test_each_status_row_decides_on_a_body_that_names_nothing(
+    status: int, category: sm.ErrorCategory
+) -> None:
+    """With no code or type, the status alone decides; every 5xx but 501 (not
+    implemented: no retry helps) is overloaded, and 499 (nginx's log code for a
+    client that hung up) is not a 5xx."""
+    for body in (None, {"error": {"message": NEUTRAL}}, b"<html>Bad Gateway</html>"):
+        assert _classify(status, body).category is category, (status, body)
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_status_without_a_vendor_name_keeps_http_status_as_its_code() -> None:
+    assert _classify(503, None).code == "http_503"
+    assert _classify(418, None).code == "http_418"
+    assert _classify(429, None).code == "rate_limited"
+    assert _classify(400, None).code is None
+
+
+# -- how the fields are read -----------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-40")
+def test_the_anthropic_envelope_type_is_not_a_vendor_code() -> None:
+    """``{"type": "error"}`` is the envelope's type, not the error's: no code is kept
+    from it (and the message is still read)."""
+    error = _classify(400, {"type": "error", "message": "bad field"})
+    assert (error.category, error.code, error.message) == (C.INVALID_REQUEST, None, "bad field")
+
+
+@pytest.mark.requirement("ER-43")
+@pytest.mark.parametrize(("value", "kept"), [(True, None), (False, None), ("", None), (42, "42")])
+def test_a_type_that_is_not_text_is_kept_only_as_a_number(value: Any, kept: str | None) -> None:
+    """A boolean or an empty text is no name; a number is kept as its text."""
+    error = _classify(400, {"error": {"message": NEUTRAL, "type": value}})
+    assert (error.category, error.code) == (C.INVALID_REQUEST, kept)
+
+
+@pytest.mark.requirement("ER-40")
+def test_an_exception_with_a_message_attribute_keeps_that_message() -> None:
+    """Google's API errors (``google.api_core.exceptions``) put the status before the
+    message in ``str(exc)`` and keep the message alone on ``.message``."""
+
+    class GoogleAPICallError(Exception):
+        def __init__(self, message: str) -> None:
+            super().__init__(f"429 {message}")
+            self.message = message
+
+    error = sm.classify(GoogleAPICallError("Resource has been exhausted (e.g. check quota)."))
+    assert error.message == "Resource has been exhausted (e.g. check quota)."
+
+    class Blank(Exception):
+        message = ""
+
+    assert sm.classify(Blank("said in str")).message == "said in str"
+
+
+@pytest.mark.requirement("ER-43")
+def test_a_reply_with_an_empty_refusal_is_not_a_refusal() -> None:
+    """OpenAI's ``message.refusal`` is None or the refusal's text; an empty text
+    refuses nothing."""
+
+    class Message:
+        refusal = ""
+        content = "hello"
+
+    class Choice:
+        finish_reason = "stop"
+        message = Message()
+
+    class Reply:
+        choices = [Choice()]  # noqa: RUF012
+
+    assert sm.classify(Reply()).category is C.UNKNOWN
+    Message.refusal = "I can't help with that."
+    error = sm.classify(Reply())
+    assert (error.category, error.code, error.message) == (
+        C.CONTENT_FILTERED, "refusal", "I can't help with that."
+    )  # fmt: skip
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_body_built_by_hand_is_kept_as_a_json_copy() -> None:
+    """A key that is not text is dropped, a value that is not JSON data becomes None;
+    a body that is JSON data already is kept as the same object."""
+    given: dict[Any, Any] = {1: "a", "error": {"message": "m"}}
+    error = _classify(400, given)
+    assert error.body == {"error": {"message": "m"}} and error.body is not given
+    odd = {"x": object(), "error": {"message": "m"}}
+    error = _classify(400, odd)
+    assert error.body == {"x": None, "error": {"message": "m"}} and error.body is not odd
+    plain = {"error": {"message": "m", "n": [1, 2.5, None, True]}}
+    assert _classify(400, plain).body is plain
+
+
+@pytest.mark.requirement("ER-43")
+def test_an_object_that_is_no_provider_error_is_named_by_its_short_repr() -> None:
+    error = sm.classify([1, [2, [3]]])
+    assert error.message == "not a provider error: [1, [2, [3]]]"
+    deep = sm.classify([[[[["x"]]]]])
+    assert deep.message == "not a provider error: [[[[...]]]]"
