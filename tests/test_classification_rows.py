@@ -299,3 +299,141 @@ def test_an_object_that_is_no_provider_error_is_named_by_its_short_repr() -> Non
     assert error.message == "not a provider error: [1, [2, [3]]]"
     deep = sm.classify([[[[["x"]]]]])
     assert deep.message == "not a provider error: [[[[...]]]]"
+
+
+# -- the message kept ------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_fastapi_detail_text_is_the_message_and_is_read() -> None:
+    """FastAPI's ``{"detail": "..."}`` (Mistral's 401, many OpenAI-compatible servers):
+    the detail is the message, and row 3 reads it like any message."""
+    error = _classify(401, {"detail": "Unauthorized"})
+    assert (error.category, error.message) == (C.AUTH_ERROR, "Unauthorized")
+    overflow = _classify(400, {"detail": "This model's maximum context length is 4096"})
+    assert overflow.category is C.CONTEXT_LENGTH_EXCEEDED
+    # the error's own message comes first
+    both = _classify(400, {"message": "said here", "detail": "not here"})
+    assert both.message == "said here"
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_message_that_is_an_object_is_shown_as_json_and_never_read() -> None:
+    """Mistral's 422 and FastAPI's validation errors carry a list of problems, which
+    may echo the request: the message is their JSON text, but no phrase is read from
+    it (a prompt saying "context window" must not make a 400 a context overflow)."""
+    problems = {"detail": [{"type": "extra_forbidden", "loc": ["body", "x"], "input": 1}]}
+    mistral = _classify(422, {"object": "error", "message": problems,
+                              "type": "invalid_request_error", "code": None})  # fmt: skip
+    assert mistral.category is C.INVALID_REQUEST
+    assert mistral.message == (
+        '{"detail":[{"type":"extra_forbidden","loc":["body","x"],"input":1}]}'
+    )
+    fastapi = _classify(422, {"detail": [{"msg": "Field required", "loc": ["body"]}]})
+    assert fastapi.message == '[{"msg":"Field required","loc":["body"]}]'
+    echoed = {"error": {"message": [{"msg": "bad", "input": "fill the context window"}]}}
+    error = _classify(400, echoed)
+    assert error.category is C.INVALID_REQUEST
+    assert "context window" in error.message
+    assert _classify(400, {"error": {"message": {}}}).message == "HTTP 400"
+
+
+@pytest.mark.requirement("ER-44")
+def test_a_status_below_200_or_from_300_is_read_as_any_other_status() -> None:
+    """Statuses 200-399 are a successful (streamed) response whose error event decides,
+    with no code of its own; 1xx and the rest keep ``http_<status>``."""
+    for status in (200, 204, 399):
+        assert _classify(status, None).code is None, status
+    for status in (100, 199):
+        assert _classify(status, None).code == f"http_{status}", status
+
+
+@pytest.mark.requirement("ER-43")
+def test_a_status_that_is_a_flag_is_no_status() -> None:
+    """``(True, headers, body)``: a boolean is no HTTP status (True == 1 in Python)."""
+    error = sm.classify((True, {}, None))
+    assert (error.status, error.message) == (None, "")
+    assert sm.classify((503, {}, None)).message == "HTTP 503"
+
+
+@pytest.mark.requirement("ER-43")
+def test_an_object_needs_an_int_status_and_headers_to_be_read_as_a_response() -> None:
+    class StatusOnly:
+        status_code = 429
+
+    class HeadersOnly:
+        headers = {"retry-after": "3"}  # noqa: RUF012
+
+    for obj in (StatusOnly(), HeadersOnly()):
+        error = sm.classify(obj)
+        assert error.category is C.UNKNOWN
+        assert error.message.startswith("not a provider error"), obj
+
+
+@pytest.mark.requirement("ER-43")
+def test_an_exception_with_no_status_and_no_body_is_named_by_its_class() -> None:
+    error = sm.classify(KeyError("missing"))
+    assert (error.category, error.code, error.body) == (C.UNKNOWN, "KeyError", None)
+
+
+@pytest.mark.requirement("ER-43")
+def test_a_reply_with_no_choices_or_an_unreadable_dump_is_no_refusal() -> None:
+    """An SDK reply object whose ``choices`` is empty is no provider error; a refusal
+    whose ``model_dump`` is not callable keeps no body (it is not JSON data)."""
+
+    class Empty:
+        choices: list[Any] = []  # noqa: RUF012
+
+    error = sm.classify(Empty())
+    assert error.category is C.UNKNOWN and error.message.startswith("not a provider error")
+
+    class Refused:
+        stop_reason = "refusal"
+        model_dump = None
+
+    refused = sm.classify(Refused())
+    assert (refused.category, refused.body) == (C.CONTENT_FILTERED, None)
+
+
+@pytest.mark.requirement("ER-40")
+@pytest.mark.parametrize("value", [1.5, {"name": "x"}, ["x"]])
+def test_a_type_that_is_a_float_or_a_container_is_no_name(value: Any) -> None:
+    error = _classify(400, {"error": {"message": NEUTRAL, "type": value}})
+    assert (error.category, error.code) == (C.INVALID_REQUEST, None)
+
+
+@pytest.mark.requirement("ER-42")
+def test_headers_of_any_mapping_shape_are_read_and_garbage_is_dropped() -> None:
+    """A dict, (name, value) pairs and an object with ``items()`` are all headers; a
+    text or a number is no headers, dropped without raising."""
+
+    class Items:
+        def items(self) -> list[tuple[str, str]]:
+            return [("Retry-After", "4")]
+
+    for given in ({"retry-after": "4"}, [("Retry-After", "4")], Items()):
+        error = sm.classify((429, given, None))
+        assert error.headers is not None and error.headers["retry-after"] == "4"
+        assert error.retry_after_seconds == 4.0
+    own = sm.Headers({"retry-after": "4"})
+    assert sm.classify((429, own, None)).headers is own
+    for garbage in ("retry-after: 4", 12):
+        error = sm.classify((429, garbage, None))
+        assert (error.category, error.headers) == (C.RATE_LIMITED, None)
+
+
+@pytest.mark.requirement("ER-43")
+def test_a_short_repr_cuts_bytes_text_and_containers() -> None:
+    """The "not a provider error" message shows at most 200 bytes or characters and 8
+    items of a container, each cut marked."""
+    prefix = "not a provider error: "
+    for size, cut in ((200, False), (201, True)):
+        mark = "..." if cut else ""
+        assert sm.classify(b"b" * size).message == f"{prefix}{b'b' * 200!r}{mark}"
+        array = sm.classify(bytearray(b"a" * size)).message
+        assert array == f"{prefix}bytearray({b'a' * 200!r}{mark})"
+    assert sm.classify(list(range(8))).message == "not a provider error: [0, 1, 2, 3, 4, 5, 6, 7]"
+    assert sm.classify(list(range(9))).message.endswith("[0, 1, 2, 3, 4, 5, 6, 7, ...]")
+    text = sm.classify({"k": "t" * 300}).message
+    assert "..." in text and text.count("t") < 205
+    assert "..." not in sm.classify({"k": "t" * 150}).message

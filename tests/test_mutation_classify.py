@@ -418,3 +418,179 @@ def test_a_copy_of_a_body_nested_too_deep_keeps_exactly_max_depth_levels() -> No
     error = sm.classify((400, None, nested_lists(150)))
     assert error.category is C.INVALID_REQUEST
     assert list_depth(error.body) == (100, None)
+
+
+# -- what is kept as is, and what the copy keeps ---------------------------------------
+
+MAX_DEPTH = 100
+MAX_INT_BITS = 14_000
+
+
+def _nested_dicts(levels: int) -> dict[str, Any]:
+    """``{"a": {"a": ... {}}}``: ``levels + 1`` dicts, built without recursion."""
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(levels):
+        child: dict[str, Any] = {}
+        node["a"] = child
+        node = child
+    return root
+
+
+def _dict_depth(value: Any) -> int:
+    depth = 0
+    while isinstance(value, dict) and value:
+        depth, value = depth + 1, value["a"]
+    return depth
+
+
+@pytest.mark.requirement("ER-58")
+@pytest.mark.parametrize("shape", ["lists", "dicts"])
+def test_a_body_exactly_max_depth_containers_deep_is_kept_as_is_one_more_is_copied(
+    shape: str,
+) -> None:
+    """MAX_DEPTH (100) nested containers are JSON data within the bounds: the parsed
+    body is kept as the same object. One more, and the copy keeps 100 levels."""
+    build: Any = nested_lists if shape == "lists" else _nested_dicts
+
+    def depth_of(value: Any) -> int:
+        return list_depth(value)[0] if shape == "lists" else _dict_depth(value)
+
+    within = build(MAX_DEPTH - 1)  # MAX_DEPTH containers, the root included
+    assert sm.classify((400, None, within)).body is within
+    beyond = build(MAX_DEPTH)
+    kept = sm.classify((400, None, beyond)).body
+    assert kept is not beyond
+    assert depth_of(kept) == MAX_DEPTH  # 100 containers, None below the last
+
+
+@pytest.mark.requirement("ER-58")
+def test_an_int_of_max_int_bits_is_kept_and_a_longer_one_is_dropped() -> None:
+    """An int of MAX_INT_BITS (14,000) bits is JSON data within the bounds; a longer
+    one (its decimal text alone would be a hostile cost) becomes None in the copy,
+    while the ints beside it are kept."""
+    largest = (1 << MAX_INT_BITS) - 1
+    body = {"error": {"message": "m"}, "n": largest}
+    assert sm.classify((400, None, body)).body is body
+    longer = {"error": {"message": "m"}, "n": largest + 1, "m": largest, "k": 7}
+    kept = sm.classify((400, None, longer)).body
+    assert kept == {"error": {"message": "m"}, "n": None, "m": largest, "k": 7}
+
+
+@pytest.mark.requirement("ER-58")
+def test_a_body_with_nan_or_infinity_keeps_none_there_and_the_rest() -> None:
+    """json.loads reads NaN and Infinity; a snapshot cannot hold them, so the copy
+    writes None in their place and keeps finite numbers and flags as they are."""
+    raw = b'{"error": {"message": "m"}, "a": NaN, "b": Infinity, "c": 1.5, "d": true}'
+    kept = sm.classify((400, None, raw)).body
+    assert kept == {"error": {"message": "m"}, "a": None, "b": None, "c": 1.5, "d": True}
+    assert type(kept["d"]) is bool and type(kept["c"]) is float
+
+
+@pytest.mark.requirement("ER-58")
+def test_the_copy_keeps_flags_as_flags_and_text_subclasses_as_text() -> None:
+    """A body built by the host with a text enum and flags: copied (the enum is not
+    plain JSON), the enum as its text, True and False as themselves (not 1 and 0)."""
+    import enum
+
+    class Kind(enum.StrEnum):
+        OVERLOADED = "overloaded_error"
+
+    body = {"error": {"type": Kind.OVERLOADED, "message": "m"}, "t": True, "f": False}
+    error = sm.classify((200, None, body))
+    assert error.category is C.OVERLOADED
+    kept = error.body
+    assert kept is not body
+    assert type(kept["error"]["type"]) is str and kept["error"]["type"] == "overloaded_error"
+    assert kept["t"] is True and kept["f"] is False
+
+
+@pytest.mark.requirement("ER-58")
+def test_the_copy_spends_one_budget_of_characters_across_strings() -> None:
+    """Strings share MAX_BODY characters: 20 strings of MAX_BODY_STRING are cut to
+    exactly MAX_BODY in all (16 whole, then empty ones)."""
+    body = ["x" * MAX_BODY_STRING for _ in range(20)]
+    kept = sm.classify((400, None, body)).body
+    assert len(kept) == 20
+    assert sum(len(s) for s in kept) == MAX_BODY
+    assert [len(s) for s in kept[15:18]] == [MAX_BODY_STRING, 0, 0]
+
+
+@pytest.mark.requirement("ER-58")
+def test_the_copy_spends_its_character_budget_on_keys_too() -> None:
+    """Keys count against MAX_BODY: of 17 keys of MAX_BODY_STRING characters, the
+    first 16 fill the budget exactly and are kept (their values, numbers, cost no
+    characters); the 17th is dropped."""
+    body = {f"{i:04d}" + "k" * (MAX_BODY_STRING - 4): i for i in range(17)}
+    kept = sm.classify((400, None, body)).body
+    assert list(kept.values()) == list(range(16))
+
+
+@pytest.mark.requirement("ER-58")
+def test_the_copy_spends_one_budget_of_values_across_lists() -> None:
+    """Two lists of 2,000 numbers: the copy holds MAX_BODY_VALUES values in all (the
+    root, the two lists, then the first list's numbers), the second list empty."""
+    body = [[0] * 2000, [1] * 2000]
+    kept = sm.classify((400, None, body)).body
+    assert [len(kept[0]), len(kept[1])] == [MAX_BODY_VALUES - 3, 0]
+
+
+# -- how fields and shapes are read ----------------------------------------------------
+
+
+@pytest.mark.requirement("ER-44")
+def test_the_first_choice_and_the_first_candidate_decide() -> None:
+    """n > 1 completions: only the first choice's finish reason (OpenAI) or the first
+    candidate's (Gemini) is read."""
+    filtered_last = {"choices": [{"finish_reason": "stop"}, {"finish_reason": "content_filter"}]}
+    assert sm.classify((200, {}, filtered_last)).category is C.UNKNOWN
+    filtered_first = {"choices": [{"finish_reason": "content_filter"}, {"finish_reason": "stop"}]}
+    assert sm.classify((200, {}, filtered_first)).category is C.CONTENT_FILTERED
+    blocked_last = {"candidates": [{"finishReason": "STOP"}, {"finishReason": "SAFETY"}]}
+    assert sm.classify((200, {}, blocked_last)).category is C.UNKNOWN
+    blocked_first = {"candidates": [{"finishReason": "SAFETY"}, {"finishReason": "STOP"}]}
+    assert sm.classify((200, {}, blocked_first)).category is C.CONTENT_FILTERED
+
+
+@pytest.mark.requirement("ER-40")
+def test_an_anthropic_details_error_code_is_kept_only_without_a_code() -> None:
+    """Anthropic's ``error.details.error_code`` names the error when ``error.code``
+    does not; a code the error has wins."""
+    body: dict[str, Any] = {"type": "error", "error": {"type": "invalid_request_error", "message": "m",
+                                       "details": {"error_code": "invalid_tool_schema"}}}  # fmt: skip
+    assert sm.classify((400, {}, body)).code == "invalid_tool_schema"
+    body["error"]["code"] = "own_code"
+    assert sm.classify((400, {}, body)).code == "own_code"
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_numeric_status_field_is_no_vendor_name() -> None:
+    """Gemini's ``status`` is a name ("RESOURCE_EXHAUSTED"); a server that echoes a
+    number there names nothing: the code falls back as if it were absent."""
+    body = {"error": {"code": 429, "message": "slow down", "status": 429}}
+    assert sm.classify((429, {}, body)).code == "rate_limited"
+
+
+@pytest.mark.requirement("ER-44")
+def test_an_error_event_after_a_blank_head_of_max_body_bytes_is_found() -> None:
+    """A stream padded with MAX_BODY bytes of blank keep-alive lines before its error
+    event: the head is blank, the error is read from the tail."""
+    body = b"\n" * MAX_BODY + b'data: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
+    error = sm.classify((200, {}, body))
+    assert (error.category, error.code) == (C.OVERLOADED, "overloaded_error")
+
+
+@pytest.mark.requirement("ER-58", "ER-44")
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_a_tail_that_starts_mid_line_drops_that_partial_line(as_bytes: bool) -> None:
+    """The last MAX_BODY characters start inside a line that is not a ``data:`` line
+    ("X" before it) but whose rest looks like one: that partial line is dropped, never
+    read as an event. Starting on a line boundary, the same line is read."""
+    event = 'data: {"type":"error","error":{"type":"rate_limit_error"}}'
+    after = event + "\n" + "z" * (MAX_BODY - len(event) - 2) + "\n"
+    assert len(after) == MAX_BODY  # the tail window starts exactly at the event
+    head = "y" * MAX_BODY + "\n"
+    for before, category in (("X", C.UNKNOWN), ("", C.RATE_LIMITED)):
+        text = head + before + after
+        body: Any = text.encode() if as_bytes else text
+        assert sm.classify((200, {}, body)).category is category, repr(before)

@@ -5,11 +5,14 @@ against each mutant. The sample test runs the real runner on five fixed mutants 
 ``statemachine/core/_backoff.py`` (``--sample 5 --seed 5``) and asserts every one is
 killed, so a weakening of ``tests/test_backoff.py`` and
 ``tests/test_mutation_backoff.py`` (or of the runner) cannot pass
-silently. The other tests check the generator on small sources, without subprocesses.
+silently. A second sample does the same for ``classify``'s tables (four entries of
+``statemachine/io/_classify.py``'s module-level tables, dropped or renamed), against
+``tests/test_classification_rows.py``. The other tests check the generator on small sources, without subprocesses.
 """
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -17,6 +20,7 @@ import pytest
 from tools import mutate
 
 BACKOFF = "statemachine/core/_backoff.py"
+CLASSIFY = "statemachine/io/_classify.py"
 
 
 def _descriptions(source: str) -> list[str]:
@@ -42,6 +46,31 @@ def test_a_fixed_sample_of_backoff_mutants_is_all_killed() -> None:
     ]
     assert not survivors, f"surviving mutants of {BACKOFF}: {survivors}"
     assert report.score == 100.0
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.requirement("ER-40")
+def test_a_fixed_sample_of_classify_table_mutants_is_all_killed() -> None:
+    """Four seeded mutants of classify's tables (a phrase, a code, a type or a status
+    dropped or renamed) each make the one-entry-at-a-time tests fail. Picked among the
+    table mutants by description, so the sample does not move when code is added."""
+    started = time.monotonic()
+    mutants = mutate.generate(CLASSIFY, (mutate.REPO / CLASSIFY).read_bytes())
+    tables = [m for m in mutants if m.description.startswith(("table entry", "table string"))]
+    assert len(tables) >= 80
+    chosen = sorted(m.number for m in random.Random(40).sample(tables, 4))
+    report = mutate.run_module(
+        CLASSIFY,
+        tests=["tests/test_classification_rows.py", "tests/test_mutation_classify.py"],
+        numbers=chosen,
+        timeout=60,
+    )
+    assert report.error is None, report.error
+    assert report.run == 4
+    survivors = [
+        f"#{o.mutant.number} line {o.mutant.line}: {o.mutant.description}" for o in report.survivors
+    ]
+    assert not survivors, f"surviving mutants of {CLASSIFY}: {survivors}"
     assert time.monotonic() - started < 120
 
 

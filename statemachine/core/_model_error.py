@@ -88,7 +88,9 @@ def _text(value: object) -> str | None:
     return None
 
 
-def _to_headers(raw: object) -> Headers | None:
+def to_headers(raw: object) -> Headers | None:
+    """``raw`` (a mapping, httpx's or requests' headers, or (name, value) pairs) as
+    :class:`Headers`; raises ``TypeError`` for anything else."""
     if raw is None or isinstance(raw, Headers):
         return raw
     if isinstance(raw, Mapping | list | tuple) or callable(getattr(raw, "items", None)):
@@ -190,7 +192,7 @@ class ModelError:
     retry_after_seconds: float | str | None = attrs.field(
         default=None, converter=_retry_after_field
     )
-    headers: Headers | None = attrs.field(default=None, converter=_to_headers)
+    headers: Headers | None = attrs.field(default=None, converter=to_headers)
     code: str | None = attrs.field(default=None, converter=_optional_text)
     status: int | None = attrs.field(default=None, converter=_status)
     body: Any = attrs.field(default=None, metadata=OPAQUE, eq=False, converter=_body)

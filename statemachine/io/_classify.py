@@ -52,7 +52,7 @@ from typing import Any
 
 from ..core._events import ModelFailed
 from ..core._json_data import MAX_DEPTH, MAX_INT_BITS
-from ..core._model_error import Headers, ModelError
+from ..core._model_error import Headers, ModelError, to_headers
 from ..core._retry_after import header_retry_after
 from ..core._taxonomy import ErrorCategory
 
@@ -291,11 +291,13 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
 def _from_parts(
     status: int | None, headers: Headers | None, body: Any, fallback_message: str | None
 ) -> ModelError:
-    etype, code, message, finish = _error_fields(body)
-    message = message or fallback_message or (f"HTTP {status}" if status else "")
-    message = _clip(message)
+    etype, code, said, finish = _error_fields(body)
+    text = said or fallback_message
+    message = _clip(text or _problems(body) or (f"HTTP {status}" if status else ""))
+    # the phrases are read from what the server says in text, never from a message that
+    # is an object (a validator's problems): that may echo the request itself
+    lowered = message.lower() if text else ""
     vendor = code or etype
-    lowered = message.lower()
 
     # the server's requested wait, carried on the field too; the headers stay
     waited = header_retry_after(headers, time.time) if headers else None
@@ -317,9 +319,9 @@ def _from_parts(
         return make(ErrorCategory.UNKNOWN, vendor or "payment_required")
     if code in _FILTER_CODES or etype in _FILTER_CODES or finish in _STOPPED:
         named = next((name for name in (code, etype) if name in _FILTER_CODES), None)
-        stopped = finish if finish in _STOPPED else None
-        # a stream's refusal event has a type ("message_delta") that names no error
-        return make(ErrorCategory.CONTENT_FILTERED, named or stopped or vendor)
+        # no filter code named: the finish reason is what stopped it (a stream's refusal
+        # event has a type, "message_delta", that names no error)
+        return make(ErrorCategory.CONTENT_FILTERED, named or finish)
     if (status in {400, 413, None, 200}) and (
         code in _CONTEXT_CODES
         or etype in _CONTEXT_CODES
@@ -387,7 +389,7 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | 
     details = err.get("details")
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
-    message = _str(err.get("message"))
+    message = _str(err.get("message")) or _str(body.get("detail"))  # FastAPI's, Mistral's 401
     delta = body.get("delta")
     finish = (
         _str(body.get("stop_reason"))
@@ -395,6 +397,19 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | 
         or _finish_reason(body)
     )
     return etype, code, message, finish
+
+
+def _problems(body: Any) -> str | None:
+    """A body's ``message`` or ``detail`` that is an object or a list (a validator's
+    problems: FastAPI's 422, Mistral's), as compact JSON text, bounded like a kept body."""
+    if not isinstance(body, Mapping):
+        return None
+    inner = body.get("error")
+    err = inner if isinstance(inner, Mapping) else body
+    for raw in (err.get("message"), body.get("detail")):
+        if isinstance(raw, Mapping | list) and raw:
+            return json.dumps(_bounded(raw), separators=(",", ":"), ensure_ascii=False)
+    return None
 
 
 def _finish_reason(body: Mapping[str, Any]) -> str | None:
@@ -408,9 +423,7 @@ def _finish_reason(body: Mapping[str, Any]) -> str | None:
             return blocked
     candidates = body.get("candidates")  # Gemini: a candidate the filters stopped
     if isinstance(candidates, list) and candidates and isinstance(candidates[0], Mapping):
-        reason = _str(candidates[0].get("finishReason"))
-        if reason in _GEMINI_BLOCKS:
-            return reason
+        return _str(candidates[0].get("finishReason"))  # "STOP" stops nothing here
     return None
 
 
@@ -441,8 +454,6 @@ def _parse_body(body: Any) -> Any:
     else:
         return body
     text = head.strip()
-    if not text and tail is None:
-        return None
     if tail is None:
         try:
             return json.loads(text)
@@ -603,14 +614,8 @@ def _copy(root: Any) -> Any:
 
 
 def _headers(raw: Any) -> Headers | None:
-    if raw is None:
-        return None
     try:
-        if isinstance(raw, Headers):
-            return raw
-        if hasattr(raw, "items"):  # a mapping, httpx's Headers, a CaseInsensitiveDict
-            return Headers(list(raw.items()))
-        return Headers(raw)
+        return to_headers(raw)
     except Exception:  # unusable headers are dropped, not raised
         return None
 
