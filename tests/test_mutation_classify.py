@@ -594,3 +594,26 @@ def test_a_tail_that_starts_mid_line_drops_that_partial_line(as_bytes: bool) -> 
         text = head + before + after
         body: Any = text.encode() if as_bytes else text
         assert sm.classify((200, {}, body)).category is category, repr(before)
+
+
+@pytest.mark.requirement("ER-44")
+def test_the_first_choice_decides_whatever_follows_it() -> None:
+    """Only the first choice or candidate is looked at: what follows it (another
+    choice, or something that is not one) changes nothing; an SDK reply likewise."""
+    for body in (
+        {"choices": [{"finish_reason": "content_filter"}, "not a choice"]},
+        {"candidates": [{"finishReason": "SAFETY"}, None]},
+    ):
+        assert sm.classify((200, {}, body)).category is C.CONTENT_FILTERED
+
+    class Choice:
+        def __init__(self, finish_reason: str) -> None:
+            self.finish_reason = finish_reason
+            self.message = None
+
+    class Reply:
+        def __init__(self, *reasons: str) -> None:
+            self.choices = [Choice(reason) for reason in reasons]
+
+    assert sm.classify(Reply("content_filter", "stop")).category is C.CONTENT_FILTERED
+    assert sm.classify(Reply("stop", "content_filter")).category is C.UNKNOWN
