@@ -13,7 +13,6 @@ silently. A second sample does the same for ``classify``'s tables (four entries 
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -30,7 +29,6 @@ def _descriptions(source: str) -> list[str]:
 @pytest.mark.requirement("ER-22")
 def test_a_fixed_sample_of_backoff_mutants_is_all_killed() -> None:
     """Five seeded mutants of the backoff module each make its tests fail."""
-    started = time.monotonic()
     report = mutate.run_module(
         BACKOFF,
         tests=["tests/test_backoff.py", "tests/test_mutation_backoff.py"],
@@ -46,7 +44,6 @@ def test_a_fixed_sample_of_backoff_mutants_is_all_killed() -> None:
     ]
     assert not survivors, f"surviving mutants of {BACKOFF}: {survivors}"
     assert report.score == 100.0
-    assert time.monotonic() - started < 120
 
 
 @pytest.mark.requirement("ER-40")
@@ -54,7 +51,6 @@ def test_a_fixed_sample_of_classify_table_mutants_is_all_killed() -> None:
     """Four seeded mutants of classify's tables (a phrase, a code, a type or a status
     dropped or renamed) each make the one-entry-at-a-time tests fail. Picked among the
     table mutants by description, so the sample does not move when code is added."""
-    started = time.monotonic()
     mutants = mutate.generate(CLASSIFY, (mutate.REPO / CLASSIFY).read_bytes())
     tables = [m for m in mutants if m.description.startswith(("table entry", "table string"))]
     assert len(tables) >= 80
@@ -71,7 +67,6 @@ def test_a_fixed_sample_of_classify_table_mutants_is_all_killed() -> None:
         f"#{o.mutant.number} line {o.mutant.line}: {o.mutant.description}" for o in report.survivors
     ]
     assert not survivors, f"surviving mutants of {CLASSIFY}: {survivors}"
-    assert time.monotonic() - started < 120
 
 
 def test_the_sample_is_deterministic() -> None:
