@@ -79,6 +79,9 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_state.py",
         "tests/test_backoff.py",
         "tests/test_table.py",
+        # the spec family's reactions (breaker windows, denials, conflicts, bounds)
+        "tests/test_spec_family.py",
+        "tests/test_family.py",
     ),
     "statemachine/core/_state.py": (
         "tests/test_state.py",
