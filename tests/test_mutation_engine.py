@@ -12,7 +12,7 @@ import pytest
 
 import statemachine as sm
 
-from .helpers import ManualClock, calling_turn, complete_turn, new_session, tool_round
+from .helpers import ManualClock, calling_turn, complete_turn, fail, new_session, tool_round
 
 
 def _search(i: int) -> sm.ToolCall:
@@ -84,3 +84,286 @@ def test_a_spend_exactly_at_max_cost_usd_fires_the_budget_limit() -> None:
     assert below.limit_reached is None
     complete_turn(below, cost=0.25)
     assert below.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+
+
+# -- the engine's full run (second session) --------------------------------------------
+
+
+def _provider_call(i: int, provider: str = "web") -> sm.ToolCall:
+    return sm.ToolCall(f"c{i}", provider, "fetch", {"n": i})
+
+
+def _outcome(i: int, category: str | None = None) -> sm.ToolOutcome:
+    if category is None:
+        return sm.ToolOutcome(f"c{i}", ok=True)
+    return sm.ToolOutcome(f"c{i}", ok=False, category=sm.ToolErrorCategory(category))
+
+
+@pytest.mark.requirement("ER-19")
+def test_a_wait_that_ends_exactly_at_the_wall_clock_bound_is_taken() -> None:
+    """A retry-after that ends exactly at ``max_wall_clock_s`` fits the bound (only one
+    that would cross it takes the limit-reached path)."""
+    for retry_after, fits in ((10.0, True), (10.5, False)):
+        session = new_session(max_wall_clock_s=10.0)
+        turn = calling_turn(session)
+        action = turn.send(fail("rate_limited", retry_after_seconds=retry_after))
+        assert isinstance(action, sm.Wait) is fits, retry_after
+        if isinstance(action, sm.Wait):
+            assert action.seconds == 10.0
+
+
+@pytest.mark.requirement("ER-20")
+def test_a_server_wait_exactly_at_max_server_wait_s_is_honoured() -> None:
+    """``max_server_wait_s`` is the longest wait honoured: a server asking for exactly
+    that long is waited on; a second more and the turn finishes ``retry_deferred``."""
+    for retry_after, honoured in ((300.0, True), (301.0, False)):
+        session = new_session()
+        turn = calling_turn(session)
+        action = turn.send(fail("rate_limited", retry_after_seconds=retry_after))
+        assert isinstance(action, sm.Wait) is honoured, retry_after
+        if isinstance(action, sm.Wait):
+            assert action.seconds == 300.0
+        else:
+            assert isinstance(action, sm.Finish)
+            assert action.status is sm.TurnStatus.RETRY_DEFERRED
+
+
+@pytest.mark.requirement("ER-39")
+def test_the_waited_total_saturates_at_the_largest_float() -> None:
+    """Waits add up in ``waited_s``, a JSON number: two waits of 1e308 s saturate it at
+    the largest float instead of overflowing to infinity, and the session still
+    snapshots."""
+    import sys
+
+    session = new_session(max_server_wait_s=1e308)
+    turn = calling_turn(session)
+    for _ in range(2):
+        action = turn.send(fail("rate_limited", retry_after_seconds=1e308))
+        assert isinstance(action, sm.Wait) and action.seconds == 1e308
+        turn.send(sm.WaitDone())
+    assert session.state.waited_s == sys.float_info.max
+    assert session.snapshot()["waited_s"] == sys.float_info.max
+
+
+@pytest.mark.requirement("ER-85")
+def test_a_provider_whose_window_holds_no_crash_is_forgotten() -> None:
+    """Once a provider's last ``breaker_window`` rounds hold no crash, its window is
+    dropped from the state (it cannot trip from there): the snapshot keeps only the
+    windows that still hold a crash."""
+    session = new_session(breaker_threshold=5, breaker_window=2, breaker_window_threshold=2)
+    tool_round(session, [_provider_call(0)], [_outcome(0, "process_crashed")])
+    assert session.snapshot()["crash_logs"] == {"web": "1"}
+    tool_round(session, [_provider_call(1)], [_outcome(1)])
+    assert session.snapshot()["crash_logs"] == {"web": "10"}
+    tool_round(session, [_provider_call(2)], [_outcome(2)])
+    assert session.snapshot()["crash_logs"] in ({}, None)
+
+
+@pytest.mark.requirement("ER-85")
+def test_only_denials_count_in_the_denial_window() -> None:
+    """``denial_window_threshold`` denials among the last ``denial_window`` outcomes trip
+    the breaker; outcomes that were not denials count as none, so a denial whose
+    predecessor left the window does not trip it."""
+    session = new_session(denial_threshold=None, denial_window=4, denial_window_threshold=2)
+    outcomes = ["permission_denied", None, None, None, None, "permission_denied"]
+    for i, category in enumerate(outcomes):
+        tool_round(session, [_provider_call(i)], [_outcome(i, category)])
+        assert session.limit_reached is None, i
+    assert session.snapshot()["denial_log"] == "0001"
+
+
+@pytest.mark.requirement("ER-86")
+def test_a_reinvoked_conflict_answers_for_itself_only() -> None:
+    """Two conflicting calls, re-invoked one at a time: each re-invocation's outcome is
+    that call's result, never the other pending call's."""
+    session = new_session(max_conflict_retries=2)
+    turn = calling_turn(session)
+    calls = [_provider_call(i) for i in (1, 2, 3)]
+    turn.send(sm.ModelReplied(tool_calls=calls))
+    conflict = "concurrency_conflict"
+    action = turn.send(sm.ToolsDone([_outcome(1, conflict), _outcome(2), _outcome(3, conflict)]))
+    assert isinstance(action, sm.Wait)
+    assert turn.send(sm.WaitDone()) == sm.InvokeTools((calls[0],))
+    assert isinstance(turn.send(sm.ToolsDone([_outcome(1)])), sm.Wait)
+    assert turn.send(sm.WaitDone()) == sm.InvokeTools((calls[2],))
+    finish = turn.send(sm.ToolsDone([_outcome(3)]))
+    assert isinstance(finish, sm.Finish)
+    assert [(r.call_id, r.is_error) for r in finish.tool_results] == [
+        ("c1", False),
+        ("c2", False),
+        ("c3", False),
+    ]
+
+
+# the facts each guard and effect reads, as specs/table.md describes them: written out,
+# so a mutated FACTS_OF_GUARD / FACTS_OF_EFFECT entry cannot move the expectation
+_FACTS_OF_GUARD = [
+    ("wait_fits", "_wait_facts"),
+    ("server_wait_too_long", "_wait_facts"),
+    ("wait_crosses_wall_clock", "_wait_facts"),
+    ("trips_breaker", "_tool_facts"),
+    ("trips_denial_breaker", "_tool_facts"),
+    ("conflict_retry", "_tool_facts"),
+    ("terminal_tool", "_tool_facts"),
+]
+_FACTS_OF_EFFECT = [
+    ("wait", "_wait_facts"),
+    ("finish_tools", "_tool_facts"),
+    ("tool_wait", "_tool_facts"),
+    ("invoke_tools", "_doom_facts"),
+]
+
+
+@pytest.mark.requirement("ER-35")
+@pytest.mark.parametrize(("name", "facts"), _FACTS_OF_GUARD)
+def test_each_guard_that_reads_facts_gets_them_on_a_row_of_its_own(name: str, facts: str) -> None:
+    """In the shipped table several guards of one group read the same facts, so a
+    guard that lost its facts would go unnoticed there; the model check's mutated
+    tables put a guard on a row alone, where it must still get them."""
+    from statemachine.core import _engine
+    from statemachine.core._table import Row
+
+    row = Row("calling", "ModelFailed", (name,), "failed", "finish", "unknown_error")
+    group = _engine.Dispatch([row]).groups[("calling", "ModelFailed", None)]
+    assert group.facts is getattr(_engine, facts)
+    plain = _engine.Dispatch(
+        [Row("calling", "ModelFailed", (), "failed", "finish", "unknown_error")]
+    )
+    assert plain.groups[("calling", "ModelFailed", None)].facts is None
+
+
+@pytest.mark.requirement("ER-35")
+@pytest.mark.parametrize(("name", "facts"), _FACTS_OF_EFFECT)
+def test_each_effect_that_reads_facts_gets_them_whatever_its_guards(name: str, facts: str) -> None:
+    from statemachine.core import _engine
+    from statemachine.core._table import Row
+
+    row = Row("calling", "ToolsDone", (), "calling", name)
+    group = _engine.Dispatch([row]).groups[("calling", "ToolsDone", None)]
+    assert group.facts is getattr(_engine, facts)
+
+
+def _doom_session(
+    seen: list[int], verdict: object = False, clock: ManualClock | None = None, **settings: object
+) -> sm.Session:
+    def check(window: object) -> object:
+        seen.append(len(window))  # type: ignore[arg-type]
+        return verdict
+
+    return sm.Session(
+        sm.Settings(**settings),  # type: ignore[arg-type]
+        seed=7,
+        clock=clock or ManualClock(),
+        doom_check=check,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.requirement("ER-87")
+def test_the_second_tier_check_runs_once_every_doom_check_window_calls() -> None:
+    """With distinct calls (the first tier never close to firing), the host's check is
+    consulted after every ``doom_check_window`` calls: at the 3rd, 6th and 9th."""
+    seen: list[int] = []
+    session = _doom_session(seen, doom_check_window=3, doom_loop_threshold=50)
+    consulted = []
+    for i in range(9):
+        tool_round(session, [_provider_call(i)], [_outcome(i)])
+        consulted.append(len(seen))
+    assert consulted == [0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert seen == [3, 3, 3]
+
+
+@pytest.mark.requirement("ER-87")
+def test_a_doom_check_that_returns_no_bool_is_refused_and_nothing_changes() -> None:
+    seen: list[int] = []
+    session = _doom_session(seen, verdict="yes", doom_check_window=2, doom_loop_threshold=50)
+    tool_round(session, [_provider_call(0)], [_outcome(0)])
+    before = session.snapshot()
+    turn = calling_turn(session)
+    with pytest.raises(TypeError, match=r"^doom_check: must return a bool, got str"):
+        turn.send(sm.ModelReplied(tool_calls=[_provider_call(1)]))
+    assert turn.state == "calling"
+    assert session.snapshot()["doom_since"] == before["doom_since"]
+
+
+@pytest.mark.requirement("ER-87")
+def test_a_final_answer_reply_with_tool_calls_leaves_the_doom_detector_alone() -> None:
+    """The final-answer turn withholds tools; a model that calls one anyway completes
+    the turn, and neither tier looks at that call: the run of identical calls and the
+    host's check stay as they were."""
+    seen: list[int] = []
+    session = _doom_session(seen, max_turns=1, doom_loop_threshold=2, doom_check_window=5)
+    tool_round(session, [_provider_call(0)], [_outcome(0)])
+    assert session.limit_reached is sm.SessionStatus.ERROR_MAX_TURNS
+    doom = {k: v for k, v in session.snapshot().items() if k.startswith("doom")}
+    turn = calling_turn(session)
+    finish = turn.send(sm.ModelReplied(tool_calls=[_provider_call(1)]))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.COMPLETED
+    assert {k: v for k, v in session.snapshot().items() if k.startswith("doom")} == doom
+    assert seen == [1]  # consulted on the first turn only (one call short of firing)
+
+
+@pytest.mark.requirement("ER-86")
+def test_a_conflict_that_goes_to_the_model_leaves_nothing_pending() -> None:
+    """A conflict whose backoff would cross the wall clock is answered at once; the
+    finished turn holds no pending re-invocation."""
+    clock = ManualClock()
+    session = new_session(
+        clock=clock, max_wall_clock_s=10.0, base_delay_ms=20_000, max_delay_ms=20_000
+    )
+    turn = calling_turn(session)
+    turn.send(sm.ModelReplied(tool_calls=[_provider_call(1)]))
+    finish = turn.send(sm.ToolsDone([_outcome(1, "concurrency_conflict")]))
+    assert isinstance(finish, sm.Finish) and finish.tool_results[0].is_error
+    snapshot = session.snapshot()
+    assert snapshot["turn"]["pending"] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "shape"),
+    [
+        (None, "null"),
+        (True, "bool"),
+        (3, "int"),
+        (2.5, "float"),
+        ("secret text", "str[11]"),
+        ([], "list[0]"),
+        (("a", "b"), "list[2] of str[1]"),
+        ({"model": "m", "max_tokens": 5}, "{model: str[1], max_tokens: int}"),
+        ({"two words": 1, 7: 2, "k" * 40: 3, "k" * 41: 4}, "{?: int, ?: int, " + "k" * 40 + ": int, ?: int}"),
+        ({"a": {"b": {"c": {"d": {"e": 1}}}}}, "{a: {b: {c: {d: dict}}}}"),
+        ([[[[["deep"]]]]], "list[1] of list[1] of list[1] of list[1] of list"),
+        ({f"k{i}": i for i in range(21)}, "{" + ", ".join(f"k{i}: int" for i in range(20)) + ", ...+1}"),
+        ({f"k{i}": i for i in range(20)}, "{" + ", ".join(f"k{i}: int" for i in range(20)) + "}"),
+        (b"raw", "bytes"),
+    ],
+)  # fmt: skip
+@pytest.mark.requirement("ER-92")
+def test_a_request_shape_shows_types_keys_and_sizes_never_content(
+    value: object, shape: str
+) -> None:
+    """What a log may show of a request: strings by length, identifier-like keys (at
+    most 40 characters) by name and others as ``?``, 20 keys then a count, four levels."""
+    from statemachine.core._engine import request_shape
+
+    assert request_shape(value) == shape
+
+
+@pytest.mark.requirement("ER-92")
+def test_an_invalid_request_is_logged_with_the_request_shape_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failure a human must look at (invalid_request, unknown) is logged as a warning
+    naming the status, code and the request's shape, never the request's content."""
+    session = new_session()
+    turn = calling_turn(session, request={"messages": [{"content": "my password is hunter2"}]})
+    with caplog.at_level("WARNING", logger="statemachine"):
+        turn.send(fail("invalid_request", code="bad_field", status=400))
+    [record] = [r for r in caplog.records if r.name == "statemachine"]
+    text = record.getMessage()
+    assert "invalid_request (code=bad_field, status=400" in text
+    assert "request shape: {messages: list[1] of {content: str[22]}}" in text
+    assert "hunter2" not in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="statemachine"):
+        calling_turn(new_session()).send(fail("auth_error"))
+    assert not [r for r in caplog.records if r.name == "statemachine"]

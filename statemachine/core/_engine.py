@@ -360,10 +360,8 @@ def _shrank(_core: Core, turn: TurnState, event: Assembled, _facts: None) -> boo
     overflowed = turn.overflowed_size
     if overflowed is None or event.size >= overflowed:
         return False
-    try:
-        return bool(event.request != turn.overflowed_request)
-    except Exception:
-        return True
+    # both are JSON data (checked when they came in): comparing them cannot raise
+    return bool(event.request != turn.overflowed_request)
 
 
 GUARDS: dict[str, Guard] = {
@@ -475,8 +473,7 @@ def _invoke_tools(
 def _apply_tool_facts(core: Core, turn: TurnState, facts: ToolFacts) -> None:
     state = core.state
     state.breakers = {p: n for p, n in facts.counts.items() if n} or None
-    if facts.logs is not None:
-        state.crash_logs = facts.logs or None
+    state.crash_logs = facts.logs or None  # None without a breaker_window, or no crash in it
     state.denials = facts.denials
     state.denial_log = facts.denial_log
     turn.outcomes = tuple(facts.outcomes.values())
@@ -533,7 +530,7 @@ def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnSta
     error = event.error if type(event) is ModelFailed else None
     retry_at = None
     if status is TurnStatus.RETRY_DEFERRED:
-        retry_at = core.clock() + (facts.server or 0.0)
+        retry_at = core.clock() + facts.server  # only a server's wait is ever deferred
     if error is not None and status in _LOGGED:
         _log_failure(core, turn, error, status)
     return _finish_action(core, turn, status, (), error, retry_at)
@@ -545,8 +542,6 @@ _LOGGED = frozenset({TurnStatus.INVALID_REQUEST, TurnStatus.UNKNOWN_ERROR})
 def _log_failure(core: Core, turn: TurnState, error: ModelError, status: TurnStatus) -> None:
     """Log a failure a human must look at with the request's shape, never its content
     (the request may hold a user's data; the error's message may echo it)."""
-    if not logger.isEnabledFor(logging.WARNING):
-        return
     logger.warning(
         "model call failed: %s (code=%s, status=%s, model=%s, turn=%d, attempt=%d); "
         "request shape: %s",
@@ -592,11 +587,10 @@ def request_shape(value: object, depth: int = 0) -> str:
 
 def _cancel(core: Core, turn: TurnState, event: Cancelled, _f: None, status: TurnStatus) -> Action:
     results: tuple[ToolResult, ...] = ()
-    if turn.calls and turn.state in (INVOKING_TOOLS, BACKING_OFF_TOOLS):
+    if turn.state in (INVOKING_TOOLS, BACKING_OFF_TOOLS):
         reason = f"cancelled: {event.reason}" if event.reason else "cancelled"
+        # a call in flight has no outcome yet, or is the pending conflict re-invoked
         unsettled = set(turn.pending)
-        if turn.state == INVOKING_TOOLS:
-            unsettled.update(c.id for c in turn.in_flight)
         outcomes = {o.call_id: o for o in turn.outcomes}
         results = tuple(
             ToolResult(c.id, reason, True, ToolErrorCategory.CANCELLED)
