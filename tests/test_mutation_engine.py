@@ -367,3 +367,71 @@ def test_an_invalid_request_is_logged_with_the_request_shape_only(
     with caplog.at_level("WARNING", logger="statemachine"):
         calling_turn(new_session()).send(fail("auth_error"))
     assert not [r for r in caplog.records if r.name == "statemachine"]
+
+
+@pytest.mark.requirement("ER-27")
+@pytest.mark.parametrize(
+    ("calls", "answered", "problem"),
+    [
+        (1, [], "no outcome for call id(s) 'c0'"),
+        (1, [0, 0], "two outcomes for call id 'c0'"),
+        (2, [0], "no outcome for call id(s) 'c1'"),
+        (2, [0, 0], "two outcomes for call id 'c0'"),
+        (2, [0, 1, 2], "outcome for unknown call id 'c2'"),
+    ],
+)
+def test_tools_done_must_answer_each_call_in_flight_once(
+    calls: int, answered: list[int], problem: str
+) -> None:
+    """However many calls are in flight (the one-call round has a fast path), a
+    ToolsDone with a missing, duplicate or unknown outcome is refused, naming it, and
+    the turn still waits for a proper one."""
+    session = new_session()
+    turn = calling_turn(session)
+    turn.send(sm.ModelReplied(tool_calls=[_provider_call(i) for i in range(calls)]))
+    with pytest.raises(sm.IllegalEvent) as refused:
+        turn.send(sm.ToolsDone([_outcome(i) for i in answered]))
+    assert str(refused.value) == f"ToolsDone in state 'invoking_tools': {problem}"
+    assert turn.state == "invoking_tools"
+    assert isinstance(turn.send(sm.ToolsDone([_outcome(i) for i in range(calls)])), sm.Finish)
+
+
+@pytest.mark.requirement("ER-39")
+def test_a_failed_call_whose_cost_would_overflow_the_spend_is_refused() -> None:
+    """A ModelFailed reports the failed attempt's cost like a reply does: one that would
+    take the session's spend past the largest float is refused before anything
+    changes."""
+    session = new_session()
+    turn = calling_turn(session)
+    turn.send(sm.ModelFailed(sm.ModelError("rate_limited"), cost=1.7e308))
+    turn.send(sm.WaitDone())
+    with pytest.raises(sm.IllegalEvent, match="past the largest float"):
+        turn.send(sm.ModelFailed(sm.ModelError("rate_limited"), cost=1.7e308))
+    assert turn.state == "calling"
+    assert session.cost_usd == 1.7e308
+
+
+_TAIL = (
+    "Tools are no longer available. Do not call any tool: reply now with your final "
+    "answer, based on what you have so far."
+)
+
+
+@pytest.mark.requirement("ER-16")
+@pytest.mark.parametrize(
+    ("limit", "what"),
+    [
+        ("error_max_turns", "the maximum number of turns (3)"),
+        ("error_max_budget_usd", "the cost budget ($2.5)"),
+        ("error_max_wall_clock", "the wall-clock budget (90 s)"),
+        ("error_circuit_breaker", "a tool provider's circuit breaker (repeated crashes)"),
+        ("error_doom_loop", "the repeated-tool-call guard (the same call over and over)"),
+        ("error_denial_breaker", "the denial breaker (tool calls denied over and over)"),
+    ],
+)
+def test_the_final_answer_instruction_names_the_limit_that_fired(limit: str, what: str) -> None:
+    from statemachine.core._engine import final_answer_instruction
+
+    settings = sm.Settings(max_turns=3, max_cost_usd=2.5, max_wall_clock_s=90)
+    text = final_answer_instruction(sm.SessionStatus(limit), settings)
+    assert text == f"This session has reached {what}. {_TAIL} [limit: {limit}]"

@@ -744,9 +744,8 @@ class Dispatch:
                 self.groups[(source, trigger, category)] = _group(
                     trigger, members, effect_of, _PAYLOAD_CHECKS.get(trigger)
                 )
-        for source, trigger in keys:
-            if trigger != START:
-                self.legal[source] = (*self.legal.get(source, ()), trigger)
+        for source, trigger in keys:  # idle's only trigger is start, named by its own message
+            self.legal[source] = (*self.legal.get(source, ()), trigger)
 
     def illegal_message(self, trigger: str, state: str) -> str:
         """Why ``trigger`` is refused in ``state``."""
