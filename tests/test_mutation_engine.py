@@ -435,3 +435,66 @@ def test_the_final_answer_instruction_names_the_limit_that_fired(limit: str, wha
     settings = sm.Settings(max_turns=3, max_cost_usd=2.5, max_wall_clock_s=90)
     text = final_answer_instruction(sm.SessionStatus(limit), settings)
     assert text == f"This session has reached {what}. {_TAIL} [limit: {limit}]"
+
+
+@pytest.mark.requirement("ER-97")
+def test_each_transition_is_timed_on_the_session_clock_for_trace_and_observers() -> None:
+    """A transition's time is the session clock when it was taken: ``Turn.trace`` and
+    an observer's record carry the same absolute reading (``TraceRecord.at``), the
+    snapshot the offset from the session's start."""
+    clock = ManualClock(1000.0)
+    seen: list[sm.TraceRecord] = []
+    session = sm.Session(sm.Settings(), seed=7, clock=clock, observers=[seen.append])
+    clock.advance(5.0)
+    turn = session.new_turn()
+    turn.start()
+    clock.advance(2.0)
+    turn.send(sm.Assembled("req", 10))
+    clock.advance(3.0)
+    turn.send(sm.ModelReplied())
+    assert [r.at for r in turn.trace] == [1005.0, 1007.0, 1010.0]
+    assert [r.at for r in seen] == [1005.0, 1007.0, 1010.0]
+    assert session.snapshot()["turn"]["times"] == [5.0, 7.0, 10.0]
+
+
+@pytest.mark.requirement("ER-15")
+def test_the_first_limit_to_fire_is_the_one_kept() -> None:
+    """One tool round that trips the crash breaker and the denial breaker at once: the
+    crash breaker fired first, and it is what the session reports."""
+    session = new_session(breaker_threshold=1, denial_threshold=1)
+    calls = [_provider_call(1, "web"), _provider_call(2, "fs")]
+    finish = tool_round(
+        session, calls, [_outcome(1, "process_crashed"), _outcome(2, "permission_denied")]
+    )
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.BREAKER_OPEN
+    assert session.limit_reached is sm.SessionStatus.ERROR_CIRCUIT_BREAKER
+
+
+@pytest.mark.requirement("ER-80")
+def test_a_completed_parent_leaves_its_live_children_running() -> None:
+    """Ending a session ``completed`` ends it alone (its children may finish their own
+    work); ending it ``cancelled`` or ``failed`` ends every live child, cancelled."""
+    parent = new_session()
+    child = parent.spawn()
+    parent.end("completed")
+    assert child.status is None
+    other = new_session()
+    kid = other.spawn()
+    other.end("failed", reason="gave up")
+    assert kid.status is sm.SessionStatus.CANCELLED
+
+
+@pytest.mark.requirement("ER-39")
+def test_a_parents_spend_saturates_when_its_children_add_up_past_the_largest_float() -> None:
+    """Each session refuses a cost that would overflow its own spend, but a parent adds
+    its children's: two children of 1e308 each leave the parent at the largest float,
+    still a number a snapshot can hold."""
+    import sys
+
+    parent = new_session()
+    for _ in range(2):
+        child = parent.spawn()
+        turn = calling_turn(child)
+        turn.send(sm.ModelReplied(cost=1e308))
+    assert parent.cost_usd == sys.float_info.max
+    assert parent.snapshot()["cost_usd"] == sys.float_info.max

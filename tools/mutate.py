@@ -82,6 +82,9 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         # the spec family's reactions (breaker windows, denials, conflicts, bounds)
         "tests/test_spec_family.py",
         "tests/test_family.py",
+        # the session's owner (spend, bounds, children, end) lives here too
+        "tests/test_snapshot.py",
+        "tests/test_mutation_session.py",
     ),
     "statemachine/core/_state.py": (
         "tests/test_state.py",
