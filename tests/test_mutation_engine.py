@@ -185,6 +185,9 @@ def test_a_reinvoked_conflict_answers_for_itself_only() -> None:
     assert isinstance(action, sm.Wait)
     assert turn.send(sm.WaitDone()) == sm.InvokeTools((calls[0],))
     assert isinstance(turn.send(sm.ToolsDone([_outcome(1)])), sm.Wait)
+    # what the turn holds meanwhile: c1's new outcome, c3's conflict still
+    held = [(o["call_id"], o["ok"]) for o in session.snapshot()["turn"]["outcomes"]]
+    assert held == [("c1", True), ("c2", True), ("c3", False)]
     assert turn.send(sm.WaitDone()) == sm.InvokeTools((calls[2],))
     finish = turn.send(sm.ToolsDone([_outcome(3)]))
     assert isinstance(finish, sm.Finish)
@@ -498,3 +501,58 @@ def test_a_parents_spend_saturates_when_its_children_add_up_past_the_largest_flo
         turn.send(sm.ModelReplied(cost=1e308))
     assert parent.cost_usd == sys.float_info.max
     assert parent.snapshot()["cost_usd"] == sys.float_info.max
+
+
+@pytest.mark.requirement("ER-80")
+def test_child_spend_reports_count_once_each_and_never_backwards() -> None:
+    """Reports carry a child's total: what is new is charged, a repeated or a lower
+    (late) total changes nothing, and each child's total is kept apart from its
+    siblings'."""
+    parent = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), session_id="root")
+    a, b = parent.spawn(), parent.spawn()
+    assert (a.session_id, b.session_id) == ("root.1", "root.2")
+    parent.record_child_spend("root.1", 0.5)
+    parent.record_child_spend("root.2", 0.25)
+    parent.record_child_spend("root.1", 0.5)  # repeated
+    parent.record_child_spend("root.1", 0.375)  # late
+    assert parent.cost_usd == 0.75
+    assert parent.snapshot()["child_costs"] == {"root.1": 0.5, "root.2": 0.25}
+    parent.record_child_spend("root.2", 1.0)
+    assert parent.cost_usd == 1.5
+
+
+@pytest.mark.requirement("ER-80")
+def test_ending_a_parent_cancels_only_live_children_with_the_reason() -> None:
+    """A child that already ended is left as it is; a running child's turn is
+    cancelled with the parent's reason (``parent ended`` when none was given)."""
+    for reason, content in (
+        ("budget cut", "cancelled: budget cut"),
+        ("", "cancelled: parent ended"),
+    ):
+        parent = new_session()
+        done = parent.spawn()
+        done.end("completed")
+        running = parent.spawn()
+        turn = calling_turn(running)
+        turn.send(sm.ModelReplied(tool_calls=[_provider_call(1)]))
+        parent.end("failed", reason=reason)
+        assert done.status is sm.SessionStatus.COMPLETED
+        assert running.status is sm.SessionStatus.CANCELLED
+        finish = turn.finish
+        assert finish is not None and finish.status is sm.TurnStatus.CANCELLED
+        assert finish.tool_results[0].content == content
+
+
+@pytest.mark.requirement("ER-93")
+def test_idle_time_is_what_passed_between_finish_and_start_never_less_than_zero() -> None:
+    clock = ManualClock()
+    session = new_session(clock=clock)
+    complete_turn(session)
+    clock.advance(0.25)
+    session.new_turn().start()
+    assert session.snapshot()["idle_s"] == 0.25
+    session.current_turn.send(sm.Assembled("r", 1))  # type: ignore[union-attr]
+    session.current_turn.send(sm.ModelReplied())  # type: ignore[union-attr]
+    clock.advance(-2.0)  # a clock that went backwards counts no idle time
+    session.new_turn().start()
+    assert session.snapshot()["idle_s"] == 0.25

@@ -561,10 +561,6 @@ def request_shape(value: object, depth: int = 0) -> str:
     shown when they look like identifiers (a field name, not data)."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return type(value).__name__
     if isinstance(value, str):
         return f"str[{len(value)}]"
     if depth >= 4:
