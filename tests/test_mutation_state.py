@@ -101,3 +101,93 @@ def test_restored_traces_share_their_steps() -> None:
     assert one is not None and two is not None
     assert len(one.path) == len(two.path) > 3
     assert all(a is b for a, b in zip(one.path, two.path, strict=True))
+
+
+# -- a second sample (seed 14) ---------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_seed_must_fit_64_bits() -> None:
+    data = _snapshot()
+    data["seed"] = 2**64 - 1
+    assert sm.Session.restore(data, clock=ManualClock()).seed == 2**64 - 1
+    data["seed"] = 2**64
+    _refused(data, r"^seed: must be a 64-bit unsigned int, got an int of 65 bits")
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(("calls", "shown"), [([], r"\(\)"), (["c1"], r"\('c1',\)")])
+def test_an_invoke_tools_action_must_carry_tool_calls(calls: list[Any], shown: str) -> None:
+    """A forged InvokeTools with no calls, or with calls that are not ToolCalls, is not
+    an action the engine writes."""
+    data = _snapshot()
+    data["turn"]["actions"][-1]["calls"] = calls
+    _refused(
+        data, rf"^turn\.actions\[5\]: InvokeTools\.calls: {shown} is not what the engine writes"
+    )
+
+
+@pytest.mark.requirement("ER-97")
+@pytest.mark.parametrize("times", [{}, "", {"0": 0.0}])
+def test_step_times_must_be_a_list(times: object) -> None:
+    data = _snapshot()
+    data["turn"]["times"] = times
+    _refused(data, r"^turn\.times: must be list, got (dict|str)")
+
+
+# the fields formats 3 and 4 added, written out (a test that read the declaration would
+# move with a mutated ``since``)
+_SINCE_3 = (
+    "session_id", "parent_id", "children", "child_costs", "ancestor_budget_usd",
+    "ancestor_mark_usd", "tool_retries", "denials", "denial_log", "crash_logs",
+    "doom_window", "doom_since", "idle_s", "finished_at",
+)  # fmt: skip
+_TURN_SINCE_3 = ("in_flight", "outcomes", "pending", "conflict_attempt", "costs")
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_format_2_snapshot_restores_with_the_later_fields_at_their_defaults() -> None:
+    """A version-2 snapshot has none of the fields formats 3 and 4 added: it restores,
+    each of them at its declared default, and snapshots again as today's format. (It
+    did not: the empty child costs and crash windows were filled in as null, which the
+    reader refuses, so every stored version-2 session failed to restore.)"""
+    session = sm.Session(sm.Settings(), seed=3, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request={"m": 1}, size=10))
+    data = json.loads(json.dumps(session.snapshot()))
+    data["version"] = 2
+    for key in _SINCE_3:
+        del data[key]
+    for key in (*_TURN_SINCE_3, "times"):
+        del data["turn"][key]
+    restored = sm.Session.restore(data, clock=ManualClock())
+    again = restored.snapshot()
+    assert again["version"] == 4
+    assert (again["parent_id"], again["ancestor_mark_usd"], again["children"]) == (None, 0.0, 0)
+    assert (again["child_costs"], again["crash_logs"]) == ({}, {})
+    assert again["turn"]["times"] == [None, None]
+
+
+@pytest.mark.requirement("ER-38")
+def test_the_store_text_of_a_snapshot_writes_optional_numbers_as_numbers() -> None:
+    """The worker's text writer and ``json.dumps`` of the snapshot agree byte for byte,
+    also for the optional numbers (an overflowed request's size, an ancestor's budget)
+    once they hold one."""
+    from statemachine.core._snapshot import write_snapshot_text
+    from statemachine.core._state import TextCache
+
+    parent = sm.Session(sm.Settings(max_cost_usd=5.0), seed=3, clock=ManualClock())
+    child = parent.spawn()
+    turn = child.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request={"m": 1}, size=10))
+    turn.send(fail("context_length_exceeded"))
+    state = child.state
+    assert state.turn is not None and state.turn.overflowed_size == 10
+    assert state.ancestor_budget_usd == 5.0
+    now = 1000.0
+    text = write_snapshot_text(child.settings, state, now, TextCache(), TextCache())
+    expected = json.dumps(child.snapshot(), separators=(",", ":"), ensure_ascii=False)
+    assert json.loads(text) == json.loads(expected)
+    assert text == expected

@@ -895,9 +895,8 @@ def defaults_since(cls: type, version: int) -> dict[str, Any]:
         if f.metadata["since"] > version:
             kind: Kind = f.metadata["kind"]
             default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[arg-type]
-            out[f.metadata["snapshot_key"] or f.name] = (
-                None if default is None else kind.encode(default)
-            )
+            # written as the engine writes it: an empty optional dict is {}, not null
+            out[f.metadata["snapshot_key"] or f.name] = kind.encode(default)
     return out
 
 
