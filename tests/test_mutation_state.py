@@ -191,3 +191,28 @@ def test_the_store_text_of_a_snapshot_writes_optional_numbers_as_numbers() -> No
     expected = json.dumps(child.snapshot(), separators=(",", ":"), ensure_ascii=False)
     assert json.loads(text) == json.loads(expected)
     assert text == expected
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("where", "key", "message"),
+    [
+        ((), "tripped", "must be list of provider names"),
+        (("turn",), "costs", "must be list"),
+        (("turn",), "path", "must be list"),
+        (("turn",), "actions", "must be list"),
+    ],
+)
+@pytest.mark.parametrize("value", ["", {}])
+def test_a_list_field_that_holds_no_list_is_refused(
+    where: tuple[str, ...], key: str, message: str, value: object
+) -> None:
+    """An empty text or object where a list belongs is refused by name (iterating it
+    would read it as an empty list)."""
+    data = _snapshot()
+    target = data
+    for step in where:
+        target = target[step]
+    target[key] = value
+    name = ".".join((*where, key)).replace(".", r"\.")
+    _refused(data, rf"^{name}: {message}, got (str|dict)")
