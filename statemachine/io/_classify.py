@@ -54,6 +54,7 @@ from ..core._events import ModelFailed
 from ..core._json_data import MAX_DEPTH, MAX_INT_BITS
 from ..core._model_error import Headers, ModelError, to_headers
 from ..core._retry_after import header_retry_after
+from ..core._state import json_text
 from ..core._taxonomy import ErrorCategory
 
 _MAX_MESSAGE = 2000
@@ -291,9 +292,14 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
 def _from_parts(
     status: int | None, headers: Headers | None, body: Any, fallback_message: str | None
 ) -> ModelError:
-    etype, code, said, finish = _error_fields(body)
+    etype, code, said, problems, finish = _error_fields(body)
     text = said or fallback_message
-    message = _clip(text or _problems(body) or (f"HTTP {status}" if status else ""))
+    if text:
+        message = _clip(text)
+    elif problems is not None:
+        message = _clip(json_text(_bounded(problems)))
+    else:
+        message = f"HTTP {status}" if status else ""
     # the phrases are read from what the server says in text, never from a message that
     # is an object (a validator's problems): that may echo the request itself
     lowered = message.lower() if text else ""
@@ -361,20 +367,23 @@ def _by_type(etype: str | None, code: str | None) -> ErrorCategory:
     return ErrorCategory.UNKNOWN
 
 
-def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | None]:
-    """(error type, error code, message, finish/stop reason) from a body, any vendor.
+def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, Any, str | None]:
+    """(error type, error code, message, problems, finish/stop reason) from a body, any
+    vendor. ``problems`` is a ``message`` or ``detail`` that is an object or a list (a
+    validator's problems: FastAPI's 422, Mistral's), shown but never read.
 
     Anthropic: ``{"type": "error", "error": {"type", "message", "details":
     {"error_code"}}}``; OpenAI: ``{"error": {"message", "type", "code"}}`` (its SDK
-    keeps only the inner object as ``exc.body``); a bare string is the message.
+    keeps only the inner object as ``exc.body``); FastAPI: ``{"detail": ...}``; a bare
+    string is the message.
     """
     if isinstance(body, str):
-        return None, None, body, None
+        return None, None, body, None, None
     if not isinstance(body, Mapping):
-        return None, None, None, None
+        return None, None, None, None, None
     inner = body.get("error")
     if isinstance(inner, str):  # {"error": "message"} (some gateways)
-        return None, None, inner, None
+        return None, None, inner, None, None
     err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
     etype = _str(err.get("type"))
     if etype == "error":  # the Anthropic envelope without an inner object
@@ -389,27 +398,18 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, str | 
     details = err.get("details")
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
-    message = _str(err.get("message")) or _str(body.get("detail"))  # FastAPI's, Mistral's 401
+    raw_message, detail = err.get("message"), body.get("detail")
+    message = _str(raw_message) or _str(detail)  # a detail: FastAPI's, Mistral's 401
+    problems = next(
+        (raw for raw in (raw_message, detail) if isinstance(raw, Mapping | list) and raw), None
+    )
     delta = body.get("delta")
     finish = (
         _str(body.get("stop_reason"))
         or (_str(delta.get("stop_reason")) if isinstance(delta, Mapping) else None)
         or _finish_reason(body)
     )
-    return etype, code, message, finish
-
-
-def _problems(body: Any) -> str | None:
-    """A body's ``message`` or ``detail`` that is an object or a list (a validator's
-    problems: FastAPI's 422, Mistral's), as compact JSON text, bounded like a kept body."""
-    if not isinstance(body, Mapping):
-        return None
-    inner = body.get("error")
-    err = inner if isinstance(inner, Mapping) else body
-    for raw in (err.get("message"), body.get("detail")):
-        if isinstance(raw, Mapping | list) and raw:
-            return json.dumps(_bounded(raw), separators=(",", ":"), ensure_ascii=False)
-    return None
+    return etype, code, message, problems, finish
 
 
 def _finish_reason(body: Mapping[str, Any]) -> str | None:
