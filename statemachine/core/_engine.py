@@ -542,6 +542,8 @@ _LOGGED = frozenset({TurnStatus.INVALID_REQUEST, TurnStatus.UNKNOWN_ERROR})
 def _log_failure(core: Core, turn: TurnState, error: ModelError, status: TurnStatus) -> None:
     """Log a failure a human must look at with the request's shape, never its content
     (the request may hold a user's data; the error's message may echo it)."""
+    if not logger.isEnabledFor(logging.WARNING):
+        return  # nobody listens: the request's shape is not walked
     logger.warning(
         "model call failed: %s (code=%s, status=%s, model=%s, turn=%d, attempt=%d); "
         "request shape: %s",
