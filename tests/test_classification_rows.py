@@ -65,19 +65,6 @@ def test_a_context_phrase_on_another_status_is_that_status_row(status: int) -> N
     assert error.category is not C.CONTEXT_LENGTH_EXCEEDED
 
 
-@pytest.mark.requirement("ER-40")
-@pytest.mark.parametrize(
-    "name", ["context_length_exceeded", "string_above_max_length", "exceed_context_size_error"]
-)
-@pytest.mark.parametrize("field", ["code", "type"])
-@pytest.mark.parametrize("status", [400, 413, 200, None])
-def test_each_context_code_alone_is_a_context_overflow(
-    name: str, field: str, status: int | None
-) -> None:
-    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
-    assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, name)
-
-
 @pytest.mark.requirement("ER-95")
 @pytest.mark.parametrize("phrase", ["request too large", "must be reduced"])
 def test_each_too_large_phrase_alone_makes_a_429_a_context_overflow(phrase: str) -> None:
@@ -93,34 +80,9 @@ def test_each_too_large_phrase_alone_makes_a_429_a_context_overflow(phrase: str)
 
 
 @pytest.mark.requirement("ER-41")
-@pytest.mark.parametrize(
-    "name", ["insufficient_quota", "billing_error", "billing_hard_limit_reached"]
-)
-@pytest.mark.parametrize("field", ["code", "type"])
-@pytest.mark.parametrize("status", [400, 429, 403, 500, 200, None])
-def test_each_quota_name_alone_is_unknown_on_any_status(
-    name: str, field: str, status: int | None
-) -> None:
-    """Never retried, whatever status it comes with (ER-41): unknown, the name kept."""
-    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
-    assert (error.category, error.code) == (C.UNKNOWN, name)
-
-
-@pytest.mark.requirement("ER-41")
 def test_a_bare_402_is_payment_required() -> None:
     error = _classify(402, None)
     assert (error.category, error.code) == (C.UNKNOWN, "payment_required")
-
-
-@pytest.mark.requirement("ER-40")
-@pytest.mark.parametrize("name", ["content_filter", "content_policy_violation", "refusal"])
-@pytest.mark.parametrize("field", ["code", "type"])
-@pytest.mark.parametrize("status", [400, 403, 200, None])
-def test_each_filter_name_alone_is_content_filtered(
-    name: str, field: str, status: int | None
-) -> None:
-    error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
-    assert (error.category, error.code) == (C.CONTENT_FILTERED, name)
 
 
 GEMINI_BLOCKS = ["SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"]
@@ -166,15 +128,37 @@ BY_TYPE = [
 ]
 
 
-@pytest.mark.requirement("ER-44")
-@pytest.mark.parametrize(("name", "category"), BY_TYPE)
+CONTEXT_STATUSES = (400, 413, 200, None)
+"""Row 3 reads a code on these statuses only."""
+NAMES = [
+    # row 3: context overflow
+    *[(name, C.CONTEXT_LENGTH_EXCEEDED, CONTEXT_STATUSES)
+      for name in ("context_length_exceeded", "string_above_max_length",
+                   "exceed_context_size_error")],
+    # row 1: quota and billing, never retried whatever the status (ER-41)
+    *[(name, C.UNKNOWN, (400, 429, 403, 500, 200, None))
+      for name in ("insufficient_quota", "billing_error", "billing_hard_limit_reached")],
+    # row 2: filters
+    *[(name, C.CONTENT_FILTERED, (400, 403, 200, None))
+      for name in ("content_filter", "content_policy_violation", "refusal")],
+    # row 4 (an error event in a stream: 200 or no status) and row 9 (a status no row
+    # names, 418): by type
+    *[(name, category, (200, None, 418)) for name, category in BY_TYPE],
+]  # fmt: skip
+
+
+@pytest.mark.requirement("ER-40", "ER-41", "ER-44")
+@pytest.mark.parametrize(
+    ("name", "category", "status"),
+    [(name, category, status) for name, category, statuses in NAMES for status in statuses],
+)
 @pytest.mark.parametrize("field", ["code", "type"])
-@pytest.mark.parametrize("status", [200, None, 418])
-def test_each_name_of_the_by_type_table_decides_alone(
-    name: str, category: sm.ErrorCategory, field: str, status: int | None
+def test_each_name_decides_alone_in_either_field(
+    name: str, category: sm.ErrorCategory, status: int | None, field: str
 ) -> None:
-    """An error event in a stream (200 or no status), or a status no row names (418),
-    is read by its code or type; each name decides on its own, in either field."""
+    """A body whose only name is ``name`` (as its code or as its type, beside a
+    neutral message) is classified by it, on every status its row reads it on, and
+    keeps it as its code."""
     error = _classify(status, {"error": {"message": NEUTRAL, field: name}})
     assert (error.category, error.code) == (category, name)
 
