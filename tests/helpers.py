@@ -74,3 +74,22 @@ def list_depth(value: Any) -> tuple[int, Any]:
     while isinstance(value, list) and value:
         depth, value = depth + 1, value[0]
     return depth, value
+
+
+def nested_dicts(levels: int) -> dict[str, Any]:
+    """``{"a": {"a": ... {}}}``: ``levels + 1`` dicts, built without recursion."""
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(levels):
+        child: dict[str, Any] = {}
+        node["a"] = child
+        node = child
+    return root
+
+
+def dict_depth(value: Any) -> int:
+    """How many non-empty ``"a"`` levels ``value`` holds (see :func:`nested_dicts`)."""
+    depth = 0
+    while isinstance(value, dict) and value:
+        depth, value = depth + 1, value["a"]
+    return depth

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import statemachine as sm
-from tests.helpers import list_depth, nested_lists
+from tests.helpers import dict_depth, list_depth, nested_dicts, nested_lists
 
 C = sm.ErrorCategory
 # the bounds as ER-58 and specs/classification.md state them, written out, not read from
@@ -426,24 +426,6 @@ MAX_DEPTH = 100
 MAX_INT_BITS = 14_000
 
 
-def _nested_dicts(levels: int) -> dict[str, Any]:
-    """``{"a": {"a": ... {}}}``: ``levels + 1`` dicts, built without recursion."""
-    root: dict[str, Any] = {}
-    node = root
-    for _ in range(levels):
-        child: dict[str, Any] = {}
-        node["a"] = child
-        node = child
-    return root
-
-
-def _dict_depth(value: Any) -> int:
-    depth = 0
-    while isinstance(value, dict) and value:
-        depth, value = depth + 1, value["a"]
-    return depth
-
-
 @pytest.mark.requirement("ER-58")
 @pytest.mark.parametrize("shape", ["lists", "dicts"])
 def test_a_body_exactly_max_depth_containers_deep_is_kept_as_is_one_more_is_copied(
@@ -451,10 +433,10 @@ def test_a_body_exactly_max_depth_containers_deep_is_kept_as_is_one_more_is_copi
 ) -> None:
     """MAX_DEPTH (100) nested containers are JSON data within the bounds: the parsed
     body is kept as the same object. One more, and the copy keeps 100 levels."""
-    build: Any = nested_lists if shape == "lists" else _nested_dicts
+    build: Any = nested_lists if shape == "lists" else nested_dicts
 
     def depth_of(value: Any) -> int:
-        return list_depth(value)[0] if shape == "lists" else _dict_depth(value)
+        return list_depth(value)[0] if shape == "lists" else dict_depth(value)
 
     within = build(MAX_DEPTH - 1)  # MAX_DEPTH containers, the root included
     assert sm.classify((400, None, within)).body is within
