@@ -33,6 +33,7 @@ from statemachine.store import (
     Stored,
     Worker,
 )
+from statemachine.store._journal import COMPACT_EVERY
 from statemachine.store._record import Record
 
 from .helpers import fail
@@ -722,7 +723,7 @@ def test_a_stored_request_with_a_lone_surrogate_is_corrupt_at_load() -> None:
     forged = payload.replace(b'{"m":"x"}', b'{"m":"\\ud800"}')
     assert forged != payload
     store._data[key] = (version, forged, expires, incarnation)
-    with pytest.raises(CorruptSession, match=r"turn\.request: .*lone surrogate"):
+    with pytest.raises(CorruptSession, match=r"request: .*lone surrogate"):
         Worker(store).load("s")
     assert store._data[key][1] == forged
     with pytest.raises(ValueError, match="lone surrogate"):
@@ -956,13 +957,22 @@ def _payload(store: InMemoryStore, session_id: str) -> bytes:
     return store._data[store.key(session_id)][1]
 
 
+def _fresh(store: Any, session_id: str, clock: Any = lambda: 0.0, wall: Any = lambda: 1.0) -> Any:
+    """The session as a worker that has never seen it reads it from ``store`` (the
+    record's snapshot restored, its journal replayed)."""
+    reader = Worker(store, owner="fresh", clock=clock, now=wall, remember=0, count_idle=False)
+    return reader.load(session_id).session
+
+
 @pytest.mark.requirement("ER-70")
 @pytest.mark.parametrize("remember", [1024, 0])
-def test_the_bytes_a_worker_builds_are_the_json_of_its_record(remember: int) -> None:
+def test_the_bytes_a_worker_builds_hold_the_session_it_holds(remember: int) -> None:
     """A worker writes our stores the record's bytes built from what changed since its
-    last write; they are byte for byte what another store gets from ``json.dumps`` of
-    the record, on every write of several turns with retries, tool claims, idempotency
-    keys, a takeover (claim and carried outcomes) and a moving clock."""
+    last write (journal entries appended, the snapshot written anew every
+    ``COMPACT_EVERY`` entries); a worker that has never seen the session reads from them
+    the session the writer holds, and the same as from a store that takes JSON data (a
+    whole snapshot on every write), on every write of several turns with retries, tool
+    claims, idempotency keys, a takeover (claim and carried outcomes) and a moving clock."""
     fast_store, slow_inner = InMemoryStore(), InMemoryStore()
     clocks = {"fast": Clock(5.0), "slow": Clock(5.0)}
     walls = {"fast": Clock(10_000.0), "slow": Clock(10_000.0)}
@@ -984,6 +994,7 @@ def test_the_bytes_a_worker_builds_are_the_json_of_its_record(remember: int) -> 
     }
     writes = 0
     seen: set[str] = set()
+    journals: set[int] = set()
     for step in range(200):
         event = next_event(results["fast"], turns=3, failures=2)
         if event is STOP:
@@ -998,19 +1009,22 @@ def test_the_bytes_a_worker_builds_are_the_json_of_its_record(remember: int) -> 
                 results[name] = w.advance(
                     "s", event, expected_version=results[name].version, key=f"k{step}"
                 )
-        fast = _payload(fast_store, "s")
-        slow = _payload(slow_inner, "s").replace(
-            incarnations["slow"].encode(), incarnations["fast"].encode()
-        )
-        assert fast == slow, f"step {step}: the bytes differ"
+        fast = _fresh(fast_store, "s", clocks["fast"], walls["fast"]).snapshot()
+        slow = _fresh(slow_inner, "s", clocks["slow"], walls["slow"]).snapshot()
+        assert fast == slow == results["fast"].session.snapshot(), f"step {step}"
+        assert results["slow"].session.snapshot() == fast
         writes += 1
-        written = json.loads(fast)
+        written = json.loads(_payload(fast_store, "s"))
+        assert json.loads(_payload(slow_inner, "s"))["journal"] == []
+        assert written["incarnation"] == incarnations["fast"]
         seen |= {key for key in ("claim", "carried") if written[key]}
+        journals.add(len(written["journal"]))
     assert writes > 20
     assert seen == {"claim", "carried"}
     assert results["fast"].session.turns == 3
+    assert journals == set(range(COMPACT_EVERY + 1))  # every length, compacted at the last
     record = json.loads(_payload(fast_store, "s"))
-    assert record["keys"] and record["snapshot"]["turn"]["times"]
+    assert record["keys"] and record["snapshot"]["turn"]
 
 
 @pytest.mark.requirement("ER-70")
@@ -1026,7 +1040,7 @@ def test_changing_the_returned_session_does_not_change_what_the_worker_writes() 
     turn.send(sm.Assembled({"by": "hand"}, 5))  # the caller's own copy moves on
     after = w.advance("s", sm.Assembled({"by": "worker"}, 7), expected_version=started.version)
     assert after.status is AdvanceStatus.APPLIED
-    stored = json.loads(_payload(store, "s"))["snapshot"]["turn"]
+    stored = _fresh(store, "s").snapshot()["turn"]
     assert stored["request"] == {"by": "worker"}
     assert stored["size"] == 7
 
@@ -1036,30 +1050,52 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     backend: Backend, now: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reading back the very bytes it wrote, a worker uses the state it knows instead of
-    decoding and checking them again; any other bytes (another worker's write, or a
-    record changed under it) are decoded and checked in full."""
+    decoding and checking them again; bytes that grow what it knows by journal entries
+    (another worker's advances) cost it only those entries, replayed; any other bytes
+    (a worker that never saw the session, a record changed under it) are decoded and
+    checked in full."""
     store = backend.make()
     w = worker(store, "w", now)
     created = w.create("s", new_session())
     w.advance("s", None, expected_version=created.version)
     restores: list[str] = []
-    real = Record.restore
+    replayed: list[int] = []
+    real_base, real_replay = Worker._base, Worker._replay
 
-    def counted(self: Record, *args: Any, **kwargs: Any) -> sm.Session:
-        restores.append(self.session_id)
-        return real(self, *args, **kwargs)
+    def counted_base(self: Worker, record: Record) -> Any:
+        restores.append(record.session_id)
+        return real_base(self, record)
 
-    monkeypatch.setattr(Record, "restore", counted)
+    def counted_replay(self: Worker, record: Record, *args: Any) -> None:
+        replayed.append(len(args[2]))
+        real_replay(self, record, *args)
+
+    monkeypatch.setattr(Worker, "_base", counted_base)
+    monkeypatch.setattr(Worker, "_replay", counted_replay)
     loaded = w.load("s")
-    assert restores == []
-    assert loaded.session.snapshot() == json.loads(store.load_payload("s")[1])["snapshot"]
+    assert restores == [] and replayed == []
+    assert loaded.session.snapshot() == _fresh(store, "s", wall=now).snapshot()
+    restores.clear()
+    replayed.clear()
     other = worker(store, "other", now)
     moved = other.advance("s", sm.Assembled({"q": 1}, 10), expected_version=loaded.version)
     assert restores == ["s"]  # the other worker had never seen these bytes
     again = w.load("s")
-    assert restores == ["s", "s"]  # w sees bytes it did not write: checked in full
+    assert restores == ["s"]  # w knows all but the entry the other worker appended
+    assert replayed[-1] == 1
     assert again.version == moved.version
     assert again.session.snapshot() == moved.session.snapshot()
+    version, payload = store.load_payload("s")
+    data = json.loads(payload)
+    data["saved_at"] += 1.0  # the same journal, a changed tail: only the tail is read
+    store.compare_and_set("s", version, data)
+    assert w.load("s").session.snapshot() == moved.session.snapshot()
+    assert restores == ["s"]
+    version, payload = store.load_payload("s")
+    data = json.loads(payload)
+    store.compare_and_set("s", version, dict(reversed(data.items())))  # other bytes
+    assert w.load("s").session.snapshot() == moved.session.snapshot()
+    assert restores == ["s", "s"]
 
 
 class _Float(float):
@@ -1081,28 +1117,33 @@ def test_the_bytes_hold_plain_json_numbers_for_a_float_subclass_cost() -> None:
     r = w.advance("s", sm.ModelReplied(cost=_Float(0.25)), expected_version=r.version)
     payload = _payload(store, "s")
     assert b"_Float" not in payload
-    assert json.loads(payload)["snapshot"]["cost_usd"] == 0.25
+    assert json.loads(payload)["journal"][-1][3]["cost"] == 0.25
     other = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0).load("s")
     assert other.session.cost_usd == 0.25
 
 
 @pytest.mark.requirement("ER-70")
 def test_host_data_changed_in_place_after_an_advance_is_stored_as_the_session_holds_it() -> None:
-    """A host that changes a request the engine handed out (``action.request``) finds
-    the next write agreeing with the session, and another worker can read it (the
-    turn's request and its last CallModel's are the same data)."""
+    """A host that changes a request the engine handed out (``action.request``) in
+    place changes its own session's copy; the record holds the request as the event
+    carried it, and every write, compactions included, stays readable by another
+    worker (the turn's request and its last CallModel's are the same data)."""
     store = InMemoryStore()
     w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
-    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = w.create("s", sm.Session(sm.Settings(max_retries=20, session_retry_ceiling=100), seed=1, clock=lambda: 0.0))
     r = w.advance("s", None, expected_version=r.version)
     r = w.advance("s", sm.Assembled({"messages": ["hi"]}, 5), expected_version=r.version)
     assert isinstance(r.action, sm.CallModel)
     r.action.request["messages"].append("changed")
     r = w.advance("s", fail("rate_limited"), expected_version=r.version)
-    turn = json.loads(_payload(store, "s"))["snapshot"]["turn"]
-    assert turn["request"] == turn["actions"][1]["request"] == {"messages": ["hi", "changed"]}
-    other = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0).load("s")
-    assert other.session.snapshot() == r.session.snapshot()
+    turn = _fresh(store, "s").snapshot()["turn"]
+    assert turn["request"] == turn["actions"][1]["request"] == {"messages": ["hi"]}
+    for _ in range(COMPACT_EVERY):
+        event = sm.WaitDone() if isinstance(r.action, sm.Wait) else fail("rate_limited")
+        r = w.advance("s", event, expected_version=r.version)
+        turn = _fresh(store, "s").snapshot()["turn"]
+        calls = [a for a in turn["actions"] if a["$type"] == "CallModel"]
+        assert turn["request"] == calls[-1]["request"]
 
 
 @pytest.mark.requirement("ER-70")
@@ -1129,7 +1170,7 @@ def test_each_turns_trace_is_written_from_its_own_entries() -> None:
         r = w.advance("s", None, expected_version=r.version)
         for event in (sm.Assembled({"turn": turn}, 5), sm.ModelReplied(cost=0.001)):
             r = w.advance("s", event, expected_version=r.version)
-            assert json.loads(_payload(store, "s"))["snapshot"] == r.session.snapshot(), turn
+            assert _fresh(store, "s").snapshot() == r.session.snapshot(), turn
 
 
 @pytest.mark.requirement("ER-70", "ER-82")
@@ -1147,8 +1188,9 @@ def test_fallbacks_and_child_spend_reports_are_written_as_the_sessions_hold_them
     rc = w.create(child.session_id, child)
 
     def stored_is_whole(session_id: str) -> None:
-        snapshot = json.loads(_payload(store, session_id))["snapshot"]
+        snapshot = _fresh(store, session_id).snapshot()
         assert sm.Session.restore(snapshot, clock=lambda: 0.0).snapshot() == snapshot
+        assert w.load(session_id).session.snapshot() == snapshot
 
     for turn in range(2):
         for sid in ("p", child.session_id):
@@ -1162,6 +1204,6 @@ def test_fallbacks_and_child_spend_reports_are_written_as_the_sessions_hold_them
                 stored_is_whole(sid)
                 stored_is_whole("p")
             rp, rc = (r, rc) if sid == "p" else (w.load("p"), r)
-    parent_record = json.loads(_payload(store, "p"))["snapshot"]
+    parent_record = _fresh(store, "p").snapshot()
     assert parent_record["child_costs"] == {child.session_id: pytest.approx(0.02)}
     assert parent_record["turn"]["fallbacks"]

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from ._events import EVENT_TYPES
 from ._json_data import short_repr
 from ._model_error import Headers, ModelError
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
@@ -36,6 +37,7 @@ _CLASSES: dict[str, type] = {
         ToolOutcome,
         ToolResult,
         Wait,
+        *EVENT_TYPES,  # a store's journal holds the events it applied
     )
 }
 

@@ -713,7 +713,7 @@ def _text_or_null(value: str | None) -> str:
     return "null" if value is None else encode_basestring(value)
 
 
-def _number_text(value: float) -> str:
+def number_text(value: float) -> str:
     """A number as JSON writes it: ``float.__repr__`` for a float (a float subclass, such
     as numpy's, goes through the encoder, which writes it the same way), ``int``'s for
     an int."""
@@ -725,8 +725,8 @@ def _number_text(value: float) -> str:
     return _dumps(value)
 
 
-def _number_or_null(value: float | None) -> str:
-    return "null" if value is None else _number_text(value)
+def number_or_null(value: float | None) -> str:
+    return "null" if value is None else number_text(value)
 
 
 def _status_text(value: SessionStatus | None) -> str:
@@ -734,7 +734,7 @@ def _status_text(value: SessionStatus | None) -> str:
 
 
 def _relative_text(now: float, value: float | None) -> str:
-    return "null" if value is None else _number_text(now - value)
+    return "null" if value is None else number_text(now - value)
 
 
 def _grown_text(
@@ -916,8 +916,8 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
     through the helpers above."""
     namespace: dict[str, Any] = {
         "text_or_null": _text_or_null,
-        "number_text": _number_text,
-        "number_or_null": _number_or_null,
+        "number_text": number_text,
+        "number_or_null": number_or_null,
         "status_text": _status_text,
         "relative_text": _relative_text,
         "grown_text": _grown_text,

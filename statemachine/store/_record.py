@@ -1,41 +1,49 @@
-"""The record a store keeps per session: the engine's snapshot plus what the workers
-need to share it safely.
+"""The record a store keeps per session: the engine's snapshot, the journal of steps
+applied since it was written, and what the workers need to share it safely.
 
 ::
 
-    {"format": "statemachine.store.record", "version": 1, "session_id": "conv-42",
+    {"format": "statemachine.store.record", "version": 2, "session_id": "conv-42",
+     "incarnation": "9f2c...",          # drawn at create: tells a re-created id apart
+     "snapshot": {...},                 # Session.snapshot(), as of the last compaction
+     "journal": [[op, times, walls, ...], ...],   # the steps since (see _journal.py)
      "saved_at": 1764452000.5,          # wall clock of the write (idle-time accounting)
      "keys": [[7, "evt-9"], ...],       # recent idempotency keys, with the version each made
      "claim": {"owner": "w1", "calls": ["c1"], "until": 1764452300.5} | null,
      "carried": [ToolOutcome, ...],     # interrupted outcomes waiting for re-run ones
-     "incarnation": "9f2c...",          # drawn at create: tells a re-created id apart
-     "snapshot": {...}}                 # Session.snapshot()
+     "elapsed_s": 12.5,                 # the session's age at the write
+     "finished_s": 3.0 | null}          # seconds since its last turn finished, at the write
 
-Every check here raises ``CorruptSession`` naming the session and the key.
+The keys come in this order, so that the bytes of a record up to the end of its
+journal's last entry (its *prefix*) stay the same while the journal grows: a worker
+that knows a prefix reads only what follows it. Version 1 (no journal; the snapshot
+current) is still read. Every check here raises ``CorruptSession`` naming the session
+and the key.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from ..core._codec import decode, encode
-from ..core._exceptions import SnapshotError
-from ..core._session import Session
-from ..core._state import TextCache, json_text
-from ..core._tool_calls import ToolCall, ToolOutcome
-from ..core._trace import TraceRecord
+from ..core._state import TextCache, json_text, number_or_null, number_text
+from ..core._tool_calls import ToolOutcome
 from ._core import CorruptSession
 
 RECORD_FORMAT = "statemachine.store.record"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 _HEAD = f'{{"format":{json_text(RECORD_FORMAT)},"version":{RECORD_VERSION},"session_id":'
+_JOURNAL = b',"journal":['
+TAIL_KEYS = frozenset({"saved_at", "keys", "claim", "carried", "elapsed_s", "finished_s"})
+"""The keys after the journal, in every record written here."""
 MAX_KEYS = 16
 """How many recent idempotency keys a record remembers."""
+MAX_JOURNAL = 64
+"""The most journal entries a record may hold (a worker compacts long before)."""
 
 
 @attrs.frozen
@@ -47,12 +55,13 @@ class Claim:
     until: float
 
 
-@attrs.frozen
+@attrs.define
 class Record:
-    """One session's record. Read from a store it holds the decoded ``snapshot``;
-    written by a :class:`~statemachine.store.Worker` it holds the snapshot's JSON
-    text instead (``snapshot_text``, built from what changed since the last write)
-    and the ``cache`` that built it."""
+    """One session's record (not frozen only to be quick to build: nothing changes one
+    once built). Read from a store it holds the decoded base ``snapshot``
+    and ``journal``; written by a :class:`~statemachine.store.Worker` to a store of
+    bytes it holds the bytes up to the journal's end (``prefix``) instead, and the
+    base snapshot's JSON text with the ``cache`` that built it."""
 
     session_id: str
     snapshot: dict[str, Any] | None
@@ -64,51 +73,33 @@ class Record:
     """Drawn when the session is created under its id, kept by every write: a session
     deleted and created again under the same id is another incarnation, so a write
     computed from the old one is refused even at the same version."""
-    snapshot_text: str | None = attrs.field(default=None, repr=False)
+    elapsed_s: float = 0.0
+    """The session's age (seconds on its clock) when the record was written."""
+    finished_s: float | None = None
+    """Seconds since the session's last turn finished, when the record was written."""
+    journal: tuple[Any, ...] = attrs.field(default=(), repr=False)
+    """The journal's entries as read (a record read from a store)."""
+    entries: int = 0
+    """How many entries the journal holds."""
+    prefix: bytes | None = attrs.field(default=None, eq=False, repr=False)
+    """The record's bytes up to the end of the journal's last entry, when known: the
+    next write appends to it."""
+    base_text: str | None = attrs.field(default=None, eq=False, repr=False)
+    """The base snapshot's JSON text, when this worker wrote it."""
     cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
-    """What built ``snapshot_text``: the next write of the same session reuses it."""
+    """What built ``base_text``: the next compaction reuses it."""
     payload: bytes | None = attrs.field(default=None, eq=False, repr=False)
     """The bytes a store holds for this record, when known (read, or built to write)."""
-    elapsed_s: float = 0.0
-    """The snapshot's ``elapsed_s``, as written."""
-    finished_s: float | None = None
-    """The snapshot's ``finished_at`` (seconds since the last turn finished), as written."""
 
     def __attrs_post_init__(self) -> None:
-        if self.payload is None and self.snapshot_text is not None:  # written here: its bytes
-            object.__setattr__(self, "payload", self.to_payload())
+        if self.payload is None and self.prefix is not None:  # written here: its bytes
+            self.payload = self.prefix + self.tail()
 
-    def _header(self) -> dict[str, Any]:
-        claim = self.claim
-        return {
-            "format": RECORD_FORMAT,
-            "version": RECORD_VERSION,
-            "session_id": self.session_id,
-            "saved_at": self.saved_at,
-            "keys": [list(pair) for pair in self.keys],
-            "claim": None
-            if claim is None
-            else {"owner": claim.owner, "calls": list(claim.calls), "until": claim.until},
-            "carried": encode(self.carried),
-            "incarnation": self.incarnation,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as plain JSON data."""
-        snapshot = self.snapshot
-        if snapshot is None:
-            snapshot = json.loads(self.snapshot_text or "null")
-        return {**self._header(), "snapshot": snapshot}
-
-    def to_payload(self) -> bytes:
-        """``json_text(self.to_json())`` as UTF-8: what a store keeps, byte for byte."""
-        text = self.snapshot_text
-        if text is None:
-            text = json_text(self.snapshot)
+    def tail(self) -> bytes:
+        """The record's bytes after its prefix."""
         claim = self.claim
         return (
-            f"{_HEAD}{json_text(self.session_id)}"
-            f',"saved_at":{json_text(self.saved_at)}'
+            f'],"saved_at":{number_text(self.saved_at)}'
             f',"keys":{json_text(self.keys) if self.keys else "[]"}'
             ',"claim":'
             + (
@@ -117,37 +108,38 @@ class Record:
                 else json_text({"owner": claim.owner, "calls": claim.calls, "until": claim.until})
             )
             + f',"carried":{json_text(encode(self.carried)) if self.carried else "[]"}'
-            f',"incarnation":{json_text(self.incarnation)},"snapshot":{text}}}'
+            f',"elapsed_s":{number_text(self.elapsed_s)}'
+            f',"finished_s":{number_or_null(self.finished_s)}}}'
         ).encode()
 
-    def restore(
-        self,
-        clock: Callable[[], float],
-        wall_clock: Callable[[], float],
-        observers: tuple[Callable[[TraceRecord], None], ...],
-        idle_s: float,
-        doom_check: Callable[[tuple[ToolCall, ...]], bool] | None = None,
-    ) -> Session:
-        """The session in this record; ``idle_s`` is added to its elapsed time."""
-        data = self.snapshot
-        if data is None:
-            data = self.to_json()["snapshot"]
-        if idle_s > 0:
-            elapsed = data.get("elapsed_s")
-            if isinstance(elapsed, int | float) and not isinstance(elapsed, bool):
-                data = {**data, "elapsed_s": elapsed + idle_s}
-            finished = data.get("finished_at")  # seconds since the last Finish: idle too
-            if isinstance(finished, int | float) and not isinstance(finished, bool):
-                data = {**data, "finished_at": finished + idle_s}
-        try:
-            return Session.restore(
-                data, clock, wall_clock=wall_clock, observers=observers, doom_check=doom_check
-            )
-        except SnapshotError as exc:
-            raise CorruptSession(
-                f"session {self.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
-                session_id=self.session_id,
-            ) from None
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON data (a record with an empty journal: what a
+        worker writes to a store that takes JSON data)."""
+        claim = self.claim
+        return {
+            "format": RECORD_FORMAT,
+            "version": RECORD_VERSION,
+            "session_id": self.session_id,
+            "incarnation": self.incarnation,
+            "snapshot": self.snapshot,
+            "journal": list(self.journal),
+            "saved_at": self.saved_at,
+            "keys": [list(pair) for pair in self.keys],
+            "claim": None
+            if claim is None
+            else {"owner": claim.owner, "calls": list(claim.calls), "until": claim.until},
+            "carried": encode(self.carried),
+            "elapsed_s": self.elapsed_s,
+            "finished_s": self.finished_s,
+        }
+
+
+def head_bytes(session_id: str, incarnation: str | None, base_text: str) -> bytes:
+    """A record's bytes up to its journal's first entry: the prefix of an empty journal."""
+    return (
+        f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)}'
+        f',"snapshot":{base_text}'
+    ).encode() + _JOURNAL
 
 
 def _bad(session_id: str, key: str, what: str) -> CorruptSession:
@@ -160,22 +152,8 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = None) -> Record:
-    """``data`` (a decoded record; ``payload``: the bytes it was decoded from) checked and
-    typed, or ``CorruptSession``."""
-    if data.get("format") != RECORD_FORMAT:
-        raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
-    version = data.get("version")
-    if version != RECORD_VERSION or isinstance(version, bool):
-        raise _bad(
-            session_id, "version", f"{version!r} is not supported (this is {RECORD_VERSION})"
-        )
-    if data.get("session_id") != session_id:
-        raise _bad(
-            session_id,
-            "session_id",
-            f"it holds session {data.get('session_id')!r}, not this one",
-        )
+def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The typed values of the keys around the snapshot and journal, checked."""
     saved_at = data.get("saved_at")
     if not _finite(saved_at):
         raise _bad(session_id, "saved_at", f"must be a finite number, got {saved_at!r}")
@@ -210,26 +188,166 @@ def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = 
         raise _bad(session_id, "carried", str(exc)) from None
     if not all(isinstance(o, ToolOutcome) for o in outcomes):
         raise _bad(session_id, "carried", "must hold ToolOutcome values")
+    assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
+    return {
+        "saved_at": float(saved_at),
+        "keys": tuple((pair[0], pair[1]) for pair in keys),
+        "claim": parsed_claim,
+        "carried": outcomes,
+    }
+
+
+def _ages(session_id: str, data: dict[str, Any]) -> tuple[float, float | None]:
+    """A version-2 record's ``elapsed_s`` and ``finished_s``, checked."""
+    elapsed, finished = data.get("elapsed_s"), data.get("finished_s")
+    if not _finite(elapsed) or elapsed < 0:  # type: ignore[operator]
+        raise _bad(session_id, "elapsed_s", f"must be a finite number >= 0, got {elapsed!r:.40}")
+    if finished is not None and (not _finite(finished) or finished < 0):
+        raise _bad(
+            session_id, "finished_s", f"must be a finite number >= 0 or null, got {finished!r:.40}"
+        )
+    return float(elapsed), None if finished is None else float(finished)  # type: ignore[arg-type]
+
+
+def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = None) -> Record:
+    """``data`` (a decoded record; ``payload``: the bytes it was decoded from) checked and
+    typed, or ``CorruptSession``."""
+    if data.get("format") != RECORD_FORMAT:
+        raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
+    version = data.get("version")
+    if version not in (1, RECORD_VERSION) or isinstance(version, bool):
+        raise _bad(
+            session_id, "version", f"{version!r} is not supported (this is {RECORD_VERSION})"
+        )
+    if data.get("session_id") != session_id:
+        raise _bad(
+            session_id,
+            "session_id",
+            f"it holds session {data.get('session_id')!r}, not this one",
+        )
+    header = _header(session_id, data)
     snapshot = data.get("snapshot")
     if not isinstance(snapshot, dict):
         raise _bad(session_id, "snapshot", f"must be a JSON object, got {type(snapshot).__name__}")
     incarnation = data.get("incarnation")  # absent in records written before it existed
     if incarnation is not None and (type(incarnation) is not str or not incarnation):
         raise _bad(session_id, "incarnation", f"must be a non-empty str, got {incarnation!r:.40}")
-    assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
-    elapsed, finished = snapshot.get("elapsed_s"), snapshot.get("finished_at")
+    journal: list[Any] = []
+    if version == 1:  # the snapshot is current: its ages are the record's
+        raw_elapsed, raw_finished = snapshot.get("elapsed_s"), snapshot.get("finished_at")
+        # checked when the snapshot is restored, which a worker does before using them
+        elapsed = float(raw_elapsed) if _finite(raw_elapsed) else 0.0  # type: ignore[arg-type]
+        finished = float(raw_finished) if _finite(raw_finished) else None  # type: ignore[arg-type]
+    else:
+        elapsed, finished = _ages(session_id, data)
+        journal = data.get("journal")  # type: ignore[assignment]
+        if type(journal) is not list:
+            raise _bad(session_id, "journal", f"must be a list, got {type(journal).__name__}")
+        if len(journal) > MAX_JOURNAL:
+            raise _bad(session_id, "journal", f"{len(journal)} entries, more than {MAX_JOURNAL}")
+    prefix = None
+    if payload is not None and version == RECORD_VERSION:
+        prefix = _prefix_of(payload, len(journal))
     return Record(
         session_id,
         snapshot,
-        float(saved_at),
-        tuple((pair[0], pair[1]) for pair in keys),
-        parsed_claim,
-        outcomes,
-        incarnation,
+        incarnation=incarnation,
+        elapsed_s=elapsed,
+        finished_s=finished,
+        journal=tuple(journal),
+        entries=len(journal),
+        prefix=prefix,
         payload=payload,
-        # checked when the snapshot is restored, which a worker does before using them
-        elapsed_s=float(elapsed) if isinstance(elapsed, int | float) and _finite(elapsed) else 0.0,
-        finished_s=float(finished)
-        if isinstance(finished, int | float) and _finite(finished)
-        else None,
+        **header,
+    )
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
+class _NoTail(Exception):
+    """The bytes after a prefix are not a journal's end and a record's tail."""
+
+
+def _split(payload: bytes, start: int, known: int) -> tuple[list[Any], int, dict[str, Any]]:
+    """The journal entries after ``payload[:start]`` (a prefix holding ``known``
+    entries), where the last of them ends, and the tail's keys; ``_NoTail`` unless the
+    bytes there are exactly entries, ``]`` and an object of :data:`TAIL_KEYS`."""
+    try:
+        text = payload[start:].decode()
+    except UnicodeDecodeError:
+        raise _NoTail from None
+    entries: list[Any] = []
+    pos, end = 0, 0
+    first = known == 0
+    try:
+        while True:
+            char = text[pos : pos + 1]
+            if char == "]":
+                break
+            if not first:
+                if char != ",":
+                    raise _NoTail
+                pos += 1
+            entry, pos = _DECODER.raw_decode(text, pos)
+            entries.append(entry)
+            end, first = pos, False
+            if known + len(entries) > MAX_JOURNAL:
+                raise _NoTail
+        if text[pos : pos + 2] != "],":
+            raise _NoTail
+        tail = _DECODER.decode("{" + text[pos + 2 :])
+    except (ValueError, RecursionError):
+        raise _NoTail from None
+    if type(tail) is not dict or tail.keys() != TAIL_KEYS:
+        raise _NoTail
+    return entries, start + len(text[:end].encode()), tail
+
+
+def _prefix_of(payload: bytes, entries: int) -> bytes | None:
+    """The prefix of a record read in full, if its bytes show exactly where the
+    journal's entries end (a record written by a worker always does)."""
+    at = len(payload)
+    for _ in range(4):  # host data may hold the same bytes, later in the record
+        at = payload.rfind(_JOURNAL, 0, at)
+        if at < 0:
+            return None
+        start = at + len(_JOURNAL)
+        try:
+            found, end, _ = _split(payload, start, 0)
+        except _NoTail:
+            continue
+        return payload[: end if found else start] if len(found) == entries else None
+    return None
+
+
+def extend(record: Record, payload: bytes) -> Record | None:
+    """The record in ``payload`` if its bytes begin with ``record``'s prefix: ``record``
+    with the new entries and tail read from what follows (only they are decoded), or
+    ``None`` if the bytes there are not a journal's end and a tail."""
+    prefix = record.prefix
+    if prefix is None or len(payload) <= len(prefix) or not payload.startswith(prefix):
+        return None
+    try:
+        entries, end, tail = _split(payload, len(prefix), record.entries)
+    except _NoTail:
+        return None
+    session_id = record.session_id
+    header = _header(session_id, tail)
+    elapsed, finished = _ages(session_id, tail)
+    return Record(
+        session_id,
+        record.snapshot,
+        incarnation=record.incarnation,
+        elapsed_s=elapsed,
+        finished_s=finished,
+        journal=tuple(entries),  # only the new ones: the rest are in the state it extends
+        entries=record.entries + len(entries),
+        prefix=payload[:end] if entries else prefix,
+        payload=payload,
+        **header,
     )

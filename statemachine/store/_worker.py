@@ -15,10 +15,16 @@ import attrs
 
 from ..core._actions import Action, InvokeTools
 from ..core._events import ToolsDone
-from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
+from ..core._exceptions import (
+    ConfigError,
+    IllegalEvent,
+    SessionEnded,
+    SnapshotError,
+    TurnInProgress,
+)
 from ..core._session import Session
 from ..core._settings import Settings
-from ..core._snapshot import write_snapshot_text
+from ..core._snapshot import read_snapshot, write_snapshot_text
 from ..core._state import SessionState, TextCache, copy_session_state
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
@@ -44,7 +50,19 @@ from ._core import (
     not_found,
     stale,
 )
-from ._record import MAX_KEYS, Claim, Record, parse_record
+from ._journal import (
+    BUDGET,
+    CHILD_SPEND,
+    COMPACT_EVERY,
+    EVENT,
+    START,
+    Recorder,
+    Step,
+    entry_text,
+    replay,
+    run_step,
+)
+from ._record import MAX_KEYS, Claim, Record, extend, head_bytes, parse_record
 from ._redis import RedisStore
 
 __all__ = [
@@ -252,6 +270,27 @@ class AdvanceStatus(enum.StrEnum):
     """``load`` / ``resume`` with nothing to take over: the stored state as it is."""
 
 
+class _Handout:
+    """The session of an ``APPLIED`` result, copied from the worker's own when first
+    asked for: while the worker has not moved the session on, a copy of its state;
+    after, the bytes that write stored, decoded again."""
+
+    __slots__ = ("_session", "own", "payload", "session_id", "version", "worker")
+
+    def __init__(
+        self, worker: Worker, session_id: str, version: int, own: Session, payload: bytes
+    ) -> None:
+        self.worker, self.session_id, self.version = worker, session_id, version
+        self.own, self.payload = own, payload
+        self._session: Session | None = None
+
+    def get(self) -> Session:
+        if self._session is None:
+            self._session = self.worker._hand_out(self)  # noqa: SLF001 - its own worker
+            self.own = None  # type: ignore[assignment] # not kept alive by a result
+        return self._session
+
+
 @attrs.frozen
 class Advanced:
     """The result of a :class:`Worker` call: the session as stored after it.
@@ -264,15 +303,40 @@ class Advanced:
     """
 
     status: AdvanceStatus
-    session: Session
+    _session: Session | _Handout = attrs.field(alias="session", repr=False)
     version: int
     action: Action | None
     interrupted: tuple[ToolOutcome, ...] = ()
 
     @property
+    def session(self) -> Session:
+        """The session as stored at ``version`` (the caller's own: changing it changes
+        neither the store nor the worker)."""
+        held = self._session
+        return held if isinstance(held, Session) else held.get()
+
+    @property
     def applied(self) -> bool:
         """Whether this call wrote the next version."""
         return self.status is AdvanceStatus.APPLIED
+
+
+def _no_clock() -> float:
+    raise AssertionError("a replayed step reads the clocks its entry recorded")  # pragma: no cover
+
+
+def _recording(session: Session) -> Recorder:
+    """Run ``session`` on clocks that keep their readings, for the journal."""
+    core = session._core  # noqa: SLF001 - the store is the engine's own host
+    recorder = Recorder(core.clock, core.wall_clock, core.state)
+    core.clock, core.wall_clock = recorder.clock, recorder.wall
+    return recorder
+
+
+def _stop(session: Session, recorder: Recorder) -> None:
+    """Give ``session`` its own clocks back."""
+    core = session._core  # noqa: SLF001 - the store is the engine's own host
+    core.clock, core.wall_clock = recorder.inner()
 
 
 def _default_owner() -> str:
@@ -350,7 +414,7 @@ class Worker:
         ):
             self._payload_cas = store.compare_and_set_payload
             self._payload_load = store.load_payload
-        self._live: dict[str, tuple[int, Record, Settings, SessionState]] = {}
+        self._live: dict[str, tuple[int, Record, Session]] = {}
         """The last record this worker read or wrote per session, with its decoded
         state: the next advance at that version skips reading and restoring it (the
         compare-and-set still proves the store holds that version and incarnation)."""
@@ -363,7 +427,8 @@ class Worker:
     ) -> tuple[int, Record, Session]:
         """The stored version, record and session. Finding in the store the very bytes
         this worker last wrote or read for the session, it skips decoding and checking
-        them again: it knows the state they hold."""
+        them again: it knows the state they hold; finding them grown by journal entries
+        (another worker's advances), it decodes and replays only those."""
         if observers is None:
             observers = self._observers
         if self._payload_load is None:
@@ -377,39 +442,102 @@ class Worker:
                 return version, record, session
             data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
             record = parse_record(session_id, data, payload)
-        session = record.restore(
-            self._clock, self._now, observers, self._idle(record), self._doom_check
-        )
+        settings, state = self._base(record)
+        self._replay(record, settings, state, record.journal, 0)
+        session = self._session_of(record, settings, state, observers)
         self._remember(session_id, version, record, session)
         return version, record, session
+
+    def _base(self, record: Record) -> tuple[Settings, SessionState]:
+        """The record's snapshot, read with the session's start at 0 on its clock (the
+        frame its journal's readings are in)."""
+        snapshot = record.snapshot or {}
+        elapsed: Any = snapshot.get("elapsed_s")
+        now = float(elapsed) if type(elapsed) in (int, float) else 0.0
+        try:
+            return read_snapshot(snapshot, now)
+        except SnapshotError as exc:
+            raise CorruptSession(
+                f"session {record.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
+                session_id=record.session_id,
+            ) from None
+
+    def _replay(
+        self,
+        record: Record,
+        settings: Settings,
+        state: SessionState,
+        entries: tuple[object, ...],
+        first: int,
+    ) -> None:
+        """Apply journal ``entries`` (``first``: the index of the first) to ``state``."""
+        if not entries:
+            return
+        session = Session.from_state(
+            settings,
+            state,
+            _no_clock,
+            wall_clock=_no_clock,
+            check=False,
+            doom_check=self._doom_check,
+        )
+        try:
+            replay(session, list(entries), first)
+        except ValueError as exc:
+            raise CorruptSession(
+                f"session {record.session_id!r}: the stored record's {exc}",
+                session_id=record.session_id,
+            ) from None
 
     def _known(
         self, session_id: str, version: int, payload: bytes, observers: tuple[Observer, ...]
     ) -> tuple[Record, Session] | None:
-        """The session in ``payload`` if it is the record this worker remembers: a copy
-        of the remembered state (which stays remembered, now at ``version``)."""
+        """The session in ``payload`` if it is the record this worker remembers (a copy
+        of the remembered state, which stays remembered, now at ``version``), or that
+        record grown by journal entries (the copy, with those entries replayed)."""
         with self._live_lock:  # copied under the lock: an advance may take the entry
             live = self._live.get(session_id)
-            if live is None or live[1].payload != payload:
+            if live is None:
                 return None
-            _, record, settings, remembered = live
-            del self._live[session_id]  # remembered again as the most recent, at ``version``
-            self._live[session_id] = (version, record, settings, remembered)
+            _, record, own = live
+            settings, remembered = own.settings, own._core.state  # noqa: SLF001
+            if record.payload == payload:
+                del self._live[session_id]  # remembered again as the most recent, at ``version``
+                self._live[session_id] = (version, record, own)
+                return record, self._session_of(
+                    record, settings, copy_session_state(remembered), observers
+                )
+            grown = extend(record, payload)
+            if grown is None:
+                return None
             state = copy_session_state(remembered)
-        return record, self._session_of(record, settings, state, observers)
+        # the remembered state in the journal's frame: the session started at 0
+        state.started = 0.0
+        if record.finished_s is not None:
+            state.finished_at = record.elapsed_s - record.finished_s
+        self._replay(grown, settings, state, grown.journal, record.entries)
+        session = self._session_of(grown, settings, state, observers)
+        self._remember(session_id, version, grown, session)
+        return grown, session
 
     def _idle(self, record: Record) -> float:
         return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
 
-    def _remember(self, session_id: str, version: int, record: Record, session: Session) -> None:
+    def _remember(
+        self, session_id: str, version: int, record: Record, session: Session, *, own: bool = False
+    ) -> None:
+        """Remember ``session`` as ``record`` at ``version`` holds it: the session itself
+        if it is the worker's ``own`` (never handed out), else a copy (the session
+        itself is the caller's to use as they like)."""
         if not self._remember_at_most:
             return
-        # a copy: the session itself is the caller's to use as they like
-        entry = (version, record, session.settings, copy_session_state(session.state))
+        if not own:
+            state = copy_session_state(session._core.state)  # noqa: SLF001 - the engine's own host
+            session = self._over(session.settings, state, ())
         with self._live_lock:
             live = self._live
             live.pop(session_id, None)
-            live[session_id] = entry
+            live[session_id] = (version, record, session)
             while len(live) > self._remember_at_most:
                 del live[next(iter(live))]
 
@@ -422,32 +550,34 @@ class Worker:
     ) -> tuple[Record, Session] | None:
         """The session as :meth:`_read` would restore it at ``version``, from the last
         record this worker saw, if that is the version (and ``key`` is not among its
-        keys: a duplicate is answered from the store). The entry is taken out: what it
-        becomes is remembered again once written."""
+        keys: a duplicate is answered from the store). The entry is taken out (the
+        worker's own session, which the caller never sees): what it becomes is
+        remembered again once written."""
         with self._live_lock:
             live = self._live.get(session_id)
             if live is None or live[0] != version:
                 return None
-            _, record, settings, state = live
+            _, record, session = live
             if key is not None and any(k == key for _, k in record.keys):
                 return None
             del self._live[session_id]
-        return record, self._session_of(record, settings, state, observers)
+        core = session._core  # noqa: SLF001 - the store is the engine's own host
+        self._rebase(record, core.state)
+        core.observers = observers
+        return record, session
 
-    def _session_of(
-        self,
-        record: Record,
-        settings: Settings,
-        state: SessionState,
-        observers: tuple[Observer, ...],
-    ) -> Session:
-        """The session in ``state`` (this worker's own copy of what ``record`` holds), as
-        :meth:`Record.restore` would give it now."""
+    def _rebase(self, record: Record, state: SessionState) -> None:
+        """Put ``state``'s start (and last finish) on this worker's clock, as a read of
+        ``record`` from the store has them now (idle time included)."""
         idle = self._idle(record)
         now = self._clock()
         state.started = now - (record.elapsed_s + idle)
         if record.finished_s is not None:
-            state.finished_at = now - (record.finished_s + idle)  # as a read from the store has it
+            state.finished_at = now - (record.finished_s + idle)
+
+    def _over(
+        self, settings: Settings, state: SessionState, observers: tuple[Observer, ...]
+    ) -> Session:
         return Session.from_state(
             settings,
             state,
@@ -457,6 +587,41 @@ class Worker:
             check=False,
             doom_check=self._doom_check,
         )
+
+    def _session_of(
+        self,
+        record: Record,
+        settings: Settings,
+        state: SessionState,
+        observers: tuple[Observer, ...],
+    ) -> Session:
+        """The session in ``state`` (this worker's own copy of what ``record`` holds), as
+        a read of ``record`` from the store gives it now."""
+        self._rebase(record, state)
+        return self._over(settings, state, observers)
+
+    def _handed_out(self, session_id: str, version: int, record: Record, own: Session) -> Any:
+        """What an ``APPLIED`` result gives as its session: a copy of the worker's ``own``,
+        taken when the caller first asks for it (see :class:`_Handout`)."""
+        if record.payload is None or not self._remember_at_most:
+            return self._over(own.settings, copy_session_state(own._core.state), self._observers)  # noqa: SLF001
+        return _Handout(self, session_id, version, own, record.payload)
+
+    def _hand_out(self, handout: _Handout) -> Session:
+        """The session of ``handout``: a copy of the worker's own session if that is
+        still as the write left it, else the written bytes decoded again."""
+        with self._live_lock:
+            live = self._live.get(handout.session_id)
+            if live is not None and live[0] == handout.version and live[2] is handout.own:
+                own = handout.own
+                state = copy_session_state(own._core.state)  # noqa: SLF001 - its own session
+                return self._over(own.settings, state, self._observers)
+        session_id, payload = handout.session_id, handout.payload
+        data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
+        record = parse_record(session_id, data, payload)
+        settings, state = self._base(record)
+        self._replay(record, settings, state, record.journal, 0)
+        return self._session_of(record, settings, state, self._observers)
 
     def _result(
         self, status: AdvanceStatus, version: int, record: Record, session: Session
@@ -485,16 +650,23 @@ class Worker:
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
         previous: Record | None = None,
+        entries: tuple[str, ...] = (),
     ) -> Record:
         """The record to write for ``session``; ``previous`` is the record it was read
-        from (its incarnation is kept, and what its snapshot's text already holds is
-        reused instead of encoded again)."""
+        from (its incarnation is kept) and ``entries`` the journal entries of the steps
+        applied since. To a store of bytes the entries are appended to the previous
+        record's bytes; every :data:`COMPACT_EVERY` entries (and for a new record, or
+        a store that takes JSON data) the snapshot is written anew instead."""
         if claim is None and isinstance(action, InvokeTools) and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
-        if previous is None or self._payload_cas is None:
-            # a new record, or a store that takes JSON data: the snapshot as data
+        core = session._core  # noqa: SLF001 - the store is the engine's own host
+        state = core.state
+        now = core.clock()  # the worker's, but a created session's may be its own
+        elapsed = now - state.started
+        finished = None if state.finished_at is None else now - state.finished_at
+        incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
+        if self._payload_cas is None:  # a store that takes JSON data: the snapshot as data
             snapshot = session.snapshot()
-            finished: Any = snapshot["finished_at"]
             return Record(
                 session_id,
                 snapshot,
@@ -502,28 +674,50 @@ class Worker:
                 keys,
                 claim,
                 carried,
-                uuid.uuid4().hex if previous is None else previous.incarnation,
+                incarnation,
                 elapsed_s=snapshot["elapsed_s"],
-                finished_s=finished,
+                finished_s=snapshot["finished_at"],
             )
-        state = session.state
-        now = self._clock()
-        cache = TextCache()
-        text = write_snapshot_text(
-            session.settings, state, now, previous.cache or TextCache(), cache
-        )
-        return Record(  # its bytes are built with it (Record.payload)
+        prefix = None if previous is None else previous.prefix
+        count = 0 if previous is None else previous.entries
+        added = ",".join(entries).encode()
+        limit = self.store.max_bytes // 2  # type: ignore[attr-defined]
+        full = count + len(entries) > COMPACT_EVERY
+        if prefix is None or full or len(prefix) + len(added) > limit:
+            cache = TextCache()
+            old = TextCache() if previous is None or previous.cache is None else previous.cache
+            base = write_snapshot_text(session.settings, state, now, old, cache)
+            return Record(  # its bytes are built with it (Record.payload)
+                session_id,
+                None,
+                self._now(),
+                keys,
+                claim,
+                carried,
+                incarnation,
+                elapsed_s=elapsed,
+                finished_s=finished,
+                prefix=head_bytes(session_id, incarnation, base),
+                base_text=base,
+                cache=cache,
+            )
+        if added:
+            prefix = prefix + b"," + added if count else prefix + added
+        assert previous is not None  # noqa: S101 - a prefix comes from a previous record
+        return Record(
             session_id,
             None,
             self._now(),
             keys,
             claim,
             carried,
-            previous.incarnation,
-            snapshot_text=text,
-            cache=cache,
-            elapsed_s=now - state.started,
-            finished_s=None if state.finished_at is None else now - state.finished_at,
+            incarnation,
+            elapsed_s=elapsed,
+            finished_s=finished,
+            entries=count + len(entries),
+            prefix=prefix,
+            base_text=previous.base_text,
+            cache=previous.cache,
         )
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
@@ -532,7 +726,7 @@ class Worker:
             return self._payload_cas(
                 session_id,
                 expected,
-                record.payload or record.to_payload(),
+                record.payload,  # built with every record written to a store of bytes
                 incarnation=record.incarnation,
                 ended=ended,
             )
@@ -582,16 +776,16 @@ class Worker:
         # observers see a transition once it is stored: records wait in the relay
         relay = _Relay(self._observers) if self._observers else None
         observers = () if relay is None else (relay,)
-        action = None
+        applied = None
         recalled = self._recall(session_id, expected, key, observers)
         if recalled is not None:
             record, session = recalled
             before = session.cost_usd
             try:
-                action = self._apply(session_id, session, record, event)
+                applied = self._apply(session_id, session, record, event)
             except (IllegalEvent, SessionEnded, TurnInProgress):
-                action = None  # maybe the store moved on: read it, and answer from there
-        if action is None:
+                applied = None  # maybe the store moved on: read it, and answer from there
+        if applied is None:
             version, record, session = self._read(session_id, observers)
             if relay is not None:
                 relay.deliver()  # nothing applied yet: the session passes records on
@@ -602,57 +796,76 @@ class Worker:
             if relay is not None:
                 relay.hold()
             before = session.cost_usd
-            action = self._apply(session_id, session, record, event)
+            applied = self._apply(session_id, session, record, event)
+        action, entries = applied
         spent = session.cost_usd > before if session.parent_id is not None else False
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
-        new = self._record(session_id, session, action, keys, previous=record)
+        new = self._record(session_id, session, action, keys, previous=record, entries=entries)
         try:
             version = self._write(session_id, expected, new, session)
         except StaleWrite:
             self._forget(session_id)
             return self._lost_race(session_id, key)
-        self._remember(session_id, version, new, session)
+        self._remember(session_id, version, new, session, own=True)
         if relay is not None:
             relay.deliver()
         if spent:
             self._report_spend(session)
-        return Advanced(AdvanceStatus.APPLIED, session, version, action)
+        handout = self._handed_out(session_id, version, new, session)
+        return Advanced(AdvanceStatus.APPLIED, handout, version, action)
+
+    def _steps(
+        self, session: Session, steps: Iterable[Step], entries: list[str] | None = None
+    ) -> Any:
+        """Apply ``steps`` to ``session``, adding their journal entries to ``entries``
+        (none are kept for a store that takes JSON data); what the last produced."""
+        if entries is None or self._payload_cas is None:
+            result = None
+            for step in steps:
+                result = run_step(session, step)
+            return result
+        recorder = _recording(session)
+        try:
+            result = None
+            for step in steps:
+                result = run_step(session, step)
+                entries.append(entry_text(step, *recorder.take()))
+            return result
+        finally:
+            _stop(session, recorder)
 
     # -- spend across the session tree ----------------------------------------------
 
-    def _pull_spend(self, session: Session) -> None:
-        """Before a parent's turn starts, read each child's total from its record, so
-        a report a worker never made (it died after writing the child) is not lost."""
-        for child_id in session.child_costs:
+    def _pulled_spend(self, session: Session) -> list[Step]:
+        """Before a parent's turn starts, each child's total from its record, so a
+        report a worker never made (it died after writing the child) is not lost."""
+        steps: list[Step] = []
+        known = session.child_costs
+        for child_id in known:
             try:
-                stored = self.store.load(child_id)
-                snapshot = parse_record(child_id, stored.record).snapshot or {}
+                _, _, child = self._read(child_id, ())
             except (SessionNotFound, CorruptSession, InvalidSessionId):
                 continue
-            total: Any = snapshot.get("cost_usd")
-            if type(total) in (int, float) and snapshot.get("parent_id") == session.session_id:
-                try:
-                    session.record_child_spend(child_id, float(total))
-                except ConfigError:  # not a spend (a forged record): nothing to count
-                    continue
+            total = child.cost_usd
+            if child.parent_id == session.session_id and total > known[child_id]:
+                steps.append((CHILD_SPEND, child_id, total))
+        return steps
 
-    def _pull_budget(self, session: Session) -> None:
-        """Before a child's turn starts, read its parent's remaining budget from the
+    def _pulled_budget(self, session: Session) -> list[Step]:
+        """Before a child's turn starts, its parent's remaining budget from the
         parent's record (siblings' spend included), as a live parent would give it."""
         parent_id = session.parent_id
         if parent_id is None:
-            return
+            return []
         try:
-            _, _, parent = self._read(parent_id)
+            _, _, parent = self._read(parent_id, ())
         except (SessionNotFound, CorruptSession, InvalidSessionId):
-            return
+            return []
         if session.session_id not in parent.child_costs:
-            return  # not this parent's child (a forged or re-created id): keep what it has
-        state = session._core.state  # noqa: SLF001 - the store is the engine's own host
-        state.ancestor_budget_usd = parent.remaining_budget_usd
-        state.ancestor_mark_usd = state.cost_usd
+            return []  # not this parent's child (a forged or re-created id): keep what it has
+        return [(BUDGET, parent.remaining_budget_usd)]
 
     def _report_spend(self, child: Session, attempts: int = 16) -> None:
         """Charge ``child``'s total to its ancestors' records (compare-and-set, retried
@@ -667,7 +880,8 @@ class Worker:
                 except (SessionNotFound, CorruptSession, InvalidSessionId):
                     return
                 before = parent.cost_usd
-                parent.record_child_spend(child_id or "", total)
+                entries: list[str] = []
+                self._steps(parent, [(CHILD_SPEND, child_id or "", total)], entries)
                 if parent.cost_usd == before:
                     break  # already counted
                 new = self._record(
@@ -678,6 +892,7 @@ class Worker:
                     claim=record.claim,
                     carried=record.carried,
                     previous=record,
+                    entries=tuple(entries),
                 )
                 try:
                     version = self._write(parent_id, parent_version, new, parent)
@@ -700,15 +915,14 @@ class Worker:
 
     def _apply(
         self, session_id: str, session: Session, record: Record, event: object | None
-    ) -> Action:
-        turn = session.current_turn
+    ) -> tuple[Action, tuple[str, ...]]:
+        """Apply ``event`` (``None``: start the next turn) to ``session``: the action it
+        produced and the journal entries of its steps."""
+        entries: list[str] = []
         if event is None:
-            self._pull_spend(session)
-            self._pull_budget(session)
-            if turn is not None and turn.state == "idle":
-                return turn.start()
-            return session.new_turn().start()
-        if turn is None:
+            steps = [*self._pulled_spend(session), *self._pulled_budget(session), (START,)]
+            return self._steps(session, steps, entries), tuple(entries)
+        if session.current_turn is None:
             raise IllegalEvent(
                 f"session {session_id!r} has no turn yet: advance it with None to start one",
                 event=type(event).__name__,
@@ -716,7 +930,7 @@ class Worker:
             )
         if isinstance(event, ToolsDone) and record.carried:
             event = ToolsDone((*record.carried, *event.outcomes))
-        return turn.send(event)
+        return self._steps(session, [(EVENT, event)], entries), tuple(entries)
 
     def resume(self, session_id: str, *, force: bool = False) -> Advanced:
         """Take over a session whose worker may have died.
@@ -774,8 +988,11 @@ class Worker:
                 previous=record,
             )
         else:
-            action = turn.send(ToolsDone(carried))
-            new = self._record(session_id, session, action, record.keys, previous=record)
+            entries: list[str] = []
+            action = self._steps(session, [(EVENT, ToolsDone(carried))], entries)
+            new = self._record(
+                session_id, session, action, record.keys, previous=record, entries=tuple(entries)
+            )
         try:
             version = self._write(session_id, version, new, session)
         except StaleWrite:

@@ -1,0 +1,266 @@
+"""A record's journal: the steps applied to a session since its snapshot was written.
+
+A worker does not write the whole snapshot on every advance. It writes what it did:
+one *entry* per step, appended to the record's journal, and a fresh snapshot (with an
+empty journal) only now and then (:func:`compact_due`). Another worker gets the state
+by restoring the snapshot and replaying the entries through the engine, which is
+deterministic: the same state, the same steps and the same clock readings give the
+same state again. Every replayed step goes through the engine's own checks, so a
+forged journal can only take a session along paths the engine allows.
+
+An entry is ``[op, times, walls, *args]``:
+
+* ``["s", times, walls]``: start the next turn (``Worker.advance(id, None)``);
+* ``["e", times, walls, event]``: send ``event`` (encoded as in a snapshot) to the turn;
+* ``["c", times, walls, child_id, total]``: ``record_child_spend(child_id, total)``;
+* ``["b", times, walls, budget]``: the ancestors' remaining budget, read at a turn start.
+
+``times`` are the session clock's readings the step made, in seconds since the session
+started; ``walls`` the wall clock's (Unix time). Replay hands them back in order, and a
+step that reads more or fewer of them than it recorded is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from json.encoder import encode_basestring
+from typing import Any
+
+from ..core._codec import _CLASSES, _PLANS, decode, encode
+from ..core._events import EVENT_TYPES
+from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
+from ..core._session import Session
+from ..core._state import SessionState, json_text
+
+START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
+
+Step = tuple[Any, ...]
+"""``(START,)``, ``(EVENT, event)``, ``(CHILD_SPEND, child_id, total)`` or ``(BUDGET, budget)``."""
+
+COMPACT_EVERY = 12
+"""A record's journal holds at most this many entries: the write after that writes the
+snapshot anew (so a worker that knows nothing of the session replays at most this many)."""
+
+
+class Recorder:
+    """The clocks a session runs on while a worker applies a step: each reading is
+    passed through and kept (the monotonic ones as seconds since the session started),
+    until :meth:`stop`."""
+
+    __slots__ = ("_clock", "_state", "_wall", "times", "walls")
+
+    def __init__(
+        self, clock: Callable[[], float], wall: Callable[[], float], state: SessionState
+    ) -> None:
+        self._clock = clock
+        self._wall = wall
+        self._state = state
+        self.times: list[float] | None = []
+        self.walls: list[float] | None = []
+
+    def clock(self) -> float:
+        reading = self._clock()
+        times = self.times
+        if times is not None:
+            times.append(reading - self._state.started)
+        return reading
+
+    def wall(self) -> float:
+        reading = self._wall()
+        walls = self.walls
+        if walls is not None:
+            walls.append(reading)
+        return reading
+
+    def take(self) -> tuple[list[float], list[float]]:
+        """The readings since the last take, and a fresh list for the next step."""
+        times, walls = self.times or [], self.walls or []
+        self.times, self.walls = [], []
+        return times, walls
+
+    def inner(self) -> tuple[Callable[[], float], Callable[[], float]]:
+        """The clocks it passes readings through from."""
+        return self._clock, self._wall
+
+
+def run_step(session: Session, step: Step) -> Any:
+    """Apply ``step`` to ``session``; the action it produced (``None`` for spend and
+    budget steps)."""
+    op = step[0]
+    if op == START:
+        turn = session.current_turn
+        if turn is not None and turn.state == "idle":
+            return turn.start()
+        return session.new_turn().start()
+    if op == EVENT:
+        turn = session.current_turn
+        if turn is None:
+            raise IllegalEvent(
+                "the session has no turn yet: start one first",
+                event=type(step[1]).__name__,
+                state="no turn",
+            )
+        return turn.send(step[1])
+    if op == CHILD_SPEND:
+        session.record_child_spend(step[1], step[2])
+        return None
+    if op == BUDGET:
+        state = session._core.state  # noqa: SLF001 - the store is the engine's own host
+        state.ancestor_budget_usd = step[1]
+        state.ancestor_mark_usd = state.cost_usd
+        return None
+    raise ValueError(f"unknown step {op!r}")  # pragma: no cover - steps are built here
+
+
+def entry_text(step: Step, times: list[float], walls: list[float]) -> str:
+    """The journal entry of ``step`` and the clock readings it made, as JSON text:
+    ``json_text([op, times, walls, *args])``, the event as ``encode`` gives it."""
+    op = step[0]
+    if op == EVENT:
+        return f'["e",{_floats_text(times)},{_floats_text(walls)},{value_text(step[1])}]'
+    return json_text([op, times, walls, *step[1:]])
+
+
+def _floats_text(readings: list[float]) -> str:
+    if all(type(r) is float and math.isfinite(r) for r in readings):
+        return "[" + ",".join(map(float.__repr__, readings)) + "]"
+    return json_text(readings)
+
+
+def value_text(value: Any) -> str:
+    """``json_text(encode(value))``, written straight from the value (no dict built):
+    code generated per value class, as a step's event is written on every advance."""
+    writer = _WRITERS.get(type(value))
+    if writer is not None:
+        return writer(value)
+    return json_text(encode(value))
+
+
+def _float_text(value: float) -> str:
+    return float.__repr__(value) if math.isfinite(value) else json_text(encode(value))
+
+
+def _sequence_text(value: tuple[Any, ...] | list[Any]) -> str:
+    return "[" + ",".join(map(value_text, value)) + "]"
+
+
+def _enum_text(value: enum.Enum) -> str:
+    return json_text(value.value)
+
+
+def _writer_of(name: str) -> Callable[[Any], str]:
+    pieces = [f'\'{{"$type":{json_text(name)}']
+    lines = ["def write(value):"]
+    for i, (field, opaque, enums) in enumerate(_PLANS[name]):
+        lines.append(f"    v{i} = value.{field}")
+        if opaque:
+            expr = f"'null' if v{i} is None else json_text(v{i})"
+        elif enums:
+            expr = f"'null' if v{i} is None else value_text(v{i})"
+        else:
+            expr = f"value_text(v{i})"
+        pieces.append(f",{json_text(field)}:' + ({expr}) + '")
+    lines.append("    return " + "".join(pieces) + "}'")
+    namespace: dict[str, Any] = {"json_text": json_text, "value_text": value_text}
+    exec(compile("\n".join(lines) + "\n", f"<text of {name}>", "exec"), namespace)  # noqa: S102
+    return namespace["write"]  # type: ignore[no-any-return]
+
+
+_WRITERS: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring,
+    bool: lambda v: "true" if v else "false",
+    type(None): lambda _: "null",
+    int: int.__repr__,
+    float: _float_text,
+    tuple: _sequence_text,
+    list: _sequence_text,
+}
+_WRITERS.update({cls: _writer_of(name) for name, cls in _CLASSES.items()})
+for _enum in {e for plan in _PLANS.values() for _, _, enums in plan for e in enums}:
+    _WRITERS[_enum] = _enum_text
+
+
+class _Replay:
+    """Clocks that give back recorded readings, in order."""
+
+    __slots__ = ("times", "walls")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.walls: list[float] = []
+
+    def clock(self) -> float:
+        if not self.times:
+            raise _Short("session clock")
+        return self.times.pop()
+
+    def wall(self) -> float:
+        if not self.walls:
+            raise _Short("wall clock")
+        return self.walls.pop()
+
+
+class _Short(Exception):
+    """A replayed step read a clock more often than the step recorded."""
+
+
+def _number(value: object) -> bool:
+    return type(value) in (int, float)
+
+
+def _step_of(raw: object) -> tuple[Step, list[float], list[float]]:
+    """An entry read from a record: its step and readings, or ``ValueError``."""
+    if type(raw) is not list or len(raw) < 3:
+        raise ValueError("must be a list [op, times, walls, ...]")
+    op, times, walls, *args = raw
+    for name, readings in (("times", times), ("walls", walls)):
+        if type(readings) is not list or not all(_number(r) for r in readings):
+            raise ValueError(f"{name}: must be a list of numbers")
+    if op == START and not args:
+        return (START,), times, walls
+    if op == EVENT and len(args) == 1:
+        event = decode(args[0], "event")
+        if type(event) not in EVENT_TYPES:
+            raise ValueError(f"event: must be an encoded event, got {type(event).__name__}")
+        return (EVENT, event), times, walls
+    if op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
+        return (CHILD_SPEND, args[0], float(args[1])), times, walls
+    if op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
+        budget = None if args[0] is None else float(args[0])
+        return (BUDGET, budget), times, walls
+    raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
+
+
+def replay(session: Session, entries: list[Any], first: int = 0) -> None:
+    """Apply the journal's ``entries`` to ``session`` (which runs on no clock of its
+    own: the entries' readings are its clocks). ``ValueError`` naming the entry
+    (``first`` is the index of ``entries[0]`` in the journal) if one is not a step the
+    engine takes from there."""
+    core = session._core  # noqa: SLF001 - the store is the engine's own host
+    clocks = _Replay()
+    core.clock, core.wall_clock = clocks.clock, clocks.wall
+    for index, raw in enumerate(entries, first):
+        try:
+            step, times, walls = _step_of(raw)
+            clocks.times = [float(t) for t in reversed(times)]
+            clocks.walls = [float(w) for w in reversed(walls)]
+            run_step(session, step)
+        except _Short as short:
+            raise ValueError(
+                f"journal[{index}]: the step reads the {short} more often than it recorded"
+            ) from None
+        except (
+            ValueError,
+            TypeError,
+            ConfigError,
+            IllegalEvent,
+            SessionEnded,
+            TurnInProgress,
+        ) as exc:
+            raise ValueError(f"journal[{index}]: {exc}") from None
+        if clocks.times or clocks.walls:
+            raise ValueError(
+                f"journal[{index}]: the step recorded more clock readings than it makes"
+            )
