@@ -4,9 +4,10 @@
   after two rate limits), against ``json.dumps`` + ``json.loads`` of that same
   snapshot: the target is at most 1x.
 * ``Worker.advance`` on an ``InMemoryStore`` (one event per compare-and-set, the
-  worker's remembered record reused), against one engine event sent by hand: the
-  target is at most 10x. ``json.dumps`` of the stored record is measured beside it, as
-  the part of an advance no engine change can remove (the store keeps JSON bytes).
+  worker's remembered record reused; 4 turns of 8 events per session, so the
+  snapshot is written anew within the measured advances), against the same events
+  sent by hand: the target is at most 5x. ``json.dumps`` of the stored record is
+  measured beside it: what a store that writes its JSON records whole pays per write.
 
 All contenders run interleaved, round by round, so a ratio compares like with like.
 """
@@ -66,56 +67,57 @@ def _snapshot_variants(n: int) -> dict[str, Any]:
     }
 
 
-_RETRY_EVENTS = 8
-"""Events per turn in the advance comparison: Assembled, then (rate limit, wait) x 3,
-then a reply."""
+_TURNS = 4
+"""Turns per session in the advance comparison: long enough that the worker writes the
+snapshot anew (every ``COMPACT_EVERY`` journal entries) within the measured advances."""
 
 
-def _events() -> list[object]:
+def _turn_events() -> list[object | None]:
+    """One turn: start (``None``), Assembled, (rate limit, wait) x 3, then a reply."""
     return [
+        None,
         sm.Assembled(REQUEST, 100),
         *[e for _ in range(3) for e in (RATE, WAIT_DONE)],
         sm.ModelReplied(cost=0.001),
-    ][:_RETRY_EVENTS]
+    ]
 
 
 def _advance_variants(n: int) -> dict[str, Any]:
-    events = _events()
+    events = _turn_events() * _TURNS
+    settings = sm.Settings(session_retry_ceiling=10**9)
 
     def worker_setup() -> tuple[Worker, list[tuple[str, int]]]:
         worker = Worker(InMemoryStore(), clock=lambda: 0.0, now=lambda: 1.7e9)
-        started = []
+        created = []
         for i in range(n):
             sid = f"s{i}"
-            created = worker.create(sid, sm.Session(sm.Settings(), seed=i, clock=lambda: 0.0))
-            first = worker.advance(sid, None, expected_version=created.version)
-            started.append((sid, first.version))
-        return worker, started
+            session = sm.Session(settings, seed=i, clock=lambda: 0.0)
+            created.append((sid, worker.create(sid, session).version))
+        return worker, created
 
     def through_worker(state: tuple[Worker, list[tuple[str, int]]]) -> None:
-        worker, started = state
-        for sid, first in started:
+        worker, created = state
+        for sid, first in created:
             version = first
             for event in events:
                 version = worker.advance(sid, event, expected_version=version).version
 
-    def engine_setup() -> list[sm.Turn]:
-        turns = []
-        for i in range(n):
-            session = sm.Session(sm.Settings(), seed=i, clock=lambda: 0.0)
-            turn = session.new_turn()
-            turn.start()
-            turns.append(turn)
-        return turns
+    def engine_setup() -> list[sm.Session]:
+        return [sm.Session(settings, seed=i, clock=lambda: 0.0) for i in range(n)]
 
-    def by_hand(turns: list[sm.Turn]) -> None:
-        for turn in turns:
+    def by_hand(sessions: list[sm.Session]) -> None:
+        for session in sessions:
+            turn = None
             for event in events:
-                turn.send(event)
+                if event is None:
+                    turn = session.new_turn()
+                    turn.start()
+                else:
+                    turn.send(event)  # type: ignore[union-attr]
 
     def record_setup() -> Any:
-        worker, started = worker_setup()
-        sid, version = started[0]
+        worker, created = worker_setup()
+        sid, version = created[0]
         for event in events[:-1]:
             version = worker.advance(sid, event, expected_version=version).version
         return worker.store.load(sid).record
@@ -135,7 +137,7 @@ def _advance_variants(n: int) -> dict[str, Any]:
 def run(n: int = 400, repeats: int = 7) -> dict[str, Any]:
     """µs per operation of each contender (median of rounds) and the two ratios."""
     snap = interleaved(_snapshot_variants(n), repeats=repeats)
-    adv = interleaved(_advance_variants(max(n // 8, 5)), repeats=repeats)
+    adv = interleaved(_advance_variants(max(n // 32, 3)), repeats=repeats)
 
     def med(runs: dict[str, list[float]]) -> dict[str, float]:
         return {name: statistics.median(values) * 1e6 for name, values in runs.items()}
@@ -158,6 +160,6 @@ def run(n: int = 400, repeats: int = 7) -> dict[str, Any]:
             advance_us["json.dumps of the stored record"],
             advance_us["one engine event (turn.send)"],
         ),
-        "target": {"snapshot_restore_over_json": 1.0, "advance_over_event": 10.0},
-        "met": copy_ratio <= 1.0 and advance_ratio <= 10.0,
+        "target": {"snapshot_restore_over_json": 1.0, "advance_over_event": 5.0},
+        "met": copy_ratio <= 1.0 and advance_ratio <= 5.0,
     }

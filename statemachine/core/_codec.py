@@ -132,6 +132,48 @@ def _encoder_of(name: str) -> Any:
 _ENCODERS: dict[type, Any] = {cls: _encoder_of(name) for name, cls in _CLASSES.items()}
 
 
+def compact(value: Any) -> Any:
+    """``encode(value)`` without the fields that hold their default (``decode`` gives
+    the same value back): what a store's journal writes on every advance."""
+    fast = _COMPACT.get(type(value))
+    if fast is not None:
+        return fast(value)
+    if type(value) in (tuple, list):
+        return [compact(item) for item in value]
+    return encode(value)
+
+
+def _compact_of(name: str) -> Any:
+    """``compact`` of an instance of the registered class ``name``, generated."""
+    defaults = {
+        f.name: f.default
+        for f in attrs.fields(_CLASSES[name])
+        if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
+    }
+    lines = ["def compact_one(value):", f"    out = {{'$type': {name!r}}}"]
+    namespace: dict[str, Any] = {"plain": _PLAIN, "compact": compact}
+    for i, (field, opaque, _) in enumerate(_PLANS[name]):
+        item = f"v{i}" if opaque else f"v{i} if type(v{i}) in plain else compact(v{i})"
+        lines.append(f"    v{i} = value.{field}")
+        if field not in defaults:
+            lines.append(f"    out[{field!r}] = {item}")
+            continue
+        default = defaults[field]
+        if default is None or type(default) is bool:
+            kept = f"v{i} is not {default!r}"
+        else:
+            namespace[f"d{i}"], namespace[f"t{i}"] = default, type(default)
+            kept = f"not (type(v{i}) is t{i} and v{i} == d{i})"
+        lines.append(f"    if {kept}:")
+        lines.append(f"        out[{field!r}] = {item}")
+    lines.append("    return out")
+    exec(compile("\n".join(lines) + "\n", f"<compact {name}>", "exec"), namespace)  # noqa: S102
+    return namespace["compact_one"]
+
+
+_COMPACT: dict[type, Any] = {cls: _compact_of(name) for name, cls in _CLASSES.items()}
+
+
 MAX_DEPTH = 100
 """How deep encoded values may nest (the engine's own values nest a few levels)."""
 

@@ -22,13 +22,13 @@ step that reads more or fewer of them than it recorded is refused.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable
-from json.encoder import encode_basestring
 from typing import Any
 
-from ..core._codec import _CLASSES, _PLANS, decode, encode
+import attrs
+
+from ..core._codec import compact, decode
 from ..core._events import EVENT_TYPES
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
@@ -39,50 +39,45 @@ START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
 Step = tuple[Any, ...]
 """``(START,)``, ``(EVENT, event)``, ``(CHILD_SPEND, child_id, total)`` or ``(BUDGET, budget)``."""
 
-COMPACT_EVERY = 12
+COMPACT_EVERY = 32
 """A record's journal holds at most this many entries: the write after that writes the
 snapshot anew (so a worker that knows nothing of the session replays at most this many)."""
+COMPACT_AT_START = 24
+"""A turn's start writes the snapshot anew once the journal holds this many entries: the
+snapshot is at its smallest then (the last turn's trace is gone)."""
 
 
 class Recorder:
-    """The clocks a session runs on while a worker applies a step: each reading is
-    passed through and kept (the monotonic ones as seconds since the session started),
-    until :meth:`stop`."""
+    """The clocks a session a worker steps runs on: each reading is
+    passed through and kept (the monotonic ones as seconds since the session started)
+    until :meth:`take` takes them."""
 
-    __slots__ = ("_clock", "_state", "_wall", "times", "walls")
+    __slots__ = ("_clock", "_wall", "state", "times", "walls")
 
     def __init__(
         self, clock: Callable[[], float], wall: Callable[[], float], state: SessionState
     ) -> None:
         self._clock = clock
         self._wall = wall
-        self._state = state
-        self.times: list[float] | None = []
-        self.walls: list[float] | None = []
+        self.state = state
+        self.times: list[float] = []
+        self.walls: list[float] = []
 
     def clock(self) -> float:
         reading = self._clock()
-        times = self.times
-        if times is not None:
-            times.append(reading - self._state.started)
+        self.times.append(reading - self.state.started)
         return reading
 
     def wall(self) -> float:
         reading = self._wall()
-        walls = self.walls
-        if walls is not None:
-            walls.append(reading)
+        self.walls.append(reading)
         return reading
 
     def take(self) -> tuple[list[float], list[float]]:
-        """The readings since the last take, and a fresh list for the next step."""
-        times, walls = self.times or [], self.walls or []
+        """The readings since the last take, and fresh lists for the next step."""
+        times, walls = self.times, self.walls
         self.times, self.walls = [], []
         return times, walls
-
-    def inner(self) -> tuple[Callable[[], float], Callable[[], float]]:
-        """The clocks it passes readings through from."""
-        return self._clock, self._wall
 
 
 def run_step(session: Session, step: Step) -> Any:
@@ -115,71 +110,32 @@ def run_step(session: Session, step: Step) -> Any:
 
 
 def entry_text(step: Step, times: list[float], walls: list[float]) -> str:
-    """The journal entry of ``step`` and the clock readings it made, as JSON text:
-    ``json_text([op, times, walls, *args])``, the event as ``encode`` gives it."""
+    """The journal entry of ``step`` and the clock readings it made, as JSON text (the
+    event encoded as a snapshot encodes values, without the fields at their default)."""
     op = step[0]
-    if op == EVENT:
-        return f'["e",{_floats_text(times)},{_floats_text(walls)},{value_text(step[1])}]'
-    return json_text([op, times, walls, *step[1:]])
+    if op != EVENT:
+        return json_text([op, times, walls, *step[1:]])
+    event = step[1]
+    fixed = _FIELDLESS.get(type(event))
+    if fixed is not None:  # WaitDone, CannotShrink: one text, written by hand
+        return f'["e",{_readings_text(times)},{_readings_text(walls)},{fixed}]'
+    return json_text([op, times, walls, compact(event)])
 
 
-def _floats_text(readings: list[float]) -> str:
-    if all(type(r) is float and math.isfinite(r) for r in readings):
-        return "[" + ",".join(map(float.__repr__, readings)) + "]"
-    return json_text(readings)
-
-
-def value_text(value: Any) -> str:
-    """``json_text(encode(value))``, written straight from the value (no dict built):
-    code generated per value class, as a step's event is written on every advance."""
-    writer = _WRITERS.get(type(value))
-    if writer is not None:
-        return writer(value)
-    return json_text(encode(value))
-
-
-def _float_text(value: float) -> str:
-    return float.__repr__(value) if math.isfinite(value) else json_text(encode(value))
-
-
-def _sequence_text(value: tuple[Any, ...] | list[Any]) -> str:
-    return "[" + ",".join(map(value_text, value)) + "]"
-
-
-def _enum_text(value: enum.Enum) -> str:
-    return json_text(value.value)
-
-
-def _writer_of(name: str) -> Callable[[Any], str]:
-    pieces = [f'\'{{"$type":{json_text(name)}']
-    lines = ["def write(value):"]
-    for i, (field, opaque, enums) in enumerate(_PLANS[name]):
-        lines.append(f"    v{i} = value.{field}")
-        if opaque:
-            expr = f"'null' if v{i} is None else json_text(v{i})"
-        elif enums:
-            expr = f"'null' if v{i} is None else value_text(v{i})"
-        else:
-            expr = f"value_text(v{i})"
-        pieces.append(f",{json_text(field)}:' + ({expr}) + '")
-    lines.append("    return " + "".join(pieces) + "}'")
-    namespace: dict[str, Any] = {"json_text": json_text, "value_text": value_text}
-    exec(compile("\n".join(lines) + "\n", f"<text of {name}>", "exec"), namespace)  # noqa: S102
-    return namespace["write"]  # type: ignore[no-any-return]
-
-
-_WRITERS: dict[type, Callable[[Any], str]] = {
-    str: encode_basestring,
-    bool: lambda v: "true" if v else "false",
-    type(None): lambda _: "null",
-    int: int.__repr__,
-    float: _float_text,
-    tuple: _sequence_text,
-    list: _sequence_text,
+_FIELDLESS = {
+    cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)
 }
-_WRITERS.update({cls: _writer_of(name) for name, cls in _CLASSES.items()})
-for _enum in {e for plan in _PLANS.values() for _, _, enums in plan for e in enums}:
-    _WRITERS[_enum] = _enum_text
+"""The journal text of each event class with no fields."""
+
+
+def _readings_text(readings: list[float]) -> str:
+    if not readings:
+        return "[]"
+    if len(readings) == 1:
+        reading = readings[0]
+        if type(reading) is float and math.isfinite(reading):
+            return f"[{float.__repr__(reading)}]"
+    return json_text(readings)
 
 
 class _Replay:

@@ -60,8 +60,8 @@ class Record:
     """One session's record (not frozen only to be quick to build: nothing changes one
     once built). Read from a store it holds the decoded base ``snapshot``
     and ``journal``; written by a :class:`~statemachine.store.Worker` to a store of
-    bytes it holds the bytes up to the journal's end (``prefix``) instead, and the
-    base snapshot's JSON text with the ``cache`` that built it."""
+    bytes it holds where the bytes of its journal's last entry end (``prefix_end``)
+    instead, and the base snapshot's JSON text with the ``cache`` that built it."""
 
     session_id: str
     snapshot: dict[str, Any] | None
@@ -81,36 +81,18 @@ class Record:
     """The journal's entries as read (a record read from a store)."""
     entries: int = 0
     """How many entries the journal holds."""
-    prefix: bytes | None = attrs.field(default=None, eq=False, repr=False)
-    """The record's bytes up to the end of the journal's last entry, when known: the
-    next write appends to it."""
+    prefix_end: int | None = attrs.field(default=None, eq=False, repr=False)
+    """Where in ``payload`` the journal's last entry ends, when known: the bytes before
+    it (the record's *prefix*) are what the next write appends to."""
     base_text: str | None = attrs.field(default=None, eq=False, repr=False)
     """The base snapshot's JSON text, when this worker wrote it."""
     cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
     """What built ``base_text``: the next compaction reuses it."""
     payload: bytes | None = attrs.field(default=None, eq=False, repr=False)
     """The bytes a store holds for this record, when known (read, or built to write)."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.payload is None and self.prefix is not None:  # written here: its bytes
-            self.payload = self.prefix + self.tail()
-
-    def tail(self) -> bytes:
-        """The record's bytes after its prefix."""
-        claim = self.claim
-        return (
-            f'],"saved_at":{number_text(self.saved_at)}'
-            f',"keys":{json_text(self.keys) if self.keys else "[]"}'
-            ',"claim":'
-            + (
-                "null"
-                if claim is None
-                else json_text({"owner": claim.owner, "calls": claim.calls, "until": claim.until})
-            )
-            + f',"carried":{json_text(encode(self.carried)) if self.carried else "[]"}'
-            f',"elapsed_s":{number_text(self.elapsed_s)}'
-            f',"finished_s":{number_or_null(self.finished_s)}}}'
-        ).encode()
+    middle: str | None = attrs.field(default=None, eq=False, repr=False)
+    """The tail's text from ``keys`` to ``carried``, once a worker wrote it (kept while
+    the three stay the same)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain JSON data (a record with an empty journal: what a
@@ -132,6 +114,30 @@ class Record:
             "elapsed_s": self.elapsed_s,
             "finished_s": self.finished_s,
         }
+
+
+def tail_text(
+    saved_at: float,
+    keys: tuple[tuple[int, str], ...],
+    claim: Claim | None,
+    carried: tuple[ToolOutcome, ...],
+    elapsed_s: float,
+    finished_s: float | None,
+) -> str:
+    """A record's text after its prefix: the journal's ``]`` and the keys after it."""
+    return (
+        f'],"saved_at":{number_text(saved_at)}'
+        f',"keys":{json_text(keys) if keys else "[]"}'
+        ',"claim":'
+        + (
+            "null"
+            if claim is None
+            else json_text({"owner": claim.owner, "calls": claim.calls, "until": claim.until})
+        )
+        + f',"carried":{json_text(encode(carried)) if carried else "[]"}'
+        f',"elapsed_s":{number_text(elapsed_s)}'
+        f',"finished_s":{number_or_null(finished_s)}}}'
+    )
 
 
 def head_bytes(session_id: str, incarnation: str | None, base_text: str) -> bytes:
@@ -245,9 +251,9 @@ def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = 
             raise _bad(session_id, "journal", f"must be a list, got {type(journal).__name__}")
         if len(journal) > MAX_JOURNAL:
             raise _bad(session_id, "journal", f"{len(journal)} entries, more than {MAX_JOURNAL}")
-    prefix = None
+    prefix_end = None
     if payload is not None and version == RECORD_VERSION:
-        prefix = _prefix_of(payload, len(journal))
+        prefix_end = _prefix_end(payload, len(journal))
     return Record(
         session_id,
         snapshot,
@@ -256,7 +262,7 @@ def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = 
         finished_s=finished,
         journal=tuple(journal),
         entries=len(journal),
-        prefix=prefix,
+        prefix_end=prefix_end,
         payload=payload,
         **header,
     )
@@ -308,9 +314,9 @@ def _split(payload: bytes, start: int, known: int) -> tuple[list[Any], int, dict
     return entries, start + len(text[:end].encode()), tail
 
 
-def _prefix_of(payload: bytes, entries: int) -> bytes | None:
-    """The prefix of a record read in full, if its bytes show exactly where the
-    journal's entries end (a record written by a worker always does)."""
+def _prefix_end(payload: bytes, entries: int) -> int | None:
+    """Where the prefix of a record read in full ends, if its bytes show exactly where
+    the journal's entries end (a record written by a worker always does)."""
     at = len(payload)
     for _ in range(4):  # host data may hold the same bytes, later in the record
         at = payload.rfind(_JOURNAL, 0, at)
@@ -321,7 +327,7 @@ def _prefix_of(payload: bytes, entries: int) -> bytes | None:
             found, end, _ = _split(payload, start, 0)
         except _NoTail:
             continue
-        return payload[: end if found else start] if len(found) == entries else None
+        return (end if found else start) if len(found) == entries else None
     return None
 
 
@@ -329,11 +335,13 @@ def extend(record: Record, payload: bytes) -> Record | None:
     """The record in ``payload`` if its bytes begin with ``record``'s prefix: ``record``
     with the new entries and tail read from what follows (only they are decoded), or
     ``None`` if the bytes there are not a journal's end and a tail."""
-    prefix = record.prefix
-    if prefix is None or len(payload) <= len(prefix) or not payload.startswith(prefix):
+    known, end = record.payload, record.prefix_end
+    if known is None or end is None or len(payload) <= end:
+        return None
+    if not payload.startswith(memoryview(known)[:end]):
         return None
     try:
-        entries, end, tail = _split(payload, len(prefix), record.entries)
+        entries, end, tail = _split(payload, end, record.entries)
     except _NoTail:
         return None
     session_id = record.session_id
@@ -347,7 +355,7 @@ def extend(record: Record, payload: bytes) -> Record | None:
         finished_s=finished,
         journal=tuple(entries),  # only the new ones: the rest are in the state it extends
         entries=record.entries + len(entries),
-        prefix=payload[:end] if entries else prefix,
+        prefix_end=end,
         payload=payload,
         **header,
     )

@@ -25,7 +25,14 @@ from ..core._exceptions import (
 from ..core._session import Session
 from ..core._settings import Settings
 from ..core._snapshot import read_snapshot, write_snapshot_text
-from ..core._state import SessionState, TextCache, copy_session_state
+from ..core._state import (
+    SessionState,
+    TextCache,
+    copy_session_state,
+    json_text,
+    number_or_null,
+    number_text,
+)
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
@@ -53,6 +60,7 @@ from ._core import (
 from ._journal import (
     BUDGET,
     CHILD_SPEND,
+    COMPACT_AT_START,
     COMPACT_EVERY,
     EVENT,
     START,
@@ -62,7 +70,7 @@ from ._journal import (
     replay,
     run_step,
 )
-from ._record import MAX_KEYS, Claim, Record, extend, head_bytes, parse_record
+from ._record import MAX_KEYS, Claim, Record, extend, head_bytes, parse_record, tail_text
 from ._redis import RedisStore
 
 __all__ = [
@@ -325,18 +333,15 @@ def _no_clock() -> float:
     raise AssertionError("a replayed step reads the clocks its entry recorded")  # pragma: no cover
 
 
-def _recording(session: Session) -> Recorder:
-    """Run ``session`` on clocks that keep their readings, for the journal."""
+def _recorder(session: Session) -> Recorder:
+    """The clocks that keep ``session``'s readings for the journal, put in place the
+    first time (a session a worker steps is its own from then on: never handed out)."""
     core = session._core  # noqa: SLF001 - the store is the engine's own host
-    recorder = Recorder(core.clock, core.wall_clock, core.state)
-    core.clock, core.wall_clock = recorder.clock, recorder.wall
+    recorder = getattr(core.clock, "__self__", None)
+    if type(recorder) is not Recorder or recorder.state is not core.state:
+        recorder = Recorder(core.clock, core.wall_clock, core.state)
+        core.clock, core.wall_clock = recorder.clock, recorder.wall
     return recorder
-
-
-def _stop(session: Session, recorder: Recorder) -> None:
-    """Give ``session`` its own clocks back."""
-    core = session._core  # noqa: SLF001 - the store is the engine's own host
-    core.clock, core.wall_clock = recorder.inner()
 
 
 def _default_owner() -> str:
@@ -403,6 +408,8 @@ class Worker:
         if doom_check is not None and not callable(doom_check):
             raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
         self._doom_check = doom_check
+        self._compact_at = getattr(store, "max_bytes", DEFAULT_MAX_BYTES) // 2
+        """A journal that would grow the record past this is written as a snapshot."""
         # Our own stores take and give the record as bytes: the worker builds them from
         # what changed, and knows them again when it reads them back. Any other store
         # (a subclass of ours included) gets and gives the record as JSON data.
@@ -651,12 +658,14 @@ class Worker:
         carried: tuple[ToolOutcome, ...] = (),
         previous: Record | None = None,
         entries: tuple[str, ...] = (),
+        compact: bool = False,
     ) -> Record:
         """The record to write for ``session``; ``previous`` is the record it was read
         from (its incarnation is kept) and ``entries`` the journal entries of the steps
         applied since. To a store of bytes the entries are appended to the previous
-        record's bytes; every :data:`COMPACT_EVERY` entries (and for a new record, or
-        a store that takes JSON data) the snapshot is written anew instead."""
+        record's bytes; every :data:`COMPACT_EVERY` entries (at a turn's start, with
+        ``compact``, after :data:`COMPACT_AT_START`: its snapshot is small then), and for a new
+        record or a store that takes JSON data, the snapshot is written anew instead."""
         if claim is None and isinstance(action, InvokeTools) and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
         core = session._core  # noqa: SLF001 - the store is the engine's own host
@@ -678,36 +687,46 @@ class Worker:
                 elapsed_s=snapshot["elapsed_s"],
                 finished_s=snapshot["finished_at"],
             )
-        prefix = None if previous is None else previous.prefix
+        saved_at = self._now()
+        tail = tail_text(saved_at, keys, claim, carried, elapsed, finished).encode()
         count = 0 if previous is None else previous.entries
+        end = None if previous is None else previous.prefix_end
         added = ",".join(entries).encode()
-        limit = self.store.max_bytes // 2  # type: ignore[attr-defined]
-        full = count + len(entries) > COMPACT_EVERY
-        if prefix is None or full or len(prefix) + len(added) > limit:
+        if (
+            end is None
+            or count + len(entries) > COMPACT_EVERY
+            or (compact and count >= COMPACT_AT_START)
+            or end + len(added) > self._compact_at
+        ):
             cache = TextCache()
             old = TextCache() if previous is None or previous.cache is None else previous.cache
             base = write_snapshot_text(session.settings, state, now, old, cache)
-            return Record(  # its bytes are built with it (Record.payload)
+            head = head_bytes(session_id, incarnation, base)
+            return Record(
                 session_id,
                 None,
-                self._now(),
+                saved_at,
                 keys,
                 claim,
                 carried,
                 incarnation,
                 elapsed_s=elapsed,
                 finished_s=finished,
-                prefix=head_bytes(session_id, incarnation, base),
+                prefix_end=len(head),
                 base_text=base,
                 cache=cache,
+                payload=head + tail,
             )
-        if added:
-            prefix = prefix + b"," + added if count else prefix + added
-        assert previous is not None  # noqa: S101 - a prefix comes from a previous record
+        known = None if previous is None else previous.payload
+        assert previous is not None  # noqa: S101 - only a previous record has an end
+        assert known is not None  # noqa: S101
+        prefix = memoryview(known)[:end]
+        if added and count:
+            added = b"," + added
         return Record(
             session_id,
             None,
-            self._now(),
+            saved_at,
             keys,
             claim,
             carried,
@@ -715,9 +734,10 @@ class Worker:
             elapsed_s=elapsed,
             finished_s=finished,
             entries=count + len(entries),
-            prefix=prefix,
+            prefix_end=end + len(added),
             base_text=previous.base_text,
             cache=previous.cache,
+            payload=b"".join((prefix, added, tail)),
         )
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
@@ -773,6 +793,10 @@ class Worker:
         expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
+        if key is None and not self._observers and self._payload_cas is not None:
+            fast = self._advance_known(session_id, event, expected)
+            if fast is not None:
+                return fast
         # observers see a transition once it is stored: records wait in the relay
         relay = _Relay(self._observers) if self._observers else None
         observers = () if relay is None else (relay,)
@@ -780,7 +804,7 @@ class Worker:
         recalled = self._recall(session_id, expected, key, observers)
         if recalled is not None:
             record, session = recalled
-            before = session.cost_usd
+            before = session.cost_usd if session.parent_id is not None else 0.0
             try:
                 applied = self._apply(session_id, session, record, event)
             except (IllegalEvent, SessionEnded, TurnInProgress):
@@ -795,7 +819,7 @@ class Worker:
                 return self._result(AdvanceStatus.CONFLICT, version, record, session)
             if relay is not None:
                 relay.hold()
-            before = session.cost_usd
+            before = session.cost_usd if session.parent_id is not None else 0.0
             applied = self._apply(session_id, session, record, event)
         action, entries = applied
         spent = session.cost_usd > before if session.parent_id is not None else False
@@ -816,6 +840,126 @@ class Worker:
         handout = self._handed_out(session_id, version, new, session)
         return Advanced(AdvanceStatus.APPLIED, handout, version, action)
 
+    def _advance_known(
+        self, session_id: str, event: object | None, expected: int
+    ) -> Advanced | None:
+        """:meth:`advance` of a session this worker holds at ``expected``, on a store of
+        bytes, with no key, observer, parent, children or carried outcomes in play: the
+        same steps as the general path (recall, rebase, one step, its journal entry
+        appended, compare-and-set, remember), written out because every advance takes
+        it. ``None`` when it does not apply, or the engine refused the event (the
+        general path reads the store and answers from there)."""
+        with self._live_lock:
+            live = self._live.get(session_id)
+            if live is None or live[0] != expected:
+                return None
+            _, record, session = live
+            core = session._core  # noqa: SLF001 - the store is the engine's own host
+            state = core.state
+            turn = session._handle  # noqa: SLF001
+            if (
+                state.parent_id is not None
+                or record.carried
+                or (turn is None if event is not None else bool(state.child_costs))
+            ):
+                return None
+            del self._live[session_id]
+        idle = max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
+        now = self._clock()
+        state.started = now - (record.elapsed_s + idle)
+        if record.finished_s is not None:
+            state.finished_at = now - (record.finished_s + idle)
+        core.observers = ()
+        recorder = _recorder(session)
+        recorder.times, recorder.walls = [], []
+        try:
+            if event is None:
+                step: Step = (START,)
+                if turn is not None and turn.state == "idle":
+                    action = turn.start()
+                else:
+                    action = session.new_turn().start()
+            else:
+                step = (EVENT, event)
+                action = turn.send(event)  # type: ignore[union-attr]
+        except (IllegalEvent, SessionEnded, TurnInProgress):
+            return None
+        entry = entry_text(step, recorder.times, recorder.walls)
+        new = self._appended(record, entry, state, action, start=event is None)
+        if new is None:
+            new = self._record(
+                session_id,
+                session,
+                action,
+                record.keys,
+                previous=record,
+                entries=(entry,),
+                compact=event is None,
+            )
+        try:
+            version = self._payload_cas(  # type: ignore[misc]
+                session_id,
+                expected,
+                new.payload,
+                incarnation=new.incarnation,
+                ended=state.status is not None,
+            )
+        except StaleWrite:
+            return self._lost_race(session_id, None)
+        if self._remember_at_most:
+            with self._live_lock:  # as _remember(own=True): the entry was taken out above
+                live = self._live
+                live[session_id] = (version, new, session)
+                if len(live) > self._remember_at_most:
+                    del live[next(iter(live))]
+        return Advanced(
+            AdvanceStatus.APPLIED,
+            _Handout(self, session_id, version, session, new.payload)  # type: ignore[arg-type]
+            if self._remember_at_most
+            else self._handed_out(session_id, version, new, session),
+            version,
+            action,
+        )
+
+    def _appended(
+        self, record: Record, entry: str, state: SessionState, action: Action, *, start: bool
+    ) -> Record | None:
+        """``record`` made the next version's: ``entry`` appended to its bytes, its tail
+        written anew (nothing else holds a record the fast path recalled). ``None``
+        when the next write must do more: write the snapshot anew (see :meth:`_record`),
+        or change the claim."""
+        end, count, payload = record.prefix_end, record.entries, record.payload
+        if (
+            end is None
+            or payload is None
+            or record.claim is not None
+            or type(action) is InvokeTools
+            or count >= (COMPACT_AT_START if start else COMPACT_EVERY)
+            or end + len(entry) > self._compact_at
+        ):
+            return None
+        added = entry.encode()
+        if count:
+            added = b"," + added
+        now = self._clock()
+        record.saved_at = saved_at = self._now()
+        record.elapsed_s = elapsed = now - state.started
+        finished = None if state.finished_at is None else now - state.finished_at
+        record.finished_s = finished
+        middle = record.middle
+        if middle is None:
+            keys = record.keys
+            middle = f',"keys":{json_text(keys) if keys else "[]"},"claim":null,"carried":[]'
+            record.middle = middle
+        tail = (
+            f'],"saved_at":{number_text(saved_at)}{middle}'
+            f',"elapsed_s":{number_text(elapsed)},"finished_s":{number_or_null(finished)}}}'
+        )
+        record.payload = b"".join((memoryview(payload)[:end], added, tail.encode()))
+        record.prefix_end = end + len(added)
+        record.entries = count + 1
+        return record
+
     def _steps(
         self, session: Session, steps: Iterable[Step], entries: list[str] | None = None
     ) -> Any:
@@ -826,15 +970,13 @@ class Worker:
             for step in steps:
                 result = run_step(session, step)
             return result
-        recorder = _recording(session)
-        try:
-            result = None
-            for step in steps:
-                result = run_step(session, step)
-                entries.append(entry_text(step, *recorder.take()))
-            return result
-        finally:
-            _stop(session, recorder)
+        recorder = _recorder(session)
+        recorder.take()  # readings made since the last step (a write's) belong to no step
+        result = None
+        for step in steps:
+            result = run_step(session, step)
+            entries.append(entry_text(step, *recorder.take()))
+        return result
 
     # -- spend across the session tree ----------------------------------------------
 
@@ -899,7 +1041,7 @@ class Worker:
                 except StaleWrite:
                     self._forget(parent_id)
                     continue
-                self._remember(parent_id, version, new, parent)
+                self._remember(parent_id, version, new, parent, own=True)
                 break
             else:
                 return
@@ -998,8 +1140,9 @@ class Worker:
         except StaleWrite:
             self._forget(session_id)
             return self._lost_race(session_id, None)
-        self._remember(session_id, version, new, session)
-        return Advanced(AdvanceStatus.APPLIED, session, version, action, interrupted)
+        self._remember(session_id, version, new, session, own=True)
+        handout = self._handed_out(session_id, version, new, session)
+        return Advanced(AdvanceStatus.APPLIED, handout, version, action, interrupted)
 
     def delete(self, session_id: str) -> bool:
         """Remove the session's record; whether there was one."""
