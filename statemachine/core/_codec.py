@@ -65,6 +65,12 @@ _OPTIONAL: dict[str, frozenset[str]] = {
 
 
 _PLANS = {name: _field_plan(cls) for name, cls in _CLASSES.items()}
+_KEYS = {
+    name: frozenset({"$type", *(field for field, _, _ in plan)}) for name, plan in _PLANS.items()
+}
+"""The keys an encoded value of each class may have."""
+_REQUIRED = {name: _KEYS[name] - _OPTIONAL[name] for name in _PLANS}
+"""The keys an encoded value of each class must have."""
 _NAMES: dict[type, str | None] = {cls: name for name, cls in _CLASSES.items()}
 """The registered name each class met so far encodes as (``None``: not a value type)."""
 
@@ -222,11 +228,11 @@ def _decode(data: Any, depth: int) -> Any:
     plan = _PLANS.get(name) if type(name) is str else None
     if plan is None:
         raise _Bad(f"unknown value type {short_repr(name)}")
-    if len(data) != len(plan) + 1 or not all(field in data for field, _, _ in plan):
+    keys = data.keys()
+    if not (keys <= _KEYS[name] and _REQUIRED[name] <= keys):
         expected = {field for field, _, _ in plan} | {"$type"}
         odd = sorted(str(k)[:40] for k in (set(data) ^ expected) - _OPTIONAL[name])
-        if odd:
-            raise _Bad(f"{name} has missing or unknown field(s) {odd}")
+        raise _Bad(f"{name} has missing or unknown field(s) {odd}")
     if depth >= MAX_DEPTH:
         raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
     kwargs: dict[str, Any] = {}

@@ -42,6 +42,9 @@ Step = tuple[Any, ...]
 COMPACT_EVERY = 32
 """A record's journal holds at most this many entries: the write after that writes the
 snapshot anew (so a worker that knows nothing of the session replays at most this many)."""
+REPLAY_AT_MOST = 4
+"""A worker that reads more new entries than this from other workers at once writes the
+snapshot anew with its next write: the session is shared by many."""
 COMPACT_AT_START = 24
 """A turn's start writes the snapshot anew once the journal holds this many entries: the
 snapshot is at its smallest then (the last turn's trace is gone)."""
@@ -122,9 +125,7 @@ def entry_text(step: Step, times: list[float], walls: list[float]) -> str:
     return json_text([op, times, walls, compact(event)])
 
 
-_FIELDLESS = {
-    cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)
-}
+_FIELDLESS = {cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)}
 """The journal text of each event class with no fields."""
 
 

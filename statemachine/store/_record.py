@@ -90,6 +90,10 @@ class Record:
     """What built ``base_text``: the next compaction reuses it."""
     payload: bytes | None = attrs.field(default=None, eq=False, repr=False)
     """The bytes a store holds for this record, when known (read, or built to write)."""
+    crowded: bool = attrs.field(default=False, eq=False, repr=False)
+    """Whether a read found many entries other workers appended: the next write of it
+    writes the snapshot anew (for a session many workers share, reading a snapshot
+    costs less than replaying their many steps)."""
     middle: str | None = attrs.field(default=None, eq=False, repr=False)
     """The tail's text from ``keys`` to ``carried``, once a worker wrote it (kept while
     the three stay the same)."""

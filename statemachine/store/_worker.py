@@ -63,6 +63,7 @@ from ._journal import (
     COMPACT_AT_START,
     COMPACT_EVERY,
     EVENT,
+    REPLAY_AT_MOST,
     START,
     Recorder,
     Step,
@@ -451,6 +452,7 @@ class Worker:
             record = parse_record(session_id, data, payload)
         settings, state = self._base(record)
         self._replay(record, settings, state, record.journal, 0)
+        record.crowded = len(record.journal) > REPLAY_AT_MOST
         session = self._session_of(record, settings, state, observers)
         self._remember(session_id, version, record, session)
         return version, record, session
@@ -478,16 +480,15 @@ class Worker:
         first: int,
     ) -> None:
         """Apply journal ``entries`` (``first``: the index of the first) to ``state``."""
-        if not entries:
-            return
-        session = Session.from_state(
-            settings,
-            state,
-            _no_clock,
-            wall_clock=_no_clock,
-            check=False,
-            doom_check=self._doom_check,
-        )
+        if entries:
+            self._replay_on(self._over(settings, state, ()), record, entries, first)
+
+    def _replay_on(
+        self, session: Session, record: Record, entries: tuple[object, ...], first: int
+    ) -> None:
+        """Apply journal ``entries`` to ``session`` (its state in the journal's frame);
+        it runs on this worker's clocks again after."""
+        core = session._core  # noqa: SLF001 - the store is the engine's own host
         try:
             replay(session, list(entries), first)
         except ValueError as exc:
@@ -495,37 +496,42 @@ class Worker:
                 f"session {record.session_id!r}: the stored record's {exc}",
                 session_id=record.session_id,
             ) from None
+        finally:
+            core.clock, core.wall_clock = self._clock, self._now
 
     def _known(
         self, session_id: str, version: int, payload: bytes, observers: tuple[Observer, ...]
     ) -> tuple[Record, Session] | None:
         """The session in ``payload`` if it is the record this worker remembers (a copy
         of the remembered state, which stays remembered, now at ``version``), or that
-        record grown by journal entries (the copy, with those entries replayed)."""
+        record grown by journal entries (those entries replayed on the remembered state,
+        and a copy of it)."""
         with self._live_lock:  # copied under the lock: an advance may take the entry
             live = self._live.get(session_id)
             if live is None:
                 return None
             _, record, own = live
-            settings, remembered = own.settings, own._core.state  # noqa: SLF001
             if record.payload == payload:
                 del self._live[session_id]  # remembered again as the most recent, at ``version``
                 self._live[session_id] = (version, record, own)
-                return record, self._session_of(
-                    record, settings, copy_session_state(remembered), observers
-                )
-            grown = extend(record, payload)
-            if grown is None:
-                return None
-            state = copy_session_state(remembered)
+                state = copy_session_state(own._core.state)  # noqa: SLF001
+                return record, self._session_of(record, own.settings, state, observers)
+            del self._live[session_id]  # taken out: grown, it is remembered again below
+        grown = extend(record, payload)
+        if grown is None:
+            return None
+        state = own._core.state  # noqa: SLF001 - the worker's own session
         # the remembered state in the journal's frame: the session started at 0
         state.started = 0.0
         if record.finished_s is not None:
             state.finished_at = record.elapsed_s - record.finished_s
-        self._replay(grown, settings, state, grown.journal, record.entries)
-        session = self._session_of(grown, settings, state, observers)
-        self._remember(session_id, version, grown, session)
-        return grown, session
+        if grown.journal:
+            self._replay_on(own, grown, grown.journal, record.entries)
+            grown.crowded = len(grown.journal) > REPLAY_AT_MOST
+        self._rebase(grown, state)
+        self._remember(session_id, version, grown, own, own=True)
+        copy = copy_session_state(state)
+        return grown, self._over(own.settings, copy, observers)
 
     def _idle(self, record: Record) -> float:
         return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
@@ -696,6 +702,7 @@ class Worker:
             end is None
             or count + len(entries) > COMPACT_EVERY
             or (compact and count >= COMPACT_AT_START)
+            or (previous is not None and previous.crowded)
             or end + len(added) > self._compact_at
         ):
             cache = TextCache()
@@ -908,10 +915,10 @@ class Worker:
             return self._lost_race(session_id, None)
         if self._remember_at_most:
             with self._live_lock:  # as _remember(own=True): the entry was taken out above
-                live = self._live
-                live[session_id] = (version, new, session)
-                if len(live) > self._remember_at_most:
-                    del live[next(iter(live))]
+                remembered = self._live
+                remembered[session_id] = (version, new, session)
+                if len(remembered) > self._remember_at_most:
+                    del remembered[next(iter(remembered))]
         return Advanced(
             AdvanceStatus.APPLIED,
             _Handout(self, session_id, version, session, new.payload)  # type: ignore[arg-type]
@@ -932,6 +939,7 @@ class Worker:
         if (
             end is None
             or payload is None
+            or record.crowded
             or record.claim is not None
             or type(action) is InvokeTools
             or count >= (COMPACT_AT_START if start else COMPACT_EVERY)
