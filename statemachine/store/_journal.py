@@ -31,6 +31,7 @@ import attrs
 from ..core._codec import compact, decode
 from ..core._events import EVENT_TYPES
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
+from ..core._json_data import short_repr
 from ..core._session import Session
 from ..core._state import SessionState, json_text
 
@@ -167,14 +168,32 @@ def _number(value: object) -> bool:
     return type(value) in (int, float)
 
 
+def _readings(raw: object, name: str) -> list[float]:
+    """Clock readings as floats, or ``ValueError`` naming ``name``."""
+    if type(raw) is not list:
+        raise ValueError(f"{name}: must be a list of numbers")
+    readings = []
+    for reading in raw:
+        if not _number(reading):
+            raise ValueError(f"{name}: must be a list of numbers")
+        try:
+            value = float(reading)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: {short_repr(reading)} is not a finite number")
+        readings.append(value)
+    return readings
+
+
 def _step_of(raw: object) -> tuple[Step, list[float], list[float]]:
     """An entry read from a record: its step and readings, or ``ValueError``."""
     if type(raw) is not list or len(raw) < 3:
         raise ValueError("must be a list [op, times, walls, ...]")
-    op, times, walls, *args = raw
-    for name, readings in (("times", times), ("walls", walls)):
-        if type(readings) is not list or not all(_number(r) for r in readings):
-            raise ValueError(f"{name}: must be a list of numbers")
+    op, raw_times, raw_walls, *args = raw
+    times, walls = _readings(raw_times, "times"), _readings(raw_walls, "walls")
+    if any(t < 0 for t in times):
+        raise ValueError("times: a session clock reading before the session started")
     if op == START and not args:
         return (START,), times, walls
     if op == EVENT and len(args) == 1:
@@ -198,11 +217,22 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
     core = session._core  # noqa: SLF001 - the store is the engine's own host
     clocks = _Replay()
     core.clock, core.wall_clock = clocks.clock, clocks.wall
+    turn = core.state.turn
+    known = [] if turn is None else [t for t in turn.times if t is not None]
+    last = max(known, default=0.0)
     for index, raw in enumerate(entries, first):
         try:
             step, times, walls = _step_of(raw)
-            clocks.times = [float(t) for t in reversed(times)]
-            clocks.walls = [float(w) for w in reversed(walls)]
+            # the session clock never runs back: a reading before the last is the last
+            # (a forged journal cannot make a turn's steps go back in time)
+            for i, reading in enumerate(times):
+                if reading < last:
+                    times[i] = last
+                else:
+                    last = reading
+            times.reverse()
+            walls.reverse()
+            clocks.times, clocks.walls = times, walls
             run_step(session, step)
         except _Short as short:
             raise ValueError(

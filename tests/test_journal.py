@@ -1,0 +1,295 @@
+"""The record's journal: the steps a worker appends instead of writing the whole snapshot,
+replayed by every other reader. Forged entries are refused naming the entry; readers
+that know part of the journal and readers that know nothing agree with the writer."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from statemachine.store import AdvanceStatus, CorruptSession, InMemoryStore, Worker
+from statemachine.store import _worker as store_worker
+from statemachine.store._journal import COMPACT_EVERY
+from statemachine.store._record import MAX_JOURNAL
+
+from .store_worker import STOP, next_event, settings
+
+
+def _worker(store: InMemoryStore, owner: str, **options: Any) -> Worker:
+    return Worker(store, owner=owner, clock=lambda: 0.0, now=lambda: 1.0, **options)
+
+
+def _payload(store: InMemoryStore, session_id: str) -> bytes:
+    return store._data[store.key(session_id)][1]
+
+
+def _journaled(events: int = 6) -> tuple[InMemoryStore, Worker, Any]:
+    """A store with session "s" advanced ``events`` times by one worker (a rate limit
+    in the middle), its journal holding those steps."""
+    store = InMemoryStore()
+    w = _worker(store, "a")
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    script = [
+        sm.Assembled({"m": 1}, 5),
+        sm.ModelFailed(sm.ModelError("rate_limited")),
+        sm.WaitDone(),
+    ]
+    for event in script[: events - 1]:
+        r = w.advance("s", event, expected_version=r.version)
+    assert json.loads(_payload(store, "s"))["journal"]
+    return store, w, r
+
+
+def _forge(store: InMemoryStore, change: Any) -> bytes:
+    """Rewrite the stored record's data with ``change`` (in place); the forged bytes."""
+    version, payload = store.load_payload("s")
+    data = json.loads(payload)
+    change(data)
+    store.compare_and_set("s", version, data)
+    return _payload(store, "s")
+
+
+def _set_entry(index: int, entry: Any) -> Any:
+    def change(data: dict[str, Any]) -> None:
+        data["journal"][index] = entry
+
+    return change
+
+
+def _edit_entry(index: int, edit: Any) -> Any:
+    def change(data: dict[str, Any]) -> None:
+        edit(data["journal"][index])
+
+    return change
+
+
+FORGERIES: dict[str, tuple[Any, str]] = {
+    "an unknown step": (_set_entry(1, ["x", [], []]), r"journal\[1\]: unknown step"),
+    "an event step without its event": (_set_entry(1, ["e", [], []]), r"journal\[1\]"),
+    "times that are not a list": (
+        _edit_entry(1, lambda e: e.__setitem__(1, "0.0")),
+        r"journal\[1\]: times: must be a list of numbers",
+    ),
+    "a reading before the session started": (
+        _edit_entry(1, lambda e: e.__setitem__(1, [-1.0])),
+        r"journal\[1\]: times: a session clock reading before",
+    ),
+    "a reading too large for a float": (
+        _edit_entry(1, lambda e: e.__setitem__(1, [10**400])),
+        r"journal\[1\]: times: .* is not a finite number",
+    ),
+    "a wall reading that is text": (
+        _edit_entry(1, lambda e: e.__setitem__(2, ["now"])),
+        r"journal\[1\]: walls: must be a list of numbers",
+    ),
+    "an action where an event belongs": (
+        _edit_entry(
+            1,
+            lambda e: e.__setitem__(
+                3, {"$type": "ToolCall", "id": "a", "provider": "p", "name": "n"}
+            ),
+        ),
+        r"journal\[1\]: event: must be an encoded event, got ToolCall",
+    ),
+    "an unknown value type": (
+        _edit_entry(1, lambda e: e.__setitem__(3, {"$type": "Nope"})),
+        r"journal\[1\]: event: unknown value type",
+    ),
+    "an event the state does not take": (
+        _edit_entry(1, lambda e: e.__setitem__(3, {"$type": "WaitDone"})),
+        r"journal\[1\]: .*WaitDone",
+    ),
+    "fewer clock readings than the step makes": (
+        _edit_entry(1, lambda e: e.__setitem__(1, [])),
+        r"journal\[1\]: the step reads the session clock more often than it recorded",
+    ),
+    "more clock readings than the step makes": (
+        _edit_entry(1, lambda e: e[1].extend([0.0] * 5)),
+        r"journal\[1\]: the step recorded more clock readings than it makes",
+    ),
+    "a child spend of a number id": (
+        _set_entry(1, ["c", [], [], 5, 1.0]),
+        r"journal\[1\]: unknown step",
+    ),
+    "a budget that is text": (_set_entry(1, ["b", [], [], "all"]), r"journal\[1\]: unknown step"),
+    "a journal that is not a list": (
+        lambda data: data.__setitem__("journal", {"0": 1}),
+        r"journal: must be a list",
+    ),
+    "a journal longer than any worker writes": (
+        lambda data: data.__setitem__("journal", [["s", [], []]] * (MAX_JOURNAL + 1)),
+        rf"journal: {MAX_JOURNAL + 1} entries, more than {MAX_JOURNAL}",
+    ),
+    "elapsed_s that is text": (
+        lambda data: data.__setitem__("elapsed_s", "1"),
+        r"elapsed_s: must be a finite number",
+    ),
+}
+
+
+@pytest.mark.requirement("ER-77")
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_a_forged_journal_is_refused_naming_the_entry(name: str) -> None:
+    """Every reader, whether it knows nothing of the session or all but the forged part,
+    refuses the record with CorruptSession naming the entry and what is wrong with it,
+    and the stored bytes stay as they were."""
+    change, message = FORGERIES[name]
+    store, _, _ = _journaled()
+    follower = _worker(store, "b")
+    follower.load("s")  # knows the record as it was: it reads only what follows
+    forged = _forge(store, change)
+    for reader in (follower, _worker(store, "c")):
+        with pytest.raises(CorruptSession, match=message):
+            reader.load("s")
+        assert _payload(store, "s") == forged
+
+
+@pytest.mark.requirement("ER-77")
+def test_forged_bytes_after_a_known_prefix_are_read_as_a_reader_that_knows_nothing() -> None:
+    """Bytes that begin with the journal a worker knows but go on with keys of their own
+    (a second "snapshot" or "journal" after the journal, to be read as JSON reads
+    them: the last wins) are not taken as grown by entries: they are read in full, and
+    the worker answers as one that never saw the session."""
+    store, _, _ = _journaled()
+    follower = _worker(store, "b")
+    follower.load("s")
+    version, payload = store.load_payload("s")
+    extra = b',"journal":[["s",[],[]]]}'
+    forged = payload[:-1] + extra
+    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
+    outcomes = []
+    for reader in (follower, _worker(store, "c")):
+        try:
+            outcomes.append(reader.load("s").session.snapshot())
+        except CorruptSession as exc:
+            outcomes.append(str(exc).split(": ", 1)[1])
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_forged_journal_that_runs_the_clock_back_still_gives_a_reachable_state() -> None:
+    """Readings that go back in time are read as the last reading: the turn's steps
+    never go back, and the session a reader gets restores from its own snapshot."""
+    store, _, _ = _journaled()
+
+    def back(data: dict[str, Any]) -> None:
+        for entry in data["journal"]:
+            entry[1] = [100.0 - i for i, _ in enumerate(entry[1])]
+        data["journal"][-1][1] = [0.0 for _ in data["journal"][-1][1]]
+
+    _forge(store, back)
+    session = _worker(store, "c").load("s").session
+    turn = session.snapshot()["turn"]
+    assert turn["times"] == sorted(turn["times"])
+    sm.Session.restore(session.snapshot(), clock=lambda: 0.0)
+
+
+@pytest.mark.requirement("ER-70", "ER-74")
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_workers_sharing_sessions_agree_with_every_write(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three workers advance four sessions in a random order (each loading first), the
+    journal compacted every few entries: after every write, each worker's load of the
+    session, and a worker that never saw it, give the session the writer holds."""
+    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 7)
+    monkeypatch.setattr(store_worker, "COMPACT_AT_START", 4)
+    rng = random.Random(seed)
+    store = InMemoryStore()
+    workers = [_worker(store, f"w{i}") for i in range(3)]
+    ids = [f"s{i}" for i in range(4)]
+    for i, sid in enumerate(ids):
+        workers[0].create(sid, sm.Session(settings(), seed=i, clock=lambda: 0.0))
+    applied = compacted = 0
+    for _ in range(300):
+        sid, w = rng.choice(ids), rng.choice(workers)
+        result = w.load(sid)
+        event = next_event(result, turns=3, failures=2)
+        if event is STOP:
+            continue
+        result = w.advance(sid, event, expected_version=result.version)
+        assert result.status is AdvanceStatus.APPLIED
+        applied += 1
+        compacted += not json.loads(_payload(store, sid))["journal"]
+        expected = result.session.snapshot()
+        for reader in [*workers, _worker(store, "fresh", remember=0)]:
+            assert reader.load(sid).session.snapshot() == expected
+    assert applied > 60
+    assert compacted > 5
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_result_read_after_the_worker_moved_on_holds_its_own_version() -> None:
+    """An applied result's session is copied only when asked for: asked for after the
+    worker has advanced the session again, it is still the session as that result's
+    write stored it (read back from those bytes), and it is the caller's."""
+    store = InMemoryStore()
+    w = _worker(store, "a")
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    first = w.advance("s", None, expected_version=r.version)
+    at_first = _worker(store, "b", remember=0).load("s").session.snapshot()
+    second = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=first.version)
+    assert first.session.snapshot() == at_first
+    assert second.session.snapshot() != at_first
+    first.session.current_turn.send(sm.Assembled({"by": "hand"}, 5))  # type: ignore[union-attr]
+    third = w.advance("s", sm.ModelReplied(), expected_version=second.version)
+    assert third.applied
+    assert _worker(store, "b", remember=0).load("s").session.snapshot() == third.session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_version_1_record_is_read_and_continued() -> None:
+    """A record written before the journal (version 1: the snapshot current, no journal,
+    no ages) is read, and the next write continues it as version 2."""
+    store = InMemoryStore()
+    session = sm.Session(settings(), seed=1, clock=lambda: 0.0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    record = {
+        "format": "statemachine.store.record",
+        "version": 1,
+        "session_id": "s",
+        "saved_at": 1.0,
+        "keys": [],
+        "claim": None,
+        "carried": [],
+        "incarnation": "i-1",
+        "snapshot": session.snapshot(),
+    }
+    store.compare_and_set("s", 0, record)
+    w = _worker(store, "a")
+    loaded = w.load("s")
+    assert loaded.session.snapshot() == session.snapshot()
+    after = w.advance("s", sm.ModelReplied(), expected_version=loaded.version)
+    assert after.applied
+    assert json.loads(_payload(store, "s"))["version"] == 2
+    assert _worker(store, "b").load("s").session.snapshot() == after.session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_the_journal_never_outgrows_its_bound() -> None:
+    """However a session is driven, a record's journal holds at most COMPACT_EVERY
+    entries: the write after writes the snapshot anew."""
+    store = InMemoryStore()
+    w = _worker(store, "a")
+    r = w.create(
+        "s",
+        sm.Session(
+            sm.Settings(max_retries=10**3, session_retry_ceiling=10**4), seed=1, clock=lambda: 0.0
+        ),
+    )
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    lengths = []
+    for i in range(3 * COMPACT_EVERY):
+        event = sm.WaitDone() if i % 2 else sm.ModelFailed(sm.ModelError("overloaded"))
+        r = w.advance("s", event, expected_version=r.version)
+        lengths.append(len(json.loads(_payload(store, "s"))["journal"]))
+    assert max(lengths) == COMPACT_EVERY
+    assert lengths.count(0) >= 2
