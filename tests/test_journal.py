@@ -9,11 +9,16 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
 
 import statemachine as sm
+from statemachine.core._codec import compact, decode, encode
+from statemachine.core._state import json_text
 from statemachine.store import AdvanceStatus, CorruptSession, InMemoryStore, Worker
 from statemachine.store import _worker as store_worker
-from statemachine.store._journal import COMPACT_EVERY
+from statemachine.store._journal import COMPACT_EVERY, EVENT, entry_text
 from statemachine.store._record import MAX_JOURNAL
 
 from .store_worker import STOP, next_event, settings
@@ -293,3 +298,52 @@ def test_the_journal_never_outgrows_its_bound() -> None:
         lengths.append(len(json.loads(_payload(store, "s"))["journal"]))
     assert max(lengths) == COMPACT_EVERY
     assert lengths.count(0) >= 2
+
+
+_TEXT = st.text(max_size=12)
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+_ERRORS = st.builds(
+    sm.ModelError,
+    st.sampled_from([c.value for c in sm.ErrorCategory]),
+    _TEXT,
+    retry_after_seconds=st.none()
+    | st.floats(min_value=0)
+    | st.sampled_from([float("nan"), float("inf")]),
+    headers=st.none()
+    | st.dictionaries(st.sampled_from(["retry-after", "x-a", "Retry-After-Ms"]), _TEXT, max_size=2),
+    code=st.none() | _TEXT,
+    status=st.none() | st.integers(100, 599),
+    body=st.none() | _JSON,
+)
+_FAILED = st.builds(
+    sm.ModelFailed,
+    _ERRORS,
+    partial=st.booleans(),
+    cost=st.sampled_from([0.0, 0, 0.25, 3, 1e-300]),
+)
+
+
+@pytest.mark.requirement("ER-70")
+@given(
+    event=_FAILED,
+    times=st.lists(st.floats(0, 1e9), max_size=3),
+    walls=st.lists(st.floats(0, 2e9), max_size=2),
+)
+@settings_(max_examples=300, deadline=None)
+def test_a_hand_written_entry_decodes_as_the_general_encoding(
+    event: sm.ModelFailed, times: list[float], walls: list[float]
+) -> None:
+    """The hand-written text of a rate limit's entry reads back as the general encoding
+    reads back: the same data, the same event."""
+    text = entry_text((EVENT, event), times, walls)
+    general = json_text(["e", times, walls, compact(event)])
+    assert json.loads(text) == json.loads(general)
+    assert json_text(encode(decode(json.loads(text)[3], "event"))) == json_text(encode(event))

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Any
 
 import attrs
 
 from ..core._codec import compact, decode
-from ..core._events import EVENT_TYPES
+from ..core._events import EVENT_TYPES, ModelFailed
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._json_data import short_repr
+from ..core._model_error import ModelError
 from ..core._session import Session
 from ..core._state import SessionState, json_text
 
@@ -120,10 +122,42 @@ def entry_text(step: Step, times: list[float], walls: list[float]) -> str:
     if op != EVENT:
         return json_text([op, times, walls, *step[1:]])
     event = step[1]
-    fixed = _FIELDLESS.get(type(event))
-    if fixed is not None:  # WaitDone, CannotShrink: one text, written by hand
-        return f'["e",{_readings_text(times)},{_readings_text(walls)},{fixed}]'
+    kind = type(event)
+    text = _FIELDLESS.get(kind)
+    if text is None and kind is ModelFailed and type(event.error) is ModelError:
+        text = _model_failed_text(event)
+    if text is not None:  # the most frequent events, written by hand
+        return f'["e",{_readings_text(times)},{_readings_text(walls)},{text}]'
     return json_text([op, times, walls, compact(event)])
+
+
+def _model_failed_text(event: ModelFailed) -> str:
+    """``json_text(compact(event))`` written field by field: the event of every retry."""
+    error = event.error
+    parts = [_FAILED_HEAD, encode_basestring(error.category.value)]
+    if error.message:
+        parts += [',"message":', encode_basestring(error.message)]
+    if error.retry_after_seconds is not None:
+        parts += [',"retry_after_seconds":', json_text(compact(error.retry_after_seconds))]
+    if error.headers is not None:
+        parts += [',"headers":', json_text(dict(error.headers))]
+    if error.code is not None:
+        parts += [',"code":', encode_basestring(error.code)]
+    if error.status is not None:
+        parts += [',"status":', json_text(compact(error.status))]
+    if error.body is not None:
+        parts += [',"body":', json_text(error.body)]
+    parts.append("}")
+    if event.partial:
+        parts.append(',"partial":true')
+    cost = event.cost
+    if not (type(cost) is float and cost == 0.0):
+        parts += [',"cost":', json_text(cost)]
+    parts.append("}")
+    return "".join(parts)
+
+
+_FAILED_HEAD = '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'
 
 
 _FIELDLESS = {cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)}

@@ -871,13 +871,17 @@ class Worker:
             ):
                 return None
             del self._live[session_id]
-        idle = max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
+        idle = self._now() - record.saved_at if self._count_idle else 0.0
+        idle = max(idle, 0.0)
         now = self._clock()
         state.started = now - (record.elapsed_s + idle)
         if record.finished_s is not None:
             state.finished_at = now - (record.finished_s + idle)
-        core.observers = ()
-        recorder = _recorder(session)
+        if core.observers:
+            core.observers = ()
+        recorder = getattr(core.clock, "__self__", None)
+        if type(recorder) is not Recorder or recorder.state is not state:
+            recorder = _recorder(session)
         recorder.times, recorder.walls = [], []
         try:
             if event is None:
