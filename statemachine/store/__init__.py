@@ -1,7 +1,9 @@
 """Durable session state shared by many workers: stores, compare-and-set, resume.
 
-A *store* keeps one record per session id: the engine's ``session.snapshot()`` plus
-a little bookkeeping, and a *version* that goes up by one on every write. Writes
+A *store* keeps one record per session id: the engine's ``session.snapshot()`` as of
+its last compaction, the journal of steps applied since (a worker appends one entry per
+advance; others replay them), a little bookkeeping, and a *version* that goes up by
+one on every write. Writes
 are compare-and-set: a worker writes "version n+1" only if the store still holds
 the version n it read, so two workers can never both advance one session from the
 same state. :class:`InMemoryStore` is the embedded default (one process, no
