@@ -330,6 +330,10 @@ class Advanced:
         return self.status is AdvanceStatus.APPLIED
 
 
+def _number(value: float) -> str:
+    return float.__repr__(value) if type(value) is float else number_text(value)
+
+
 def _no_clock() -> float:
     raise AssertionError("a replayed step reads the clocks its entry recorded")  # pragma: no cover
 
@@ -422,6 +426,8 @@ class Worker:
         ):
             self._payload_cas = store.compare_and_set_payload
             self._payload_load = store.load_payload
+        self._fast = self._payload_cas is not None and not self._observers
+        """Whether an advance with no key may take :meth:`_advance_known`."""
         self._live: dict[str, tuple[int, Record, Session]] = {}
         """The last record this worker read or wrote per session, with its decoded
         state: the next advance at that version skips reading and restoring it (the
@@ -797,13 +803,13 @@ class Worker:
         stored state and nothing applied. Engine errors (``IllegalEvent``,
         ``SessionEnded``, ``TurnInProgress``) propagate and nothing is written.
         """
+        if key is None and self._fast and type(expected_version) is int and expected_version >= 0:
+            fast = self._advance_known(session_id, event, expected_version)
+            if fast is not None:
+                return fast
         expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
-        if key is None and not self._observers and self._payload_cas is not None:
-            fast = self._advance_known(session_id, event, expected)
-            if fast is not None:
-                return fast
         # observers see a transition once it is stored: records wait in the relay
         relay = _Relay(self._observers) if self._observers else None
         observers = () if relay is None else (relay,)
@@ -964,8 +970,8 @@ class Worker:
             middle = f',"keys":{json_text(keys) if keys else "[]"},"claim":null,"carried":[]'
             record.middle = middle
         tail = (
-            f'],"saved_at":{number_text(saved_at)}{middle}'
-            f',"elapsed_s":{number_text(elapsed)},"finished_s":{number_or_null(finished)}}}'
+            f'],"saved_at":{_number(saved_at)}{middle}'
+            f',"elapsed_s":{_number(elapsed)},"finished_s":{number_or_null(finished)}}}'
         )
         record.payload = b"".join((memoryview(payload)[:end], added, tail.encode()))
         record.prefix_end = end + len(added)
