@@ -117,6 +117,22 @@ FORGERIES: dict[str, tuple[Any, str]] = {
         _edit_entry(1, lambda e: e[1].extend([0.0] * 5)),
         r"journal\[1\]: the step recorded more clock readings than it makes",
     ),
+    "an entry that is text": (
+        _set_entry(1, "s"),
+        r"journal\[1\]: must be a list \[op, times, walls",
+    ),
+    "an entry of two items": (
+        _set_entry(1, ["s", []]),
+        r"journal\[1\]: must be a list \[op, times, walls",
+    ),
+    "times that are an object": (
+        _edit_entry(1, lambda e: e.__setitem__(1, {})),
+        r"journal\[1\]: times: must be a list of numbers",
+    ),
+    "an event before any turn": (
+        _set_entry(0, ["e", [0.0], [], {"$type": "WaitDone"}]),
+        r"journal\[0\]: the session has no turn yet",
+    ),
     "a child spend of a number id": (
         _set_entry(1, ["c", [], [], 5, 1.0]),
         r"journal\[1\]: unknown step",
@@ -347,3 +363,96 @@ def test_a_hand_written_entry_decodes_as_the_general_encoding(
     general = json_text(["e", times, walls, compact(event)])
     assert json.loads(text) == json.loads(general)
     assert json_text(encode(decode(json.loads(text)[3], "event"))) == json_text(encode(event))
+
+
+_DATE = "Wed, 21 Oct 2015 07:28:00 GMT"
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_step_that_reads_the_wall_clock_more_often_than_it_recorded_is_refused() -> None:
+    """A rate limit whose retry-after is an HTTP date reads the wall clock; its entry
+    with the wall reading taken out is refused naming the entry. The wall clock may
+    give whole numbers: they are written and read back as they came."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1_445_412_000)
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    error = sm.ModelError("rate_limited", headers={"retry-after": _DATE})
+    r = w.advance("s", sm.ModelFailed(error), expected_version=r.version)
+    journal = json.loads(_payload(store, "s"))["journal"]
+    assert journal[2][2] == [1_445_412_000]
+    reader = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1_445_412_000)
+    assert reader.load("s").session.snapshot() == r.session.snapshot()
+    _forge(store, _edit_entry(2, lambda e: e.__setitem__(2, [])))
+    with pytest.raises(CorruptSession, match=r"journal\[2\]: the step reads the wall clock more"):
+        _worker(store, "c").load("s")
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_forged_entry_after_the_known_ones_is_named_by_its_place_in_the_journal() -> None:
+    """A worker that knows the first entries reads only the ones after them; a forged
+    one among those is named by its index in the whole journal."""
+    store, w, r = _journaled()
+    follower = _worker(store, "b")
+    known = len(json.loads(follower.load("s") and _payload(store, "s"))["journal"])
+    r = w.advance("s", sm.ModelFailed(sm.ModelError("overloaded")), expected_version=r.version)
+    version, payload = store.load_payload("s")
+    forged = payload.replace(b'"category":"overloaded"', b'"category":"no-such"')
+    assert forged != payload
+    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
+    with pytest.raises(CorruptSession, match=rf"journal\[{known}\]: event.*no-such"):
+        follower.load("s")
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_reading_before_the_snapshots_last_step_is_read_as_that_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The snapshot holds the turn's step times; a journal entry that goes back before
+    the last of them replays as taken at that time, so the turn's times never decrease."""
+    clock = [0.0]
+    store = InMemoryStore()
+    # the time between advances passes in the store: idle time, on the wall clock
+    w = Worker(store, owner="a", clock=lambda: clock[0], now=lambda: clock[0])
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: clock[0]))
+    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 0)  # every write a snapshot
+    r = w.advance("s", None, expected_version=r.version)
+    clock[0] = 5.0
+    r = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    assert json.loads(_payload(store, "s"))["journal"] == []
+    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 32)
+    clock[0] = 6.0
+    r = w.advance("s", sm.ModelFailed(sm.ModelError("overloaded")), expected_version=r.version)
+
+    def back(data: dict[str, Any]) -> None:
+        data["journal"][0][1] = [1.0 for _ in data["journal"][0][1]]
+
+    _forge(store, back)
+    times = _worker(store, "c").load("s").session.snapshot()["turn"]["times"]
+    assert times == sorted(times)
+    assert times[-1] == 5.0
+
+
+@pytest.mark.requirement("ER-70", "ER-71")
+def test_a_record_written_by_hand_in_the_documented_format_is_read() -> None:
+    """The journal's format is the documented one (``_journal.py``): a record written
+    by hand, a start, an assembled request and a child's spend, reads as the steps say."""
+    session = sm.Session(settings(), seed=1, clock=lambda: 0.0, session_id="s")
+    kid = session.spawn().session_id
+    snapshot = json.dumps(session.snapshot(), separators=(",", ":"))
+    text = (
+        '{"format":"statemachine.store.record","version":2,"session_id":"s",'
+        f'"incarnation":"i-1","snapshot":{snapshot},"journal":['
+        '["s",[0.0],[]],'
+        '["e",[0.0],[],{"$type":"Assembled","request":{"m":1},"size":5}],'
+        f'["c",[],[],"{kid}",0.5]],'
+        '"saved_at":1.0,"keys":[],"claim":null,"carried":[],"elapsed_s":0.0,"finished_s":null}'
+    )
+    store = InMemoryStore()
+    store.compare_and_set("s", 0, json.loads(text))
+    loaded = _worker(store, "a").load("s")
+    assert loaded.session.turns == 1
+    assert isinstance(loaded.action, sm.CallModel)
+    assert loaded.action.request == {"m": 1}
+    assert loaded.session.cost_usd == 0.5
