@@ -456,3 +456,175 @@ def test_a_record_written_by_hand_in_the_documented_format_is_read() -> None:
     assert isinstance(loaded.action, sm.CallModel)
     assert loaded.action.request == {"m": 1}
     assert loaded.session.cost_usd == 0.5
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_replayed_retry_at_is_on_the_readers_clock() -> None:
+    """A turn deferred by a long retry-after finishes with ``retry_at`` on the session
+    clock; a worker that replays the step gets it on its own clock, as the writer has
+    it when their clocks agree."""
+    store = InMemoryStore()
+    a = Worker(store, owner="a", clock=lambda: 5000.0, now=lambda: 1000.0)
+    fresh = Worker(store, owner="b", clock=lambda: 5000.0, now=lambda: 1000.0, remember=0)
+    r = a.create("s", sm.Session(sm.Settings(max_server_wait_s=10), clock=lambda: 5000.0))
+    r = a.advance("s", None, expected_version=r.version)
+    r = a.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    error = sm.ModelError("rate_limited", retry_after_seconds=60)
+    r = a.advance("s", sm.ModelFailed(error), expected_version=r.version)
+    assert isinstance(r.action, sm.Finish)
+    assert r.action.retry_at == 5060.0
+    assert fresh.load("s").action.retry_at == 5060.0  # type: ignore[union-attr]
+    assert fresh.load("s").session.snapshot() == r.session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_workers_observers_never_see_the_steps_it_replays() -> None:
+    """Observers see a transition once, where it was taken: a worker that replays the
+    steps another worker appended passes none of them to its own observers."""
+    store = InMemoryStore()
+    seen: list[Any] = []
+    a = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0, observers=[seen.append])
+    b = _worker(store, "b")
+    r = a.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = a.advance("s", None, expected_version=r.version)
+    assert len(seen) == 1
+    r = b.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    r = b.advance("s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=r.version)
+    assert a.load("s").session.snapshot() == r.session.snapshot()
+    assert len(seen) == 1
+    a.advance("s", sm.WaitDone(), expected_version=r.version)
+    assert len(seen) == 2  # its own step, once
+
+
+def _family(store: InMemoryStore) -> Worker:
+    w = _worker(store, "a")
+    root = sm.Session(settings(), seed=1, clock=lambda: 0.0, session_id="p")
+    w.create("p", root)
+    w.create("p.k", root.spawn(session_id="p.k"))
+    w.advance("p", None, expected_version=1)
+    return w
+
+
+@pytest.mark.requirement("ER-77")
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('["c",[],[],"p.k",1' + "0" * 400 + "]", "child spend: an int of .* is not a finite"),
+        ('["c",[],[],"p.k",1e999]', "child spend: inf is not a finite amount"),
+        ('["b",[],[],-5]', "budget: -5 is not a finite amount"),
+        ('["b",[],[],1.0]', "an ancestors' budget for a session with no parent"),
+    ],
+)
+def test_forged_amounts_are_refused(entry: str, message: str) -> None:
+    """A spend or budget in an entry must be a finite amount >= 0 (an int too large for a
+    float included), and a budget only reaches a child: else CorruptSession, never an
+    OverflowError or a session whose snapshot is not JSON."""
+    store = InMemoryStore()
+    _family(store)
+    version, payload = store.load_payload("p")
+    forged = payload.replace(b'["s",[0.0],[]]', b'["s",[0.0],[]],' + entry.encode(), 1)
+    assert forged != payload
+    store._data[store.key("p")] = (version, forged, None, store._data[store.key("p")][3])
+    with pytest.raises(CorruptSession, match=message):
+        _worker(store, "b").load("p")
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_tail_number_too_large_for_a_float_is_refused() -> None:
+    store = InMemoryStore()
+    _family(store)
+    version, payload = store.load_payload("p")
+    forged = payload.replace(b'"saved_at":1.0', b'"saved_at":1' + b"0" * 400)
+    store._data[store.key("p")] = (version, forged, None, store._data[store.key("p")][3])
+    with pytest.raises(CorruptSession, match="saved_at: must be a finite number"):
+        _worker(store, "b").load("p")
+
+
+@pytest.mark.requirement("ER-70")
+def test_the_doom_checks_verdicts_are_journaled_not_asked_again() -> None:
+    """The host's second-tier doom check is asked once, by the worker that takes the
+    step; its verdict is in the entry, and a replay reads it from there (a check that
+    answers differently the second time, or raises, changes nothing for readers)."""
+    answers = iter([False, True])
+    asked: list[int] = []
+
+    def judge(window: Any) -> bool:
+        asked.append(len(window))
+        return next(answers)
+
+    def refuse(_window: Any) -> bool:
+        raise AssertionError("a replay must not ask the doom check")
+
+    store = InMemoryStore()
+    a = _worker(store, "a", doom_check=judge)
+    r = a.create("s", sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0))
+    r = a.advance("s", None, expected_version=r.version)
+    r = a.advance("s", sm.Assembled("req", 1), expected_version=r.version)
+    calls = (sm.ToolCall("a", "fs", "ls", {"d": 1}), sm.ToolCall("b", "fs", "ls", {"d": 2}))
+    r = a.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+    assert asked == [2]
+    assert json.loads(_payload(store, "s"))["journal"][-1][4] == [False]
+    reader = _worker(store, "b", doom_check=refuse, remember=0)
+    assert reader.load("s").session.snapshot() == r.session.snapshot()
+    version, payload = store.load_payload("s")
+    forged = payload.replace(b",[false]]", b",[false,true]]")
+    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
+    with pytest.raises(CorruptSession, match="more doom-check verdicts than it asks for"):
+        reader.load("s")
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_result_holds_its_own_version_when_another_thread_advances_at_once() -> None:
+    """The bytes a result decodes itself from, when read late, are taken before its
+    record is remembered: an advance by another thread right after (forced here at the
+    moment the record is remembered) grows the record, not the result."""
+    store = InMemoryStore()
+    w = _worker(store, "a")
+    r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    real_lock = w._live_lock
+    other: list[Any] = []
+
+    class Interleave:
+        """The lock, with the other thread's advance run as it is taken after the write."""
+
+        armed = False
+
+        def __enter__(self) -> Any:
+            return real_lock.__enter__()
+
+        def __exit__(self, *exc: Any) -> Any:
+            done = real_lock.__exit__(*exc)
+            if self.armed and len(store._data) and store.load_payload("s")[0] == 3 and not other:
+                self.armed = False
+                other.append(
+                    w.advance(
+                        "s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=3
+                    )
+                )
+            return done
+
+    lock = Interleave()
+    w._live_lock = lock  # type: ignore[assignment]
+    lock.armed = True
+    third = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    w._live_lock = real_lock
+    assert other and other[0].version == 4
+    assert third.version == 3
+    assert third.session.current_turn.state == "calling"  # type: ignore[union-attr]
+    assert third.session.retries_used == 0
+
+
+@pytest.mark.requirement("ER-82")
+def test_a_childs_spend_is_not_reported_to_a_parent_re_created_under_its_id() -> None:
+    """A parent deleted and created again under its id does not know the child: the
+    child's advance that spent is applied and answered, and the new parent is not charged."""
+    store = InMemoryStore()
+    w = _family(store)
+    w.delete("p")
+    w.create("p", sm.Session(settings(), seed=2, clock=lambda: 0.0, session_id="p"))
+    r = w.advance("p.k", None, expected_version=1)
+    r = w.advance("p.k", sm.Assembled("q", 1), expected_version=r.version)
+    r = w.advance("p.k", sm.ModelReplied(cost=0.5), expected_version=r.version)
+    assert r.applied
+    assert w.load("p").session.cost_usd == 0.0

@@ -12,6 +12,8 @@ An entry is ``[op, times, walls, *args]``:
 
 * ``["s", times, walls]``: start the next turn (``Worker.advance(id, None)``);
 * ``["e", times, walls, event]``: send ``event`` (encoded as in a snapshot) to the turn;
+  ``["e", times, walls, event, verdicts]`` when the host's doom-loop check was asked
+  (its answers, in order: a replay reads them instead of asking again);
 * ``["c", times, walls, child_id, total]``: ``record_child_spend(child_id, total)``;
 * ``["b", times, walls, budget]``: the ancestors' remaining budget, read at a turn start.
 
@@ -58,16 +60,30 @@ class Recorder:
     passed through and kept (the monotonic ones as seconds since the session started)
     until :meth:`take` takes them."""
 
-    __slots__ = ("_clock", "_wall", "state", "times", "walls")
+    __slots__ = ("_clock", "_doom", "_wall", "state", "times", "verdicts", "walls")
 
     def __init__(
-        self, clock: Callable[[], float], wall: Callable[[], float], state: SessionState
+        self,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        state: SessionState,
+        doom: Callable[[Any], bool] | None = None,
     ) -> None:
         self._clock = clock
         self._wall = wall
+        self._doom = doom
         self.state = state
         self.times: list[float] = []
         self.walls: list[float] = []
+        self.verdicts: list[bool] = []
+
+    def doom(self, window: Any) -> bool:
+        """The host's second-tier doom-loop check, its verdict kept: a replay reads the
+        verdict from the journal instead of asking again."""
+        verdict = self._doom(window)  # type: ignore[misc]
+        if type(verdict) is bool:
+            self.verdicts.append(verdict)
+        return verdict
 
     def clock(self) -> float:
         reading = self._clock()
@@ -79,11 +95,11 @@ class Recorder:
         self.walls.append(reading)
         return reading
 
-    def take(self) -> tuple[list[float], list[float]]:
-        """The readings since the last take, and fresh lists for the next step."""
-        times, walls = self.times, self.walls
-        self.times, self.walls = [], []
-        return times, walls
+    def take(self) -> tuple[list[float], list[float], list[bool]]:
+        """The readings and verdicts since the last take, and fresh lists for the next."""
+        taken = self.times, self.walls, self.verdicts
+        self.times, self.walls, self.verdicts = [], [], []
+        return taken
 
 
 def run_step(session: Session, step: Step) -> Any:
@@ -109,19 +125,25 @@ def run_step(session: Session, step: Step) -> Any:
         return None
     if op == BUDGET:
         state = session._core.state  # noqa: SLF001 - the store is the engine's own host
+        if state.parent_id is None:
+            raise ValueError("an ancestors' budget for a session with no parent")
         state.ancestor_budget_usd = step[1]
         state.ancestor_mark_usd = state.cost_usd
         return None
     raise ValueError(f"unknown step {op!r}")  # pragma: no cover - steps are built here
 
 
-def entry_text(step: Step, times: list[float], walls: list[float]) -> str:
+def entry_text(
+    step: Step, times: list[float], walls: list[float], verdicts: list[bool] | None = None
+) -> str:
     """The journal entry of ``step`` and the clock readings it made, as JSON text (the
     event encoded as a snapshot encodes values, without the fields at their default)."""
     op = step[0]
     if op != EVENT:
         return json_text([op, times, walls, *step[1:]])
     event = step[1]
+    if verdicts:  # the doom check's verdicts follow the event
+        return json_text([op, times, walls, compact(event), verdicts])
     kind = type(event)
     text = _FIELDLESS.get(kind)
     if text is None and kind is ModelFailed and type(event.error) is ModelError:
@@ -177,11 +199,17 @@ def _readings_text(readings: list[float]) -> str:
 class _Replay:
     """Clocks that give back recorded readings, in order."""
 
-    __slots__ = ("times", "walls")
+    __slots__ = ("times", "verdicts", "walls")
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self.walls: list[float] = []
+        self.verdicts: list[bool] = []
+
+    def doom(self, _window: Any) -> bool:
+        if not self.verdicts:
+            raise _Short("doom check")
+        return self.verdicts.pop()
 
     def clock(self) -> float:
         if not self.times:
@@ -220,6 +248,17 @@ def _readings(raw: object, name: str) -> list[float]:
     return readings
 
 
+def _amount(value: float, what: str) -> float:
+    """A spend or budget read from an entry: a finite number >= 0, or ``ValueError``."""
+    try:
+        amount = float(value)
+    except OverflowError:
+        amount = math.inf
+    if not (math.isfinite(amount) and amount >= 0):
+        raise ValueError(f"{what}: {short_repr(value)} is not a finite amount >= 0")
+    return amount
+
+
 def _step_of(raw: object) -> tuple[Step, list[float], list[float]]:
     """An entry read from a record: its step and readings, or ``ValueError``."""
     if type(raw) is not list or len(raw) < 3:
@@ -230,15 +269,18 @@ def _step_of(raw: object) -> tuple[Step, list[float], list[float]]:
         raise ValueError("times: a session clock reading before the session started")
     if op == START and not args:
         return (START,), times, walls
-    if op == EVENT and len(args) == 1:
+    if op == EVENT and len(args) in (1, 2):
         event = decode(args[0], "event")
         if type(event) not in EVENT_TYPES:
             raise ValueError(f"event: must be an encoded event, got {type(event).__name__}")
-        return (EVENT, event), times, walls
+        verdicts = args[1] if len(args) == 2 else []
+        if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
+            raise ValueError("verdicts: must be a list of true/false")
+        return (EVENT, event, verdicts), times, walls
     if op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
-        return (CHILD_SPEND, args[0], float(args[1])), times, walls
+        return (CHILD_SPEND, args[0], _amount(args[1], "child spend")), times, walls
     if op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
-        budget = None if args[0] is None else float(args[0])
+        budget = None if args[0] is None else _amount(args[0], "budget")
         return (BUDGET, budget), times, walls
     raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
 
@@ -251,6 +293,9 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
     core = session._core  # noqa: SLF001 - the store is the engine's own host
     clocks = _Replay()
     core.clock, core.wall_clock = clocks.clock, clocks.wall
+    core.observers = ()  # the steps were taken elsewhere: no observer sees them again
+    if core.doom_check is not None:  # the verdicts are the journal's, not asked again
+        core.doom_check = clocks.doom
     turn = core.state.turn
     known = [] if turn is None else [t for t in turn.times if t is not None]
     last = max(known, default=0.0)
@@ -267,6 +312,7 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
             times.reverse()
             walls.reverse()
             clocks.times, clocks.walls = times, walls
+            clocks.verdicts = list(reversed(step[2])) if step[0] == EVENT else []
             run_step(session, step)
         except _Short as short:
             raise ValueError(
@@ -284,4 +330,8 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
         if clocks.times or clocks.walls:
             raise ValueError(
                 f"journal[{index}]: the step recorded more clock readings than it makes"
+            )
+        if clocks.verdicts:
+            raise ValueError(
+                f"journal[{index}]: the step recorded more doom-check verdicts than it asks for"
             )

@@ -159,7 +159,12 @@ def _bad(session_id: str, key: str, what: str) -> CorruptSession:
 
 
 def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from ..core._actions import Action, InvokeTools
+from ..core._actions import Action, Finish, InvokeTools
 from ..core._events import ToolsDone
 from ..core._exceptions import (
     ConfigError,
@@ -334,6 +334,25 @@ def _number(value: float) -> str:
     return float.__repr__(value) if type(value) is float else number_text(value)
 
 
+def _mark(state: SessionState) -> tuple[object, int]:
+    """Where a replay starts: the current turn and how many actions it holds."""
+    turn = state.turn
+    return turn, 0 if turn is None else len(turn.actions)
+
+
+def _reframe(state: SessionState, mark: tuple[object, int]) -> None:
+    """Put the ``retry_at`` of the Finish actions a replay made (on the journal's frame,
+    the session started at 0) on the worker's clock, as ``state.started`` now is."""
+    turn = state.turn
+    if turn is None:
+        return
+    actions = turn.actions
+    for i in range(mark[1] if turn is mark[0] else 0, len(actions)):
+        action = actions[i]
+        if type(action) is Finish and action.retry_at is not None:
+            actions[i] = attrs.evolve(action, retry_at=action.retry_at + state.started)
+
+
 def _no_clock() -> float:
     raise AssertionError("a replayed step reads the clocks its entry recorded")  # pragma: no cover
 
@@ -344,8 +363,10 @@ def _recorder(session: Session) -> Recorder:
     core = session._core  # noqa: SLF001 - the store is the engine's own host
     recorder = getattr(core.clock, "__self__", None)
     if type(recorder) is not Recorder or recorder.state is not core.state:
-        recorder = Recorder(core.clock, core.wall_clock, core.state)
+        recorder = Recorder(core.clock, core.wall_clock, core.state, core.doom_check)
         core.clock, core.wall_clock = recorder.clock, recorder.wall
+        if core.doom_check is not None:
+            core.doom_check = recorder.doom
     return recorder
 
 
@@ -365,7 +386,9 @@ class Worker:
     time: with ``count_idle`` the time a session spent in the store between two
     workers counts toward its wall-clock bound, as it would in one process.
     ``doom_check`` is the sessions' second-tier doom-loop check (a host function, not
-    data: every worker of a store should be given the same one).
+    data: every worker of a store should be given one, or none). It is asked by the
+    worker that takes a step; its verdicts go into the journal, and a replay reads them
+    from there instead of asking again.
     """
 
     def __init__(
@@ -457,9 +480,11 @@ class Worker:
             data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
             record = parse_record(session_id, data, payload)
         settings, state = self._base(record)
+        mark = _mark(state)
         self._replay(record, settings, state, record.journal, 0)
         record.crowded = len(record.journal) > REPLAY_AT_MOST
         session = self._session_of(record, settings, state, observers)
+        _reframe(state, mark)
         self._remember(session_id, version, record, session)
         return version, record, session
 
@@ -504,6 +529,7 @@ class Worker:
             ) from None
         finally:
             core.clock, core.wall_clock = self._clock, self._now
+            core.doom_check = self._doom_check
 
     def _known(
         self, session_id: str, version: int, payload: bytes, observers: tuple[Observer, ...]
@@ -531,10 +557,12 @@ class Worker:
         state.started = 0.0
         if record.finished_s is not None:
             state.finished_at = record.elapsed_s - record.finished_s
+        mark = _mark(state)
         if grown.journal:
             self._replay_on(own, grown, grown.journal, record.entries)
             grown.crowded = len(grown.journal) > REPLAY_AT_MOST
         self._rebase(grown, state)
+        _reframe(state, mark)
         self._remember(session_id, version, grown, own, own=True)
         copy = copy_session_state(state)
         return grown, self._over(own.settings, copy, observers)
@@ -619,28 +647,40 @@ class Worker:
         self._rebase(record, state)
         return self._over(settings, state, observers)
 
-    def _handed_out(self, session_id: str, version: int, record: Record, own: Session) -> Any:
+    def _handed_out(
+        self, session_id: str, version: int, payload: bytes | None, own: Session
+    ) -> Any:
         """What an ``APPLIED`` result gives as its session: a copy of the worker's ``own``,
-        taken when the caller first asks for it (see :class:`_Handout`)."""
-        if record.payload is None or not self._remember_at_most:
+        taken when the caller first asks for it (see :class:`_Handout`). ``payload`` is
+        the bytes that write stored (read before the record was remembered: the next
+        advance grows a remembered record in place)."""
+        if payload is None or not self._remember_at_most:
             return self._over(own.settings, copy_session_state(own._core.state), self._observers)  # noqa: SLF001
-        return _Handout(self, session_id, version, own, record.payload)
+        return _Handout(self, session_id, version, own, payload)
 
     def _hand_out(self, handout: _Handout) -> Session:
         """The session of ``handout``: a copy of the worker's own session if that is
         still as the write left it, else the written bytes decoded again."""
+        own = handout.own  # read once: another thread's get() may let it go meanwhile
         with self._live_lock:
             live = self._live.get(handout.session_id)
-            if live is not None and live[0] == handout.version and live[2] is handout.own:
-                own = handout.own
+            if (
+                own is not None
+                and live is not None
+                and live[0] == handout.version
+                and live[2] is own
+            ):
                 state = copy_session_state(own._core.state)  # noqa: SLF001 - its own session
                 return self._over(own.settings, state, self._observers)
         session_id, payload = handout.session_id, handout.payload
         data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
         record = parse_record(session_id, data, payload)
         settings, state = self._base(record)
+        mark = _mark(state)
         self._replay(record, settings, state, record.journal, 0)
-        return self._session_of(record, settings, state, self._observers)
+        session = self._session_of(record, settings, state, self._observers)
+        _reframe(state, mark)
+        return session
 
     def _result(
         self, status: AdvanceStatus, version: int, record: Record, session: Session
@@ -845,12 +885,13 @@ class Worker:
         except StaleWrite:
             self._forget(session_id)
             return self._lost_race(session_id, key)
+        payload = new.payload  # before the record is remembered: the next advance grows it
         self._remember(session_id, version, new, session, own=True)
         if relay is not None:
             relay.deliver()
         if spent:
             self._report_spend(session)
-        handout = self._handed_out(session_id, version, new, session)
+        handout = self._handed_out(session_id, version, payload, session)
         return Advanced(AdvanceStatus.APPLIED, handout, version, action)
 
     def _advance_known(
@@ -888,7 +929,7 @@ class Worker:
         recorder = getattr(core.clock, "__self__", None)
         if type(recorder) is not Recorder or recorder.state is not state:
             recorder = _recorder(session)
-        recorder.times, recorder.walls = [], []
+        recorder.times, recorder.walls, recorder.verdicts = [], [], []
         try:
             if event is None:
                 step: Step = (START,)
@@ -901,7 +942,7 @@ class Worker:
                 action = turn.send(event)  # type: ignore[union-attr]
         except (IllegalEvent, SessionEnded, TurnInProgress):
             return None
-        entry = entry_text(step, recorder.times, recorder.walls)
+        entry = entry_text(step, recorder.times, recorder.walls, recorder.verdicts)
         new = self._appended(record, entry, state, action, start=event is None)
         if new is None:
             new = self._record(
@@ -923,6 +964,7 @@ class Worker:
             )
         except StaleWrite:
             return self._lost_race(session_id, None)
+        payload = new.payload  # before the record is remembered: the next advance grows it
         if self._remember_at_most:
             with self._live_lock:  # as _remember(own=True): the entry was taken out above
                 remembered = self._live
@@ -931,9 +973,9 @@ class Worker:
                     del remembered[next(iter(remembered))]
         return Advanced(
             AdvanceStatus.APPLIED,
-            _Handout(self, session_id, version, session, new.payload)  # type: ignore[arg-type]
+            _Handout(self, session_id, version, session, payload)  # type: ignore[arg-type]
             if self._remember_at_most
-            else self._handed_out(session_id, version, new, session),
+            else self._handed_out(session_id, version, payload, session),
             version,
             action,
         )
@@ -1039,6 +1081,8 @@ class Worker:
                     parent_version, record, parent = self._read(parent_id)
                 except (SessionNotFound, CorruptSession, InvalidSessionId):
                     return
+                if child_id not in parent.child_costs:
+                    return  # not this parent's child (re-created under its id): nothing to charge
                 before = parent.cost_usd
                 entries: list[str] = []
                 self._steps(parent, [(CHILD_SPEND, child_id or "", total)], entries)
@@ -1158,8 +1202,9 @@ class Worker:
         except StaleWrite:
             self._forget(session_id)
             return self._lost_race(session_id, None)
+        payload = new.payload  # before the record is remembered: the next advance grows it
         self._remember(session_id, version, new, session, own=True)
-        handout = self._handed_out(session_id, version, new, session)
+        handout = self._handed_out(session_id, version, payload, session)
         return Advanced(AdvanceStatus.APPLIED, handout, version, action, interrupted)
 
     def delete(self, session_id: str) -> bool:
