@@ -628,3 +628,20 @@ def test_a_childs_spend_is_not_reported_to_a_parent_re_created_under_its_id() ->
     r = w.advance("p.k", sm.ModelReplied(cost=0.5), expected_version=r.version)
     assert r.applied
     assert w.load("p").session.cost_usd == 0.0
+
+
+@pytest.mark.requirement("ER-70", "ER-71")
+def test_the_store_api_gives_the_record_with_its_journal_applied() -> None:
+    """``store.load(id).record`` (the SessionStore protocol) holds the session's current
+    snapshot and an empty journal, whatever the stored bytes journal: a host reading a
+    session without a worker restores exactly what the worker holds."""
+    store, _, r = _journaled()
+    assert json.loads(_payload(store, "s"))["journal"]
+    record = store.load("s").record
+    assert record["journal"] == []
+    assert record["snapshot"] == r.session.snapshot()
+    restored = sm.Session.restore(record["snapshot"], clock=lambda: 0.0)
+    assert restored.snapshot() == r.session.snapshot()
+    _forge(store, _set_entry(1, ["x", [], []]))
+    with pytest.raises(CorruptSession, match=r"journal\[1\]: unknown step"):
+        store.load("s")

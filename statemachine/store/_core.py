@@ -252,10 +252,14 @@ class BytesStore:
         raise NotImplementedError
 
     def load(self, session_id: str) -> Stored:
-        """The record of ``session_id`` and its version; ``SessionNotFound`` if none,
+        """The record of ``session_id`` and its version, its journal applied (its
+        ``"snapshot"`` is the session's current one); ``SessionNotFound`` if none,
         ``CorruptSession`` if it cannot be read (left untouched)."""
+        from ._journal import current_record  # noqa: PLC0415 - _journal imports this module
+
         version, payload = self.load_payload(session_id)
-        return Stored(session_id, version, decode_record(session_id, payload, self.max_bytes))
+        data = decode_record(session_id, payload, self.max_bytes)
+        return Stored(session_id, version, current_record(session_id, data))
 
     def compare_and_set(
         self,

@@ -33,11 +33,20 @@ import attrs
 
 from ..core._codec import compact, decode
 from ..core._events import EVENT_TYPES, ModelFailed
-from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
+from ..core._exceptions import (
+    ConfigError,
+    IllegalEvent,
+    SessionEnded,
+    SnapshotError,
+    TurnInProgress,
+)
 from ..core._json_data import short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
+from ..core._snapshot import read_snapshot, write_snapshot
 from ..core._state import SessionState, json_text
+from ._core import CorruptSession
+from ._record import RECORD_VERSION, parse_record
 
 START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
 
@@ -335,3 +344,48 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
             raise ValueError(
                 f"journal[{index}]: the step recorded more doom-check verdicts than it asks for"
             )
+
+
+def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a decoded record) as a reader of the store API sees it: its journal
+    applied, so ``"snapshot"`` is the session's current snapshot and ``"journal"`` is
+    empty (what ``SessionStore.load`` returns). ``CorruptSession`` if the record or a
+    step in it is unusable."""
+    journal = data.get("journal")
+    if data.get("version") != RECORD_VERSION or (type(journal) is list and not journal):
+        return data
+    record = parse_record(session_id, data)
+    snapshot = record.snapshot or {}
+    elapsed: Any = snapshot.get("elapsed_s")
+    try:
+        settings, state = read_snapshot(snapshot, float(elapsed) if _number(elapsed) else 0.0)
+    except SnapshotError as exc:
+        raise CorruptSession(
+            f"session {session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
+            session_id=session_id,
+        ) from None
+    # a doom check stands in for the host's when the journal holds its verdicts (or the
+    # snapshot its window): the verdicts are the journal's, never asked
+    asks = bool(state.doom_window) or any(
+        type(e) is list and len(e) == 5 and e[0] == EVENT for e in record.journal
+    )
+    session = Session.from_state(
+        settings,
+        state,
+        _not_read,
+        wall_clock=_not_read,
+        check=False,
+        doom_check=_not_read if asks else None,
+    )
+    try:
+        replay(session, list(record.journal))
+    except ValueError as exc:
+        raise CorruptSession(
+            f"session {session_id!r}: the stored record's {exc}", session_id=session_id
+        ) from None
+    current = write_snapshot(settings, state, record.elapsed_s)
+    return {**data, "snapshot": current, "journal": []}
+
+
+def _not_read(*_: Any) -> Any:  # pragma: no cover - a replay gives its steps their readings
+    raise AssertionError("a replay reads only what its entries recorded")
