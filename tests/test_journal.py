@@ -645,3 +645,41 @@ def test_the_store_api_gives_the_record_with_its_journal_applied() -> None:
     _forge(store, _set_entry(1, ["x", [], []]))
     with pytest.raises(CorruptSession, match=r"journal\[1\]: unknown step"):
         store.load("s")
+
+
+@pytest.mark.requirement("ER-77")
+@pytest.mark.parametrize(
+    ("verdicts", "message"),
+    [
+        (b"[1]", "verdicts: must be a list of true/false"),
+        (b'"no"', "verdicts: must be a list of true/false"),
+        (b"[]", "reads the doom check more often than it recorded"),
+    ],
+)
+def test_forged_doom_verdicts_are_refused(verdicts: bytes, message: str) -> None:
+    """The verdicts an entry holds must be true/false, one per time the step asks."""
+    store = InMemoryStore()
+    a = _worker(store, "a", doom_check=lambda window: False)
+    r = a.create("s", sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0))
+    r = a.advance("s", None, expected_version=r.version)
+    r = a.advance("s", sm.Assembled("req", 1), expected_version=r.version)
+    calls = (sm.ToolCall("a", "fs", "ls", {"d": 1}), sm.ToolCall("b", "fs", "ls", {"d": 2}))
+    a.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+    version, payload = store.load_payload("s")
+    forged = payload.replace(b",[false]]", b"," + verdicts + b"]")
+    assert forged != payload
+    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
+    with pytest.raises(CorruptSession, match=message):
+        _worker(store, "b", doom_check=lambda window: False).load("s")
+
+
+@pytest.mark.requirement("ER-82")
+def test_an_ancestors_budget_of_nothing_left_is_replayed() -> None:
+    """A budget entry of 0 (the ancestors have spent it all) is an amount like any other."""
+    store = InMemoryStore()
+    _family(store)
+    version, payload = store.load_payload("p.k")
+    data = json.loads(payload)
+    data["journal"] = [["b", [], [], 0.0]]
+    store.compare_and_set("p.k", version, data)
+    assert _worker(store, "b").load("p.k").session.remaining_budget_usd == 0.0
