@@ -512,6 +512,7 @@ def _family(store: InMemoryStore) -> Worker:
         ('["c",[],[],"p.k",1' + "0" * 400 + "]", "child spend: an int of .* is not a finite"),
         ('["c",[],[],"p.k",1e999]', "child spend: inf is not a finite amount"),
         ('["b",[],[],-5]', "budget: -5 is not a finite amount"),
+        ('["b",[],[],-0.5]', "budget: -0.5 is not a finite amount"),
         ('["b",[],[],1.0]', "an ancestors' budget for a session with no parent"),
     ],
 )
