@@ -511,14 +511,16 @@ def _family(store: InMemoryStore) -> Worker:
     [
         ('["c",[],[],"p.k",1' + "0" * 400 + "]", "child spend: an int of .* is not a finite"),
         ('["c",[],[],"p.k",1e999]', "child spend: inf is not a finite amount"),
-        ('["b",[],[],-5]', "budget: -5 is not a finite amount"),
-        ('["b",[],[],-0.5]', "budget: -0.5 is not a finite amount"),
+        ('["c",[],[],"p.k",-0.5]', "child spend: -0.5 is not a finite amount >= 0"),
+        ('["b",[],[],1e999]', "budget: inf is not a finite amount"),
+        ('["b",[],[],1' + "0" * 400 + "]", "budget: an int of .* is not a finite amount"),
         ('["b",[],[],1.0]', "an ancestors' budget for a session with no parent"),
     ],
 )
 def test_forged_amounts_are_refused(entry: str, message: str) -> None:
-    """A spend or budget in an entry must be a finite amount >= 0 (an int too large for a
-    float included), and a budget only reaches a child: else CorruptSession, never an
+    """A spend in an entry must be a finite amount >= 0 and a budget a finite amount (an
+    int too large for a float included; siblings may overspend a budget, so it may be
+    below 0), and a budget only reaches a child: else CorruptSession, never an
     OverflowError or a session whose snapshot is not JSON."""
     store = InMemoryStore()
     _family(store)
@@ -675,12 +677,14 @@ def test_forged_doom_verdicts_are_refused(verdicts: bytes, message: str) -> None
 
 
 @pytest.mark.requirement("ER-82")
-def test_an_ancestors_budget_of_nothing_left_is_replayed() -> None:
-    """A budget entry of 0 (the ancestors have spent it all) is an amount like any other."""
+@pytest.mark.parametrize("budget", [0.0, -0.15])
+def test_an_ancestors_budget_spent_or_overspent_is_replayed(budget: float) -> None:
+    """A budget entry of 0 (the ancestors have spent it all) or below (siblings spent
+    past it) is replayed like any other."""
     store = InMemoryStore()
     _family(store)
     version, payload = store.load_payload("p.k")
     data = json.loads(payload)
-    data["journal"] = [["b", [], [], 0.0]]
+    data["journal"] = [["b", [], [], budget]]
     store.compare_and_set("p.k", version, data)
-    assert _worker(store, "b").load("p.k").session.remaining_budget_usd == 0.0
+    assert _worker(store, "b").load("p.k").session.remaining_budget_usd == budget

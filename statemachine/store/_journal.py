@@ -257,14 +257,16 @@ def _readings(raw: object, name: str) -> list[float]:
     return readings
 
 
-def _amount(value: float, what: str) -> float:
-    """A spend or budget read from an entry: a finite number >= 0, or ``ValueError``."""
+def _amount(value: float, what: str, *, signed: bool = False) -> float:
+    """A spend (a finite number >= 0) or a budget (``signed``: any finite number, as
+    siblings may overspend it) read from an entry, or ``ValueError``."""
     try:
         amount = float(value)
     except OverflowError:
         amount = math.inf
-    if not (math.isfinite(amount) and amount >= 0):
-        raise ValueError(f"{what}: {short_repr(value)} is not a finite amount >= 0")
+    if not math.isfinite(amount) or (amount < 0 and not signed):
+        kind = "a finite amount" if signed else "a finite amount >= 0"
+        raise ValueError(f"{what}: {short_repr(value)} is not {kind}")
     return amount
 
 
@@ -289,7 +291,7 @@ def _step_of(raw: object) -> tuple[Step, list[float], list[float]]:
     if op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
         return (CHILD_SPEND, args[0], _amount(args[1], "child spend")), times, walls
     if op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
-        budget = None if args[0] is None else _amount(args[0], "budget")
+        budget = None if args[0] is None else _amount(args[0], "budget", signed=True)
         return (BUDGET, budget), times, walls
     raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
 
