@@ -1064,18 +1064,18 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     w.advance("s", None, expected_version=created.version)
     restores: list[str] = []
     replayed: list[int] = []
-    real_base, real_replay = Worker._base, Worker._replay
+    real_base, real_replay = Worker._base, Worker._replay_on
 
     def counted_base(self: Worker, record: Record) -> Any:
         restores.append(record.session_id)
         return real_base(self, record)
 
-    def counted_replay(self: Worker, record: Record, *args: Any) -> None:
-        replayed.append(len(args[2]))
-        real_replay(self, record, *args)
+    def counted_replay(self: Worker, session: Any, record: Record, *args: Any) -> None:
+        replayed.append(len(args[0]))
+        real_replay(self, session, record, *args)
 
     monkeypatch.setattr(Worker, "_base", counted_base)
-    monkeypatch.setattr(Worker, "_replay", counted_replay)
+    monkeypatch.setattr(Worker, "_replay_on", counted_replay)
     loaded = w.load("s")
     assert restores == [] and replayed == []
     assert loaded.session.snapshot() == _fresh(store, "s", wall=now).snapshot()

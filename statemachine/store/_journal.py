@@ -43,10 +43,11 @@ from ..core._exceptions import (
 from ..core._json_data import short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
+from ..core._settings import Settings
 from ..core._snapshot import read_snapshot, write_snapshot
 from ..core._state import SessionState, json_text
 from ._core import CorruptSession
-from ._record import RECORD_VERSION, parse_record
+from ._record import RECORD_VERSION, Record, parse_record
 
 START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
 
@@ -348,6 +349,32 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
             )
 
 
+def base_state(record: Record) -> tuple[Settings, SessionState]:
+    """``record``'s snapshot, read with the session's start at 0 on its clock (the frame
+    its journal's readings are in); ``CorruptSession`` if it is unusable."""
+    snapshot = record.snapshot or {}
+    elapsed: Any = snapshot.get("elapsed_s")
+    try:
+        return read_snapshot(snapshot, float(elapsed) if _number(elapsed) else 0.0)
+    except SnapshotError as exc:
+        raise CorruptSession(
+            f"session {record.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
+            session_id=record.session_id,
+        ) from None
+
+
+def replay_record(session: Session, record: Record, entries: Any, first: int = 0) -> None:
+    """:func:`replay` of ``entries`` of ``record``'s journal, ``CorruptSession`` naming
+    the entry if one is refused."""
+    try:
+        replay(session, list(entries), first)
+    except ValueError as exc:
+        raise CorruptSession(
+            f"session {record.session_id!r}: the stored record's {exc}",
+            session_id=record.session_id,
+        ) from None
+
+
 def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` (a decoded record) as a reader of the store API sees it: its journal
     applied, so ``"snapshot"`` is the session's current snapshot and ``"journal"`` is
@@ -357,15 +384,7 @@ def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
     if data.get("version") != RECORD_VERSION or (type(journal) is list and not journal):
         return data
     record = parse_record(session_id, data)
-    snapshot = record.snapshot or {}
-    elapsed: Any = snapshot.get("elapsed_s")
-    try:
-        settings, state = read_snapshot(snapshot, float(elapsed) if _number(elapsed) else 0.0)
-    except SnapshotError as exc:
-        raise CorruptSession(
-            f"session {session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
-            session_id=session_id,
-        ) from None
+    settings, state = base_state(record)
     # a doom check stands in for the host's when the journal holds its verdicts (or the
     # snapshot its window): the verdicts are the journal's, never asked
     asks = bool(state.doom_window) or any(
@@ -379,12 +398,7 @@ def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
         check=False,
         doom_check=_not_read if asks else None,
     )
-    try:
-        replay(session, list(record.journal))
-    except ValueError as exc:
-        raise CorruptSession(
-            f"session {session_id!r}: the stored record's {exc}", session_id=session_id
-        ) from None
+    replay_record(session, record, record.journal)
     current = write_snapshot(settings, state, record.elapsed_s)
     return {**data, "snapshot": current, "journal": []}
 

@@ -120,27 +120,28 @@ class Record:
         }
 
 
-def tail_text(
-    saved_at: float,
-    keys: tuple[tuple[int, str], ...],
-    claim: Claim | None,
-    carried: tuple[ToolOutcome, ...],
-    elapsed_s: float,
-    finished_s: float | None,
+def middle_text(
+    keys: tuple[tuple[int, str], ...], claim: Claim | None, carried: tuple[ToolOutcome, ...]
 ) -> str:
-    """A record's text after its prefix: the journal's ``]`` and the keys after it."""
+    """The text of a record's ``keys``, ``claim`` and ``carried`` (kept by a record while
+    they stay the same: see ``Record.middle``)."""
+    claim_text = (
+        "null"
+        if claim is None
+        else json_text({"owner": claim.owner, "calls": claim.calls, "until": claim.until})
+    )
     return (
-        f'],"saved_at":{number_text(saved_at)}'
-        f',"keys":{json_text(keys) if keys else "[]"}'
-        ',"claim":'
-        + (
-            "null"
-            if claim is None
-            else json_text({"owner": claim.owner, "calls": claim.calls, "until": claim.until})
-        )
-        + f',"carried":{json_text(encode(carried)) if carried else "[]"}'
-        f',"elapsed_s":{number_text(elapsed_s)}'
-        f',"finished_s":{number_or_null(finished_s)}}}'
+        f',"keys":{json_text(keys) if keys else "[]"},"claim":{claim_text}'
+        f',"carried":{json_text(encode(carried)) if carried else "[]"}'
+    )
+
+
+def tail_text(saved_at: float, middle: str, elapsed_s: float, finished_s: float | None) -> str:
+    """A record's text after its prefix: the journal's ``]`` and the keys after it
+    (``middle``: :func:`middle_text`)."""
+    return (
+        f'],"saved_at":{number_text(saved_at)}{middle}'
+        f',"elapsed_s":{number_text(elapsed_s)},"finished_s":{number_or_null(finished_s)}}}'
     )
 
 

@@ -19,19 +19,15 @@ from ..core._exceptions import (
     ConfigError,
     IllegalEvent,
     SessionEnded,
-    SnapshotError,
     TurnInProgress,
 )
 from ..core._session import Session
 from ..core._settings import Settings
-from ..core._snapshot import read_snapshot, write_snapshot_text
+from ..core._snapshot import write_snapshot_text
 from ..core._state import (
     SessionState,
     TextCache,
     copy_session_state,
-    json_text,
-    number_or_null,
-    number_text,
 )
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
@@ -67,11 +63,21 @@ from ._journal import (
     START,
     Recorder,
     Step,
+    base_state,
     entry_text,
-    replay,
+    replay_record,
     run_step,
 )
-from ._record import MAX_KEYS, Claim, Record, extend, head_bytes, parse_record, tail_text
+from ._record import (
+    MAX_KEYS,
+    Claim,
+    Record,
+    extend,
+    head_bytes,
+    middle_text,
+    parse_record,
+    tail_text,
+)
 from ._redis import RedisStore
 
 __all__ = [
@@ -330,10 +336,6 @@ class Advanced:
         return self.status is AdvanceStatus.APPLIED
 
 
-def _number(value: float) -> str:
-    return float.__repr__(value) if type(value) is float else number_text(value)
-
-
 def _mark(state: SessionState) -> tuple[object, int]:
     """Where a replay starts: the current turn and how many actions it holds."""
     turn = state.turn
@@ -351,10 +353,6 @@ def _reframe(state: SessionState, mark: tuple[object, int]) -> None:
         action = actions[i]
         if type(action) is Finish and action.retry_at is not None:
             actions[i] = attrs.evolve(action, retry_at=action.retry_at + state.started)
-
-
-def _no_clock() -> float:
-    raise AssertionError("a replayed step reads the clocks its entry recorded")  # pragma: no cover
 
 
 def _recorder(session: Session) -> Recorder:
@@ -479,40 +477,25 @@ class Worker:
                 return version, record, session
             data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
             record = parse_record(session_id, data, payload)
-        settings, state = self._base(record)
-        mark = _mark(state)
-        self._replay(record, settings, state, record.journal, 0)
+        session = self._restored(record, observers)
         record.crowded = len(record.journal) > REPLAY_AT_MOST
-        session = self._session_of(record, settings, state, observers)
-        _reframe(state, mark)
         self._remember(session_id, version, record, session)
         return version, record, session
 
-    def _base(self, record: Record) -> tuple[Settings, SessionState]:
-        """The record's snapshot, read with the session's start at 0 on its clock (the
-        frame its journal's readings are in)."""
-        snapshot = record.snapshot or {}
-        elapsed: Any = snapshot.get("elapsed_s")
-        now = float(elapsed) if type(elapsed) in (int, float) else 0.0
-        try:
-            return read_snapshot(snapshot, now)
-        except SnapshotError as exc:
-            raise CorruptSession(
-                f"session {record.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
-                session_id=record.session_id,
-            ) from None
+    def _restored(self, record: Record, observers: tuple[Observer, ...]) -> Session:
+        """The session in ``record`` read in full: its snapshot restored, its journal
+        replayed, on this worker's clock now."""
+        settings, state = self._base(record)
+        mark = _mark(state)
+        if record.journal:
+            self._replay_on(self._over(settings, state, ()), record, record.journal, 0)
+        session = self._session_of(record, settings, state, observers)
+        _reframe(state, mark)
+        return session
 
-    def _replay(
-        self,
-        record: Record,
-        settings: Settings,
-        state: SessionState,
-        entries: tuple[object, ...],
-        first: int,
-    ) -> None:
-        """Apply journal ``entries`` (``first``: the index of the first) to ``state``."""
-        if entries:
-            self._replay_on(self._over(settings, state, ()), record, entries, first)
+    def _base(self, record: Record) -> tuple[Settings, SessionState]:
+        """The record's snapshot in the journal's frame (see ``base_state``)."""
+        return base_state(record)
 
     def _replay_on(
         self, session: Session, record: Record, entries: tuple[object, ...], first: int
@@ -521,12 +504,7 @@ class Worker:
         it runs on this worker's clocks again after."""
         core = session._core  # noqa: SLF001 - the store is the engine's own host
         try:
-            replay(session, list(entries), first)
-        except ValueError as exc:
-            raise CorruptSession(
-                f"session {record.session_id!r}: the stored record's {exc}",
-                session_id=record.session_id,
-            ) from None
+            replay_record(session, record, entries, first)
         finally:
             core.clock, core.wall_clock = self._clock, self._now
             core.doom_check = self._doom_check
@@ -674,13 +652,7 @@ class Worker:
                 return self._over(own.settings, state, self._observers)
         session_id, payload = handout.session_id, handout.payload
         data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
-        record = parse_record(session_id, data, payload)
-        settings, state = self._base(record)
-        mark = _mark(state)
-        self._replay(record, settings, state, record.journal, 0)
-        session = self._session_of(record, settings, state, self._observers)
-        _reframe(state, mark)
-        return session
+        return self._restored(parse_record(session_id, data, payload), self._observers)
 
     def _result(
         self, status: AdvanceStatus, version: int, record: Record, session: Session
@@ -740,42 +712,33 @@ class Worker:
                 finished_s=snapshot["finished_at"],
             )
         saved_at = self._now()
-        tail = tail_text(saved_at, keys, claim, carried, elapsed, finished).encode()
+        middle = middle_text(keys, claim, carried)
+        tail = tail_text(saved_at, middle, elapsed, finished).encode()
         count = 0 if previous is None else previous.entries
         end = None if previous is None else previous.prefix_end
+        known = None if previous is None else previous.payload
         added = ",".join(entries).encode()
         if (
-            end is None
+            previous is None
+            or end is None
+            or known is None
             or count + len(entries) > COMPACT_EVERY
             or (compact and count >= COMPACT_AT_START)
-            or (previous is not None and previous.crowded)
+            or previous.crowded
             or end + len(added) > self._compact_at
-        ):
-            cache = TextCache()
+        ):  # the snapshot written anew, the journal empty
+            cache: TextCache | None = TextCache()
             old = TextCache() if previous is None or previous.cache is None else previous.cache
-            base = write_snapshot_text(session.settings, state, now, old, cache)
-            head = head_bytes(session_id, incarnation, base)
-            return Record(
-                session_id,
-                None,
-                saved_at,
-                keys,
-                claim,
-                carried,
-                incarnation,
-                elapsed_s=elapsed,
-                finished_s=finished,
-                prefix_end=len(head),
-                base_text=base,
-                cache=cache,
-                payload=head + tail,
-            )
-        known = None if previous is None else previous.payload
-        assert previous is not None  # noqa: S101 - only a previous record has an end
-        assert known is not None  # noqa: S101
-        prefix = memoryview(known)[:end]
-        if added and count:
-            added = b"," + added
+            text = write_snapshot_text(session.settings, state, now, old, cache)  # type: ignore[arg-type]
+            base: str | None = text
+            prefix: bytes | memoryview = head_bytes(session_id, incarnation, text)
+            count, added = 0, b""
+        else:  # the entries appended to the previous record's bytes
+            base, cache = previous.base_text, previous.cache
+            prefix = memoryview(known)[:end]
+            count += len(entries)
+            if added and previous.entries:
+                added = b"," + added
         return Record(
             session_id,
             None,
@@ -786,11 +749,12 @@ class Worker:
             incarnation,
             elapsed_s=elapsed,
             finished_s=finished,
-            entries=count + len(entries),
-            prefix_end=end + len(added),
-            base_text=previous.base_text,
-            cache=previous.cache,
+            entries=count,
+            prefix_end=len(prefix) + len(added),
+            base_text=base,
+            cache=cache,
             payload=b"".join((prefix, added, tail)),
+            middle=middle,
         )
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
@@ -1008,24 +972,17 @@ class Worker:
         record.finished_s = finished
         middle = record.middle
         if middle is None:
-            keys = record.keys
-            middle = f',"keys":{json_text(keys) if keys else "[]"},"claim":null,"carried":[]'
-            record.middle = middle
-        tail = (
-            f'],"saved_at":{_number(saved_at)}{middle}'
-            f',"elapsed_s":{_number(elapsed)},"finished_s":{number_or_null(finished)}}}'
-        )
-        record.payload = b"".join((memoryview(payload)[:end], added, tail.encode()))
+            middle = record.middle = middle_text(record.keys, None, ())
+        tail = tail_text(saved_at, middle, elapsed, finished).encode()
+        record.payload = b"".join((memoryview(payload)[:end], added, tail))
         record.prefix_end = end + len(added)
         record.entries = count + 1
         return record
 
-    def _steps(
-        self, session: Session, steps: Iterable[Step], entries: list[str] | None = None
-    ) -> Any:
+    def _steps(self, session: Session, steps: Iterable[Step], entries: list[str]) -> Any:
         """Apply ``steps`` to ``session``, adding their journal entries to ``entries``
         (none are kept for a store that takes JSON data); what the last produced."""
-        if entries is None or self._payload_cas is None:
+        if self._payload_cas is None:
             result = None
             for step in steps:
                 result = run_step(session, step)
