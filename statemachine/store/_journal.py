@@ -240,6 +240,14 @@ def _number(value: object) -> bool:
     return type(value) in (int, float)
 
 
+def _as_float(value: float) -> float:
+    """``value`` as a float; an int too large for one is infinite (then refused)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _readings(raw: object, name: str) -> list[float]:
     """Clock readings as floats, or ``ValueError`` naming ``name``."""
     if type(raw) is not list:
@@ -248,10 +256,7 @@ def _readings(raw: object, name: str) -> list[float]:
     for reading in raw:
         if not _number(reading):
             raise ValueError(f"{name}: must be a list of numbers")
-        try:
-            value = float(reading)
-        except OverflowError:
-            value = math.inf
+        value = _as_float(reading)
         if not math.isfinite(value):
             raise ValueError(f"{name}: {short_repr(reading)} is not a finite number")
         readings.append(value)
@@ -261,10 +266,7 @@ def _readings(raw: object, name: str) -> list[float]:
 def _amount(value: float, what: str, *, signed: bool = False) -> float:
     """A spend (a finite number >= 0) or a budget (``signed``: any finite number, as
     siblings may overspend it) read from an entry, or ``ValueError``."""
-    try:
-        amount = float(value)
-    except OverflowError:
-        amount = math.inf
+    amount = _as_float(value)
     if not math.isfinite(amount) or (amount < 0 and not signed):
         kind = "a finite amount" if signed else "a finite amount >= 0"
         raise ValueError(f"{what}: {short_repr(value)} is not {kind}")
