@@ -268,7 +268,7 @@ def _parts(number: int) -> dict[str, float]:
             "[g(core, ts, ev, None) for g in guards]; retries_left(core, ts, ev, None)"
         ),
         "_wait_facts (retry_after + jitter + wait_seconds)": "T._wait_facts(core, ts, ev)",
-        "  retry_after(error, wall_clock)": "T.retry_after(ev.error, core.wall_clock)",
+        "  retry_after(error, wall)": "T.retry_after(ev.error, 1.7e9)",
         "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(core.state.seed, 3)",
         "  wait_seconds(...)": "B.wait_seconds(2, 0.3, None, 500.0, 2.0, 30000.0)",
         "Wait(...) (attrs frozen __init__)": "Wait(0.5, cat, 0)",
@@ -285,7 +285,7 @@ def _parts(number: int) -> dict[str, float]:
             "trace.append(None); trace.append(None)\nif len(trace) > 1000: trace.clear()"
         ),
         "_model(core, turn)": "T._model(core, ts)",
-        "core.check_bounds()": "core.check_bounds()",
+        "core.check_bounds(now)": "core.check_bounds(0.0)",
         "call_fingerprint (the engine's)": "S.call_fingerprint(call)",
         "  json.dumps with options (builds an encoder per call, the old way)": (
             "json.dumps([call.name, call.arguments], sort_keys=True, separators=(',', ':'),"

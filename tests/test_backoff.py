@@ -115,7 +115,7 @@ def test_retry_after_truth_table(s: str, ms: str, ra: str, date: str, expected: 
         headers["Date"] = date
     field = None if s == "-" else float(s)
     error = sm.ModelError("rate_limited", retry_after_seconds=field, headers=headers or None)
-    got = retry_after(error, lambda: WALL)
+    got = retry_after(error, WALL)
     if expected == "none":
         assert got is None
     else:
@@ -135,7 +135,7 @@ def test_arbitrary_header_values_never_raise(raw: str) -> None:
     """Whatever the headers hold, reading them never raises and never gives a negative
     or non-finite wait."""
     error = sm.ModelError("overloaded", headers={"retry-after": raw, "retry-after-ms": raw})
-    got = retry_after(error, lambda: WALL)
+    got = retry_after(error, WALL)
     assert got is None or (math.isfinite(got) and got >= 0)
 
 
@@ -193,9 +193,9 @@ def test_headers_with_numbers_or_odd_values_never_raise() -> None:
     """A header value given as a number is read as text; one of another type is
     dropped; neither raises."""
     numeric = sm.ModelError("rate_limited", headers={"retry-after": 5})
-    assert retry_after(numeric, lambda: WALL) == 5.0
+    assert retry_after(numeric, WALL) == 5.0
     odd = sm.ModelError("rate_limited", headers={"retry-after": None, "x": object()})
-    assert retry_after(odd, lambda: WALL) is None
+    assert retry_after(odd, WALL) is None
     assert sm.Headers([("a", "1"), "not-a-pair"]) == {"a": "1"}
 
 

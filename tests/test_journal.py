@@ -74,23 +74,23 @@ def _edit_entry(index: int, edit: Any) -> Any:
 
 
 FORGERIES: dict[str, tuple[Any, str]] = {
-    "an unknown step": (_set_entry(1, ["x", [], []]), r"journal\[1\]: unknown step"),
-    "an event step without its event": (_set_entry(1, ["e", [], []]), r"journal\[1\]"),
-    "times that are not a list": (
+    "an unknown step": (_set_entry(1, ["x", None, None]), r"journal\[1\]: unknown step"),
+    "an event step without its event": (_set_entry(1, ["e", 0.0, None]), r"journal\[1\]"),
+    "a moment that is text": (
         _edit_entry(1, lambda e: e.__setitem__(1, "0.0")),
-        r"journal\[1\]: times: must be a list of numbers",
+        r"journal\[1\]: at: must be a number",
     ),
     "a reading before the session started": (
-        _edit_entry(1, lambda e: e.__setitem__(1, [-1.0])),
-        r"journal\[1\]: times: a session clock reading before",
+        _edit_entry(1, lambda e: e.__setitem__(1, -1.0)),
+        r"journal\[1\]: at: a session clock reading before",
     ),
     "a reading too large for a float": (
-        _edit_entry(1, lambda e: e.__setitem__(1, [10**400])),
-        r"journal\[1\]: times: .* is not a finite number",
+        _edit_entry(1, lambda e: e.__setitem__(1, 10**400)),
+        r"journal\[1\]: at: .* is not a finite number",
     ),
     "a wall reading that is text": (
-        _edit_entry(1, lambda e: e.__setitem__(2, ["now"])),
-        r"journal\[1\]: walls: must be a list of numbers",
+        _edit_entry(1, lambda e: e.__setitem__(2, "now")),
+        r"journal\[1\]: wall: must be a number",
     ),
     "an action where an event belongs": (
         _edit_entry(
@@ -109,41 +109,44 @@ FORGERIES: dict[str, tuple[Any, str]] = {
         _edit_entry(1, lambda e: e.__setitem__(3, {"$type": "WaitDone"})),
         r"journal\[1\]: .*WaitDone",
     ),
-    "fewer clock readings than the step makes": (
-        _edit_entry(1, lambda e: e.__setitem__(1, [])),
-        r"journal\[1\]: the step reads the session clock more often than it recorded",
+    "a step without its moment": (
+        _edit_entry(1, lambda e: e.__setitem__(1, None)),
+        r"journal\[1\]: at: the step recorded no clock reading",
     ),
-    "more clock readings than the step makes": (
-        _edit_entry(1, lambda e: e[1].extend([0.0] * 5)),
-        r"journal\[1\]: the step recorded more clock readings than it makes",
+    "a moment that is a list (version 2's readings in a version-3 record)": (
+        _edit_entry(1, lambda e: e.__setitem__(1, [0.0])),
+        r"journal\[1\]: at: must be a number",
     ),
     "an entry that is text": (
         _set_entry(1, "s"),
-        r"journal\[1\]: must be a list \[op, times, walls",
+        r"journal\[1\]: must be a list \[op, at, wall",
     ),
     "an entry of two items": (
-        _set_entry(1, ["s", []]),
-        r"journal\[1\]: must be a list \[op, times, walls",
+        _set_entry(1, ["s", 0.0]),
+        r"journal\[1\]: must be a list \[op, at, wall",
     ),
-    "times that are an object": (
+    "a moment that is an object": (
         _edit_entry(1, lambda e: e.__setitem__(1, {})),
-        r"journal\[1\]: times: must be a list of numbers",
+        r"journal\[1\]: at: must be a number",
     ),
     "an event before any turn": (
-        _set_entry(0, ["e", [0.0], [], {"$type": "WaitDone"}]),
+        _set_entry(0, ["e", 0.0, None, {"$type": "WaitDone"}]),
         r"journal\[0\]: the session has no turn yet",
     ),
     "a child spend of a number id": (
-        _set_entry(1, ["c", [], [], 5, 1.0]),
+        _set_entry(1, ["c", None, None, 5, 1.0]),
         r"journal\[1\]: unknown step",
     ),
-    "a budget that is text": (_set_entry(1, ["b", [], [], "all"]), r"journal\[1\]: unknown step"),
+    "a budget that is text": (
+        _set_entry(1, ["b", None, None, "all"]),
+        r"journal\[1\]: unknown step",
+    ),
     "a journal that is not a list": (
         lambda data: data.__setitem__("journal", {"0": 1}),
         r"journal: must be a list",
     ),
     "a journal longer than any worker writes": (
-        lambda data: data.__setitem__("journal", [["s", [], []]] * (MAX_JOURNAL + 1)),
+        lambda data: data.__setitem__("journal", [["s", 0.0, None]] * (MAX_JOURNAL + 1)),
         rf"journal: {MAX_JOURNAL + 1} entries, more than {MAX_JOURNAL}",
     ),
     "elapsed_s that is text": (
@@ -180,7 +183,7 @@ def test_forged_bytes_after_a_known_prefix_are_read_as_a_reader_that_knows_nothi
     follower = _worker(store, "b")
     follower.load("s")
     version, payload = store.load_payload("s")
-    extra = b',"journal":[["s",[],[]]]}'
+    extra = b',"journal":[["s",0.0,null]]}'
     forged = payload[:-1] + extra
     store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
     outcomes = []
@@ -199,15 +202,55 @@ def test_a_forged_journal_that_runs_the_clock_back_still_gives_a_reachable_state
     store, _, _ = _journaled()
 
     def back(data: dict[str, Any]) -> None:
-        for entry in data["journal"]:
-            entry[1] = [100.0 - i for i, _ in enumerate(entry[1])]
-        data["journal"][-1][1] = [0.0 for _ in data["journal"][-1][1]]
+        for i, entry in enumerate(data["journal"]):
+            if entry[1] is not None:
+                entry[1] = 100.0 - i
+        data["journal"][-1][1] = 0.0
+        data["elapsed_s"] = 100.0  # the record's age is never before its last step
 
     _forge(store, back)
     session = _worker(store, "c").load("s").session
     turn = session.snapshot()["turn"]
     assert turn["times"] == sorted(turn["times"])
+    assert turn["times"][-1] == 100.0
     sm.Session.restore(session.snapshot(), clock=lambda: 0.0)
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_record_whose_clock_fields_disagree_with_its_journal_is_refused() -> None:
+    """The tail's ages are what the journal says: an ``elapsed_s`` before the journal's
+    last step, a ``finished_s`` while the journal's turn still runs (its Finish entry
+    dropped), or one that puts the finish elsewhere, is refused naming the key, by a
+    worker and by the store API alike (before, a damaged record was accepted, and the
+    next compaction wrote a state every other worker refused)."""
+    store, w, r = _journaled(4)  # start, Assembled, rate limit, WaitDone: calling
+    r = w.advance("s", sm.ModelReplied(cost=0.5), expected_version=r.version)
+    assert isinstance(r.action, sm.Finish)
+    _, payload = store.load_payload("s")
+    good = json.loads(payload)
+    assert good["finished_s"] == 0.0 and good["journal"][-1][3]["$type"] == "ModelReplied"
+    forgeries = {
+        "elapsed_s": lambda d: d["journal"][-1].__setitem__(1, d["elapsed_s"] + 5.0),
+        "finished_s": lambda d: d["journal"].pop(),  # the Finish's entry dropped
+    }
+    for key, change in forgeries.items():
+        data = json.loads(payload)
+        change(data)
+        store.compare_and_set("s", store.load_payload("s")[0], data)
+        for reader in (_worker(store, "c"), w):
+            with pytest.raises(CorruptSession, match=rf"record's {key}: "):
+                reader.load("s")
+        with pytest.raises(CorruptSession, match=rf"record's {key}: "):
+            store.load("s")
+    data = json.loads(payload)
+    data["elapsed_s"] += 10.0
+    data["finished_s"] = 3.0  # the journal says the turn finished 10 s ago
+    store.compare_and_set("s", store.load_payload("s")[0], data)
+    with pytest.raises(CorruptSession, match=r"record's finished_s: 3\.0, but the last turn"):
+        _worker(store, "c").load("s")
+    data["finished_s"] = 10.0
+    store.compare_and_set("s", store.load_payload("s")[0], data)
+    assert _worker(store, "c").load("s").session.idle_s >= 10.0
 
 
 @pytest.mark.requirement("ER-70", "ER-74")
@@ -266,7 +309,7 @@ def test_a_result_read_after_the_worker_moved_on_holds_its_own_version() -> None
 @pytest.mark.requirement("ER-70")
 def test_a_version_1_record_is_read_and_continued() -> None:
     """A record written before the journal (version 1: the snapshot current, no journal,
-    no ages) is read, and the next write continues it as version 2."""
+    no ages) is read, and the next write continues it as version 3."""
     store = InMemoryStore()
     session = sm.Session(settings(), seed=1, clock=lambda: 0.0)
     turn = session.new_turn()
@@ -289,7 +332,7 @@ def test_a_version_1_record_is_read_and_continued() -> None:
     assert loaded.session.snapshot() == session.snapshot()
     after = w.advance("s", sm.ModelReplied(), expected_version=loaded.version)
     assert after.applied
-    assert json.loads(_payload(store, "s"))["version"] == 2
+    assert json.loads(_payload(store, "s"))["version"] == 3
     assert _worker(store, "b").load("s").session.snapshot() == after.session.snapshot()
 
 
@@ -350,17 +393,17 @@ _FAILED = st.builds(
 @pytest.mark.requirement("ER-70")
 @given(
     event=_FAILED,
-    times=st.lists(st.floats(0, 1e9), max_size=3),
-    walls=st.lists(st.floats(0, 2e9), max_size=2),
+    at=st.floats(0, 1e9),
+    wall=st.none() | st.floats(0, 2e9) | st.integers(0, 2**40),
 )
 @settings_(max_examples=300, deadline=None)
 def test_a_hand_written_entry_decodes_as_the_general_encoding(
-    event: sm.ModelFailed, times: list[float], walls: list[float]
+    event: sm.ModelFailed, at: float, wall: float | None
 ) -> None:
     """The hand-written text of a rate limit's entry reads back as the general encoding
     reads back: the same data, the same event."""
-    text = entry_text((EVENT, event), times, walls)
-    general = json_text(["e", times, walls, compact(event)])
+    text = entry_text((EVENT, event), at, wall)
+    general = json_text(["e", at, wall, compact(event)])
     assert json.loads(text) == json.loads(general)
     assert json_text(encode(decode(json.loads(text)[3], "event"))) == json_text(encode(event))
 
@@ -369,9 +412,11 @@ _DATE = "Wed, 21 Oct 2015 07:28:00 GMT"
 
 
 @pytest.mark.requirement("ER-77")
-def test_a_step_that_reads_the_wall_clock_more_often_than_it_recorded_is_refused() -> None:
-    """A rate limit whose retry-after is an HTTP date reads the wall clock; its entry
-    with the wall reading taken out is refused naming the entry. The wall clock may
+def test_a_steps_wall_time_is_journaled_and_replayed() -> None:
+    """A rate limit whose retry-after is an HTTP date is measured against the step's wall
+    time: the entry holds it, a replay gives it back (and so waits the same), and an
+    entry whose wall time was taken out replays as a step with no wall time (the date
+    is not usable: a plain backoff, no longer the server's wait). The wall clock may
     give whole numbers: they are written and read back as they came."""
     store = InMemoryStore()
     w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1_445_412_000)
@@ -381,12 +426,19 @@ def test_a_step_that_reads_the_wall_clock_more_often_than_it_recorded_is_refused
     error = sm.ModelError("rate_limited", headers={"retry-after": _DATE})
     r = w.advance("s", sm.ModelFailed(error), expected_version=r.version)
     journal = json.loads(_payload(store, "s"))["journal"]
-    assert journal[2][2] == [1_445_412_000]
-    reader = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1_445_412_000)
+    assert journal[2][2] == 1_445_412_000
+    assert isinstance(r.action, sm.Finish)  # 480 s: more than the settings' server wait
+    assert r.action.status is sm.TurnStatus.RETRY_DEFERRED
+    reader = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0)
     assert reader.load("s").session.snapshot() == r.session.snapshot()
-    _forge(store, _edit_entry(2, lambda e: e.__setitem__(2, [])))
-    with pytest.raises(CorruptSession, match=r"journal\[2\]: the step reads the wall clock more"):
-        _worker(store, "c").load("s")
+
+    def unwalled(data: dict[str, Any]) -> None:
+        data["journal"][2][2] = None
+        data["finished_s"] = None  # no longer finished: the tail says what the journal says
+
+    _forge(store, unwalled)
+    replayed = _worker(store, "c").load("s")
+    assert isinstance(replayed.action, sm.Wait) and replayed.action.retry_after is None
 
 
 @pytest.mark.requirement("ER-77")
@@ -426,7 +478,7 @@ def test_a_reading_before_the_snapshots_last_step_is_read_as_that_step(
     r = w.advance("s", sm.ModelFailed(sm.ModelError("overloaded")), expected_version=r.version)
 
     def back(data: dict[str, Any]) -> None:
-        data["journal"][0][1] = [1.0 for _ in data["journal"][0][1]]
+        data["journal"][0][1] = 1.0
 
     _forge(store, back)
     times = _worker(store, "c").load("s").session.snapshot()["turn"]["times"]
@@ -437,25 +489,36 @@ def test_a_reading_before_the_snapshots_last_step_is_read_as_that_step(
 @pytest.mark.requirement("ER-70", "ER-71")
 def test_a_record_written_by_hand_in_the_documented_format_is_read() -> None:
     """The journal's format is the documented one (``_journal.py``): a record written
-    by hand, a start, an assembled request and a child's spend, reads as the steps say."""
+    by hand, a start, an assembled request and a child's spend, reads as the steps say,
+    in the format a worker writes (version 3) and in the one the last release wrote
+    (version 2: each step's clock readings as lists)."""
     session = sm.Session(settings(), seed=1, clock=lambda: 0.0, session_id="s")
     kid = session.spawn().session_id
     snapshot = json.dumps(session.snapshot(), separators=(",", ":"))
-    text = (
+    v3 = (
+        '{"format":"statemachine.store.record","version":3,"session_id":"s",'
+        f'"incarnation":"i-1","snapshot":{snapshot},"journal":['
+        '["s",0.0,null],'
+        '["e",0.0,null,{"$type":"Assembled","request":{"m":1},"size":5}],'
+        f'["c",null,null,"{kid}",0.5]],'
+        '"saved_at":1.0,"keys":[],"claim":null,"carried":[],"elapsed_s":0.0,"finished_s":null}'
+    )
+    v2 = (
         '{"format":"statemachine.store.record","version":2,"session_id":"s",'
         f'"incarnation":"i-1","snapshot":{snapshot},"journal":['
-        '["s",[0.0],[]],'
+        '["s",[0.0,0.0],[]],'
         '["e",[0.0],[],{"$type":"Assembled","request":{"m":1},"size":5}],'
         f'["c",[],[],"{kid}",0.5]],'
         '"saved_at":1.0,"keys":[],"claim":null,"carried":[],"elapsed_s":0.0,"finished_s":null}'
     )
-    store = InMemoryStore()
-    store.compare_and_set("s", 0, json.loads(text))
-    loaded = _worker(store, "a").load("s")
-    assert loaded.session.turns == 1
-    assert isinstance(loaded.action, sm.CallModel)
-    assert loaded.action.request == {"m": 1}
-    assert loaded.session.cost_usd == 0.5
+    for text in (v3, v2):
+        store = InMemoryStore()
+        store.compare_and_set("s", 0, json.loads(text))
+        loaded = _worker(store, "a").load("s")
+        assert loaded.session.turns == 1
+        assert isinstance(loaded.action, sm.CallModel)
+        assert loaded.action.request == {"m": 1}
+        assert loaded.session.cost_usd == 0.5
 
 
 @pytest.mark.requirement("ER-70")
@@ -509,12 +572,12 @@ def _family(store: InMemoryStore) -> Worker:
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ('["c",[],[],"p.k",1' + "0" * 400 + "]", "child spend: an int of .* is not a finite"),
-        ('["c",[],[],"p.k",1e999]', "child spend: inf is not a finite amount"),
-        ('["c",[],[],"p.k",-0.5]', "child spend: -0.5 is not a finite amount >= 0"),
-        ('["b",[],[],1e999]', "budget: inf is not a finite amount"),
-        ('["b",[],[],1' + "0" * 400 + "]", "budget: an int of .* is not a finite amount"),
-        ('["b",[],[],1.0]', "an ancestors' budget for a session with no parent"),
+        ('["c",null,null,"p.k",1' + "0" * 400 + "]", "child spend: an int of .* is not a finite"),
+        ('["c",null,null,"p.k",1e999]', "child spend: inf is not a finite amount"),
+        ('["c",null,null,"p.k",-0.5]', "child spend: -0.5 is not a finite amount >= 0"),
+        ('["b",null,null,1e999]', "budget: inf is not a finite amount"),
+        ('["b",null,null,1' + "0" * 400 + "]", "budget: an int of .* is not a finite amount"),
+        ('["b",null,null,1.0]', "this session has no parent, so no ancestors' budget"),
     ],
 )
 def test_forged_amounts_are_refused(entry: str, message: str) -> None:
@@ -525,7 +588,7 @@ def test_forged_amounts_are_refused(entry: str, message: str) -> None:
     store = InMemoryStore()
     _family(store)
     version, payload = store.load_payload("p")
-    forged = payload.replace(b'["s",[0.0],[]]', b'["s",[0.0],[]],' + entry.encode(), 1)
+    forged = payload.replace(b'["s",0.0,null]', b'["s",0.0,null],' + entry.encode(), 1)
     assert forged != payload
     store._data[store.key("p")] = (version, forged, None, store._data[store.key("p")][3])
     with pytest.raises(CorruptSession, match=message):
@@ -645,7 +708,7 @@ def test_the_store_api_gives_the_record_with_its_journal_applied() -> None:
     assert record["snapshot"] == r.session.snapshot()
     restored = sm.Session.restore(record["snapshot"], clock=lambda: 0.0)
     assert restored.snapshot() == r.session.snapshot()
-    _forge(store, _set_entry(1, ["x", [], []]))
+    _forge(store, _set_entry(1, ["x", None, None]))
     with pytest.raises(CorruptSession, match=r"journal\[1\]: unknown step"):
         store.load("s")
 
@@ -656,7 +719,7 @@ def test_the_store_api_gives_the_record_with_its_journal_applied() -> None:
     [
         (b"[1]", "verdicts: must be a list of true/false"),
         (b'"no"', "verdicts: must be a list of true/false"),
-        (b"[]", "reads the doom check more often than it recorded"),
+        (b"[]", "asks the doom check more often than it recorded"),
     ],
 )
 def test_forged_doom_verdicts_are_refused(verdicts: bytes, message: str) -> None:
@@ -685,6 +748,6 @@ def test_an_ancestors_budget_spent_or_overspent_is_replayed(budget: float) -> No
     _family(store)
     version, payload = store.load_payload("p.k")
     data = json.loads(payload)
-    data["journal"] = [["b", [], [], budget]]
+    data["journal"] = [["b", None, None, budget]]
     store.compare_and_set("p.k", version, data)
     assert _worker(store, "b").load("p.k").session.remaining_budget_usd == budget

@@ -19,7 +19,7 @@ IN_TEN_SECONDS = "Sun, 09 Sep 2001 01:46:50 GMT"
 
 
 def _wait(headers: dict[str, str], wall: float = WALL) -> float | None:
-    return retry_after(sm.ModelError("rate_limited", headers=headers), lambda: wall)
+    return retry_after(sm.ModelError("rate_limited", headers=headers), wall)
 
 
 @pytest.mark.requirement("ER-21")
@@ -53,20 +53,20 @@ def test_a_date_one_second_ahead_and_a_fractional_clock_are_honoured() -> None:
 @pytest.mark.requirement("ER-4")
 def test_zero_and_small_values_are_usable_in_every_source() -> None:
     """Zero is a usable wait in the field and in both headers; ``-0.5`` is not."""
-    assert retry_after(sm.ModelError("rate_limited", retry_after_seconds=0), lambda: WALL) == 0.0
+    assert retry_after(sm.ModelError("rate_limited", retry_after_seconds=0), WALL) == 0.0
     assert _wait({"retry-after-ms": "0"}) == 0.0
     assert _wait({"retry-after": "0"}) == 0.0
     assert _wait({"retry-after": "0.5"}) == 0.5
     assert _wait({"retry-after": "-0.5"}) is None
     assert _wait({"retry-after-ms": "-0.5", "retry-after": "3"}) == 3.0
     field = sm.ModelError("rate_limited", retry_after_seconds=-0.5, headers={"retry-after": "4"})
-    assert retry_after(field, lambda: WALL) == 4.0
+    assert retry_after(field, WALL) == 4.0
 
 
 @pytest.mark.requirement("ER-21")
 def test_no_headers_and_no_field_is_no_wait() -> None:
     """An error with neither a field nor headers has no retry-after; headers with
     neither retry-after header have none either, whatever else they hold."""
-    assert retry_after(sm.ModelError("rate_limited"), lambda: WALL) is None
-    assert header_retry_after(sm.Headers({"date": IN_TEN_SECONDS}), lambda: WALL) is None
+    assert retry_after(sm.ModelError("rate_limited"), WALL) is None
+    assert header_retry_after(sm.Headers({"date": IN_TEN_SECONDS}), WALL) is None
     assert _wait({"x-other": "5"}) is None

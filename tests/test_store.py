@@ -1064,18 +1064,18 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     w.advance("s", None, expected_version=created.version)
     restores: list[str] = []
     replayed: list[int] = []
-    real_base, real_replay = Worker._base, Worker._replay_on
+    real_read, real_replay = store_worker.read_session, store_worker.replay_record
 
-    def counted_base(self: Worker, record: Record) -> Any:
+    def counted_read(record: Record, check: Any) -> Any:
         restores.append(record.session_id)
-        return real_base(self, record)
+        return real_read(record, check)
 
-    def counted_replay(self: Worker, session: Any, record: Record, *args: Any) -> None:
-        replayed.append(len(args[0]))
-        real_replay(self, session, record, *args)
+    def counted_replay(session: Any, verdicts: Any, record: Record, entries: Any, *args: Any) -> None:
+        replayed.append(len(entries))
+        real_replay(session, verdicts, record, entries, *args)
 
-    monkeypatch.setattr(Worker, "_base", counted_base)
-    monkeypatch.setattr(Worker, "_replay_on", counted_replay)
+    monkeypatch.setattr(store_worker, "read_session", counted_read)
+    monkeypatch.setattr(store_worker, "replay_record", counted_replay)
     loaded = w.load("s")
     assert restores == [] and replayed == []
     assert loaded.session.snapshot() == _fresh(store, "s", wall=now).snapshot()

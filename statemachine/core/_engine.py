@@ -2,12 +2,20 @@
 object that owns a session's state.
 
 :class:`Core` holds a session's :class:`SessionState` with what is fixed for its
-life (settings, clocks, observers, the dispatch). :meth:`Core.fire` takes one event
-for the current turn: it finds the rows for (state, event), derives once the *facts*
-the guards of those rows read (the wait a failure would take, the breakers a tool
-round would trip), picks the first row whose guards hold, runs its effect (which
+life (settings, observers, the dispatch). :meth:`Core.fire` takes one event for the
+current turn at one moment: it finds the rows for (state, event), derives once the
+*facts* the guards of those rows read (the wait a failure would take, the breakers a
+tool round would trip), picks the first row whose guards hold, runs its effect (which
 updates the state and builds the action) and records the step. Guards read and
 never change; facts are handed to guards and effect alike, as an argument.
+
+Time is an input, as every other fact: the core reads no clock. Each step is given
+its moment (``at``: the session's monotonic clock; ``wall``: Unix time, where a rule
+needs it) by the handle that calls it, and :meth:`Core.moment` checks it before
+anything changes: a time that is not a finite number is refused, a time before the
+session's last reading is read as that reading (the clock stood still), so no input
+can make a state that ``restore`` refuses. A replay is the same calls with the
+recorded moments.
 
 The dispatch is built from ``ROWS`` in one step (:class:`Dispatch`); the
 ``transitions`` machine built from the same rows is the definition a test proves it
@@ -138,9 +146,9 @@ def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
 
 
 def _crosses_wall_clock(core: Core, seconds: float) -> bool:
-    """Whether a wait of ``seconds`` would cross ``max_wall_clock_s``."""
+    """Whether a wait of ``seconds`` from now would cross ``max_wall_clock_s``."""
     limit = core.settings.max_wall_clock_s
-    return limit is not None and core.bound_elapsed_s() + seconds > limit
+    return limit is not None and core.bound_elapsed_s(core.now) + seconds > limit
 
 
 def _take_wait(core: Core, seconds: float) -> None:
@@ -153,7 +161,7 @@ def _take_wait(core: Core, seconds: float) -> None:
 
 
 def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
-    server = retry_after(event.error, core.wall_clock)
+    server = retry_after(event.error, core.wall)
     seconds = _backoff_s(core, turn.attempt, server)
     too_long = server is not None and server > core.settings.max_server_wait_s
     return WaitFacts(server, seconds, too_long, _crosses_wall_clock(core, seconds))
@@ -530,7 +538,8 @@ def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnSta
     error = event.error if type(event) is ModelFailed else None
     retry_at = None
     if status is TurnStatus.RETRY_DEFERRED:
-        retry_at = core.clock() + facts.server  # only a server's wait is ever deferred
+        retry_at = core.now + facts.server  # only a server's wait is ever deferred
+        retry_at = min(_LARGEST, retry_at)
     if error is not None and status in _LOGGED:
         _log_failure(core, turn, error, status)
     return _finish_action(core, turn, status, (), error, retry_at)
@@ -880,21 +889,19 @@ class Core:
     __slots__ = (
         "__weakref__",
         "children",
-        "clock",
         "dispatch",
         "doom_check",
         "groups",
+        "now",
         "observers",
         "parent",
         "settings",
         "state",
-        "wall_clock",
+        "wall",
     )
 
     settings: Settings
     state: SessionState
-    clock: Callable[[], float]
-    wall_clock: Callable[[], float]
     observers: tuple[Observer, ...]
     dispatch: Dispatch
     groups: dict[DispatchKey, Group]
@@ -903,37 +910,66 @@ class Core:
     """The parent session's core, for a child spawned in this process (live spend)."""
     children: list[weakref.ref[Any]]
     """The sessions spawned from this one in this process (for cancellation)."""
+    now: float
+    """The moment of the step being taken, on the session's clock (see :meth:`moment`)."""
+    wall: float | None
+    """The Unix time of the step being taken, when the host gave it."""
 
     def __init__(
         self,
         settings: Settings,
         state: SessionState,
-        clock: Callable[[], float],
-        wall_clock: Callable[[], float],
         observers: tuple[Observer, ...],
         dispatch: Dispatch,
         doom_check: DoomCheck | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
-        self.clock = clock
-        self.wall_clock = wall_clock
         self.observers = observers
         self.dispatch = dispatch
         self.groups = dispatch.groups
         self.doom_check = doom_check
         self.parent = None
         self.children = []
+        self.now = state.started
+        self.wall = None
 
-    def elapsed_s(self) -> float:
-        """Seconds on the session's clock since it started."""
-        return self.clock() - self.state.started
+    # -- time ----------------------------------------------------------------------
 
-    def bound_elapsed_s(self) -> float:
-        """The seconds ``max_wall_clock_s`` measures: all of them, or (with
+    def reading(self, at: object) -> float:
+        """``at``, a reading of the session's clock, as the moment of a step: checked,
+        and clamped to the state's last reading (nothing changes here).
+
+        Refused (``ValueError``; ``TypeError`` for what is not a number): a reading
+        that is not a finite number, or one so far from the session's start that the
+        seconds between do not fit a float. Clamped: a reading before the last one the
+        state holds is read as that one (a clock that ran back stood still).
+        """
+        reading: float
+        if type(at) is not float:
+            reading = _reading(at, "at")
+        elif at - at != 0.0:  # NaN or infinite
+            raise ValueError(f"at: must be a finite number of seconds, got {at!r}")
+        else:
+            reading = at
+        last = last_reading(self.state)
+        if reading < last:
+            return last
+        if reading - self.state.started >= _INFINITY:
+            raise ValueError(
+                f"at: {reading!r} is too far from the session's start "
+                f"({self.state.started!r}) for the seconds between to be a number"
+            )
+        return reading
+
+    def elapsed_s(self, now: float) -> float:
+        """Seconds on the session's clock from its start to ``now``."""
+        return now - self.state.started
+
+    def bound_elapsed_s(self, now: float) -> float:
+        """The seconds ``max_wall_clock_s`` measures at ``now``: all of them, or (with
         ``wall_clock_counts_idle = False``) all but those between a turn's Finish and
         the next turn's start."""
-        now = self.clock()
         state = self.state
         elapsed = now - state.started
         if self.settings.wall_clock_counts_idle:
@@ -942,6 +978,14 @@ class Core:
         if state.finished_at is not None:
             idle += now - state.finished_at
         return elapsed - idle
+
+    def idle_s(self, now: float) -> float:
+        """Seconds the session spent between turns, up to ``now``."""
+        state = self.state
+        idle = state.idle_s
+        if state.finished_at is not None:
+            idle += max(0.0, now - state.finished_at)
+        return idle
 
     # -- spend ---------------------------------------------------------------------
 
@@ -966,6 +1010,13 @@ class Core:
         state.child_costs = {**(costs or {}), child_id: total}
         self.charge(total - known)
 
+    def record_ancestor_budget(self, budget: float | None) -> None:
+        """The ancestors' smallest remaining budget is ``budget`` now (``None``: none
+        of them has one), as a parent in another process reported it."""
+        state = self.state
+        state.ancestor_budget_usd = budget
+        state.ancestor_mark_usd = state.cost_usd
+
     def remaining_budget_usd(self) -> float | None:
         """The smallest remaining ``max_cost_usd`` on the path to the root (``None``:
         no session on it has a budget). With a live parent the ancestors are read
@@ -978,8 +1029,8 @@ class Core:
 
     # -- turns ------------------------------------------------------------------------
 
-    def new_turn(self) -> TurnState:
-        """Begin the next turn (the final-answer turn once a limit has fired)."""
+    def new_turn(self, now: float) -> TurnState:
+        """Begin the next turn at ``now`` (the final-answer turn once a limit has fired)."""
         state = self.state
         if state.status is not None:
             raise SessionEnded(
@@ -996,7 +1047,7 @@ class Core:
                 "finish it or send it Cancelled() first"
             )
         state.turns = turns
-        self.check_bounds()
+        self.check_bounds(now)
         state.turns = turns + 1
         limit = state.limit
         if limit is None:
@@ -1015,8 +1066,9 @@ class Core:
         if self.state.limit is None:
             self.state.limit = limit
 
-    def check_bounds(self) -> None:
-        """Fire the first session bound that has been reached, if none has fired."""
+    def check_bounds(self, now: float) -> None:
+        """Fire the first session bound that has been reached at ``now``, if none has
+        fired."""
         state = self.state
         if state.limit is not None:
             return
@@ -1031,7 +1083,7 @@ class Core:
                 return
         if (
             settings.max_wall_clock_s is not None
-            and self.bound_elapsed_s() >= settings.max_wall_clock_s
+            and self.bound_elapsed_s(now) >= settings.max_wall_clock_s
         ):
             state.limit = SessionStatus.ERROR_MAX_WALL_CLOCK
 
@@ -1042,12 +1094,12 @@ class Core:
             return
         if finish.status is TurnStatus.BUDGET_EXHAUSTED:
             self.fire_limit(SessionStatus.ERROR_MAX_WALL_CLOCK)
-        self.check_bounds()
+        self.check_bounds(now)
 
-    def end(self, status: SessionStatus, reason: str) -> Finish | None:
-        """End the session on purpose with ``status`` (one of :data:`END_STATUSES`);
-        a running turn is cancelled first (``cancelled``, ``failed``), and so is every
-        live child session. Returns the cancelled turn's Finish, if there was one."""
+    def end(self, status: SessionStatus, reason: str, now: float) -> Finish | None:
+        """End the session on purpose with ``status`` (one of :data:`END_STATUSES`) at
+        ``now``; a running turn is cancelled first (``cancelled``, ``failed``), and so is
+        every live child session. Returns the cancelled turn's Finish, if there was one."""
         state = self.state
         if state.status is not None:
             raise SessionEnded(
@@ -1061,28 +1113,32 @@ class Core:
                     f"turn {turn.index} is still running (state {turn.state!r}): a session "
                     "completes between turns; end it cancelled or failed to abandon the turn"
                 )
-            finish = self.fire(turn, "Cancelled", Cancelled(reason))
+            finish = self.fire(turn, "Cancelled", Cancelled(reason), now, None)
         if status is not SessionStatus.COMPLETED:
             for ref in self.children:
                 child = ref()
                 if child is not None and child.status is None:
-                    child.end(SessionStatus.CANCELLED, reason=reason or "parent ended")
+                    child.end(SessionStatus.CANCELLED, reason=reason or "parent ended", at=now)
         state.status = status
         return finish  # type: ignore[return-value]
 
     # -- events ------------------------------------------------------------------------
 
-    def start(self, turn: TurnState) -> Action:
-        """Start ``turn``: the time since the last turn's Finish was idle (counted only
-        when the start is legal, before the transition an observer may see)."""
+    def start(self, turn: TurnState, now: float) -> Action:
+        """Start ``turn`` at ``now``: the time since the last turn's Finish was idle
+        (counted only when the start is legal, before the transition an observer may
+        see)."""
         state = self.state
         if state.finished_at is not None and (turn.state, START, None) in self.groups:
-            state.idle_s += max(0.0, self.clock() - state.finished_at)
+            state.idle_s += max(0.0, now - state.finished_at)
             state.finished_at = None
-        return self.fire(turn, START, None)
+        return self.fire(turn, START, None, now, None)
 
-    def fire(self, turn: TurnState, trigger: str, event: Any) -> Action:
-        """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn."""
+    def fire(
+        self, turn: TurnState, trigger: str, event: Any, now: float, wall: float | None
+    ) -> Action:
+        """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn, at the
+        moment ``now`` (checked by :meth:`moment`) with Unix time ``wall``."""
         state = turn.state
         category = event.error.category if trigger == "ModelFailed" else None
         group = self.groups.get((state, trigger, category))
@@ -1090,6 +1146,8 @@ class Core:
             raise IllegalEvent(
                 self.dispatch.illegal_message(trigger, state), event=trigger, state=state
             )
+        self.now = now
+        self.wall = wall
         if group.check is not None:
             group.check(self, turn, event)
         facts = None if group.facts is None else group.facts(self, turn, event)
@@ -1109,36 +1167,85 @@ class Core:
         step = step_after(row.steps, row.info, turn, self.state)
         turn.path.append(step)
         turn.actions.append(action)
-        now = self.clock()
         elapsed = now - self.state.started
         turn.times.append(elapsed)
+        turn.events.append(event)
         if cost:
             turn.costs.append((len(turn.path) - 1, cost))
+        if wall is not None:
+            turn.walls.append((len(turn.path) - 1, wall))
         if type(action) is Finish:
             self._turn_finished(turn, action, now)
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
             at = self.state.started + elapsed
-            record = trace_record(turn.index, len(turn.actions) - 1, step, action, cost, at)
+            record = trace_record(
+                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall
+            )
             for observer in self.observers:
                 observer(record)
         return action
 
 
-def _record_maker() -> Callable[[int, int, Step, Action, float, float | None], TraceRecord]:
+_INFINITY = float("inf")
+
+
+def needs_wall(event: object) -> bool:
+    """Whether a rule may read the wall time of the step ``event`` makes: a failure
+    whose headers may hold an HTTP-date ``retry-after``."""
+    return type(event) is ModelFailed and event.error.headers is not None
+
+
+def last_reading(state: SessionState) -> float:
+    """The latest moment ``state`` holds (the session's start, its current turn's last
+    step, its last Finish): no step can be taken before it."""
+    last = state.started
+    turn = state.turn
+    if turn is not None and turn.times:
+        latest = turn.times[-1]
+        if latest is not None:
+            last += latest
+    finished = state.finished_at
+    if finished is not None and finished > last:
+        last = finished
+    return last
+
+
+def wall_reading(wall: object) -> float | None:
+    """``wall`` (Unix time, or ``None``) checked as a step's wall time."""
+    return None if wall is None else _reading(wall, "wall")
+
+
+def _reading(value: object, name: str) -> float:
+    """``value`` as a finite float of seconds, or the error that names ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name}: must be a number of seconds, got {value!r:.60}")
+    try:
+        reading = float(value)
+    except OverflowError:
+        reading = _INFINITY
+    if not math.isfinite(reading):
+        raise ValueError(f"{name}: must be a finite number of seconds, got {value!r:.60}")
+    return reading
+
+
+def _record_maker() -> Callable[..., TraceRecord]:
     counters = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(TRACE_FIELDS))
     source = (
-        "def trace_record(turn, index, step, action, cost=0.0, at=None):\n"
+        "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
+        "                 wall=None):\n"
         "    source, trigger, guard, dest, _ = step[0]\n"
         "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost, at=at)\n"
+        f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost, at=at,\n"
+        "        caused_by=event, wall=wall)\n"
     )
     namespace: dict[str, Any] = {"TraceRecord": TraceRecord}
     exec(compile(source, "<trace_record, derived from TRACED>", "exec"), namespace)  # noqa: S102
     return namespace["trace_record"]  # type: ignore[no-any-return]
 
 
-trace_record: Callable[[int, int, Step, Action, float, float | None], TraceRecord] = _record_maker()
+trace_record: Callable[..., TraceRecord] = _record_maker()
 """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
-row, its action, the counters of :data:`TRACED` and the cost its event carried
-(generated, as it runs for every event an observer sees)."""
+row, its action, the counters of :data:`TRACED`, the cost its event carried, the
+moment it was taken and the event that caused it (generated, as it runs for every
+event an observer sees)."""

@@ -7,7 +7,8 @@ value of
 2. the ``retry-after-ms`` header (milliseconds),
 3. the ``retry-after`` header, as delay-seconds or as an HTTP-date; a date is
    measured against the response's own ``date`` header when it has a usable one
-   (no skew between our clock and the server's), else against the wall clock.
+   (no skew between our clock and the server's), else against the wall time the
+   caller gives (the step's, for the engine); with neither, a date is not usable.
 
 A value is usable when it parses as a finite number >= 0 (a date: one in the
 future). Anything else (garbage, negative, NaN, infinity, a past date) is skipped
@@ -18,7 +19,6 @@ are case-insensitive. Nothing here raises.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 
 from ._model_error import Headers, ModelError
@@ -51,8 +51,10 @@ def _http_date(raw: str) -> float | None:
     return moment.timestamp()
 
 
-def header_retry_after(headers: Headers, wall_clock: Callable[[], float]) -> float | None:
-    """The requested wait in ``headers`` alone (sources 2 and 3), or ``None``."""
+def header_retry_after(headers: Headers, wall: float | None) -> float | None:
+    """The requested wait in ``headers`` alone (sources 2 and 3), or ``None``. ``wall``
+    is the Unix time an HTTP-date is measured against when no usable ``date`` header
+    stands beside it (``None``: such a date is not usable)."""
     if "retry-after-ms" in headers:
         millis = _seconds(headers["retry-after-ms"])
         if millis is not None:
@@ -69,22 +71,24 @@ def header_retry_after(headers: Headers, wall_clock: Callable[[], float]) -> flo
             return None
         now = _http_date(headers["date"]) if "date" in headers else None
         if now is None:
-            now = wall_clock()
+            now = wall
+        if now is None:
+            return None
         delta = when - now
         if math.isfinite(delta) and delta > 0:
             return delta
     return None
 
 
-def retry_after(error: ModelError, wall_clock: Callable[[], float]) -> float | None:
+def retry_after(error: ModelError, wall: float | None) -> float | None:
     """The seconds the server asked us to wait, or ``None`` if it asked nothing usable.
 
-    ``wall_clock`` returns Unix time; it is read only for an HTTP-date with no
-    usable ``date`` header beside it.
+    ``wall`` is the Unix time of the step (``None``: unknown); it is used only for an
+    HTTP-date with no usable ``date`` header beside it.
     """
     seconds = _seconds(error.retry_after_seconds)
     if seconds is not None:
         return seconds
     if error.headers:
-        return header_retry_after(error.headers, wall_clock)
+        return header_retry_after(error.headers, wall)
     return None

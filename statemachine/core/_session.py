@@ -10,6 +10,15 @@ A session checks its bounds after every turn; when one has fired, the next turn 
 the *final-answer turn* (tools withheld, a synthetic instruction, one attempt), after
 which the session has ended with a :class:`SessionStatus` naming the limit. Nothing
 here raises for an agent failure.
+
+Time is an input. Every step (``new_turn``, ``start``, ``send``, ``end``) takes its
+moment as ``at=`` (a reading of the session's monotonic clock) and, for ``send``,
+``wall=`` (Unix time); left out, the handle reads the session's ``clock`` and
+``wall_clock`` for it (the wall clock only for a failure whose headers may hold an
+HTTP-date ``retry-after``). A session built with ``clock=None`` reads no clock at
+all, like h11: every step must say when it happens. The engine underneath
+(:class:`~statemachine.core._engine.Core`) never reads a clock, so replaying a
+recorded step is the same call with the recorded moment.
 """
 
 from __future__ import annotations
@@ -20,13 +29,31 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._actions import Action, Finish
-from ._engine import DISPATCH, TRIGGERS, Core, Dispatch, DoomCheck, Observer, trace_record
+from ._engine import (
+    DISPATCH,
+    TRIGGERS,
+    Core,
+    Dispatch,
+    DoomCheck,
+    Observer,
+    last_reading,
+    needs_wall,
+    trace_record,
+    wall_reading,
+)
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded
 from ._json_data import finite, json_problem
 from ._reachable import check_reachable
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
-from ._state import SessionState, TurnState, copy_session_state, decode_state, encode_state
+from ._state import (
+    SessionState,
+    TurnState,
+    copy_session_state,
+    decode_state,
+    encode_state,
+    shift_state,
+)
 from ._table import TERMINAL_STATES
 from ._taxonomy import END_STATUSES, SessionStatus, TurnStatus
 from ._trace import TraceRecord
@@ -36,9 +63,23 @@ __all__ = ["Observer", "Session", "Turn"]
 _DEFAULT_SETTINGS = Settings()
 
 
+Clock = Callable[[], float]
+
+
 def _check_clocks(clock: object, wall_clock: object) -> None:
-    if not callable(clock) or not callable(wall_clock):
-        raise ConfigError("clock: clock and wall_clock must be callables returning seconds")
+    if (clock is not None and not callable(clock)) or (
+        wall_clock is not None and not callable(wall_clock)
+    ):
+        raise ConfigError(
+            "clock: clock and wall_clock must be callables returning seconds, or None"
+        )
+
+
+def _no_clock(what: str) -> TypeError:
+    return TypeError(
+        f"at: the session has no clock (clock=None), so {what} must say when it happens: "
+        "pass at=<the session clock's reading, in seconds>"
+    )
 
 
 def _check_doom_check(doom_check: object) -> None:
@@ -56,12 +97,23 @@ def _check_id(name: str, value: object) -> None:
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
 
 
+def _start_reading(value: object, name: str = "started") -> float:
+    """A clock reading that anchors a session (its start, a restore's now): a finite
+    number of seconds, or the error that names it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
+        raise ConfigError(f"{name}: must be a finite number of seconds, got {value!r:.60}")
+    return float(value)
+
+
 class Session:
     """The turns of one conversation.
 
     ``seed`` seeds the jitter; ``clock`` is a monotonic clock in seconds (the wall
-    clock bound and waits are measured on it); ``wall_clock`` is Unix time, read
-    only to measure an HTTP-date ``retry-after``. ``observers`` receive every
+    clock bound and waits are measured on it) and ``wall_clock`` is Unix time, read
+    only to measure an HTTP-date ``retry-after``: the handles read them when a step
+    does not say when it happens (``at=``, ``wall=``). With ``clock=None`` no clock
+    is read: every step must pass ``at=``, and ``started`` (default 0.0) is the
+    session's start on the host's clock. ``observers`` receive every
     :class:`TraceRecord` of every turn, as it happens; an observer's exception
     propagates to the caller of ``send()``, after the transition (``turn.action``
     still holds its action).
@@ -72,19 +124,20 @@ class Session:
     first tier is one identical call short of firing and after every
     ``doom_check_window`` calls, and ``True`` fires ``error_doom_loop``.
 
-    Same settings, same seed, same events (and a deterministic ``doom_check``): the
-    same actions, bit for bit.
+    Same settings, same seed, same events at the same moments (and a deterministic
+    ``doom_check``): the same actions, bit for bit.
     """
 
-    __slots__ = ("__weakref__", "_core", "_handle")
+    __slots__ = ("__weakref__", "_clock", "_core", "_handle", "_wall_clock")
 
     def __init__(
         self,
         settings: Settings | None = None,
         seed: int = 0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = time.monotonic,
         *,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Clock | None = time.time,
+        started: float | None = None,
         observers: Iterable[Observer] = (),
         dispatch: Dispatch = DISPATCH,
         session_id: str | None = None,
@@ -99,10 +152,13 @@ class Session:
         _check_clocks(clock, wall_clock)
         _check_id("session_id", session_id)
         _check_doom_check(doom_check)
-        state = SessionState(seed=seed & _SEED_MASK, started=clock(), session_id=session_id)
-        self._core = Core(
-            settings, state, clock, wall_clock, tuple(observers), dispatch, doom_check
-        )
+        if started is None:
+            started = 0.0 if clock is None else clock()
+        start = _start_reading(started)
+        state = SessionState(seed=seed & _SEED_MASK, started=start, session_id=session_id)
+        self._core = Core(settings, state, tuple(observers), dispatch, doom_check)
+        self._clock = clock
+        self._wall_clock = wall_clock
         self._handle: Turn | None = None
 
     @classmethod
@@ -110,9 +166,9 @@ class Session:
         cls,
         settings: Settings,
         state: SessionState,
-        clock: Callable[[], float],
+        clock: Clock | None,
         *,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Clock | None = time.time,
         observers: Iterable[Observer] = (),
         dispatch: Dispatch = DISPATCH,
         check: bool = True,
@@ -132,38 +188,61 @@ class Session:
             raise ConfigError(f"state: must be a SessionState, got {type(state).__name__}")
         _check_clocks(clock, wall_clock)
         if check:  # every field by its kind, as restore reads it, then the whole state
-            now = clock()
+            now = last_reading(state)
             state = decode_state(SessionState, encode_state(state, now), now)
             check_reachable(state, settings)
         _check_doom_check(doom_check)
-        return cls._over(
-            Core(settings, state, clock, wall_clock, tuple(observers), dispatch, doom_check)
-        )
+        core = Core(settings, state, tuple(observers), dispatch, doom_check)
+        return cls._over(core, clock, wall_clock)
 
     @classmethod
-    def _over(cls, core: Core) -> Session:
+    def _over(cls, core: Core, clock: Clock | None, wall_clock: Clock | None) -> Session:
         """A session handle over ``core``, with a turn handle for its current turn."""
         self = cls.__new__(cls)
         self._core = core
+        self._clock = clock
+        self._wall_clock = wall_clock
         turn = core.state.turn
-        self._handle = None if turn is None else Turn(self, core, turn)
+        self._handle = None if turn is None else Turn(self, core, turn, clock, wall_clock)
         return self
+
+    def _now(self, at: object, what: str) -> float:
+        """The moment of a step: ``at``, or the clock's reading; checked and clamped."""
+        if at is None:
+            clock = self._clock
+            if clock is None:
+                raise _no_clock(what)
+            at = clock()
+        return self._core.reading(at)
+
+    def _reading(self) -> float:
+        """The clock's reading now (the state's last one for a session with no clock)."""
+        clock = self._clock
+        return last_reading(self._core.state) if clock is None else self._core.reading(clock())
 
     # -- turns -----------------------------------------------------------------
 
-    def new_turn(self) -> Turn:
-        """The next turn. If a limit has fired, it is the final-answer turn.
+    def new_turn(self, *, at: float | None = None) -> Turn:
+        """The next turn, created at ``at`` (default: the clock's reading; the wall
+        clock bound is checked then). If a limit has fired, it is the final-answer turn.
 
         Raises :class:`SessionEnded` once the session has ended, and
         :class:`TurnInProgress` while the current turn has not finished. The turn
         it returns replaces the previous handle, which takes no event from then on.
         """
-        turn = Turn(self, self._core, self._core.new_turn())
+        core = self._core
+        turn = Turn(
+            self, core, core.new_turn(self._now(at, "new_turn()")), self._clock, self._wall_clock
+        )
         self._handle = turn
         return turn
 
     def end(
-        self, status: SessionStatus | str = SessionStatus.COMPLETED, *, reason: str = ""
+        self,
+        status: SessionStatus | str = SessionStatus.COMPLETED,
+        *,
+        reason: str = "",
+        at: float | None = None,
     ) -> Finish | None:
         """End the session on purpose: ``completed`` (between turns: the work is done),
         ``cancelled`` (the user interrupted) or ``failed`` (the host gives up, e.g.
@@ -174,6 +253,7 @@ class Session:
         (:meth:`spawn`) ends ``cancelled`` too. ``completed`` with a turn running
         raises :class:`TurnInProgress`. Afterwards ``status`` is the given one and
         ``new_turn()`` raises :class:`SessionEnded`; ending an ended session raises it.
+        ``at`` is when (default: the clock's reading).
         """
         try:
             chosen = SessionStatus(status)
@@ -187,7 +267,7 @@ class Session:
             )
         if not isinstance(reason, str) or json_problem(reason) is not None:
             raise ValueError(f"reason: must be valid text, got {reason!r:.60}")
-        return self._core.end(chosen, reason)
+        return self._core.end(chosen, reason, self._now(at, "end()"))
 
     def spawn(
         self,
@@ -197,6 +277,7 @@ class Session:
         session_id: str | None = None,
         observers: Iterable[Observer] = (),
         doom_check: DoomCheck | None = None,
+        at: float | None = None,
     ) -> Session:
         """A child session (a sub-agent) whose spend counts toward this one's.
 
@@ -208,7 +289,8 @@ class Session:
         them: it takes its own limit-reached path (``error_max_budget_usd``) first.
 
         The child's id defaults to ``"<this id>.<n>"`` and its seed is derived from
-        this session's; it shares the clocks. Ending this session ``cancelled`` or
+        this session's; it shares the clocks and starts at ``at`` (default: the clock's
+        reading). Ending this session ``cancelled`` or
         ``failed`` ends its live children ``cancelled``. Across processes (a child
         restored elsewhere) report a child's total with :meth:`record_child_spend`.
         """
@@ -235,8 +317,9 @@ class Session:
         child = Session(
             settings if settings is not None else core.settings,
             seed,
-            core.clock,
-            wall_clock=core.wall_clock,
+            self._clock,
+            wall_clock=self._wall_clock,
+            started=self._now(at, "spawn()"),
             observers=observers,
             dispatch=core.dispatch,
             session_id=child_id,
@@ -271,6 +354,25 @@ class Session:
                 f"(its children: {', '.join(sorted(self._core.state.child_costs or {})) or 'none'})"
             )
         self._core.record_child_spend(child_id, float(total_usd))
+
+    def record_ancestor_budget(self, remaining_usd: float | None) -> None:
+        """Report the smallest budget left on the path to the root, as the parent (in
+        another process: a store's workers use this) reads it now, siblings' spend
+        included; ``None`` when no ancestor has a budget. It bounds this child's spend
+        from here on, as a live parent's would (see :meth:`spawn`). A root session
+        has no ancestors: ``ConfigError``."""
+        core = self._core
+        if core.state.parent_id is None:
+            raise ConfigError("remaining_usd: this session has no parent, so no ancestors' budget")
+        if remaining_usd is not None and (
+            isinstance(remaining_usd, bool)
+            or not isinstance(remaining_usd, int | float)
+            or not finite(remaining_usd)
+        ):
+            raise ConfigError(
+                f"remaining_usd: must be a finite number or None, got {remaining_usd!r:.60}"
+            )
+        core.record_ancestor_budget(None if remaining_usd is None else float(remaining_usd))
 
     # -- what the session holds -------------------------------------------------
 
@@ -365,18 +467,32 @@ class Session:
 
     @property
     def idle_s(self) -> float:
-        """Seconds the session spent between turns (a Finish to the next start)."""
-        core = self._core
-        state = core.state
-        idle = state.idle_s
-        if state.finished_at is not None:
-            idle += max(0.0, core.clock() - state.finished_at)
-        return idle
+        """Seconds the session spent between turns (a Finish to the next start), up to
+        now on its clock (a session with no clock: up to its last step)."""
+        return self._core.idle_s(self._reading())
 
     @property
     def elapsed_s(self) -> float:
-        """Seconds on the session's clock since it started."""
-        return self._core.elapsed_s()
+        """Seconds on the session's clock since it started, up to now (a session with
+        no clock: up to its last step)."""
+        return self._core.elapsed_s(self._reading())
+
+    @property
+    def started(self) -> float:
+        """The session clock's reading when the session started."""
+        return self._core.state.started
+
+    @property
+    def finished_at(self) -> float | None:
+        """The session clock's reading when its last turn finished, while no turn runs
+        (``None`` while one runs, or before the first)."""
+        return self._core.state.finished_at
+
+    @property
+    def last_at(self) -> float:
+        """The latest moment the session holds (its start, its current turn's last step,
+        its last Finish): a step given an earlier ``at`` is taken at this one."""
+        return last_reading(self._core.state)
 
     @property
     def tripped_providers(self) -> frozenset[str]:
@@ -397,8 +513,10 @@ class Session:
 
     # -- snapshot ---------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """The session as plain JSON data, current turn and its trace included.
+    def snapshot(self, *, at: float | None = None) -> dict[str, Any]:
+        """The session as plain JSON data, current turn and its trace included, taken
+        at ``at`` (default: the clock's reading; a session with no clock: its last
+        step). Its times are written as seconds before ``at``.
 
         Every value in it was checked when it came in (events take an owned copy of the
         host's data, which must be JSON), so ``json.dumps(session.snapshot(),
@@ -407,33 +525,64 @@ class Session:
         core = self._core
         if core.parent is not None:
             core.remaining_budget_usd()  # a live child records its ancestors' budget as it is
-        return write_snapshot(core.settings, core.state, core.clock())
+        now = self._reading() if at is None else core.reading(at)
+        return write_snapshot(core.settings, core.state, now)
+
+    def copy(
+        self,
+        *,
+        clock: Clock | None = None,
+        wall_clock: Clock | None = None,
+        started: float | None = None,
+        observers: Iterable[Observer] = (),
+        doom_check: DoomCheck | None = None,
+    ) -> Session:
+        """An independent copy of the session (its turn, counters and jitter stream),
+        on ``clock`` and ``wall_clock`` (``None``: no clock), whose start lies at
+        ``started`` on that clock (default: where this session's lies). Every reading
+        the state holds moves with the start (a Finish's ``retry_at`` too), so the
+        copy's times are the same seconds after its start. A child's live parent and
+        children stay with this session."""
+        core = self._core
+        _check_clocks(clock, wall_clock)
+        _check_doom_check(doom_check)
+        state = copy_session_state(core.state)
+        if started is not None:
+            shift_state(state, _start_reading(started) - state.started)
+        copy = Core(core.settings, state, tuple(observers), core.dispatch, doom_check)
+        return Session._over(copy, clock, wall_clock)
 
     @classmethod
     def restore(
         cls,
         data: Mapping[str, Any],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = time.monotonic,
         *,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Clock | None = time.time,
+        at: float | None = None,
         observers: Iterable[Observer] = (),
         doom_check: DoomCheck | None = None,
     ) -> Session:
         """A session that continues exactly where ``data`` (from ``snapshot()``)
-        stopped: same turn, counters, breakers and jitter stream.
+        stopped: same turn, counters, breakers and jitter stream, its times put on
+        ``clock`` as of ``at`` (default: the clock's reading; required with
+        ``clock=None``).
 
         Accepts exactly the states the engine can reach (snapshot format versions 1
-        to 3); anything else raises :class:`SnapshotError` naming the key. A host
+        to 5); anything else raises :class:`SnapshotError` naming the key. A host
         function (``doom_check``) is not data: pass it again. A restored child has
         no live parent: its ancestors' budget is the one last recorded, and its
         spend reaches them through :meth:`record_child_spend`.
         """
         _check_clocks(clock, wall_clock)
         _check_doom_check(doom_check)
-        settings, state = read_snapshot(data, clock())
-        return cls._over(
-            Core(settings, state, clock, wall_clock, tuple(observers), DISPATCH, doom_check)
-        )
+        if at is None:
+            if clock is None:
+                raise _no_clock("restore()")
+            at = clock()
+        settings, state = read_snapshot(data, _start_reading(at, "at"))
+        core = Core(settings, state, tuple(observers), DISPATCH, doom_check)
+        return cls._over(core, clock, wall_clock)
 
 
 class Turn:
@@ -446,17 +595,27 @@ class Turn:
     any event sent to a turn that is no longer its session's current turn.
     """
 
-    __slots__ = ("_core", "_session", "_turn")
+    __slots__ = ("_clock", "_core", "_session", "_turn", "_wall_clock")
 
-    def __init__(self, session: Session, core: Core, turn: TurnState) -> None:
+    def __init__(
+        self,
+        session: Session,
+        core: Core,
+        turn: TurnState,
+        clock: Clock | None,
+        wall_clock: Clock | None,
+    ) -> None:
         self._session = session
         self._core = core
         self._turn = turn
+        self._clock = clock
+        self._wall_clock = wall_clock
 
     # -- the protocol ------------------------------------------------------
 
-    def start(self) -> Action:
-        """Start the turn; returns its first action (an :class:`Assemble`)."""
+    def start(self, *, at: float | None = None) -> Action:
+        """Start the turn at ``at`` (default: the clock's reading); returns its first
+        action (an :class:`Assemble`)."""
         core = self._core
         if core.state.turn is not self._turn:
             self._refuse("start")
@@ -467,10 +626,18 @@ class Turn:
                 f"({status.value})",
                 status=status,
             )
-        return core.start(self._turn)
+        if at is None:
+            clock = self._clock
+            if clock is None:
+                raise _no_clock("start()")
+            at = clock()
+        return core.start(self._turn, core.reading(at))
 
-    def send(self, event: object) -> Action:
-        """Take ``event``; return the next action (a :class:`Finish` at the end)."""
+    def send(self, event: object, *, at: float | None = None, wall: float | None = None) -> Action:
+        """Take ``event``, which happened at ``at`` on the session's clock and at Unix
+        time ``wall`` (defaults: the clocks' readings; the wall clock is read only for a
+        ``ModelFailed`` with headers, where an HTTP-date ``retry-after`` may need it);
+        return the next action (a :class:`Finish` at the end)."""
         core = self._core
         turn = self._turn
         if core.state.turn is not turn:
@@ -483,7 +650,17 @@ class Turn:
                 event=type(event).__name__,
                 state=turn.state,
             )
-        return core.fire(turn, trigger, event)
+        if at is None:
+            clock = self._clock
+            if clock is None:
+                raise _no_clock("send()")
+            at = clock()
+        now = core.reading(at)
+        if wall is not None:
+            wall = wall_reading(wall)
+        elif self._wall_clock is not None and needs_wall(event):
+            wall = wall_reading(self._wall_clock())
+        return core.fire(turn, trigger, event, now, wall)
 
     def _refuse(self, event: str) -> None:
         turn = self._turn
@@ -552,6 +729,11 @@ class Turn:
         return action if type(action) is Finish else None
 
     @property
+    def steps(self) -> int:
+        """How many transitions the turn has taken (the length of :attr:`trace`)."""
+        return len(self._turn.path)
+
+    @property
     def attempt(self) -> int:
         """The current call's attempt number (0 for a first try)."""
         return self._turn.attempt
@@ -585,13 +767,24 @@ class Turn:
 
     @property
     def trace(self) -> tuple[TraceRecord, ...]:
-        """One frozen record per transition taken so far, in order."""
+        """One frozen record per transition taken so far, in order (the steps of a
+        restored turn taken before its snapshot have no ``caused_by``)."""
         turn = self._turn
         costs = dict(turn.costs)
+        walls = dict(turn.walls)
         started = self._core.state.started
+        events = turn.events
+        unknown = len(turn.path) - len(events)  # restored steps: their events were not kept
         return tuple(
             trace_record(
-                turn.index, i, step, action, costs.get(i, 0.0), None if at is None else started + at
+                turn.index,
+                i,
+                step,
+                action,
+                costs.get(i, 0.0),
+                None if at is None else started + at,
+                events[i - unknown] if i >= unknown else None,
+                walls.get(i),
             )
             for i, (step, action, at) in enumerate(
                 zip(turn.path, turn.actions, turn.times, strict=True)

@@ -59,6 +59,9 @@ class Kind:
     grows: bool = False
     """A list that only grows within a turn (the trace): a store's write reuses the
     text of the entries it wrote before (``encode_state_text``)."""
+    stored: bool = True
+    """Written to a snapshot; ``False``: kept in this process only (the events a turn
+    took, which may hold host objects that are not data), read back at its default."""
 
 
 def _same(value: Any) -> Any:
@@ -288,6 +291,12 @@ def _decode_times(raw: Any, key: str) -> list[float | None]:
     return [None if t is None else _number(t, f"{key}[{i}]") for i, t in enumerate(raw)]
 
 
+def _not_read(_raw: Any, key: str) -> Any:  # pragma: no cover - never in a snapshot
+    raise SnapshotError(f"{key}: not a snapshot field")
+
+
+IN_PROCESS = Kind("kept in process", _same, _not_read, list, stored=False)
+"""A list kept in this process only: no snapshot holds it."""
 TIMES = Kind("step times", list, _decode_times, list, grows=True)
 """When each transition of the turn was taken: seconds since the session started on its
 clock (``None`` for a step restored from a format that did not record it)."""
@@ -545,6 +554,13 @@ class TurnState:
     times: list[float | None] = declared(TIMES, factory=list, key="omit", since=4)
     """When each transition was taken, in seconds since the session started (one per
     entry of ``path``)."""
+    events: list[Any] = declared(IN_PROCESS, factory=list, key="omit")
+    """The event of each transition taken in this process (``None`` for a start), the
+    last ``len(events)`` entries of ``path``'s: a snapshot keeps no events, so a
+    restored turn's earlier steps have none."""
+    walls: list[tuple[int, float]] = declared(IN_PROCESS, factory=list, key="omit")
+    """(step, Unix time) of every step of this turn, in this process, that was given
+    a wall time."""
 
     @property
     def status(self) -> TurnStatus | None:
@@ -625,10 +641,15 @@ class SessionState:
 _Plan = tuple[tuple[str, str, Kind], ...]
 
 
+def stored_fields(cls: type) -> tuple[attrs.Attribute, ...]:  # type: ignore[type-arg]
+    """The declared fields of ``cls`` a snapshot holds."""
+    return tuple(f for f in attrs.fields(cls) if f.metadata["kind"].stored)
+
+
 def _plan(cls: type) -> _Plan:
     return tuple(
         (f.name, f.metadata["snapshot_key"] or f.name, f.metadata["kind"])
-        for f in attrs.fields(cls)
+        for f in stored_fields(cls)
     )
 
 
@@ -844,6 +865,25 @@ copy_session_state: Callable[[SessionState], SessionState] = _copier(SessionStat
 """An independent copy of a session's state, its current turn's included."""
 
 
+def shift_state(state: SessionState, delta: float) -> None:
+    """Move every reading of the session's clock ``state`` holds by ``delta`` seconds (a
+    copy put on another clock): its start, its last finish, and the ``retry_at`` of its
+    turn's Finish actions. The times of the trace are seconds since the start: they
+    stay."""
+    if not delta:
+        return
+    state.started += delta
+    if state.finished_at is not None:
+        state.finished_at += delta
+    turn = state.turn
+    if turn is None:
+        return
+    actions = turn.actions
+    for i, action in enumerate(actions):
+        if type(action) is Finish and action.retry_at is not None:
+            actions[i] = attrs.evolve(action, retry_at=action.retry_at + delta)
+
+
 def _step_maker() -> Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step]:
     reads = ", ".join(
         f"{'turn' if cls is TurnState else 'session'}.{name}" for cls, name, _ in TRACED
@@ -879,7 +919,7 @@ def declared_defaults(cls: type) -> dict[str, Any]:
     """The snapshot value of every declared field that has a default (for formats that
     predate a field)."""
     out: dict[str, Any] = {}
-    for f in attrs.fields(cls):
+    for f in stored_fields(cls):
         if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
             kind: Kind = f.metadata["kind"]
             if kind is not TURN and not kind.relative:
@@ -891,10 +931,10 @@ def defaults_since(cls: type, version: int) -> dict[str, Any]:
     """The snapshot value of every field added after format ``version`` (what a
     snapshot of that version means by leaving it out)."""
     out: dict[str, Any] = {}
-    for f in attrs.fields(cls):
+    for f in stored_fields(cls):
         if f.metadata["since"] > version:
             kind: Kind = f.metadata["kind"]
-            default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[arg-type]
+            default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default  # type: ignore[arg-type,union-attr]
             # written as the engine writes it: an empty optional dict is {}, not null
             out[f.metadata["snapshot_key"] or f.name] = kind.encode(default)
     return out
@@ -926,7 +966,7 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
         "turn_text": turn_text,
     }
     pieces = []
-    for f in attrs.fields(cls):
+    for f in stored_fields(cls):
         kind: Kind = f.metadata["kind"]
         key = f.metadata["snapshot_key"] or f.name
         at = prefix + key

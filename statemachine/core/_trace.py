@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from ._actions import Action
+from ._events import Event
 
 
 @attrs.frozen
@@ -17,7 +18,15 @@ class TraceRecord:
     event cost (a ``ModelReplied`` or a billed ``ModelFailed``; 0 for the others).
     ``at`` is the session's clock when the transition was taken (the injected clock, so
     a simulated or replayed turn has true durations); ``None`` only for a step restored
-    from a snapshot of a format that did not record it."""
+    from a snapshot of a format that did not record it.
+
+    ``caused_by`` is the event that fired the transition, as the host sent it (``None``
+    for ``start``, and for a step restored from a snapshot, which keeps the counters
+    and the action but not the event): a failure's error (category, HTTP status,
+    retry-after), a reply's tool calls and cost. ``wall`` is the Unix time the step was
+    given (a failure's HTTP-date ``retry-after`` is measured against it), if any.
+    Replaying a record is the live call again: ``turn.send(record.caused_by,
+    at=record.at, wall=record.wall)`` (``turn.start(at=record.at)`` for a start)."""
 
     turn: int
     step: int
@@ -31,3 +40,5 @@ class TraceRecord:
     reductions: int
     cost_usd: float = 0.0
     at: float | None = None
+    caused_by: Event | None = None
+    wall: float | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,14 +42,23 @@ EPOCH = 1_767_225_600.0
 headers in scenarios mean the same thing on every run."""
 
 
+_LARGEST = sys.float_info.max
+
+
 class VirtualClock:
-    """Seconds since the scenario started; only the simulator moves it."""
+    """Seconds since the scenario started; only the simulator moves it, and it stops at
+    the largest float (waits of 1e308 s add up to no infinity)."""
 
     def __init__(self) -> None:
         self.now = 0.0
 
     def __call__(self) -> float:
         return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on by ``seconds`` (saturating)."""
+        moved = self.now + seconds
+        self.now = moved if moved < _LARGEST else _LARGEST
 
     def wall(self) -> float:
         """Unix time on the virtual clock (for HTTP-date retry-after headers)."""
@@ -240,11 +250,13 @@ class _Run:
         self.sleep = sleep
         self.clock = VirtualClock()
         self.records: list[TraceRecord] = []
+        # no clock of its own: every step is told its moment on the virtual clock
         self.session = Session(
             scenario.settings,
             seed,
-            self.clock,
-            wall_clock=self.clock.wall,
+            None,
+            wall_clock=None,
+            started=self.clock.now,
             observers=(self.records.append,),
         )
         self.turns: list[TurnResult] = []
@@ -253,7 +265,7 @@ class _Run:
         self.retries_before = 0
 
     def advance(self, seconds: float) -> None:
-        self.clock.now += seconds
+        self.clock.advance(seconds)
         if self.sleep is not None and seconds > 0:
             self.sleep(seconds)
 
@@ -292,7 +304,7 @@ class _Run:
         """Play one turn of ``spec``; ``_Failed`` when the script and engine part."""
         where = self.scenario.where
         try:
-            turn = self.session.new_turn()
+            turn = self.session.new_turn(at=self.clock.now)
         except SessionEnded as exc:
             raise _Failed(
                 f"{where(spec.line)}: {spec.path}: the session has already ended "
@@ -300,7 +312,7 @@ class _Run:
             ) from None
         self.turn_cost = 0.0
         self.retries_before = self.session.retries_used
-        action: Action = turn.start()
+        action: Action = turn.start(at=self.clock.now)
         self.emit(turn, "", False)
         script = _Script(spec.steps)
         while not turn.done:
@@ -310,7 +322,7 @@ class _Run:
             ):
                 seconds = action.seconds
                 self.advance(seconds)
-                action = turn.send(WaitDone())
+                action = turn.send(WaitDone(), at=self.clock.now)
                 self.emit(turn, f"after {seconds:.3f}s", True)
                 continue
             if upcoming is None:
@@ -324,7 +336,7 @@ class _Run:
             self.advance(step.takes)
             try:
                 event, detail = _event(step, turn.index, action)
-                action = turn.send(event)
+                action = turn.send(event, at=self.clock.now, wall=self.clock.wall())
             except (IllegalEvent, TypeError, ValueError) as exc:
                 raise _Failed(f"{where(step.line)}: {step.path}: {exc}") from None
             if isinstance(event, ModelReplied):
@@ -380,7 +392,7 @@ def run(
             for _ in range(spec.repeat):
                 state.check_turn(spec, state.play(spec))
         if scenario.end is not None:
-            state.session.end(scenario.end)
+            state.session.end(scenario.end, at=state.clock.now)
     except _Failed as exc:
         state.failures.append(str(exc))
     session = state.session

@@ -35,8 +35,11 @@ table in code. In short, the body is read as well as the status:
 
 The vendor's code (or error type), HTTP status and body are kept on the
 ``ModelError``; its response headers are carried through, so the engine honours
-``retry-after-ms`` and ``retry-after``. Nothing here raises: input that matches no
-shape is ``unknown``, carrying its ``repr``.
+``retry-after-ms`` and ``retry-after``. A delay (seconds or milliseconds) is also
+copied onto ``retry_after_seconds``; an HTTP-date is measured against the ``wall``
+time ``classify`` is given (``None``: left in the headers, for the engine to measure
+against the wall time of the step that takes the error). Nothing here raises: input
+that matches no shape is ``unknown``, carrying its ``repr``.
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ import itertools
 import json
 import math
 import reprlib
-import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
+
+import attrs
 
 from ..core._events import ModelFailed
 from ..core._json_data import MAX_DEPTH, MAX_INT_BITS
@@ -119,8 +123,9 @@ _OVERLOADED_4XX = frozenset({408, 409})
 is too: 500, 502-504, Cloudflare's 520-524, Anthropic's 529)."""
 
 
-def classify(obj: object) -> ModelError:
-    """Classify what a model provider gave you; never raises.
+def classify(obj: object, *, wall: float | None = None) -> ModelError:
+    """Classify what a model provider gave you; never raises (but for a ``wall`` that
+    is not a finite number: ``ValueError``).
 
     ``obj`` may be an exception of the official ``anthropic`` or ``openai`` SDK
     (any ``APIError``: status errors, in-stream errors, connection errors and
@@ -129,15 +134,32 @@ def classify(obj: object) -> ModelError:
     with the body as bytes, str or parsed JSON, an SDK reply whose stop or finish
     reason is a refusal or a content filter, a ``ModelFailed`` or a ``ModelError``
     (returned as is). See ``specs/classification.md`` for the table.
+
+    ``wall`` is the Unix time an HTTP-date ``retry-after`` is measured against (when
+    the response has no usable ``date`` header); without it such a date stays in the
+    headers and the engine measures it against the wall time of the step that takes
+    the error (the session's, never this process's ``time.time``).
     """
+    when = None if wall is None else _wall_time(wall)  # a caller's mistake: raised
     try:
-        return _classify(obj)
+        error = _classify(obj)
     except Exception as exc:  # the promise is "never raises": a last resort
         return ModelError(
             ErrorCategory.UNKNOWN,
             _clip(f"unclassifiable {type(obj).__name__}: {_safe_repr(obj)} ({_safe_repr(exc)})"),
             body=None,
         )
+    if when is not None and error.retry_after_seconds is None and error.headers:
+        waited = header_retry_after(error.headers, when)
+        if waited is not None:
+            error = attrs.evolve(error, retry_after_seconds=waited)
+    return error
+
+
+def _wall_time(wall: object) -> float:
+    if isinstance(wall, bool) or not isinstance(wall, int | float) or not math.isfinite(wall):
+        raise ValueError(f"wall: must be a finite Unix time in seconds, got {wall!r:.60}")
+    return float(wall)
 
 
 def _classify(obj: object) -> ModelError:
@@ -306,7 +328,8 @@ def _from_parts(
     vendor = code or etype
 
     # the server's requested wait, carried on the field too; the headers stay
-    waited = header_retry_after(headers, time.time) if headers else None
+    # a delay; a date waits for a wall time (classify's ``wall``, or the engine's step)
+    waited = header_retry_after(headers, None) if headers else None
 
     kept = _bounded(body)
 

@@ -9,8 +9,11 @@ line. :class:`TraceWriter` starts the file with a *header*::
 
 then one ``step`` object per transition, with the keys ``simulate --json`` uses for
 the same facts (``turn``, ``step``, ``t``, ``state``, ``event``, ``guard``, ``next``,
-``action``, ``attempt``, ``session_retries``, ``reductions``) and ``event_cost_usd``,
-the cost the transition's event carried. ``simulate --json`` output has no header
+``action``, ``attempt``, ``session_retries``, ``reductions``), ``event_cost_usd``,
+the cost the transition's event carried, ``caused_by``, the event itself (encoded as a
+snapshot encodes values: a failure's error with its category, HTTP status and
+retry-after, a reply's usage; ``null`` for a start), and ``wall``, the Unix time the
+step was given, if any. ``simulate --json`` output has no header
 (its steps name their ``scenario``; its ``cost_usd`` is the session's running total)
 and ends each scenario with a ``summary`` line.
 
@@ -35,6 +38,7 @@ import attrs
 
 from ..core._actions import Action, Finish
 from ..core._codec import decode, encode
+from ..core._events import EVENT_TYPES
 from ..core._reachable import ACTION_OF_EFFECT
 from ..core._table import IDLE, ROWS, START
 from ..core._trace import TraceRecord
@@ -97,6 +101,8 @@ def record_json(record: TraceRecord) -> dict[str, Any]:
         "session_retries": record.session_retries,
         "reductions": record.reductions,
         "event_cost_usd": record.cost_usd,
+        "caused_by": None if record.caused_by is None else encode(record.caused_by),
+        "wall": record.wall,
     }
 
 
@@ -308,6 +314,8 @@ def _read_step(
             f"finishes {status}, the step says {action.status.value}: it would be drawn wrong"
         )
     at = _number(data, "t", where)
+    wall = _number(data, "wall", where)
+    caused_by = _cause(data.get("caused_by"), values["event"], where)
     if written:
         cost = _number(data, "event_cost_usd", where) or 0.0
     else:  # simulate --json: cost_usd is the session's running total
@@ -346,6 +354,8 @@ def _read_step(
         reductions=values["reductions"],
         cost_usd=cost,
         at=at,
+        caused_by=caused_by,
+        wall=wall,
     )
     last[turn_key] = record
     detail = data.get("detail")
@@ -356,6 +366,22 @@ def _read_step(
         auto=data.get("auto") is True,
         detail=detail if isinstance(detail, str) else "",
     )
+
+
+def _cause(raw: object, trigger: str, where: str) -> Any:
+    """The event a step names as its cause (``None``: not recorded), which must be of
+    the step's trigger."""
+    if raw is None:
+        return None
+    try:
+        event = decode(raw, "caused_by")
+    except ValueError as exc:
+        raise TraceFileError(f"{where}: {exc}") from None
+    if type(event).__name__ != trigger or type(event) not in EVENT_TYPES:
+        raise TraceFileError(
+            f"{where}: caused_by: a {type(event).__name__} cannot cause a {trigger} step"
+        )
+    return event
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -1,4 +1,4 @@
-"""What every session store shares: the errors, key naming, and the byte boundary.
+"""What every session store shares: key naming, and the byte boundary.
 
 A store keeps one *record* per session: a JSON object (see ``_store_record``) and a
 version number that goes up by one on every write. Records cross this module's
@@ -15,7 +15,8 @@ from typing import Any
 
 import attrs
 
-from ..core._exceptions import ConfigError, SnapshotError
+from ..core._exceptions import ConfigError
+from ._errors import CorruptSession, InvalidSessionId, RecordTooLarge, oversized
 
 SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """Session ids and tenant names: letters, digits, ``.``, ``_``, ``-``; 1 to 128 of them.
@@ -27,50 +28,6 @@ PREFIX_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 """Records larger than this (4 MiB) are refused on write and reported corrupt on read."""
-
-
-class StoreError(Exception):
-    """Base class of the store's errors; ``session_id`` names the session concerned."""
-
-    def __init__(self, message: str, *, session_id: str | None = None) -> None:
-        super().__init__(message)
-        self.session_id = session_id
-
-
-class InvalidSessionId(StoreError, ValueError):
-    """A session id or tenant name does not match ``[A-Za-z0-9._-]{1,128}``."""
-
-
-class SessionNotFound(StoreError, LookupError):
-    """No record for this session: never created, deleted, expired, or lost (a store
-    restarted without persistence)."""
-
-
-class StaleWrite(StoreError, RuntimeError):
-    """A compare-and-set was refused: the stored version is not the expected one.
-
-    ``expected`` is the version the writer had read, ``actual`` the stored one
-    (0: no record). Nothing was written.
-    """
-
-    def __init__(self, message: str, *, session_id: str, expected: int, actual: int) -> None:
-        super().__init__(message, session_id=session_id)
-        self.expected = expected
-        self.actual = actual
-
-
-class CorruptSession(StoreError, SnapshotError):
-    """The stored record cannot be used: not JSON, truncated, oversized, of a foreign
-    format or version, or a snapshot ``Session.restore`` refuses. The message names
-    the session and what was wrong; the stored data is left exactly as it was."""
-
-
-class RecordTooLarge(StoreError, ValueError):
-    """A record to be written is larger than the store's ``max_bytes``; nothing was written."""
-
-
-class StoreUnavailable(StoreError, ConnectionError):
-    """The store's server could not be reached (down, restarting, loading its data)."""
 
 
 @attrs.frozen
@@ -180,104 +137,7 @@ def decode_record(session_id: str, payload: object, max_bytes: int) -> dict[str,
     return data
 
 
-def oversized(session_id: str, size: int, max_bytes: int) -> CorruptSession:
-    return CorruptSession(
-        f"session {session_id!r}: the stored record is {size} bytes, over the store's "
-        f"max_bytes ({max_bytes}); it was not read",
-        session_id=session_id,
-    )
-
-
-def stale(
-    session_id: str, expected: int, actual: int, *, another_incarnation: bool = False
-) -> StoreError:
-    """The error for a refused compare-and-set."""
-    if another_incarnation:
-        return StaleWrite(
-            f"session {session_id!r}: stale write refused: the id was deleted and created "
-            f"again since this state was read (version {actual} is another session's)",
-            session_id=session_id,
-            expected=expected,
-            actual=actual,
-        )
-    if actual == 0 and expected > 0:
-        return SessionNotFound(
-            f"session {session_id!r}: no record (expected version {expected}): it was "
-            "deleted, expired, or lost when the store restarted without persistence",
-            session_id=session_id,
-        )
-    if expected == 0:
-        message = f"session {session_id!r} already exists (version {actual})"
-    else:
-        message = (
-            f"session {session_id!r}: stale write refused: expected version {expected}, "
-            f"the store holds version {actual}"
-        )
-    return StaleWrite(message, session_id=session_id, expected=expected, actual=actual)
-
-
 def record_incarnation(record: Mapping[str, Any]) -> str | None:
     """The incarnation a record names, if it names one."""
     incarnation = record.get("incarnation")
     return incarnation if type(incarnation) is str and incarnation else None
-
-
-def not_found(session_id: str) -> SessionNotFound:
-    return SessionNotFound(
-        f"session {session_id!r}: no record: never created, deleted, expired, or lost "
-        "when the store restarted without persistence",
-        session_id=session_id,
-    )
-
-
-class BytesStore:
-    """What our stores share above the bytes: ``load`` and ``compare_and_set`` of a
-    record as JSON data, over ``load_payload`` and ``compare_and_set_payload`` of its
-    bytes (which a :class:`~statemachine.store.Worker` calls directly)."""
-
-    max_bytes: int
-
-    def load_payload(self, session_id: str) -> tuple[int, bytes]:  # pragma: no cover
-        raise NotImplementedError
-
-    def compare_and_set_payload(  # pragma: no cover - each store defines it
-        self,
-        session_id: str,
-        expected_version: int,
-        payload: bytes,
-        *,
-        incarnation: str | None,
-        ended: bool = False,
-    ) -> int:
-        raise NotImplementedError
-
-    def load(self, session_id: str) -> Stored:
-        """The record of ``session_id`` and its version, its journal applied (its
-        ``"snapshot"`` is the session's current one); ``SessionNotFound`` if none,
-        ``CorruptSession`` if it cannot be read (left untouched)."""
-        from ._journal import current_record  # noqa: PLC0415 - _journal imports this module
-
-        version, payload = self.load_payload(session_id)
-        data = decode_record(session_id, payload, self.max_bytes)
-        return Stored(session_id, version, current_record(session_id, data))
-
-    def compare_and_set(
-        self,
-        session_id: str,
-        expected_version: int,
-        record: Mapping[str, Any],
-        *,
-        ended: bool = False,
-    ) -> int:
-        """Write ``record`` if the stored version is ``expected_version`` (0: create) and,
-        when the record names its incarnation, the stored one is that incarnation;
-        returns the new version. Raises ``StaleWrite`` (or ``SessionNotFound`` when the
-        record vanished) and writes nothing otherwise."""
-        payload = encode_record(session_id, record, self.max_bytes)
-        return self.compare_and_set_payload(
-            session_id,
-            expected_version,
-            payload,
-            incarnation=record_incarnation(record),
-            ended=ended,
-        )

@@ -2,24 +2,27 @@
 
 A worker does not write the whole snapshot on every advance. It writes what it did:
 one *entry* per step, appended to the record's journal, and a fresh snapshot (with an
-empty journal) only now and then (:func:`compact_due`). Another worker gets the state
-by restoring the snapshot and replaying the entries through the engine, which is
-deterministic: the same state, the same steps and the same clock readings give the
-same state again. Every replayed step goes through the engine's own checks, so a
-forged journal can only take a session along paths the engine allows.
+empty journal) only now and then. Another worker gets the state by restoring the
+snapshot and replaying the entries. A step is an input and its moment, nothing else
+(the engine reads no clock), so replaying an entry is the very call the worker made
+live: :func:`apply_step`, through the session's public methods, with the recorded
+moment. Every replayed step goes through the engine's own checks, so a forged journal
+can only take a session along paths the engine allows.
 
-An entry is ``[op, times, walls, *args]``:
+Times are in the journal's frame: seconds since the session started (a snapshot is
+restored with its start at 0). An entry (record version 3) is ``[op, at, wall, *args]``:
 
-* ``["s", times, walls]``: start the next turn (``Worker.advance(id, None)``);
-* ``["e", times, walls, event]``: send ``event`` (encoded as in a snapshot) to the turn;
-  ``["e", times, walls, event, verdicts]`` when the host's doom-loop check was asked
-  (its answers, in order: a replay reads them instead of asking again);
-* ``["c", times, walls, child_id, total]``: ``record_child_spend(child_id, total)``;
-* ``["b", times, walls, budget]``: the ancestors' remaining budget, read at a turn start.
+* ``["s", at, null]``: start the next turn (``Worker.advance(id, None)``);
+* ``["e", at, wall, event]``: send ``event`` (encoded as in a snapshot) to the turn, at
+  ``at``, with the Unix time ``wall`` when the step was given one (``null``
+  otherwise); ``["e", at, wall, event, verdicts]`` when the host's doom-loop check was
+  asked (its answers, in order: a replay reads them instead of asking again);
+* ``["c", null, null, child_id, total]``: ``record_child_spend(child_id, total)``;
+* ``["b", null, null, budget]``: ``record_ancestor_budget(budget)``, read at a turn start.
 
-``times`` are the session clock's readings the step made, in seconds since the session
-started; ``walls`` the wall clock's (Unix time). Replay hands them back in order, and a
-step that reads more or fewer of them than it recorded is refused.
+Version 2 entries (``[op, times, walls, *args]``, the lists of clock readings a step
+made when the engine still read clocks) are read as the step at its last reading, with
+its first wall reading.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from ..core._actions import Action, InvokeTools
 from ..core._codec import compact, decode
 from ..core._events import EVENT_TYPES, ModelFailed
 from ..core._exceptions import (
@@ -43,10 +47,9 @@ from ..core._exceptions import (
 from ..core._json_data import short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
-from ..core._settings import Settings
-from ..core._snapshot import read_snapshot, write_snapshot
-from ..core._state import SessionState, json_text
-from ._core import CorruptSession
+from ..core._state import json_text, number_text
+from ..core._tool_calls import ToolCall
+from ._errors import CorruptSession
 from ._record import RECORD_VERSION, Record, parse_record
 
 START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
@@ -63,64 +66,59 @@ snapshot anew with its next write: the session is shared by many."""
 COMPACT_AT_START = 24
 """A turn's start writes the snapshot anew once the journal holds this many entries: the
 snapshot is at its smallest then (the last turn's trace is gone)."""
+FINISHED_TOLERANCE_S = 1e-6
+"""How far a record's ``finished_s`` may lie from what its journal says (records of
+version 2 were written from readings on another frame: a rounding apart)."""
+
+DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 
 
-class Recorder:
-    """The clocks a session a worker steps runs on: each reading is
-    passed through and kept (the monotonic ones as seconds since the session started)
-    until :meth:`take` takes them."""
+class Verdicts:
+    """The doom-loop check of a session a worker steps: the host's ``check``, asked
+    live and its verdicts kept (:meth:`take`), or, while a replay gives them back
+    (:attr:`script`), the journal's verdicts instead."""
 
-    __slots__ = ("_clock", "_doom", "_wall", "state", "times", "verdicts", "walls")
+    __slots__ = ("asked", "check", "script")
 
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        wall: Callable[[], float],
-        state: SessionState,
-        doom: Callable[[Any], bool] | None = None,
-    ) -> None:
-        self._clock = clock
-        self._wall = wall
-        self._doom = doom
-        self.state = state
-        self.times: list[float] = []
-        self.walls: list[float] = []
-        self.verdicts: list[bool] = []
+    def __init__(self, check: DoomCheck | None) -> None:
+        self.check = check
+        self.asked: list[bool] = []
+        self.script: list[bool] | None = None
+        """The recorded verdicts still to give back, last first (a replay's)."""
 
-    def doom(self, window: Any) -> bool:
-        """The host's second-tier doom-loop check, its verdict kept: a replay reads the
-        verdict from the journal instead of asking again."""
-        verdict = self._doom(window)  # type: ignore[misc]
+    def __call__(self, window: tuple[ToolCall, ...]) -> bool:
+        script = self.script
+        if script is not None:
+            if not script:
+                raise _Short("doom check")
+            return script.pop()
+        if self.check is None:
+            raise _Short("doom check")  # a replay that holds verdicts, with no host check
+        verdict = self.check(window)
         if type(verdict) is bool:
-            self.verdicts.append(verdict)
+            self.asked.append(verdict)
         return verdict
 
-    def clock(self) -> float:
-        reading = self._clock()
-        self.times.append(reading - self.state.started)
-        return reading
-
-    def wall(self) -> float:
-        reading = self._wall()
-        self.walls.append(reading)
-        return reading
-
-    def take(self) -> tuple[list[float], list[float], list[bool]]:
-        """The readings and verdicts since the last take, and fresh lists for the next."""
-        taken = self.times, self.walls, self.verdicts
-        self.times, self.walls, self.verdicts = [], [], []
-        return taken
+    def take(self) -> list[bool]:
+        """The verdicts asked since the last take."""
+        asked, self.asked = self.asked, []
+        return asked
 
 
-def run_step(session: Session, step: Step) -> Any:
-    """Apply ``step`` to ``session``; the action it produced (``None`` for spend and
-    budget steps)."""
+class _Short(Exception):
+    """A replayed step asked the doom check more often than the step recorded."""
+
+
+def apply_step(session: Session, step: Step, at: float | None, wall: float | None) -> Any:
+    """Apply ``step`` to ``session`` at the moment ``at`` (Unix time ``wall``) through the
+    session's public methods: what a worker does live and what a replay does again.
+    The action it produced (``None`` for spend and budget steps)."""
     op = step[0]
     if op == START:
         turn = session.current_turn
         if turn is not None and turn.state == "idle":
-            return turn.start()
-        return session.new_turn().start()
+            return turn.start(at=at)
+        return session.new_turn(at=at).start(at=at)
     if op == EVENT:
         turn = session.current_turn
         if turn is None:
@@ -129,38 +127,39 @@ def run_step(session: Session, step: Step) -> Any:
                 event=type(step[1]).__name__,
                 state="no turn",
             )
-        return turn.send(step[1])
+        return turn.send(step[1], at=at, wall=wall)
     if op == CHILD_SPEND:
         session.record_child_spend(step[1], step[2])
         return None
     if op == BUDGET:
-        state = session._core.state  # noqa: SLF001 - the store is the engine's own host
-        if state.parent_id is None:
-            raise ValueError("an ancestors' budget for a session with no parent")
-        state.ancestor_budget_usd = step[1]
-        state.ancestor_mark_usd = state.cost_usd
+        session.record_ancestor_budget(step[1])
         return None
     raise ValueError(f"unknown step {op!r}")  # pragma: no cover - steps are built here
 
 
+# -- writing an entry -------------------------------------------------------------
+
+
 def entry_text(
-    step: Step, times: list[float], walls: list[float], verdicts: list[bool] | None = None
+    step: Step, at: float | None, wall: float | None, verdicts: list[bool] | None = None
 ) -> str:
-    """The journal entry of ``step`` and the clock readings it made, as JSON text (the
-    event encoded as a snapshot encodes values, without the fields at their default)."""
+    """The journal entry of ``step`` taken at ``at`` (Unix time ``wall``), as JSON text
+    (the event encoded as a snapshot encodes values, without the fields at their
+    default)."""
     op = step[0]
     if op != EVENT:
-        return json_text([op, times, walls, *step[1:]])
+        return json_text([op, at, wall, *step[1:]])
     event = step[1]
     if verdicts:  # the doom check's verdicts follow the event
-        return json_text([op, times, walls, compact(event), verdicts])
+        return json_text([op, at, wall, compact(event), verdicts])
     kind = type(event)
     text = _FIELDLESS.get(kind)
     if text is None and kind is ModelFailed and type(event.error) is ModelError:
         text = _model_failed_text(event)
-    if text is not None:  # the most frequent events, written by hand
-        return f'["e",{_readings_text(times)},{_readings_text(walls)},{text}]'
-    return json_text([op, times, walls, compact(event)])
+    if text is not None and type(at) is float:  # the most frequent events, written by hand
+        when = "null" if wall is None else number_text(wall)
+        return f'["e",{float.__repr__(at)},{when},{text}]'
+    return json_text([op, at, wall, compact(event)])
 
 
 def _model_failed_text(event: ModelFailed) -> str:
@@ -196,44 +195,7 @@ _FIELDLESS = {cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs
 """The journal text of each event class with no fields."""
 
 
-def _readings_text(readings: list[float]) -> str:
-    if not readings:
-        return "[]"
-    if len(readings) == 1:
-        reading = readings[0]
-        if type(reading) is float and math.isfinite(reading):
-            return f"[{float.__repr__(reading)}]"
-    return json_text(readings)
-
-
-class _Replay:
-    """Clocks that give back recorded readings, in order."""
-
-    __slots__ = ("times", "verdicts", "walls")
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.walls: list[float] = []
-        self.verdicts: list[bool] = []
-
-    def doom(self, _window: Any) -> bool:
-        if not self.verdicts:
-            raise _Short("doom check")
-        return self.verdicts.pop()
-
-    def clock(self) -> float:
-        if not self.times:
-            raise _Short("session clock")
-        return self.times.pop()
-
-    def wall(self) -> float:
-        if not self.walls:
-            raise _Short("wall clock")
-        return self.walls.pop()
-
-
-class _Short(Exception):
-    """A replayed step read a clock more often than the step recorded."""
+# -- reading an entry --------------------------------------------------------------
 
 
 def _number(value: object) -> bool:
@@ -248,19 +210,21 @@ def _as_float(value: float) -> float:
         return math.inf
 
 
+def _time(raw: object, name: str) -> float:
+    """A reading of an entry: a finite number, or ``ValueError`` naming ``name``."""
+    if not _number(raw):
+        raise ValueError(f"{name}: must be a number, got {short_repr(raw)}")
+    value = _as_float(raw)  # type: ignore[arg-type]
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: {short_repr(raw)} is not a finite number")
+    return value
+
+
 def _readings(raw: object, name: str) -> list[float]:
-    """Clock readings as floats, or ``ValueError`` naming ``name``."""
+    """A version-2 entry's clock readings as floats, or ``ValueError`` naming ``name``."""
     if type(raw) is not list:
         raise ValueError(f"{name}: must be a list of numbers")
-    readings = []
-    for reading in raw:
-        if not _number(reading):
-            raise ValueError(f"{name}: must be a list of numbers")
-        value = _as_float(reading)
-        if not math.isfinite(value):
-            raise ValueError(f"{name}: {short_repr(reading)} is not a finite number")
-        readings.append(value)
-    return readings
+    return [_time(reading, name) for reading in raw]
 
 
 def _amount(value: float, what: str, *, signed: bool = False) -> float:
@@ -273,64 +237,63 @@ def _amount(value: float, what: str, *, signed: bool = False) -> float:
     return amount
 
 
-def _step_of(raw: object) -> tuple[Step, list[float], list[float]]:
-    """An entry read from a record: its step and readings, or ``ValueError``."""
+def read_entry(raw: object, version: int) -> tuple[Step, float | None, float | None, list[bool]]:
+    """An entry of a record of ``version``: its step, moment, wall time and recorded
+    doom-check verdicts, or ``ValueError``."""
     if type(raw) is not list or len(raw) < 3:
-        raise ValueError("must be a list [op, times, walls, ...]")
-    op, raw_times, raw_walls, *args = raw
-    times, walls = _readings(raw_times, "times"), _readings(raw_walls, "walls")
-    if any(t < 0 for t in times):
-        raise ValueError("times: a session clock reading before the session started")
+        raise ValueError("must be a list [op, at, wall, ...]")
+    op, raw_at, raw_wall, *args = raw
+    if version >= 3:
+        at = None if raw_at is None else _time(raw_at, "at")
+        wall = None if raw_wall is None else _time(raw_wall, "wall")
+    else:  # the readings the step made: the last is its moment, the first wall its wall
+        times, walls = _readings(raw_at, "times"), _readings(raw_wall, "walls")
+        at = max(times) if times else None
+        wall = walls[0] if walls else None
+    if at is not None and at < 0:
+        raise ValueError("at: a session clock reading before the session started")
+    verdicts: list[bool] = []
+    step: Step
     if op == START and not args:
-        return (START,), times, walls
-    if op == EVENT and len(args) in (1, 2):
+        step = (START,)
+    elif op == EVENT and len(args) in (1, 2):
         event = decode(args[0], "event")
         if type(event) not in EVENT_TYPES:
             raise ValueError(f"event: must be an encoded event, got {type(event).__name__}")
-        verdicts = args[1] if len(args) == 2 else []
-        if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
-            raise ValueError("verdicts: must be a list of true/false")
-        return (EVENT, event, verdicts), times, walls
-    if op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
-        return (CHILD_SPEND, args[0], _amount(args[1], "child spend")), times, walls
-    if op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
-        budget = None if args[0] is None else _amount(args[0], "budget", signed=True)
-        return (BUDGET, budget), times, walls
-    raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
+        if len(args) == 2:
+            verdicts = args[1]
+            if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
+                raise ValueError("verdicts: must be a list of true/false")
+        step = (EVENT, event)
+    elif op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
+        step = (CHILD_SPEND, args[0], _amount(args[1], "child spend"))
+    elif op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
+        step = (BUDGET, None if args[0] is None else _amount(args[0], "budget", signed=True))
+    else:
+        raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
+    if op in (START, EVENT) and at is None:
+        raise ValueError("at: the step recorded no clock reading")
+    return step, at, wall, verdicts
 
 
-def replay(session: Session, entries: list[Any], first: int = 0) -> None:
-    """Apply the journal's ``entries`` to ``session`` (which runs on no clock of its
-    own: the entries' readings are its clocks). ``ValueError`` naming the entry
+def replay(
+    session: Session,
+    verdicts: Verdicts | None,
+    entries: list[Any],
+    first: int = 0,
+    version: int = RECORD_VERSION,
+) -> None:
+    """Apply the journal's ``entries`` (of a record of ``version``) to ``session``, a
+    session with no clock in the journal's frame whose doom check is ``verdicts``:
+    each is :func:`apply_step` at its recorded moment. ``ValueError`` naming the entry
     (``first`` is the index of ``entries[0]`` in the journal) if one is not a step the
     engine takes from there."""
-    core = session._core  # noqa: SLF001 - the store is the engine's own host
-    clocks = _Replay()
-    core.clock, core.wall_clock = clocks.clock, clocks.wall
-    core.observers = ()  # the steps were taken elsewhere: no observer sees them again
-    if core.doom_check is not None:  # the verdicts are the journal's, not asked again
-        core.doom_check = clocks.doom
-    turn = core.state.turn
-    known = [] if turn is None else [t for t in turn.times if t is not None]
-    last = max(known, default=0.0)
     for index, raw in enumerate(entries, first):
         try:
-            step, times, walls = _step_of(raw)
-            # the session clock never runs back: a reading before the last is the last
-            # (a forged journal cannot make a turn's steps go back in time)
-            for i, reading in enumerate(times):
-                if reading < last:
-                    times[i] = last
-                else:
-                    last = reading
-            times.reverse()
-            walls.reverse()
-            clocks.times, clocks.walls = times, walls
-            clocks.verdicts = list(reversed(step[2])) if step[0] == EVENT else []
-            run_step(session, step)
+            _replay_entry(session, verdicts, raw, version)
         except _Short as short:
             raise ValueError(
-                f"journal[{index}]: the step reads the {short} more often than it recorded"
+                f"journal[{index}]: the step asks the {short} more often than it recorded"
             ) from None
         except (
             ValueError,
@@ -341,23 +304,41 @@ def replay(session: Session, entries: list[Any], first: int = 0) -> None:
             TurnInProgress,
         ) as exc:
             raise ValueError(f"journal[{index}]: {exc}") from None
-        if clocks.times or clocks.walls:
-            raise ValueError(
-                f"journal[{index}]: the step recorded more clock readings than it makes"
-            )
-        if clocks.verdicts:
-            raise ValueError(
-                f"journal[{index}]: the step recorded more doom-check verdicts than it asks for"
-            )
 
 
-def base_state(record: Record) -> tuple[Settings, SessionState]:
-    """``record``'s snapshot, read with the session's start at 0 on its clock (the frame
-    its journal's readings are in); ``CorruptSession`` if it is unusable."""
+def _replay_entry(session: Session, verdicts: Verdicts | None, raw: object, version: int) -> None:
+    step, at, wall, recorded = read_entry(raw, version)
+    if recorded and verdicts is None:
+        raise ValueError("the step recorded doom-check verdicts, and no check asks")
+    if verdicts is None:
+        apply_step(session, step, at, wall)
+        return
+    verdicts.script = list(reversed(recorded))
+    try:
+        apply_step(session, step, at, wall)
+        left = verdicts.script
+    finally:
+        verdicts.script = None
+    if left:
+        raise ValueError("the step recorded more doom-check verdicts than it asks for")
+
+
+# -- a record read in full -------------------------------------------------------------
+
+
+def base_session(record: Record, verdicts: Verdicts | None) -> Session:
+    """``record``'s snapshot as a session with no clock in the journal's frame (its start
+    at 0), whose doom check is ``verdicts``; ``CorruptSession`` if it is unusable."""
     snapshot = record.snapshot or {}
     elapsed: Any = snapshot.get("elapsed_s")
     try:
-        return read_snapshot(snapshot, float(elapsed) if _number(elapsed) else 0.0)
+        return Session.restore(
+            snapshot,
+            None,
+            wall_clock=None,
+            at=float(elapsed) if _number(elapsed) and math.isfinite(elapsed) else 0.0,
+            doom_check=verdicts,
+        )
     except SnapshotError as exc:
         raise CorruptSession(
             f"session {record.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
@@ -365,11 +346,13 @@ def base_state(record: Record) -> tuple[Settings, SessionState]:
         ) from None
 
 
-def replay_record(session: Session, record: Record, entries: Any, first: int = 0) -> None:
+def replay_record(
+    session: Session, verdicts: Verdicts | None, record: Record, entries: Any, first: int = 0
+) -> None:
     """:func:`replay` of ``entries`` of ``record``'s journal, ``CorruptSession`` naming
     the entry if one is refused."""
     try:
-        replay(session, list(entries), first)
+        replay(session, verdicts, list(entries), first, record.version)
     except ValueError as exc:
         raise CorruptSession(
             f"session {record.session_id!r}: the stored record's {exc}",
@@ -377,33 +360,86 @@ def replay_record(session: Session, record: Record, entries: Any, first: int = 0
         ) from None
 
 
-def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` (a decoded record) as a reader of the store API sees it: its journal
-    applied, so ``"snapshot"`` is the session's current snapshot and ``"journal"`` is
-    empty (what ``SessionStore.load`` returns). ``CorruptSession`` if the record or a
-    step in it is unusable."""
-    journal = data.get("journal")
-    if data.get("version") != RECORD_VERSION or (type(journal) is list and not journal):
-        return data
-    record = parse_record(session_id, data)
-    settings, state = base_state(record)
-    # a doom check stands in for the host's when the journal holds its verdicts (or the
-    # snapshot its window): the verdicts are the journal's, never asked
-    asks = bool(state.doom_window) or any(
+def verdicts_for(record: Record, check: DoomCheck | None) -> Verdicts | None:
+    """The doom check a session read from ``record`` runs with: one that asks ``check``
+    (the host's), or, with none, one that only gives back the verdicts the journal
+    holds (when it holds any, or the snapshot keeps a window the check reads)."""
+    if check is not None:
+        return Verdicts(check)
+    snapshot = record.snapshot or {}
+    asks = bool(snapshot.get("doom_window")) or any(
         type(e) is list and len(e) == 5 and e[0] == EVENT for e in record.journal
     )
-    session = Session.from_state(
-        settings,
-        state,
-        _not_read,
-        wall_clock=_not_read,
-        check=False,
-        doom_check=_not_read if asks else None,
+    return Verdicts(None) if asks else None
+
+
+def check_record(record: Record, session: Session) -> None:
+    """``CorruptSession`` naming the key unless every field of ``record`` that its
+    journal determines agrees with ``session``, the state the journal gives (in the
+    journal's frame): its age is not before the last step, its last finish is the
+    journal's, and a claim or carried outcomes belong to the tool calls in flight."""
+    sid = record.session_id
+    last = session.last_at
+    if record.elapsed_s < last:
+        raise _bad(sid, "elapsed_s", f"{record.elapsed_s!r} is before the last step ({last!r})")
+    finished = session.finished_at
+    if (record.finished_s is None) != (finished is None):
+        said = "a finish" if record.finished_s is not None else "no finish"
+        truth = "a turn is running" if finished is None else "the last turn has finished"
+        raise _bad(sid, "finished_s", f"the record says {said}, but {truth}")
+    if finished is not None and record.finished_s is not None:
+        expected = record.elapsed_s - finished
+        if abs(record.finished_s - expected) > FINISHED_TOLERANCE_S * max(1.0, abs(expected)):
+            raise _bad(
+                sid,
+                "finished_s",
+                f"{record.finished_s!r}, but the last turn finished {expected!r} s before",
+            )
+    claim, carried = record.claim, record.carried
+    if claim is None and not carried:
+        return
+    turn = session.current_turn
+    pending: Action | None = None if turn is None else turn.action
+    if turn is None or turn.state != "invoking_tools" or type(pending) is not InvokeTools:
+        key = "claim" if claim is not None else "carried"
+        raise _bad(sid, key, "tool calls are held, but the session is not invoking tools")
+    in_flight = {call.id for call in pending.calls}
+    if claim is not None:
+        missing = [i for i in claim.calls if i not in in_flight]
+        if missing or len(set(claim.calls)) != len(claim.calls):
+            raise _bad(
+                sid, "claim", f"names calls {list(claim.calls)!r:.80} not in flight once each"
+            )
+    ids = [o.call_id for o in carried]
+    if any(i not in in_flight for i in ids) or len(set(ids)) != len(ids):
+        raise _bad(sid, "carried", f"holds outcomes {ids!r:.80} for calls not in flight once each")
+
+
+def _bad(session_id: str, key: str, what: str) -> CorruptSession:
+    return CorruptSession(
+        f"session {session_id!r}: the stored record's {key}: {what}", session_id=session_id
     )
-    replay_record(session, record, record.journal)
-    current = write_snapshot(settings, state, record.elapsed_s)
+
+
+def read_session(record: Record, check: DoomCheck | None) -> tuple[Session, Verdicts | None]:
+    """The session ``record`` holds, read in full: its snapshot restored with no clock in
+    the journal's frame, its journal replayed, every field the journal determines
+    checked (``CorruptSession`` naming what was wrong)."""
+    verdicts = verdicts_for(record, check)
+    session = base_session(record, verdicts)
+    if record.journal:
+        replay_record(session, verdicts, record, record.journal)
+    check_record(record, session)
+    return session, verdicts
+
+
+def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a decoded record) as a reader of the store API sees it, read and checked
+    as a worker reads it (whatever its version): its journal applied, so ``"snapshot"``
+    is the session's current snapshot and ``"journal"`` is empty (what
+    ``SessionStore.load`` returns). ``CorruptSession`` if the record or a step in it is
+    unusable."""
+    record = parse_record(session_id, data)
+    session, _ = read_session(record, None)
+    current = session.snapshot(at=record.elapsed_s)
     return {**data, "snapshot": current, "journal": []}
-
-
-def _not_read(*_: Any) -> Any:  # pragma: no cover - a replay gives its steps their readings
-    raise AssertionError("a replay reads only what its entries recorded")

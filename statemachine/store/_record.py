@@ -3,10 +3,10 @@ applied since it was written, and what the workers need to share it safely.
 
 ::
 
-    {"format": "statemachine.store.record", "version": 2, "session_id": "conv-42",
+    {"format": "statemachine.store.record", "version": 3, "session_id": "conv-42",
      "incarnation": "9f2c...",          # drawn at create: tells a re-created id apart
      "snapshot": {...},                 # Session.snapshot(), as of the last compaction
-     "journal": [[op, times, walls, ...], ...],   # the steps since (see _journal.py)
+     "journal": [[op, at, wall, ...], ...],   # the steps since (see _journal.py)
      "saved_at": 1764452000.5,          # wall clock of the write (idle-time accounting)
      "keys": [[7, "evt-9"], ...],       # recent idempotency keys, with the version each made
      "claim": {"owner": "w1", "calls": ["c1"], "until": 1764452300.5} | null,
@@ -14,11 +14,15 @@ applied since it was written, and what the workers need to share it safely.
      "elapsed_s": 12.5,                 # the session's age at the write
      "finished_s": 3.0 | null}          # seconds since its last turn finished, at the write
 
+``elapsed_s`` is never before the journal's last step and ``finished_s`` is what the
+journal says (the reader checks both against the state the journal gives).
+
 The keys come in this order, so that the bytes of a record up to the end of its
 journal's last entry (its *prefix*) stay the same while the journal grows: a worker
-that knows a prefix reads only what follows it. Version 1 (no journal; the snapshot
-current) is still read. Every check here raises ``CorruptSession`` naming the session
-and the key.
+that knows a prefix reads only what follows it. Version 2 (its journal entries hold
+the lists of clock readings a step made) and version 1 (no journal; the snapshot
+current) are still read; a worker writes every record it changes as version 3. Every
+check here raises ``CorruptSession`` naming the session and the key.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ import attrs
 from ..core._codec import decode, encode
 from ..core._state import TextCache, json_text, number_or_null, number_text
 from ..core._tool_calls import ToolOutcome
-from ._core import CorruptSession
+from ._errors import CorruptSession
 
 RECORD_FORMAT = "statemachine.store.record"
-RECORD_VERSION = 2
+RECORD_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 _HEAD = f'{{"format":{json_text(RECORD_FORMAT)},"version":{RECORD_VERSION},"session_id":'
 _JOURNAL = b',"journal":['
 TAIL_KEYS = frozenset({"saved_at", "keys", "claim", "carried", "elapsed_s", "finished_s"})
@@ -77,6 +82,8 @@ class Record:
     """The session's age (seconds on its clock) when the record was written."""
     finished_s: float | None = None
     """Seconds since the session's last turn finished, when the record was written."""
+    version: int = RECORD_VERSION
+    """The record format version it was read from (what a worker writes: the current)."""
     journal: tuple[Any, ...] = attrs.field(default=(), repr=False)
     """The journal's entries as read (a record read from a store)."""
     entries: int = 0
@@ -214,7 +221,7 @@ def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ages(session_id: str, data: dict[str, Any]) -> tuple[float, float | None]:
-    """A version-2 record's ``elapsed_s`` and ``finished_s``, checked."""
+    """A record's ``elapsed_s`` and ``finished_s`` (version 2 on), checked."""
     elapsed, finished = data.get("elapsed_s"), data.get("finished_s")
     if not _finite(elapsed) or elapsed < 0:  # type: ignore[operator]
         raise _bad(session_id, "elapsed_s", f"must be a finite number >= 0, got {elapsed!r:.40}")
@@ -231,9 +238,12 @@ def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = 
     if data.get("format") != RECORD_FORMAT:
         raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
     version = data.get("version")
-    if version not in (1, RECORD_VERSION) or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or type(version) is not int:
+        readable = ", ".join(map(str, READABLE_VERSIONS))
         raise _bad(
-            session_id, "version", f"{version!r} is not supported (this is {RECORD_VERSION})"
+            session_id,
+            "version",
+            f"{version!r:.40} is not supported (this engine reads {readable})",
         )
     if data.get("session_id") != session_id:
         raise _bad(
@@ -262,12 +272,13 @@ def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = 
         if len(journal) > MAX_JOURNAL:
             raise _bad(session_id, "journal", f"{len(journal)} entries, more than {MAX_JOURNAL}")
     prefix_end = None
-    if payload is not None and version == RECORD_VERSION:
+    if payload is not None and version >= 2:
         prefix_end = _prefix_end(payload, len(journal))
     return Record(
         session_id,
         snapshot,
         incarnation=incarnation,
+        version=version,
         elapsed_s=elapsed,
         finished_s=finished,
         journal=tuple(journal),
@@ -361,6 +372,7 @@ def extend(record: Record, payload: bytes) -> Record | None:
         session_id,
         record.snapshot,
         incarnation=record.incarnation,
+        version=record.version,
         elapsed_s=elapsed,
         finished_s=finished,
         journal=tuple(entries),  # only the new ones: the rest are in the state it extends

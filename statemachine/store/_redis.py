@@ -14,21 +14,17 @@ import math
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core._exceptions import ConfigError
+from ._bytes import BytesStore
 from ._core import (
     DEFAULT_MAX_BYTES,
-    BytesStore,
-    CorruptSession,
-    StoreUnavailable,
     check_max_bytes,
     check_name,
     check_payload,
     check_ttl,
     check_version,
     key_prefix,
-    not_found,
-    oversized,
-    stale,
 )
+from ._errors import CorruptSession, StoreUnavailable, not_found, oversized, stale
 
 if TYPE_CHECKING:
     import redis

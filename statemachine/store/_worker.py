@@ -1,4 +1,12 @@
-"""Workers over a store: compare-and-set advances, claims and resume (see the package docstring)."""
+"""Workers over a store: compare-and-set advances, claims and resume (see the package docstring).
+
+A worker holds the sessions it last read or wrote, each in the journal's frame (no
+clock: its times are seconds since the session started, the age the record says it has
+now), and steps them with the session's public methods at that age: the step it takes
+live is the step another worker replays from the journal (``_journal.apply_step``).
+The caller of a worker never gets the worker's own session: a result holds a copy put
+on the worker's clock (``Session.copy``).
+"""
 
 from __future__ import annotations
 
@@ -14,35 +22,19 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from ..core._actions import Action, Finish, InvokeTools
+from ..core._engine import needs_wall
 from ..core._events import ToolsDone
-from ..core._exceptions import (
-    ConfigError,
-    IllegalEvent,
-    SessionEnded,
-    TurnInProgress,
-)
+from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
-from ..core._settings import Settings
 from ..core._snapshot import write_snapshot_text
-from ..core._state import (
-    SessionState,
-    TextCache,
-    copy_session_state,
-)
+from ..core._state import TextCache
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
+from ._bytes import BytesStore
 from ._core import (
     DEFAULT_MAX_BYTES,
-    BytesStore,
-    CorruptSession,
-    InvalidSessionId,
-    RecordTooLarge,
-    SessionNotFound,
-    StaleWrite,
     Stored,
-    StoreError,
-    StoreUnavailable,
     check_max_bytes,
     check_name,
     check_payload,
@@ -50,6 +42,15 @@ from ._core import (
     check_version,
     decode_record,
     key_prefix,
+)
+from ._errors import (
+    CorruptSession,
+    InvalidSessionId,
+    RecordTooLarge,
+    SessionNotFound,
+    StaleWrite,
+    StoreError,
+    StoreUnavailable,
     not_found,
     stale,
 )
@@ -61,15 +62,17 @@ from ._journal import (
     EVENT,
     REPLAY_AT_MOST,
     START,
-    Recorder,
     Step,
-    base_state,
+    Verdicts,
+    apply_step,
+    check_record,
     entry_text,
+    read_session,
     replay_record,
-    run_step,
 )
 from ._record import (
     MAX_KEYS,
+    RECORD_VERSION,
     Claim,
     Record,
     extend,
@@ -102,34 +105,6 @@ _LIVE_SESSIONS = 1024
 """How many sessions a worker remembers its last record of, by default."""
 
 Observer = Callable[[TraceRecord], None]
-
-
-class _Relay:
-    """An observer that holds the records of a transition until it is stored, then
-    passes them (and every later one) on to the worker's observers."""
-
-    __slots__ = ("held", "observers")
-
-    def __init__(self, observers: tuple[Observer, ...]) -> None:
-        self.observers = observers
-        self.held: list[TraceRecord] | None = []
-
-    def __call__(self, record: TraceRecord) -> None:
-        if self.held is not None:
-            self.held.append(record)
-            return
-        for observer in self.observers:
-            observer(record)
-
-    def hold(self) -> None:
-        self.held = []
-
-    def deliver(self) -> None:
-        held, self.held = self.held, None
-        for record in held or ():
-            for observer in self.observers:
-                observer(record)
-
 
 INTERRUPTED = "interrupted: worker died"
 """The content of the error outcome of a tool call whose worker died in flight."""
@@ -285,23 +260,56 @@ class AdvanceStatus(enum.StrEnum):
     """``load`` / ``resume`` with nothing to take over: the stored state as it is."""
 
 
-class _Handout:
-    """The session of an ``APPLIED`` result, copied from the worker's own when first
-    asked for: while the worker has not moved the session on, a copy of its state;
-    after, the bytes that write stored, decoded again."""
+class _Live:
+    """A session this worker holds: the ``record`` it last read or wrote, at ``version``,
+    and the ``session`` that record holds (no clock, the journal's frame), whose doom
+    check is ``verdicts``. Whoever takes one out of the worker's memory owns it until it
+    puts it back (nothing else reads or steps it meanwhile)."""
 
-    __slots__ = ("_session", "own", "payload", "session_id", "version", "worker")
+    __slots__ = ("record", "session", "verdicts", "version")
 
     def __init__(
-        self, worker: Worker, session_id: str, version: int, own: Session, payload: bytes
+        self, version: int, record: Record, session: Session, verdicts: Verdicts | None
     ) -> None:
-        self.worker, self.session_id, self.version = worker, session_id, version
+        self.version = version
+        self.record = record
+        self.session = session
+        self.verdicts = verdicts
+
+
+class _Handout:
+    """The session of an ``APPLIED`` result, copied from the worker's own when first
+    asked for: while the worker has not moved the session on, a copy of its own;
+    after, the bytes that write stored, read again."""
+
+    __slots__ = (
+        "_session",
+        "elapsed",
+        "make",
+        "own",
+        "payload",
+        "saved_at",
+        "session_id",
+        "version",
+    )
+
+    def __init__(
+        self,
+        make: Callable[[_Handout], Session],
+        session_id: str,
+        version: int,
+        own: Session,
+        payload: bytes | None,
+        record: Record,
+    ) -> None:
+        self.make, self.session_id, self.version = make, session_id, version
         self.own, self.payload = own, payload
+        self.elapsed, self.saved_at = record.elapsed_s, record.saved_at
         self._session: Session | None = None
 
     def get(self) -> Session:
         if self._session is None:
-            self._session = self.worker._hand_out(self)  # noqa: SLF001 - its own worker
+            self._session = self.make(self)
             self.own = None  # type: ignore[assignment] # not kept alive by a result
         return self._session
 
@@ -336,40 +344,14 @@ class Advanced:
         return self.status is AdvanceStatus.APPLIED
 
 
-def _mark(state: SessionState) -> tuple[object, int]:
-    """Where a replay starts: the current turn and how many actions it holds."""
-    turn = state.turn
-    return turn, 0 if turn is None else len(turn.actions)
-
-
-def _reframe(state: SessionState, mark: tuple[object, int]) -> None:
-    """Put the ``retry_at`` of the Finish actions a replay made (on the journal's frame,
-    the session started at 0) on the worker's clock, as ``state.started`` now is."""
-    turn = state.turn
-    if turn is None:
-        return
-    actions = turn.actions
-    for i in range(mark[1] if turn is mark[0] else 0, len(actions)):
-        action = actions[i]
-        if type(action) is Finish and action.retry_at is not None:
-            actions[i] = attrs.evolve(action, retry_at=action.retry_at + state.started)
-
-
-def _recorder(session: Session) -> Recorder:
-    """The clocks that keep ``session``'s readings for the journal, put in place the
-    first time (a session a worker steps is its own from then on: never handed out)."""
-    core = session._core  # noqa: SLF001 - the store is the engine's own host
-    recorder = getattr(core.clock, "__self__", None)
-    if type(recorder) is not Recorder or recorder.state is not core.state:
-        recorder = Recorder(core.clock, core.wall_clock, core.state, core.doom_check)
-        core.clock, core.wall_clock = recorder.clock, recorder.wall
-        if core.doom_check is not None:
-            core.doom_check = recorder.doom
-    return recorder
-
-
 def _default_owner() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def _mark(session: Session) -> tuple[int, int]:
+    """Where the steps about to be taken begin: the current turn and its steps so far."""
+    turn = session.current_turn
+    return (0, 0) if turn is None else (turn.index, turn.steps)
 
 
 class Worker:
@@ -379,14 +361,18 @@ class Worker:
     host.pid.random). ``lease_s`` is how long its claim on handed-out tool calls
     holds before another worker may :meth:`resume` them. ``idempotent`` lists the
     tools (by name, or a predicate on the :class:`~statemachine.ToolCall`) that
-    may be re-run after a worker died. ``clock`` is the sessions' monotonic clock;
-    ``now`` is wall-clock Unix time, shared by all workers, for leases and idle
-    time: with ``count_idle`` the time a session spent in the store between two
-    workers counts toward its wall-clock bound, as it would in one process.
-    ``doom_check`` is the sessions' second-tier doom-loop check (a host function, not
-    data: every worker of a store should be given one, or none). It is asked by the
-    worker that takes a step; its verdicts go into the journal, and a replay reads them
-    from there instead of asking again.
+    may be re-run after a worker died. ``now`` is wall-clock Unix time, shared by all
+    workers, for leases, idle time and a failure's HTTP-date ``retry-after``: with
+    ``count_idle`` the time a session spent in the store between two workers counts
+    toward its wall-clock bound, as it would in one process. ``clock`` is the monotonic
+    clock the sessions a worker hands out run on.
+
+    A session's steps are taken at its *age*: the seconds its record says it had lived
+    at its last write, plus (``count_idle``) the wall-clock seconds since. ``doom_check``
+    is the sessions' second-tier doom-loop check (a host function, not data: every
+    worker of a store should be given one, or none). It is asked by the worker that
+    takes a step; its verdicts go into the journal, and a replay reads them from there
+    instead of asking again.
     """
 
     def __init__(
@@ -416,6 +402,8 @@ class Worker:
             )
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise ConfigError(f"owner: must be a non-empty str, got {owner!r}")
+        if not callable(clock) or not callable(now):
+            raise ConfigError("clock: clock and now must be callables returning seconds")
         self.store = store
         self.owner = owner or _default_owner()
         self.lease_s = float(lease_s)
@@ -447,263 +435,216 @@ class Worker:
         ):
             self._payload_cas = store.compare_and_set_payload
             self._payload_load = store.load_payload
-        self._fast = self._payload_cas is not None and not self._observers
-        """Whether an advance with no key may take :meth:`_advance_known`."""
-        self._live: dict[str, tuple[int, Record, Session]] = {}
-        """The last record this worker read or wrote per session, with its decoded
-        state: the next advance at that version skips reading and restoring it (the
+        self._live: dict[str, _Live] = {}
+        """The last record this worker read or wrote per session, with the session it
+        holds: the next advance at that version skips reading and restoring it (the
         compare-and-set still proves the store holds that version and incarnation)."""
         self._live_lock = threading.Lock()
 
-    # -- reading ------------------------------------------------------------------
+    # -- time ---------------------------------------------------------------------
 
-    def _read(
-        self, session_id: str, observers: tuple[Observer, ...] | None = None
-    ) -> tuple[int, Record, Session]:
-        """The stored version, record and session. Finding in the store the very bytes
-        this worker last wrote or read for the session, it skips decoding and checking
-        them again: it knows the state they hold; finding them grown by journal entries
-        (another worker's advances), it decodes and replays only those."""
-        if observers is None:
-            observers = self._observers
-        if self._payload_load is None:
-            stored = self.store.load(session_id)
-            version, record = stored.version, parse_record(session_id, stored.record)
-        else:
-            version, payload = self._payload_load(session_id)
-            known = self._known(session_id, version, payload, observers)
-            if known is not None:
-                record, session = known
-                return version, record, session
-            data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
-            record = parse_record(session_id, data, payload)
-        session = self._restored(record, observers)
-        record.crowded = len(record.journal) > REPLAY_AT_MOST
-        self._remember(session_id, version, record, session)
-        return version, record, session
+    def _age(self, record: Record, wall: float) -> float:
+        """The session's age now (Unix time ``wall``), as ``record`` gives it."""
+        if not self._count_idle:
+            return record.elapsed_s
+        idle = wall - record.saved_at
+        return record.elapsed_s + idle if idle > 0.0 else record.elapsed_s
 
-    def _restored(self, record: Record, observers: tuple[Observer, ...]) -> Session:
-        """The session in ``record`` read in full: its snapshot restored, its journal
-        replayed, on this worker's clock now."""
-        settings, state = self._base(record)
-        mark = _mark(state)
-        if record.journal:
-            self._replay_on(self._over(settings, state, ()), record, record.journal, 0)
-        session = self._session_of(record, settings, state, observers)
-        _reframe(state, mark)
-        return session
+    # -- the sessions a worker holds -----------------------------------------------
 
-    def _base(self, record: Record) -> tuple[Settings, SessionState]:
-        """The record's snapshot in the journal's frame (see ``base_state``)."""
-        return base_state(record)
+    def _verdicts(self) -> Verdicts | None:
+        check = self._doom_check
+        return None if check is None else Verdicts(check)
 
-    def _replay_on(
-        self, session: Session, record: Record, entries: tuple[object, ...], first: int
-    ) -> None:
-        """Apply journal ``entries`` to ``session`` (its state in the journal's frame);
-        it runs on this worker's clocks again after."""
-        core = session._core  # noqa: SLF001 - the store is the engine's own host
-        try:
-            replay_record(session, record, entries, first)
-        finally:
-            core.clock, core.wall_clock = self._clock, self._now
-            core.doom_check = self._doom_check
+    def _take(self, session_id: str) -> _Live | None:
+        with self._live_lock:
+            return self._live.pop(session_id, None)
 
-    def _known(
-        self, session_id: str, version: int, payload: bytes, observers: tuple[Observer, ...]
-    ) -> tuple[Record, Session] | None:
-        """The session in ``payload`` if it is the record this worker remembers (a copy
-        of the remembered state, which stays remembered, now at ``version``), or that
-        record grown by journal entries (those entries replayed on the remembered state,
-        and a copy of it)."""
-        with self._live_lock:  # copied under the lock: an advance may take the entry
-            live = self._live.get(session_id)
-            if live is None:
-                return None
-            _, record, own = live
-            if record.payload == payload:
-                del self._live[session_id]  # remembered again as the most recent, at ``version``
-                self._live[session_id] = (version, record, own)
-                state = copy_session_state(own._core.state)  # noqa: SLF001
-                return record, self._session_of(record, own.settings, state, observers)
-            del self._live[session_id]  # taken out: grown, it is remembered again below
-        grown = extend(record, payload)
-        if grown is None:
-            return None
-        state = own._core.state  # noqa: SLF001 - the worker's own session
-        # the remembered state in the journal's frame: the session started at 0
-        state.started = 0.0
-        if record.finished_s is not None:
-            state.finished_at = record.elapsed_s - record.finished_s
-        mark = _mark(state)
-        if grown.journal:
-            self._replay_on(own, grown, grown.journal, record.entries)
-            grown.crowded = len(grown.journal) > REPLAY_AT_MOST
-        self._rebase(grown, state)
-        _reframe(state, mark)
-        self._remember(session_id, version, grown, own, own=True)
-        copy = copy_session_state(state)
-        return grown, self._over(own.settings, copy, observers)
-
-    def _idle(self, record: Record) -> float:
-        return max(0.0, self._now() - record.saved_at) if self._count_idle else 0.0
-
-    def _remember(
-        self, session_id: str, version: int, record: Record, session: Session, *, own: bool = False
-    ) -> None:
-        """Remember ``session`` as ``record`` at ``version`` holds it: the session itself
-        if it is the worker's ``own`` (never handed out), else a copy (the session
-        itself is the caller's to use as they like)."""
+    def _remember(self, session_id: str, live: _Live) -> None:
+        """Hold ``live`` as the session's latest (its record, version and session)."""
         if not self._remember_at_most:
             return
-        if not own:
-            state = copy_session_state(session._core.state)  # noqa: SLF001 - the engine's own host
-            session = self._over(session.settings, state, ())
         with self._live_lock:
-            live = self._live
-            live.pop(session_id, None)
-            live[session_id] = (version, record, session)
-            while len(live) > self._remember_at_most:
-                del live[next(iter(live))]
+            remembered = self._live
+            remembered.pop(session_id, None)
+            remembered[session_id] = live
+            if len(remembered) > self._remember_at_most:
+                del remembered[next(iter(remembered))]
 
     def _forget(self, session_id: str) -> None:
         with self._live_lock:
             self._live.pop(session_id, None)
 
-    def _recall(
-        self, session_id: str, version: int, key: str | None, observers: tuple[Observer, ...]
-    ) -> tuple[Record, Session] | None:
-        """The session as :meth:`_read` would restore it at ``version``, from the last
-        record this worker saw, if that is the version (and ``key`` is not among its
-        keys: a duplicate is answered from the store). The entry is taken out (the
-        worker's own session, which the caller never sees): what it becomes is
-        remembered again once written."""
+    def _recall(self, session_id: str, version: int, key: str | None) -> _Live | None:
+        """The session as the store holds it at ``version``, from what this worker wrote
+        or read last, if that is the version (and ``key`` is not among its keys: a
+        duplicate is answered from the store), taken out of the worker's memory."""
         with self._live_lock:
             live = self._live.get(session_id)
-            if live is None or live[0] != version:
+            if live is None or live.version != version:
                 return None
-            _, record, session = live
-            if key is not None and any(k == key for _, k in record.keys):
+            if key is not None and any(k == key for _, k in live.record.keys):
                 return None
             del self._live[session_id]
-        core = session._core  # noqa: SLF001 - the store is the engine's own host
-        self._rebase(record, core.state)
-        core.observers = observers
-        return record, session
+        return live
 
-    def _rebase(self, record: Record, state: SessionState) -> None:
-        """Put ``state``'s start (and last finish) on this worker's clock, as a read of
-        ``record`` from the store has them now (idle time included)."""
-        idle = self._idle(record)
-        now = self._clock()
-        state.started = now - (record.elapsed_s + idle)
-        if record.finished_s is not None:
-            state.finished_at = now - (record.finished_s + idle)
+    # -- reading ------------------------------------------------------------------
 
-    def _over(
-        self, settings: Settings, state: SessionState, observers: tuple[Observer, ...]
-    ) -> Session:
-        return Session.from_state(
-            settings,
-            state,
-            self._clock,
+    def _read(self, session_id: str) -> _Live:
+        """The stored version, record and session, taken out of the worker's memory (the
+        caller puts it back with :meth:`_remember`). Finding in the store the very bytes
+        this worker last wrote or read, it decodes nothing; finding them grown by
+        journal entries (other workers' advances), it decodes and replays only those."""
+        if self._payload_load is None:
+            stored = self.store.load(session_id)
+            version, record = stored.version, parse_record(session_id, stored.record)
+        else:
+            version, payload = self._payload_load(session_id)
+            known = self._known(session_id, version, payload)
+            if known is not None:
+                return known
+            data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
+            record = parse_record(session_id, data, payload)
+        session, verdicts = read_session(record, self._doom_check)
+        record.crowded = len(record.journal) > REPLAY_AT_MOST
+        return _Live(version, record, session, verdicts)
+
+    def _known(self, session_id: str, version: int, payload: bytes) -> _Live | None:
+        """The session in ``payload`` if it is the record this worker holds, or that
+        record grown by journal entries (those entries replayed on the held session,
+        and checked); ``None`` otherwise (it is then read in full)."""
+        live = self._take(session_id)
+        if live is None:
+            return None
+        record = live.record
+        if record.payload == payload:
+            live.version = version
+            return live
+        grown = extend(record, payload)
+        if grown is None:
+            return None
+        try:
+            if grown.journal:
+                replay_record(live.session, live.verdicts, grown, grown.journal, record.entries)
+                grown.crowded = len(grown.journal) > REPLAY_AT_MOST
+            check_record(grown, live.session)
+        except CorruptSession:
+            return None  # read in full, which says what is wrong
+        return _Live(version, grown, live.session, live.verdicts)
+
+    # -- what a caller gets -----------------------------------------------------------
+
+    def _on_clock(self, own: Session, elapsed: float, saved_at: float) -> Session:
+        """A copy of ``own`` (the journal's frame) put on this worker's clock, the session
+        ``elapsed`` seconds old at ``saved_at``, as a read of it from the store gives it."""
+        age = elapsed
+        if self._count_idle:
+            idle = self._now() - saved_at
+            if idle > 0.0:
+                age += idle
+        return own.copy(
+            clock=self._clock,
             wall_clock=self._now,
-            observers=observers,
-            check=False,
+            started=self._clock() - age,
+            observers=self._observers,
             doom_check=self._doom_check,
         )
 
-    def _session_of(
-        self,
-        record: Record,
-        settings: Settings,
-        state: SessionState,
-        observers: tuple[Observer, ...],
-    ) -> Session:
-        """The session in ``state`` (this worker's own copy of what ``record`` holds), as
-        a read of ``record`` from the store gives it now."""
-        self._rebase(record, state)
-        return self._over(settings, state, observers)
-
-    def _handed_out(
-        self, session_id: str, version: int, payload: bytes | None, own: Session
-    ) -> Any:
-        """What an ``APPLIED`` result gives as its session: a copy of the worker's ``own``,
-        taken when the caller first asks for it (see :class:`_Handout`). ``payload`` is
-        the bytes that write stored (read before the record was remembered: the next
-        advance grows a remembered record in place)."""
-        if payload is None or not self._remember_at_most:
-            return self._over(own.settings, copy_session_state(own._core.state), self._observers)  # noqa: SLF001
-        return _Handout(self, session_id, version, own, payload)
-
     def _hand_out(self, handout: _Handout) -> Session:
         """The session of ``handout``: a copy of the worker's own session if that is
-        still as the write left it, else the written bytes decoded again."""
+        still as the write left it, else the written bytes read again."""
         own = handout.own  # read once: another thread's get() may let it go meanwhile
         with self._live_lock:
             live = self._live.get(handout.session_id)
             if (
                 own is not None
                 and live is not None
-                and live[0] == handout.version
-                and live[2] is own
+                and live.version == handout.version
+                and live.session is own
             ):
-                state = copy_session_state(own._core.state)  # noqa: SLF001 - its own session
-                return self._over(own.settings, state, self._observers)
+                return self._on_clock(own, handout.elapsed, handout.saved_at)
         session_id, payload = handout.session_id, handout.payload
         data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
-        return self._restored(parse_record(session_id, data, payload), self._observers)
+        record = parse_record(session_id, data, payload)
+        session, _ = read_session(record, self._doom_check)
+        return self._on_clock(session, record.elapsed_s, record.saved_at)
 
-    def _result(
-        self, status: AdvanceStatus, version: int, record: Record, session: Session
-    ) -> Advanced:
-        turn = session.current_turn
+    def _handout(self, session_id: str, live: _Live) -> Session | _Handout:
+        """What an ``APPLIED`` result gives as its session: a copy of the worker's own,
+        taken when the caller first asks for it (see :class:`_Handout`)."""
+        record = live.record
+        if record.payload is None or not self._remember_at_most:
+            return self._on_clock(live.session, record.elapsed_s, record.saved_at)
+        return _Handout(
+            self._hand_out, session_id, live.version, live.session, record.payload, record
+        )
+
+    def _on_clock_action(self, action: Action, elapsed: float) -> Action:
+        """``action`` of a session ``elapsed`` seconds old now, its readings (a Finish's
+        ``retry_at``) put on this worker's clock."""
+        if type(action) is Finish and action.retry_at is not None:
+            return attrs.evolve(action, retry_at=action.retry_at + (self._clock() - elapsed))
+        return action
+
+    def _result(self, status: AdvanceStatus, live: _Live) -> Advanced:
+        """A result that gives the stored session as it is (``live``, put back)."""
+        record = live.record
+        copy = self._on_clock(live.session, record.elapsed_s, record.saved_at)
+        turn = copy.current_turn
         action = None if turn is None else turn.action
         if isinstance(action, InvokeTools) and record.carried:
             claimed = set(record.claim.calls) if record.claim else set()
             action = InvokeTools(tuple(c for c in action.calls if c.id in claimed))
-        return Advanced(status, session, version, action)
+        return Advanced(status, copy, live.version, action)
+
+    def _answer(self, session_id: str, status: AdvanceStatus, live: _Live) -> Advanced:
+        result = self._result(status, live)
+        self._remember(session_id, live)
+        return result
 
     def load(self, session_id: str) -> Advanced:
         """The stored session, its version and pending action (``UNCHANGED``)."""
-        version, record, session = self._read(session_id)
-        return self._result(AdvanceStatus.UNCHANGED, version, record, session)
+        return self._answer(session_id, AdvanceStatus.UNCHANGED, self._read(session_id))
 
     # -- writing ------------------------------------------------------------------
 
     def _record(
         self,
         session_id: str,
+        live: _Live | None,
         session: Session,
         action: Action | None,
         keys: tuple[tuple[int, str], ...],
+        elapsed: float,
+        wall: float,
         *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
-        previous: Record | None = None,
-        entries: tuple[str, ...] = (),
-        compact: bool = False,
+        entries: tuple[str, ...] | list[str] = (),
+        start: bool = False,
     ) -> Record:
-        """The record to write for ``session``; ``previous`` is the record it was read
-        from (its incarnation is kept) and ``entries`` the journal entries of the steps
+        """The record to write for ``session`` (the journal's frame), ``elapsed`` seconds
+        old at Unix time ``wall``; ``live`` holds the record it was read from (its
+        incarnation is kept) and ``entries`` are the journal entries of the steps
         applied since. To a store of bytes the entries are appended to the previous
-        record's bytes; every :data:`COMPACT_EVERY` entries (at a turn's start, with
-        ``compact``, after :data:`COMPACT_AT_START`: its snapshot is small then), and for a new
-        record or a store that takes JSON data, the snapshot is written anew instead."""
-        if claim is None and isinstance(action, InvokeTools) and action.calls:
-            claim = Claim(self.owner, tuple(c.id for c in action.calls), self._now() + self.lease_s)
-        core = session._core  # noqa: SLF001 - the store is the engine's own host
-        state = core.state
-        now = core.clock()  # the worker's, but a created session's may be its own
-        elapsed = now - state.started
-        finished = None if state.finished_at is None else now - state.finished_at
+        record's bytes, in place; every :data:`COMPACT_EVERY` entries (at a turn's
+        ``start``, after :data:`COMPACT_AT_START`: its snapshot is small then), and for a
+        new record, a record of an older version or a store that takes JSON data, the
+        snapshot is written anew instead."""
+        if claim is None and type(action) is InvokeTools and action.calls:
+            claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
+        last = session.last_at
+        elapsed = max(elapsed, last)
+        finished_at = session.finished_at
+        finished = None if finished_at is None else elapsed - finished_at
+        previous = None if live is None else live.record
         incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
         if self._payload_cas is None:  # a store that takes JSON data: the snapshot as data
-            snapshot = session.snapshot()
+            snapshot = session.snapshot(at=elapsed)
             return Record(
                 session_id,
                 snapshot,
-                self._now(),
+                wall,
                 keys,
                 claim,
                 carried,
@@ -711,51 +652,67 @@ class Worker:
                 elapsed_s=snapshot["elapsed_s"],
                 finished_s=snapshot["finished_at"],
             )
-        saved_at = self._now()
-        middle = middle_text(keys, claim, carried)
-        tail = tail_text(saved_at, middle, elapsed, finished).encode()
         count = 0 if previous is None else previous.entries
         end = None if previous is None else previous.prefix_end
         known = None if previous is None else previous.payload
-        added = ",".join(entries).encode()
         if (
             previous is None
             or end is None
             or known is None
+            or previous.version != RECORD_VERSION
             or count + len(entries) > COMPACT_EVERY
-            or (compact and count >= COMPACT_AT_START)
+            or (start and count >= COMPACT_AT_START)
             or previous.crowded
-            or end + len(added) > self._compact_at
+            or end + sum(len(e) + 1 for e in entries) > self._compact_at
         ):  # the snapshot written anew, the journal empty
-            cache: TextCache | None = TextCache()
+            cache = TextCache()
             old = TextCache() if previous is None or previous.cache is None else previous.cache
-            text = write_snapshot_text(session.settings, state, now, old, cache)  # type: ignore[arg-type]
-            base: str | None = text
-            prefix: bytes | memoryview = head_bytes(session_id, incarnation, text)
-            count, added = 0, b""
-        else:  # the entries appended to the previous record's bytes
-            base, cache = previous.base_text, previous.cache
-            prefix = memoryview(known)[:end]
-            count += len(entries)
-            if added and previous.entries:
-                added = b"," + added
-        return Record(
-            session_id,
-            None,
-            saved_at,
-            keys,
-            claim,
-            carried,
-            incarnation,
-            elapsed_s=elapsed,
-            finished_s=finished,
-            entries=count,
-            prefix_end=len(prefix) + len(added),
-            base_text=base,
-            cache=cache,
-            payload=b"".join((prefix, added, tail)),
-            middle=middle,
-        )
+            text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
+            prefix = head_bytes(session_id, incarnation, text)
+            fresh = middle_text(keys, claim, carried)
+            tail = tail_text(wall, fresh, elapsed, finished).encode()
+            return Record(
+                session_id,
+                None,
+                wall,
+                keys,
+                claim,
+                carried,
+                incarnation,
+                elapsed_s=elapsed,
+                finished_s=finished,
+                entries=0,
+                prefix_end=len(prefix),
+                base_text=text,
+                cache=cache,
+                payload=prefix + tail,
+                middle=fresh,
+            )
+        # the entries appended to the previous record's bytes: the record is the
+        # caller's alone (taken out of the worker's memory), so it is updated in place
+        added = ",".join(entries).encode()
+        if added and count:
+            added = b"," + added
+        middle: str | None = previous.middle
+        if (
+            middle is None
+            or keys is not previous.keys
+            or claim != previous.claim
+            or carried is not previous.carried
+        ):
+            middle = middle_text(keys, claim, carried)
+        tail = tail_text(wall, middle, elapsed, finished).encode()
+        previous.payload = b"".join((memoryview(known)[:end], added, tail))
+        previous.prefix_end = end + len(added)
+        previous.entries = count + len(entries)
+        previous.saved_at = wall
+        previous.keys, previous.claim, previous.carried = keys, claim, carried
+        previous.middle = middle
+        previous.elapsed_s, previous.finished_s = elapsed, finished
+        previous.snapshot = None
+        previous.journal = ()
+        previous.crowded = False
+        return previous
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
         ended = session.status is not None
@@ -786,9 +743,12 @@ class Worker:
         turn = session.current_turn
         action = None if turn is None else turn.action
         keys = () if key is None else ((1, key),)
-        record = self._record(session_id, session, action, keys)
-        version = self._write(session_id, 0, record, session)
-        self._remember(session_id, version, record, session)
+        elapsed = session.elapsed_s
+        verdicts = self._verdicts()
+        own = session.copy(started=0.0, doom_check=verdicts)  # the journal's frame
+        record = self._record(session_id, None, own, action, keys, elapsed, self._now())
+        version = self._write(session_id, 0, record, own)
+        self._remember(session_id, _Live(version, record, own, verdicts))
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
 
     def advance(
@@ -807,195 +767,136 @@ class Worker:
         stored state and nothing applied. Engine errors (``IllegalEvent``,
         ``SessionEnded``, ``TurnInProgress``) propagate and nothing is written.
         """
-        if key is None and self._fast and type(expected_version) is int and expected_version >= 0:
-            fast = self._advance_known(session_id, event, expected_version)
-            if fast is not None:
-                return fast
         expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
-        # observers see a transition once it is stored: records wait in the relay
-        relay = _Relay(self._observers) if self._observers else None
-        observers = () if relay is None else (relay,)
+        live = self._recall(session_id, expected, key)
         applied = None
-        recalled = self._recall(session_id, expected, key, observers)
-        if recalled is not None:
-            record, session = recalled
-            before = session.cost_usd if session.parent_id is not None else 0.0
+        if live is not None:
             try:
-                applied = self._apply(session_id, session, record, event)
+                applied = self._apply(session_id, live, event)
             except (IllegalEvent, SessionEnded, TurnInProgress):
                 applied = None  # maybe the store moved on: read it, and answer from there
         if applied is None:
-            version, record, session = self._read(session_id, observers)
-            if relay is not None:
-                relay.deliver()  # nothing applied yet: the session passes records on
-            if key is not None and any(k == key for _, k in record.keys):
-                return self._result(AdvanceStatus.DUPLICATE, version, record, session)
-            if version != expected:
-                return self._result(AdvanceStatus.CONFLICT, version, record, session)
-            if relay is not None:
-                relay.hold()
-            before = session.cost_usd if session.parent_id is not None else 0.0
-            applied = self._apply(session_id, session, record, event)
-        action, entries = applied
-        spent = session.cost_usd > before if session.parent_id is not None else False
+            live = self._read(session_id)
+            if key is not None and any(k == key for _, k in live.record.keys):
+                return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
+            if live.version != expected:
+                return self._answer(session_id, AdvanceStatus.CONFLICT, live)
+            applied = self._apply(session_id, live, event)
+        action, entries, age, wall, mark, spent = applied
+        session = live.session  # type: ignore[union-attr]
+        record = live.record  # type: ignore[union-attr]
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
-        new = self._record(session_id, session, action, keys, previous=record, entries=entries)
+        offset = self._clock() - age if self._observers else 0.0
+        new = self._record(
+            session_id,
+            live,
+            session,
+            action,
+            keys,
+            age,
+            wall,
+            entries=entries,
+            start=event is None,
+        )
         try:
             version = self._write(session_id, expected, new, session)
         except StaleWrite:
-            self._forget(session_id)
             return self._lost_race(session_id, key)
-        payload = new.payload  # before the record is remembered: the next advance grows it
-        self._remember(session_id, version, new, session, own=True)
-        if relay is not None:
-            relay.deliver()
+        done = _Live(version, new, session, live.verdicts)  # type: ignore[union-attr]
+        action = self._on_clock_action(action, new.elapsed_s)
+        result = Advanced(AdvanceStatus.APPLIED, self._handout(session_id, done), version, action)
+        self._remember(session_id, done)
+        if self._observers:
+            self._deliver(session, mark, offset)
         if spent:
             self._report_spend(session)
-        handout = self._handed_out(session_id, version, payload, session)
-        return Advanced(AdvanceStatus.APPLIED, handout, version, action)
-
-    def _advance_known(
-        self, session_id: str, event: object | None, expected: int
-    ) -> Advanced | None:
-        """:meth:`advance` of a session this worker holds at ``expected``, on a store of
-        bytes, with no key, observer, parent, children or carried outcomes in play: the
-        same steps as the general path (recall, rebase, one step, its journal entry
-        appended, compare-and-set, remember), written out because every advance takes
-        it. ``None`` when it does not apply, or the engine refused the event (the
-        general path reads the store and answers from there)."""
-        with self._live_lock:
-            live = self._live.get(session_id)
-            if live is None or live[0] != expected:
-                return None
-            _, record, session = live
-            core = session._core  # noqa: SLF001 - the store is the engine's own host
-            state = core.state
-            turn = session._handle  # noqa: SLF001
-            if (
-                state.parent_id is not None
-                or record.carried
-                or (turn is None if event is not None else bool(state.child_costs))
-            ):
-                return None
-            del self._live[session_id]
-        idle = self._now() - record.saved_at if self._count_idle else 0.0
-        idle = max(idle, 0.0)
-        now = self._clock()
-        state.started = now - (record.elapsed_s + idle)
-        if record.finished_s is not None:
-            state.finished_at = now - (record.finished_s + idle)
-        if core.observers:
-            core.observers = ()
-        recorder = getattr(core.clock, "__self__", None)
-        if type(recorder) is not Recorder or recorder.state is not state:
-            recorder = _recorder(session)
-        recorder.times, recorder.walls, recorder.verdicts = [], [], []
-        try:
-            if event is None:
-                step: Step = (START,)
-                if turn is not None and turn.state == "idle":
-                    action = turn.start()
-                else:
-                    action = session.new_turn().start()
-            else:
-                step = (EVENT, event)
-                action = turn.send(event)  # type: ignore[union-attr]
-        except (IllegalEvent, SessionEnded, TurnInProgress):
-            return None
-        entry = entry_text(step, recorder.times, recorder.walls, recorder.verdicts)
-        new = self._appended(record, entry, state, action, start=event is None)
-        if new is None:
-            new = self._record(
-                session_id,
-                session,
-                action,
-                record.keys,
-                previous=record,
-                entries=(entry,),
-                compact=event is None,
-            )
-        try:
-            version = self._payload_cas(  # type: ignore[misc]
-                session_id,
-                expected,
-                new.payload,
-                incarnation=new.incarnation,
-                ended=state.status is not None,
-            )
-        except StaleWrite:
-            return self._lost_race(session_id, None)
-        payload = new.payload  # before the record is remembered: the next advance grows it
-        if self._remember_at_most:
-            with self._live_lock:  # as _remember(own=True): the entry was taken out above
-                remembered = self._live
-                remembered[session_id] = (version, new, session)
-                if len(remembered) > self._remember_at_most:
-                    del remembered[next(iter(remembered))]
-        return Advanced(
-            AdvanceStatus.APPLIED,
-            _Handout(self, session_id, version, session, payload)  # type: ignore[arg-type]
-            if self._remember_at_most
-            else self._handed_out(session_id, version, payload, session),
-            version,
-            action,
-        )
-
-    def _appended(
-        self, record: Record, entry: str, state: SessionState, action: Action, *, start: bool
-    ) -> Record | None:
-        """``record`` made the next version's: ``entry`` appended to its bytes, its tail
-        written anew (nothing else holds a record the fast path recalled). ``None``
-        when the next write must do more: write the snapshot anew (see :meth:`_record`),
-        or change the claim."""
-        end, count, payload = record.prefix_end, record.entries, record.payload
-        if (
-            end is None
-            or payload is None
-            or record.crowded
-            or record.claim is not None
-            or type(action) is InvokeTools
-            or count >= (COMPACT_AT_START if start else COMPACT_EVERY)
-            or end + len(entry) > self._compact_at
-        ):
-            return None
-        added = entry.encode()
-        if count:
-            added = b"," + added
-        now = self._clock()
-        record.saved_at = saved_at = self._now()
-        record.elapsed_s = elapsed = now - state.started
-        finished = None if state.finished_at is None else now - state.finished_at
-        record.finished_s = finished
-        middle = record.middle
-        if middle is None:
-            middle = record.middle = middle_text(record.keys, None, ())
-        tail = tail_text(saved_at, middle, elapsed, finished).encode()
-        record.payload = b"".join((memoryview(payload)[:end], added, tail))
-        record.prefix_end = end + len(added)
-        record.entries = count + 1
-        return record
-
-    def _steps(self, session: Session, steps: Iterable[Step], entries: list[str]) -> Any:
-        """Apply ``steps`` to ``session``, adding their journal entries to ``entries``
-        (none are kept for a store that takes JSON data); what the last produced."""
-        if self._payload_cas is None:
-            result = None
-            for step in steps:
-                result = run_step(session, step)
-            return result
-        recorder = _recorder(session)
-        recorder.take()  # readings made since the last step (a write's) belong to no step
-        result = None
-        for step in steps:
-            result = run_step(session, step)
-            entries.append(entry_text(step, *recorder.take()))
         return result
 
+    def _apply(
+        self, session_id: str, live: _Live, event: object | None
+    ) -> tuple[Action, list[str], float, float, tuple[int, int], bool]:
+        """Apply ``event`` (``None``: start the next turn) to ``live``'s session at its
+        age now: the action it produced, the journal entries of its steps, the age and
+        wall time they were taken at, where they began and whether they spent."""
+        session, record = live.session, live.record
+        wall = self._now()
+        age = self._age(record, wall)
+        steps: list[Step]
+        if event is None:
+            steps = [*self._pulled_spend(session), *self._pulled_budget(session), (START,)]
+        else:
+            if session.current_turn is None:
+                raise IllegalEvent(
+                    f"session {session_id!r} has no turn yet: advance it with None to start one",
+                    event=type(event).__name__,
+                    state="no turn",
+                )
+            if record.carried and type(event) is ToolsDone:
+                event = ToolsDone((*record.carried, *event.outcomes))
+            steps = [(EVENT, event)]
+        mark = _mark(session) if self._observers else (0, 0)
+        tree = session.parent_id is not None
+        before = session.cost_usd if tree else 0.0
+        entries = self._steps(session, live.verdicts, steps, age, wall)
+        action = session.current_turn.action  # type: ignore[union-attr]
+        return action, entries, age, wall, mark, tree and session.cost_usd > before  # type: ignore[return-value]
+
+    def _steps(
+        self,
+        session: Session,
+        verdicts: Verdicts | None,
+        steps: Iterable[Step],
+        age: float,
+        wall: float,
+    ) -> list[str]:
+        """Apply ``steps`` to ``session`` at ``age`` (Unix time ``wall``, given to a step
+        whose rules may read it): their journal entries (none for a store that takes
+        JSON data, which is written its snapshot)."""
+        entries: list[str] = []
+        journaled = self._payload_cas is not None
+        for step in steps:
+            op = step[0]
+            if op == EVENT:
+                at: float | None = age
+                given = wall if needs_wall(step[1]) else None
+            elif op == START:
+                at, given = age, None
+            else:
+                at = given = None
+            apply_step(session, step, at, given)
+            if journaled:
+                asked = None if verdicts is None else verdicts.take()
+                entries.append(entry_text(step, at, given, asked))
+        return entries
+
+    def _deliver(self, session: Session, mark: tuple[int, int], offset: float) -> None:
+        """Pass the records of the steps taken since ``mark`` to the observers, on this
+        worker's clock (``offset``: its reading less the session's age)."""
+        turn = session.current_turn
+        if turn is None:
+            return
+        first = mark[1] if turn.index == mark[0] else 0
+        for record in turn.trace[first:]:
+            at = None if record.at is None else record.at + offset
+            shifted = attrs.evolve(record, at=at)
+            for observer in self._observers:
+                observer(shifted)
+
     # -- spend across the session tree ----------------------------------------------
+
+    def _peek(self, session_id: str) -> Session | None:
+        """The stored session ``session_id`` (put back as the latest), or ``None`` when
+        it cannot be read."""
+        try:
+            live = self._read(session_id)
+        except (SessionNotFound, CorruptSession, InvalidSessionId):
+            return None
+        self._remember(session_id, live)
+        return live.session
 
     def _pulled_spend(self, session: Session) -> list[Step]:
         """Before a parent's turn starts, each child's total from its record, so a
@@ -1003,9 +904,8 @@ class Worker:
         steps: list[Step] = []
         known = session.child_costs
         for child_id in known:
-            try:
-                _, _, child = self._read(child_id, ())
-            except (SessionNotFound, CorruptSession, InvalidSessionId):
+            child = self._peek(child_id)
+            if child is None:
                 continue
             total = child.cost_usd
             if child.parent_id == session.session_id and total > known[child_id]:
@@ -1018,11 +918,8 @@ class Worker:
         parent_id = session.parent_id
         if parent_id is None:
             return []
-        try:
-            _, _, parent = self._read(parent_id, ())
-        except (SessionNotFound, CorruptSession, InvalidSessionId):
-            return []
-        if session.session_id not in parent.child_costs:
+        parent = self._peek(parent_id)
+        if parent is None or session.session_id not in parent.child_costs:
             return []  # not this parent's child (a forged or re-created id): keep what it has
         return [(BUDGET, parent.remaining_budget_usd)]
 
@@ -1035,32 +932,38 @@ class Worker:
             parent: Session | None = None
             for _ in range(attempts):
                 try:
-                    parent_version, record, parent = self._read(parent_id)
+                    live = self._read(parent_id)
                 except (SessionNotFound, CorruptSession, InvalidSessionId):
                     return
+                parent, record = live.session, live.record
                 if child_id not in parent.child_costs:
+                    self._remember(parent_id, live)
                     return  # not this parent's child (re-created under its id): nothing to charge
                 before = parent.cost_usd
-                entries: list[str] = []
-                self._steps(parent, [(CHILD_SPEND, child_id or "", total)], entries)
+                wall = self._now()
+                entries = self._steps(
+                    parent, live.verdicts, [(CHILD_SPEND, child_id or "", total)], 0.0, wall
+                )
                 if parent.cost_usd == before:
+                    self._remember(parent_id, live)
                     break  # already counted
                 new = self._record(
                     parent_id,
+                    live,
                     parent,
                     None,  # no new action: the parent's claim and carried outcomes stay
                     record.keys,
+                    self._age(record, wall),
+                    wall,
                     claim=record.claim,
                     carried=record.carried,
-                    previous=record,
-                    entries=tuple(entries),
+                    entries=entries,
                 )
                 try:
-                    version = self._write(parent_id, parent_version, new, parent)
+                    version = self._write(parent_id, live.version, new, parent)
                 except StaleWrite:
-                    self._forget(parent_id)
                     continue
-                self._remember(parent_id, version, new, parent, own=True)
+                self._remember(parent_id, _Live(version, new, parent, live.verdicts))
                 break
             else:
                 return
@@ -1069,29 +972,10 @@ class Worker:
             child = parent
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
-        version, record, session = self._read(session_id)
-        mine = key is not None and any(k == key for _, k in record.keys)
+        live = self._read(session_id)
+        mine = key is not None and any(k == key for _, k in live.record.keys)
         status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
-        return self._result(status, version, record, session)
-
-    def _apply(
-        self, session_id: str, session: Session, record: Record, event: object | None
-    ) -> tuple[Action, tuple[str, ...]]:
-        """Apply ``event`` (``None``: start the next turn) to ``session``: the action it
-        produced and the journal entries of its steps."""
-        entries: list[str] = []
-        if event is None:
-            steps = [*self._pulled_spend(session), *self._pulled_budget(session), (START,)]
-            return self._steps(session, steps, entries), tuple(entries)
-        if session.current_turn is None:
-            raise IllegalEvent(
-                f"session {session_id!r} has no turn yet: advance it with None to start one",
-                event=type(event).__name__,
-                state="no turn",
-            )
-        if isinstance(event, ToolsDone) and record.carried:
-            event = ToolsDone((*record.carried, *event.outcomes))
-        return self._steps(session, [(EVENT, event)], entries), tuple(entries)
+        return self._answer(session_id, status, live)
 
     def resume(self, session_id: str, *, force: bool = False) -> Advanced:
         """Take over a session whose worker may have died.
@@ -1106,7 +990,8 @@ class Worker:
         turn finishes at once. ``APPLIED`` on takeover; ``BUSY`` while another
         worker's lease holds; ``UNCHANGED`` (the pending action) otherwise.
         """
-        version, record, session = self._read(session_id)
+        live = self._read(session_id)
+        session, record = live.session, live.record
         turn = session.current_turn
         claim = record.claim
         pending = None if turn is None else turn.action
@@ -1116,18 +1001,12 @@ class Worker:
             or claim is None
             or not isinstance(pending, InvokeTools)
         ):
-            return self._result(AdvanceStatus.UNCHANGED, version, record, session)
-        if not force and claim.owner != self.owner and self._now() < claim.until:
-            return self._result(AdvanceStatus.BUSY, version, record, session)
+            return self._answer(session_id, AdvanceStatus.UNCHANGED, live)
+        wall = self._now()
+        if not force and claim.owner != self.owner and wall < claim.until:
+            return self._answer(session_id, AdvanceStatus.BUSY, live)
         by_id = {call.id: call for call in pending.calls}
-        missing = [i for i in claim.calls if i not in by_id]
-        if missing:
-            raise CorruptSession(
-                f"session {session_id!r}: the stored claim names calls {missing} "
-                "that the turn did not hand out",
-                session_id=session_id,
-            )
-        claimed = [by_id[i] for i in claim.calls]
+        claimed = [by_id[i] for i in claim.calls]  # checked when the record was read
         rerun = tuple(call for call in claimed if self._idempotent(call))
         interrupted = tuple(
             ToolOutcome(call.id, False, INTERRUPTED, ToolErrorCategory.CANCELLED)
@@ -1135,33 +1014,36 @@ class Worker:
             if not self._idempotent(call)
         )
         carried = (*record.carried, *interrupted)
+        age = self._age(record, wall)
         action: Action
         if rerun:
             action = InvokeTools(rerun)
-            new_claim = Claim(self.owner, tuple(c.id for c in rerun), self._now() + self.lease_s)
+            new_claim = Claim(self.owner, tuple(c.id for c in rerun), wall + self.lease_s)
             new = self._record(
                 session_id,
+                live,
                 session,
                 action,
                 record.keys,
+                age,
+                wall,
                 claim=new_claim,
                 carried=carried,
-                previous=record,
             )
         else:
-            entries: list[str] = []
-            action = self._steps(session, [(EVENT, ToolsDone(carried))], entries)
+            entries = self._steps(session, live.verdicts, [(EVENT, ToolsDone(carried))], age, wall)
+            action = session.current_turn.action  # type: ignore[union-attr,assignment]
             new = self._record(
-                session_id, session, action, record.keys, previous=record, entries=tuple(entries)
+                session_id, live, session, action, record.keys, age, wall, entries=entries
             )
         try:
-            version = self._write(session_id, version, new, session)
+            version = self._write(session_id, live.version, new, session)
         except StaleWrite:
-            self._forget(session_id)
             return self._lost_race(session_id, None)
-        payload = new.payload  # before the record is remembered: the next advance grows it
-        self._remember(session_id, version, new, session, own=True)
-        handout = self._handed_out(session_id, version, payload, session)
+        done = _Live(version, new, session, live.verdicts)
+        action = self._on_clock_action(action, new.elapsed_s)
+        handout = self._handout(session_id, done)
+        self._remember(session_id, done)
         return Advanced(AdvanceStatus.APPLIED, handout, version, action, interrupted)
 
     def delete(self, session_id: str) -> bool:
