@@ -23,6 +23,9 @@ Errors are translated at this one boundary:
   come back as cancelled error results), cancels and awaits its child tasks, and
   re-raises. The session is consistent and can be snapshotted or go on.
 
+Both drivers are the loop of ``_loop.py`` (written once, for the Temporal workflow's
+driver too) with a ``perform`` of their own.
+
 **One retry owner.** The engine owns retries. A model provider that is, or holds in
 one of its attributes (``.client``, ``._client``, any other), an official
 ``anthropic``/``openai`` client whose ``max_retries`` is not 0 is refused with a
@@ -44,7 +47,6 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ..core._events import (
     Assembled,
-    Cancelled,
     CannotShrink,
     ModelFailed,
     ModelReplied,
@@ -56,6 +58,7 @@ from ..core._session import Turn
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ._classify import classify, is_timeout
+from ._loop import adrive, drive, text_of
 
 _T = TypeVar("_T")
 
@@ -126,17 +129,6 @@ def _is_sdk_client(obj: object) -> bool:
     return root in {"anthropic", "openai"} and hasattr(obj, "max_retries")
 
 
-def _start(turn: Turn) -> Action:
-    if not isinstance(turn, Turn):
-        raise TypeError(f"turn: expected a statemachine.Turn, got {turn!r}")
-    if turn.state == "idle":
-        return turn.start()
-    action = turn.action
-    if action is None:  # pragma: no cover - a started turn has emitted an action
-        raise RuntimeError(f"turn {turn!r} is started but has no action")
-    return action
-
-
 def _context_event(action: Assemble, event: object) -> Assembled | CannotShrink:
     if not isinstance(event, Assembled | CannotShrink):
         raise TypeError(
@@ -184,7 +176,7 @@ def tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
     return ToolOutcome(
         call.id,
         ok=False,
-        content=f"{type(exc).__name__}: {_text_of(exc)}",
+        content=f"{type(exc).__name__}: {text_of(exc)}",
         category=category,
         details=error_details(exc),
     )
@@ -194,25 +186,11 @@ def error_details(exc: BaseException) -> dict[str, str]:
     """The raw underlying error as JSON data (``ToolOutcome.details``): its type, with
     module, and its message, bounded and made valid text."""
     kind = type(exc)
-    return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": _text_of(exc)}
-
-
-def _text_of(exc: BaseException, limit: int = 2000) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # a broken __str__ is still an error to report
-        text = f"<unprintable {type(exc).__name__}>"
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": text_of(exc)}
 
 
 def _unexpected(action: object) -> NoReturn:
     raise TypeError(f"unexpected action {action!r}")
-
-
-def _cancel(turn: Turn, exc: BaseException) -> None:
-    if not turn.done and turn.state != "idle":
-        turn.send(Cancelled(reason=f"{type(exc).__name__}: {exc}".rstrip(": ")))
 
 
 # -- sync ----------------------------------------------------------------------------
@@ -236,27 +214,22 @@ def run_turn(
     check_retry_owner(model)
     do_sleep = time.sleep if sleep is None else sleep
     settings = turn.session.settings if isinstance(turn, Turn) else None
-    action = _start(turn)
-    try:
-        while not isinstance(action, Finish):
-            event: object
-            if isinstance(action, Assemble):
-                event = _context_event(action, context.assemble(action))
-            elif isinstance(action, CallModel):
-                event = _sync_model(model, action, settings.model_timeout_s if settings else None)
-            elif isinstance(action, Wait):
-                do_sleep(action.seconds)
-                event = WaitDone()
-            elif isinstance(action, InvokeTools):
-                limit = settings.tool_timeout_s if settings else None
-                event = ToolsDone(tuple(_sync_tool(tools, call, limit) for call in action.calls))
-            else:  # pragma: no cover - the engine emits no other action
-                _unexpected(action)
-            action = turn.send(event)
-    except BaseException as exc:
-        _cancel(turn, exc)
-        raise
-    return action
+    model_limit = settings.model_timeout_s if settings else None
+    tool_limit = settings.tool_timeout_s if settings else None
+
+    def perform(action: Action) -> object:
+        if isinstance(action, Assemble):
+            return _context_event(action, context.assemble(action))
+        if isinstance(action, CallModel):
+            return _sync_model(model, action, model_limit)
+        if isinstance(action, Wait):
+            do_sleep(action.seconds)
+            return WaitDone()
+        if isinstance(action, InvokeTools):
+            return ToolsDone(tuple(_sync_tool(tools, call, tool_limit) for call in action.calls))
+        _unexpected(action)  # pragma: no cover - the engine emits no other action
+
+    return drive(turn, perform)
 
 
 def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) -> object:
@@ -317,31 +290,24 @@ async def arun_turn(
     check_retry_owner(model)
     do_sleep: Callable[[float], Any] = asyncio.sleep if sleep is None else sleep
     settings = turn.session.settings if isinstance(turn, Turn) else None
-    action = _start(turn)
-    try:
-        while not isinstance(action, Finish):
-            event: object
-            if isinstance(action, Assemble):
-                event = _context_event(action, await context.assemble(action))
-            elif isinstance(action, CallModel):
-                event = await _async_model(
-                    model, action, settings.model_timeout_s if settings else None
-                )
-            elif isinstance(action, Wait):
-                result = do_sleep(action.seconds)
-                if inspect.isawaitable(result):
-                    await result
-                event = WaitDone()
-            elif isinstance(action, InvokeTools):
-                limit = settings.tool_timeout_s if settings else None
-                event = ToolsDone(await _async_tools(tools, action.calls, limit))
-            else:  # pragma: no cover - the engine emits no other action
-                _unexpected(action)
-            action = turn.send(event)
-    except BaseException as exc:
-        _cancel(turn, exc)
-        raise
-    return action
+    model_limit = settings.model_timeout_s if settings else None
+    tool_limit = settings.tool_timeout_s if settings else None
+
+    async def perform(action: Action) -> object:
+        if isinstance(action, Assemble):
+            return _context_event(action, await context.assemble(action))
+        if isinstance(action, CallModel):
+            return await _async_model(model, action, model_limit)
+        if isinstance(action, Wait):
+            result = do_sleep(action.seconds)
+            if inspect.isawaitable(result):
+                await result
+            return WaitDone()
+        if isinstance(action, InvokeTools):
+            return ToolsDone(await _async_tools(tools, action.calls, tool_limit))
+        _unexpected(action)  # pragma: no cover - the engine emits no other action
+
+    return await adrive(turn, perform)
 
 
 async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:

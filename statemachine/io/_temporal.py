@@ -42,11 +42,10 @@ from temporalio.exceptions import CancelledError as TemporalCancelled
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ..core._codec import decode, encode
 from ..core._events import (
     Assembled,
-    Cancelled,
     CannotShrink,
     ModelFailed,
     ModelReplied,
@@ -67,6 +66,7 @@ from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, Tu
 from ..core._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._classify import classify
 from ._drivers import check_retry_owner, tool_failure, tool_outcome
+from ._loop import adrive
 
 ASSEMBLE = "turnstate.assemble"
 """The context activity's name: ``{"action": Assemble, "prompt", "turns"}`` in,
@@ -484,28 +484,21 @@ def _unexpected(action: object) -> NoReturn:
 
 async def drive(turn: Turn, io: TurnIO, talk: Conversation) -> Finish:
     """Run ``turn`` to its ``Finish`` with ``io``: the loop both the workflow and the
-    replay check run."""
-    action = turn.start() if turn.state == "idle" else turn.action
-    try:
-        while not isinstance(action, Finish):
-            event: object
-            if isinstance(action, Assemble):
-                event = await io.assemble(action, talk)
-            elif isinstance(action, CallModel):
-                event = await io.complete(action)
-            elif isinstance(action, Wait):
-                await io.sleep(action.seconds)
-                event = WaitDone()
-            elif isinstance(action, InvokeTools):
-                event = ToolsDone(await io.invoke(action.calls))
-            else:  # pragma: no cover - the engine emits no other action
-                _unexpected(action)
-            action = turn.send(event)
-    except BaseException as exc:
-        if not turn.done and turn.state != "idle" and turn.current:
-            turn.send(Cancelled(reason=f"{type(exc).__name__}: {exc}".rstrip(": ")[:500]))
-        raise
-    return action
+    replay check run (the drivers' loop, ``_loop.adrive``, with ``io`` performing)."""
+
+    async def perform(action: Action) -> object:
+        if isinstance(action, Assemble):
+            return await io.assemble(action, talk)
+        if isinstance(action, CallModel):
+            return await io.complete(action)
+        if isinstance(action, Wait):
+            await io.sleep(action.seconds)
+            return WaitDone()
+        if isinstance(action, InvokeTools):
+            return ToolsDone(await io.invoke(action.calls))
+        _unexpected(action)  # pragma: no cover - the engine emits no other action
+
+    return await adrive(turn, perform)
 
 
 # -- the ready-made workflow ----------------------------------------------------------
