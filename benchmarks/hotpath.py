@@ -138,9 +138,19 @@ def fast_call_model_factory() -> Callable[..., CallModel]:
 def fast_finish_factory() -> Callable[..., Finish]:
     """``Finish(...)`` (8 fields, all passed, as ``_finish_action`` does) the same way."""
     new = object.__new__
-    st, tr, er, mo, fb, ra, rp, do = _slot_setters(
+    st, tr, er, mo, fb, ra, rp, do, rd = _slot_setters(
         Finish,
-        ("status", "tool_results", "error", "model", "fallbacks", "retry_at", "reply", "done"),
+        (
+            "status",
+            "tool_results",
+            "error",
+            "model",
+            "fallbacks",
+            "retry_at",
+            "reply",
+            "done",
+            "reply_data",
+        ),
     )
 
     def make(
@@ -152,6 +162,8 @@ def fast_finish_factory() -> Callable[..., Finish]:
         retry_at: Any = None,
         reply: Any = None,
         done: bool = False,
+        *,
+        reply_data: Any = None,
     ) -> Finish:
         f = new(Finish)
         st(f, status)
@@ -162,6 +174,7 @@ def fast_finish_factory() -> Callable[..., Finish]:
         ra(f, retry_at)
         rp(f, reply)
         do(f, done)
+        rd(f, reply_data)
         return f
 
     return make

@@ -25,13 +25,21 @@ from .core._events import (
     ToolsDone,
     WaitDone,
 )
-from .core._exceptions import ConfigError, IllegalEvent, SessionEnded, SnapshotError, TurnInProgress
+from .core._exceptions import (
+    ConfigError,
+    IllegalEvent,
+    InvalidValue,
+    SessionEnded,
+    SnapshotError,
+    TurnInProgress,
+)
 from .core._model_error import Headers, ModelError
 from .core._session import Session, Turn
 from .core._settings import Settings
 from .core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from .core._tool_calls import ToolCall, ToolOutcome, ToolResult
 from .core._trace import TraceRecord
+from .core._usage import Usage
 from .io._classify import classify
 from .io._drivers import (
     AsyncContextProvider,
@@ -69,6 +77,7 @@ __all__ = [
     "Finish",
     "Headers",
     "IllegalEvent",
+    "InvalidValue",
     "InvokeTools",
     "ModelError",
     "ModelFailed",
@@ -91,6 +100,7 @@ __all__ = [
     "Turn",
     "TurnInProgress",
     "TurnStatus",
+    "Usage",
     "Wait",
     "WaitDone",
     "arun_turn",

@@ -163,7 +163,7 @@ def test_a_format_2_snapshot_restores_with_the_later_fields_at_their_defaults() 
         del data["turn"][key]
     restored = sm.Session.restore(data, clock=ManualClock())
     again = restored.snapshot()
-    assert again["version"] == 4
+    assert again["version"] == 5
     assert (again["parent_id"], again["ancestor_mark_usd"], again["children"]) == (None, 0.0, 0)
     assert (again["child_costs"], again["crash_logs"]) == ({}, {})
     assert again["turn"]["times"] == [None, None]

@@ -142,7 +142,7 @@ _DELETE = object()
     ("path", "value", "match"),
     [
         ("format", "something.else", "^format:"),
-        ("version", 5, "^version: 5 is not supported"),
+        ("version", 6, "^version: 6 is not supported"),
         ("version", "1", "^version: '1' is not supported"),
         ("seed", _DELETE, "^seed: missing"),
         ("draws", -1, "^draws: must be >= 0"),
@@ -232,7 +232,7 @@ def test_snapshot_is_versioned_plain_data() -> None:
     """The snapshot is a dict of JSON types with a format and a version."""
     data = _snapshot()
     assert data["format"] == "statemachine.session"
-    assert data["version"] == 4
+    assert data["version"] == 5
     assert json.loads(json.dumps(data)) == data
 
 

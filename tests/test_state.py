@@ -182,7 +182,7 @@ def test_version_1_snapshots_of_the_first_release_restore_and_continue(
         assert turn.trace[-1].session_retries == data["retries"]
         assert turn.attempt == data["turn"]["attempt"]
     again = restored.snapshot()
-    assert again["version"] == 4
+    assert again["version"] == 5
     assert sm.Session.restore(again, clock=ManualClock()).snapshot()["retries"] == data["retries"]
 
 
@@ -205,7 +205,7 @@ def test_a_version_1_snapshot_with_a_status_that_does_not_fit_is_refused() -> No
         (lambda: sm.Assembled(_deep(200), 1), "^request: must be JSON data"),
         (lambda: sm.Assembled("\ud800", 1), "^request: .*lone surrogate"),
         (lambda: sm.Assembled("r", 10**30), "^size: must be < 2"),
-        (lambda: sm.ModelReplied(reply=object()), "^reply: must be JSON data"),
+        (lambda: sm.ModelReplied(reply=object()), "^ModelReplied.reply: a builtins.object has no JSON form"),
         (lambda: sm.ModelReplied(cost=10**400), "^cost: must be a finite number"),
         (lambda: sm.ToolCall("c", "p", "t", {"x": math.inf}), "^ToolCall.arguments"),
         (lambda: sm.ToolOutcome("c", True, content=b"bytes"), "^ToolOutcome.content"),

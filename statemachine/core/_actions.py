@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from ._model_error import OPAQUE, ModelError
+from ._model_error import HIDDEN, OPAQUE, REPLY, ModelError
 from ._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolResult
 
@@ -77,7 +77,9 @@ class Finish:
     failed or blocked calls). ``error`` is the model error that ended the turn, if
     any. ``model`` is the model that served the last attempt and ``fallbacks`` the
     moves that led to it. ``retry_at`` (``retry_deferred`` only) is when, on the
-    session's clock, the server said to come back. ``reply`` is the host's reply.
+    session's clock, the server said to come back. ``reply`` is the host's reply: the
+    object its ``ModelReplied`` carried, in process (after a restore: its JSON form,
+    ``reply_data``, which is what a snapshot keeps).
     ``done`` says the loop is done: the reply asked for no tool call, or a call marked
     ``terminates_turn`` succeeded (no further model call is needed).
     ``==`` compares the contract's fields (status, tool results, error); the rest
@@ -90,8 +92,10 @@ class Finish:
     model: str | None = attrs.field(default=None, eq=False)
     fallbacks: tuple[Fallback, ...] = attrs.field(default=(), eq=False)
     retry_at: float | None = attrs.field(default=None, eq=False)
-    reply: Any = attrs.field(default=None, metadata=OPAQUE, eq=False)
+    reply: Any = attrs.field(default=None, metadata=REPLY, eq=False)
     done: bool = attrs.field(default=False, eq=False)
+    reply_data: Any = attrs.field(default=None, kw_only=True, eq=False, repr=False, metadata=HIDDEN)
+    """The JSON form of ``reply`` (``None``: ``reply`` is data already)."""
 
 
 Action = Assemble | CallModel | Wait | InvokeTools | Finish

@@ -20,9 +20,10 @@ import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from ._events import EVENT_TYPES
-from ._json_data import short_repr
+from ._json_data import short_repr, stored_form
 from ._model_error import Headers, ModelError
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
+from ._usage import Usage
 
 _CLASSES: dict[str, type] = {
     cls.__name__: cls
@@ -36,6 +37,7 @@ _CLASSES: dict[str, type] = {
         ToolCall,
         ToolOutcome,
         ToolResult,
+        Usage,
         Wait,
         *EVENT_TYPES,  # a store's journal holds the events it applied
     )
@@ -53,8 +55,27 @@ def _enums_of(annotation: Any) -> tuple[type[enum.Enum], ...]:
 def _field_plan(cls: type) -> tuple[tuple[str, bool, tuple[type[enum.Enum], ...]], ...]:
     attrs.resolve_types(cls)
     return tuple(
-        (f.name, bool(f.metadata.get("opaque")), _enums_of(f.type)) for f in attrs.fields(cls)
+        (f.name, bool(f.metadata.get("opaque")), _enums_of(f.type))
+        for f in attrs.fields(cls)
+        if not f.metadata.get("hidden")
     )
+
+
+_FORMS: dict[str, dict[str, str]] = {
+    cls.__name__: {f.name: f.metadata["form"] for f in attrs.fields(cls) if "form" in f.metadata}
+    for cls in _CLASSES.values()
+}
+"""Per class, the fields written as the JSON form another field holds (a reply object:
+its ``reply_data``; when that is ``None``, the value is data already, or its form is
+taken as it is written)."""
+
+
+def _formed(value: Any, field: str, form: str) -> Any:
+    """What to write of ``value.field``: the JSON form ``value.form`` holds, or taken now."""
+    data = getattr(value, form)
+    if data is not None:
+        return data
+    return stored_form(getattr(value, field), f"{type(value).__name__}.{field}")
 
 
 _OPTIONAL: dict[str, frozenset[str]] = {
@@ -98,7 +119,11 @@ def encode(value: Any) -> Any:
     name = _name_of(type(value))
     if name is not None:
         out: dict[str, Any] = {"$type": name}
+        forms = _FORMS[name]
         for field, opaque, _ in _PLANS[name]:
+            if field in forms:
+                out[field] = _formed(value, field, forms[field])
+                continue
             item = getattr(value, field)
             out[field] = item if opaque else encode(item)
         return out
@@ -122,15 +147,19 @@ def _encoder_of(name: str) -> Any:
     as straight-line code generated from its fields: the snapshot's hottest path."""
     lines = ["def encode_one(value):"]
     items = [f"'$type': {name!r}"]
+    forms = _FORMS[name]
     for i, (field, opaque, _) in enumerate(_PLANS[name]):
-        lines.append(f"    v{i} = value.{field}")
+        if field in forms:
+            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
+        else:
+            lines.append(f"    v{i} = value.{field}")
         items.append(
             f"{field!r}: v{i}"
             if opaque
             else f"{field!r}: v{i} if type(v{i}) in plain else encode(v{i})"
         )
     lines.append("    return {" + ", ".join(items) + "}")
-    namespace: dict[str, Any] = {"plain": _PLAIN, "encode": encode}
+    namespace: dict[str, Any] = {"plain": _PLAIN, "encode": encode, "formed": _formed}
     exec(compile("\n".join(lines) + "\n", f"<encode {name}>", "exec"), namespace)  # noqa: S102
     return namespace["encode_one"]
 
@@ -157,10 +186,14 @@ def _compact_of(name: str) -> Any:
         if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
     }
     lines = ["def compact_one(value):", f"    out = {{'$type': {name!r}}}"]
-    namespace: dict[str, Any] = {"plain": _PLAIN, "compact": compact}
+    namespace: dict[str, Any] = {"plain": _PLAIN, "compact": compact, "formed": _formed}
+    forms = _FORMS[name]
     for i, (field, opaque, _) in enumerate(_PLANS[name]):
         item = f"v{i}" if opaque else f"v{i} if type(v{i}) in plain else compact(v{i})"
-        lines.append(f"    v{i} = value.{field}")
+        if field in forms:
+            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
+        else:
+            lines.append(f"    v{i} = value.{field}")
         if field not in defaults:
             lines.append(f"    out[{field!r}] = {item}")
             continue

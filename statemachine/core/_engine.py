@@ -454,6 +454,7 @@ def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: Non
 
 def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
     turn.reply = event.reply
+    turn.reply_data = event.reply_data
     if not event.tool_calls:
         state = core.state
         state.doom_last = None  # a reply with no tool call ends any run of identical calls
@@ -466,6 +467,7 @@ def _invoke_tools(
 ) -> Action:
     state = core.state
     turn.reply = event.reply
+    turn.reply_data = event.reply_data
     if facts is not None:  # None: no detector runs (the table never invokes then)
         state.doom_last = facts.last
         state.doom_run = facts.run
@@ -620,8 +622,18 @@ def _finish_action(
     *,
     done: bool = False,
 ) -> Finish:
+    data = turn.reply_data
+    reply = turn.reply
     return Finish(
-        status, results, error, _model(core, turn), turn.fallbacks, retry_at, turn.reply, done
+        status,
+        results,
+        error,
+        _model(core, turn),
+        turn.fallbacks,
+        retry_at,
+        data if reply is None else reply,  # restored: the JSON form is all there is
+        done,
+        reply_data=data,
     )
 
 
@@ -1172,6 +1184,8 @@ class Core:
         turn.events.append(event)
         if cost:
             turn.costs.append((len(turn.path) - 1, cost))
+        if group.charges and event.usage is not None:
+            turn.usages.append((len(turn.path) - 1, event.usage))
         if wall is not None:
             turn.walls.append((len(turn.path) - 1, wall))
         if type(action) is Finish:
@@ -1179,8 +1193,9 @@ class Core:
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
             at = self.state.started + elapsed
+            usage = event.usage if group.charges else None
             record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall
+                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage
             )
             for observer in self.observers:
                 observer(record)
@@ -1233,11 +1248,11 @@ def _record_maker() -> Callable[..., TraceRecord]:
     counters = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(TRACE_FIELDS))
     source = (
         "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
-        "                 wall=None):\n"
+        "                 wall=None, usage=None):\n"
         "    source, trigger, guard, dest, _ = step[0]\n"
         "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
         f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost, at=at,\n"
-        "        caused_by=event, wall=wall)\n"
+        "        caused_by=event, wall=wall, usage=usage)\n"
     )
     namespace: dict[str, Any] = {"TraceRecord": TraceRecord}
     exec(compile(source, "<trace_record, derived from TRACED>", "exec"), namespace)  # noqa: S102

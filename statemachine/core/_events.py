@@ -6,25 +6,27 @@ from typing import Any
 
 import attrs
 
-from ._json_data import MAX_COUNT, finite, json_validator, owned_json
-from ._model_error import OPAQUE, ModelError
+from ._exceptions import InvalidValue
+from ._json_data import MAX_COUNT, finite, instance_of, json_form, json_validator, owned_json
+from ._model_error import HIDDEN, OPAQUE, REPLY, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
+from ._usage import Usage
 
 
 def _size(_instance: object, _attribute: object, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TypeError(f"size: must be an int >= 0, got {value!r:.60}")
+        raise InvalidValue(f"size: must be an int >= 0, got {value!r:.60}")
     if value > MAX_COUNT:
-        raise ValueError(f"size: must be < 2**63, got an int of {value.bit_length()} bits")
+        raise InvalidValue(f"size: must be < 2**63, got an int of {value.bit_length()} bits")
 
 
 def _tuple_of(value: Any, kind: type, name: str) -> tuple[Any, ...]:
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{name}: must be a sequence of {kind.__name__}, got {value!r}")
+        raise InvalidValue(f"{name}: must be a sequence of {kind.__name__}, got {value!r}")
     items = tuple(value)
     for item in items:
         if not isinstance(item, kind):
-            raise TypeError(f"{name}: must hold {kind.__name__} items, got {item!r}")
+            raise InvalidValue(f"{name}: must hold {kind.__name__} items, got {item!r}")
     return items
 
 
@@ -43,15 +45,36 @@ def _cost(_instance: object, _attribute: object, value: Any) -> None:
         or not finite(value)
         or value < 0
     ):
-        raise ValueError(f"cost: must be a finite number >= 0, got {value!r:.60}")
+        raise InvalidValue(f"cost: must be a finite number >= 0, got {value!r:.60}")
 
 
 def _request(value: Any) -> Any:
     return owned_json(value, "request")
 
 
-def _reply(value: Any) -> Any:
-    return owned_json(value, "reply")
+def _usage(value: Any) -> Any:
+    if value is not None and type(value) is not Usage:
+        raise InvalidValue(f"usage: must be a Usage or None, got {value!r:.80}")
+    return value
+
+
+def _charge(event: ModelReplied | ModelFailed) -> None:
+    """Reconcile ``cost`` and ``usage.cost_usd``: one says what the other leaves out,
+    and two that disagree are refused."""
+    usage = event.usage
+    if usage is None:
+        return
+    if usage.cost_usd is None:
+        if event.cost:
+            object.__setattr__(event, "usage", attrs.evolve(usage, cost_usd=float(event.cost)))
+    elif not event.cost:
+        object.__setattr__(event, "cost", usage.cost_usd)
+    elif event.cost != usage.cost_usd:
+        name = type(event).__name__
+        raise InvalidValue(
+            f"{name}.cost: {event.cost!r} and usage.cost_usd {usage.cost_usd!r} disagree "
+            "(give the cost once, in either)"
+        )
 
 
 @attrs.frozen
@@ -73,11 +96,26 @@ class CannotShrink:
 class ModelReplied:
     """The model answered. ``tool_calls`` are the calls it asked for (none means the
     loop is done); ``cost`` is this call's spend in USD, summed against
-    ``max_cost_usd``; ``reply`` is the host's own reply object, carried to ``Finish``."""
+    ``max_cost_usd``; ``usage`` what the call used and was (its tokens, cost, the model
+    that answered, the response id, the finish reason: see :class:`Usage`; its
+    ``cost_usd`` is the ``cost`` when that is left out).
+
+    ``reply`` is the host's own reply object, whatever it is (an SDK's message, a
+    dataclass, plain data): ``Finish.reply`` hands back the same object in process.
+    What a snapshot, a store or a trace file keeps is its JSON form, taken here
+    (``reply_data``: plain data copied, a pydantic model's ``model_dump(mode="json")``,
+    a dataclass's or an attrs instance's ``asdict``); an object with none is refused."""
 
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
     cost: float = attrs.field(default=0.0, validator=_cost)
-    reply: Any = attrs.field(default=None, metadata=OPAQUE, converter=_reply)
+    reply: Any = attrs.field(default=None, metadata=REPLY)
+    usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage)
+    reply_data: Any = attrs.field(init=False, eq=False, repr=False, metadata=HIDDEN)
+    """The JSON form of ``reply``, taken when the event was made."""
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "reply_data", json_form(self.reply, "ModelReplied.reply"))
+        _charge(self)
 
 
 @attrs.frozen
@@ -87,12 +125,19 @@ class ModelFailed:
     Set ``partial=True`` when part of a streamed reply had already been delivered:
     such a call is never resent, whatever its category (``stream_interrupted``).
     ``cost`` is what the failed call was billed (a stream that broke after usage was
-    reported, a timed-out call that was charged): it counts toward ``max_cost_usd``.
+    reported, a content-filtered or refused reply, a timed-out call that was charged):
+    it counts toward ``max_cost_usd``. ``usage`` is what the call used, as far as the
+    provider reported it (see :class:`Usage`; its ``cost_usd`` is the ``cost`` when
+    that is left out).
     """
 
-    error: ModelError = attrs.field(validator=attrs.validators.instance_of(ModelError))
-    partial: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    error: ModelError = attrs.field(validator=instance_of(ModelError))
+    partial: bool = attrs.field(default=False, validator=instance_of(bool))
     cost: float = attrs.field(default=0.0, kw_only=True, validator=_cost)
+    usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage)
+
+    def __attrs_post_init__(self) -> None:
+        _charge(self)
 
 
 @attrs.frozen
@@ -117,7 +162,7 @@ class Cancelled:
 
     reason: str = attrs.field(
         default="",
-        validator=[attrs.validators.instance_of(str), json_validator("reason")],
+        validator=[instance_of(str), json_validator("reason")],
     )
 
 

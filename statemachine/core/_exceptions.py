@@ -15,6 +15,17 @@ class ConfigError(ValueError):
     """
 
 
+class InvalidValue(TypeError, ValueError):
+    """A value the host built (an event, a ``ToolCall``, a ``ToolOutcome``, a
+    ``ModelError``, a ``Usage``) holds a field the engine refuses at its door: a wrong
+    type (the ``TypeError`` side) or a wrong value (the ``ValueError`` side).
+
+    The message starts with the field's name. It is the host's programming error, never
+    an agent failure: a driver that meets it inside a model provider re-raises it (the
+    turn is cancelled), instead of reporting the call as a model error.
+    """
+
+
 class IllegalEvent(RuntimeError):
     """An event was sent that the turn cannot take in its current state.
 

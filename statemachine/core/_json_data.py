@@ -20,9 +20,14 @@ The check walks the value iteratively, so hostile data cannot raise ``RecursionE
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
+
+import attrs
+
+from ._exceptions import InvalidValue
 
 MAX_DEPTH = 100
 MAX_NODES = 1_000_000
@@ -197,12 +202,81 @@ def owned_json(value: Any, name: str) -> Any:
     if type(value) in _JSON_SCALARS:
         problem = json_problem(value)
         if problem is not None:
-            raise ValueError(f"{name}: must be JSON data: {problem}")
+            raise InvalidValue(f"{name}: must be JSON data: {problem}")
         return value
     problem = json_problem(value)
     if problem is not None:
-        raise ValueError(f"{name}: must be JSON data: {problem}")
+        raise InvalidValue(f"{name}: must be JSON data: {problem}")
     return json.loads(_COPY.encode(value))
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def json_form(value: Any, name: str) -> Any:
+    """The JSON form of the host's object ``value``: what a snapshot, a store or a trace
+    file keeps of it (checked JSON data, owned: a copy).
+
+    JSON data is copied as it is (tuples as lists); a pydantic model (the official
+    SDKs' replies) is its ``model_dump(mode="json")``, a dataclass its
+    ``dataclasses.asdict``, an attrs instance its ``attrs.asdict``; anything else has no
+    JSON form the engine knows, and is refused (``InvalidValue`` naming ``name``, saying
+    how to fix it)."""
+    kind = type(value)
+    if kind in _JSON_SCALARS or kind in _CONTAINERS:
+        return owned_json(value, name)
+    data: Any
+    how: str
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        data, how = _converted(lambda: dump(mode="json"), name, kind, "model_dump(mode='json')")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data, how = _converted(lambda: dataclasses.asdict(value), name, kind, "dataclasses.asdict")
+    elif attrs.has(kind):
+        data, how = _converted(lambda: attrs.asdict(value), name, kind, "attrs.asdict")
+    elif isinstance(value, (*_CONTAINERS, str, int, float)):  # a subclass: a NamedTuple...
+        return owned_json(value, name)
+    else:
+        raise InvalidValue(
+            f"{name}: a {kind.__module__}.{kind.__qualname__} has no JSON form the engine knows "
+            "(a snapshot keeps the host's objects as JSON): give JSON data, a pydantic model, "
+            "a dataclass or an attrs instance, or convert it yourself"
+        )
+    problem = json_problem(data)
+    if problem is not None:
+        raise InvalidValue(f"{name}: {how} of a {kind.__qualname__} is not JSON data: {problem}")
+    return json.loads(_COPY.encode(data)) if type(data) in _CONTAINERS else data
+
+
+def _converted(convert: Any, name: str, kind: type, how: str) -> tuple[Any, str]:
+    try:
+        return convert(), how
+    except Exception as exc:
+        raise InvalidValue(
+            f"{name}: {how} of a {kind.__qualname__} failed: {short_repr(exc)}"
+        ) from None
+
+
+def stored_form(value: Any, name: str) -> Any:
+    """What to write of the host's ``value`` (data the engine holds already, or an object
+    whose JSON form is taken now)."""
+    if type(value) in _JSON_SCALARS or type(value) in _CONTAINERS:
+        return value
+    return json_form(value, name)
+
+
+def instance_of(kind: type | tuple[type, ...], name: str | None = None) -> Any:
+    """An attrs validator: the field holds a ``kind`` (``InvalidValue`` naming it)."""
+
+    def validate(instance: object, attribute: Any, value: Any) -> None:
+        if not isinstance(value, kind):
+            field = name or f"{type(instance).__name__}.{attribute.name}"
+            expected = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            raise InvalidValue(f"{field}: must be a {expected}, got {short_repr(value)}")
+
+    return validate
 
 
 def json_validator(name: str) -> Any:
@@ -211,6 +285,6 @@ def json_validator(name: str) -> Any:
     def validate(_instance: object, _attribute: object, value: Any) -> None:
         problem = json_problem(value)
         if problem is not None:
-            raise ValueError(f"{name}: must be JSON data: {problem}")
+            raise InvalidValue(f"{name}: must be JSON data: {problem}")
 
     return validate

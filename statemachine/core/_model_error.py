@@ -8,11 +8,16 @@ from typing import Any
 
 import attrs
 
+from ._exceptions import InvalidValue
 from ._json_data import json_problem
 from ._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
 
 OPAQUE = {"opaque": True}
 """attrs metadata: the field holds the host's own data, stored and restored as-is."""
+HIDDEN = {"hidden": True}
+"""attrs metadata: a field derived from others, never written or read by the codec."""
+REPLY = {"opaque": True, "form": "reply_data"}
+"""attrs metadata: the host's reply object, written as its JSON form (``reply_data``)."""
 
 
 class Headers(Mapping[str, str]):
@@ -95,7 +100,7 @@ def to_headers(raw: object) -> Headers | None:
         return raw
     if isinstance(raw, Mapping | list | tuple) or callable(getattr(raw, "items", None)):
         return Headers(raw)  # type: ignore[arg-type]
-    raise TypeError(f"headers: expected a mapping or (name, value) pairs, got {raw!r}")
+    raise InvalidValue(f"headers: expected a mapping or (name, value) pairs, got {raw!r}")
 
 
 def _to_category(raw: Any) -> ErrorCategory:
@@ -105,7 +110,7 @@ def _to_category(raw: Any) -> ErrorCategory:
         return ErrorCategory(raw)
     except ValueError:
         names = ", ".join(c.value for c in ErrorCategory)
-        raise ValueError(f"category: {raw!r} is not one of {names}") from None
+        raise InvalidValue(f"category: {raw!r} is not one of {names}") from None
 
 
 _MAX_TEXT = 65_536

@@ -350,6 +350,22 @@ def _round_problem(turn: TurnState, settings: Settings) -> str | None:
         if turn.path[index][0][1] not in ("ModelReplied", "ModelFailed"):
             return f"turn.costs[{i}]: step {index} is no model call's outcome"
         previous = index
+    return _usage_problem(turn)
+
+
+def _usage_problem(turn: TurnState) -> str | None:
+    """Each usage kept belongs to a model call's outcome, in order, and the cost it
+    reports is what that step charged."""
+    previous = -1
+    charged = dict(turn.costs)
+    for i, (index, usage) in enumerate(turn.usages):
+        if index <= previous or index >= len(turn.path):
+            return f"turn.usages[{i}]: step {index} is not a later step of the turn"
+        if turn.path[index][0][1] not in ("ModelReplied", "ModelFailed"):
+            return f"turn.usages[{i}]: step {index} is no model call's outcome"
+        if usage.cost_usd is not None and usage.cost_usd != charged.get(index, 0.0):
+            return f"turn.usages[{i}]: a cost of {usage.cost_usd!r} where the step charged another"
+        previous = index
     return None
 
 

@@ -772,6 +772,7 @@ class Turn:
         turn = self._turn
         costs = dict(turn.costs)
         walls = dict(turn.walls)
+        usages = dict(turn.usages)
         started = self._core.state.started
         events = turn.events
         unknown = len(turn.path) - len(events)  # restored steps: their events were not kept
@@ -785,6 +786,7 @@ class Turn:
                 None if at is None else started + at,
                 events[i - unknown] if i >= unknown else None,
                 walls.get(i),
+                usages.get(i),
             )
             for i, (step, action, at) in enumerate(
                 zip(turn.path, turn.actions, turn.times, strict=True)

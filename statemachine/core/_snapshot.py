@@ -1,8 +1,10 @@
 """The snapshot format: a session's declared state as plain JSON data.
 
-Version 4 (written now) is the declaration of ``_state.py``, field by field::
+Version 5 (written now) is the declaration of ``_state.py``, field by field (the
+fields a snapshot stores: a turn's events and the host's reply object stay in the
+process; the reply's JSON form is its ``reply``)::
 
-    {"format": "statemachine.session", "version": 4, "settings": {...},
+    {"format": "statemachine.session", "version": 5, "settings": {...},
      "seed": 7, "draws": 1, "retries": 1, "turns": 1, "cost_usd": 0.0,
      "elapsed_s": 0.5, "breakers": {}, "tripped": [], "doom_last": null,
      "doom_run": 0, "limit": null, "status": null,
@@ -14,9 +16,11 @@ Version 4 (written now) is the declaration of ``_state.py``, field by field::
               "path": [[source, event, guard, dest, attempt, reductions,
                         session_retries], ...],
               "actions": [{"$type": "Assemble", ...}, ...],
-              "times": [0.0, 0.5, ...], ...}}
+              "times": [0.0, 0.5, ...],
+              "usages": [[step, {"$type": "Usage", "input_tokens": 900, ...}], ...], ...}}
 
-Version 3 is read with its steps' times unknown (``None``). Version 2 is read with the
+Version 4 is read with no usage kept. Version 3 is read with its steps' times unknown
+(``None``). Version 2 is read with the
 fields version 3 added at their defaults. Version 1 (the first release) is read too: it
 is rewritten into version 2 (its ``doom`` object split in two, its turn's counters
 replayed along its trace from ``retries_at_start``) and then read like any other.
@@ -49,8 +53,8 @@ from ._state import (
 )
 
 SNAPSHOT_FORMAT = "statemachine.session"
-SNAPSHOT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SNAPSHOT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 _CACHE_SIZE = 256
@@ -158,6 +162,8 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
         _from_version_2(body)
     if version < 4:
         _from_version_3(body)
+    if version < 5:
+        _from_version_4(body)
     if "settings" not in body:
         raise SnapshotError("settings: missing")
     raw_settings = body.pop("settings")
@@ -179,6 +185,16 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
         if v1_status != (status.value if status else None):
             raise SnapshotError(f"turn.status: {short_repr(v1_status)} is not where its trace ends")
     return settings, state
+
+
+# -- version 4 --------------------------------------------------------------------------
+
+
+def _from_version_4(body: dict[str, Any]) -> None:
+    """Version 4 kept no usage: its turn's steps reported none."""
+    turn = body.get("turn")
+    if type(turn) is dict:
+        body["turn"] = {**defaults_since(TurnState, 4), **turn}
 
 
 # -- version 3 --------------------------------------------------------------------------

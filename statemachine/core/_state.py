@@ -31,13 +31,14 @@ from typing import Any
 import attrs
 
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._codec import decode, encode
+from ._codec import compact, decode, encode
 from ._exceptions import SnapshotError
 from ._json_data import MAX_COUNT, finite, json_problem, short_repr
 from ._model_error import ModelError
 from ._table import IDLE, ROWS, STATES
 from ._taxonomy import SessionStatus, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
+from ._usage import Usage
 
 # -- kinds: how one field is written, read back and copied ------------------------
 
@@ -297,6 +298,32 @@ def _not_read(_raw: Any, key: str) -> Any:  # pragma: no cover - never in a snap
 
 IN_PROCESS = Kind("kept in process", _same, _not_read, list, stored=False)
 """A list kept in this process only: no snapshot holds it."""
+IN_PROCESS_VALUE = Kind("kept in process", _same, _not_read, stored=False)
+"""A value kept in this process only (shared between copies): no snapshot holds it."""
+
+
+def _decode_usages(raw: Any, key: str) -> list[tuple[int, Usage]]:
+    if type(raw) is not list:
+        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
+    usages: list[tuple[int, Usage]] = []
+    for i, entry in enumerate(raw):
+        if type(entry) is not list or len(entry) != 2:
+            raise SnapshotError(f"{key}[{i}]: must be [step, usage], got {short_repr(entry)}")
+        usage = _decoded(entry[1], f"{key}[{i}][1]")
+        if type(usage) is not Usage:
+            raise SnapshotError(f"{key}[{i}][1]: must be a Usage, got {short_repr(usage)}")
+        usages.append((_count(entry[0], f"{key}[{i}][0]"), usage))
+    return usages
+
+
+USAGES = Kind(
+    "usages",
+    lambda v: [[step, compact(usage)] for step, usage in v],
+    _decode_usages,
+    list,
+    grows=True,
+)
+"""(step, usage) of every model call's outcome of the turn that reported a usage."""
 TIMES = Kind("step times", list, _decode_times, list, grows=True)
 """When each transition of the turn was taken: seconds since the session started on its
 clock (``None`` for a step restored from a format that did not record it)."""
@@ -534,7 +561,8 @@ class TurnState:
     overflowed_request: Any = declared(OPAQUE, None, key="omit")
     calls: tuple[ToolCall, ...] = declared(CALLS, (), key="providers")
     """The tool calls of the reply being handled."""
-    reply: Any = declared(OPAQUE, None, key="omit")
+    reply_data: Any = declared(OPAQUE, None, key="omit", snapshot_key="reply")
+    """The JSON form of the reply being handled (what a snapshot keeps of it)."""
     fallbacks: tuple[Fallback, ...] = declared(FALLBACKS, (), key="omit")
     path: list[Step] = declared(PATH, factory=list, key="omit")
     """The row and counters of every transition taken, in order."""
@@ -561,6 +589,11 @@ class TurnState:
     walls: list[tuple[int, float]] = declared(IN_PROCESS, factory=list, key="omit")
     """(step, Unix time) of every step of this turn, in this process, that was given
     a wall time."""
+    usages: list[tuple[int, Usage]] = declared(USAGES, factory=list, key="omit", since=5)
+    """(step, usage) of every model call's outcome of this turn that reported one."""
+    reply: Any = declared(IN_PROCESS_VALUE, None, key="omit")
+    """The reply being handled, the host's own object, in this process (a restored
+    turn has its JSON form only: ``reply_data``)."""
 
     @property
     def status(self) -> TurnStatus | None:

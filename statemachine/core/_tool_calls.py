@@ -6,7 +6,8 @@ from typing import Any
 
 import attrs
 
-from ._json_data import owned_json
+from ._exceptions import InvalidValue
+from ._json_data import instance_of, owned_json
 from ._model_error import OPAQUE
 from ._taxonomy import ToolErrorCategory
 
@@ -14,12 +15,12 @@ from ._taxonomy import ToolErrorCategory
 def _nonempty_str(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: Any) -> None:
         if not isinstance(value, str) or not value:
-            raise TypeError(f"{name}: must be a non-empty str, got {value!r:.60}")
+            raise InvalidValue(f"{name}: must be a non-empty str, got {value!r:.60}")
         if not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
-                raise ValueError(f"{name}: a string with a lone surrogate") from None
+                raise InvalidValue(f"{name}: a string with a lone surrogate") from None
 
     return check
 
@@ -59,9 +60,7 @@ class ToolCall:
     provider: str = attrs.field(validator=_nonempty_str("ToolCall.provider"))
     name: str = attrs.field(validator=_nonempty_str("ToolCall.name"))
     arguments: Any = attrs.field(default=None, metadata=OPAQUE, converter=_arguments)
-    terminates_turn: bool = attrs.field(
-        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
+    terminates_turn: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
 
 
 def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
@@ -71,7 +70,7 @@ def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
         return ToolErrorCategory(raw)
     except ValueError:
         names = ", ".join(c.value for c in ToolErrorCategory)
-        raise ValueError(f"category: {raw!r} is not one of {names}") from None
+        raise InvalidValue(f"category: {raw!r} is not one of {names}") from None
 
 
 @attrs.frozen
@@ -87,7 +86,7 @@ class ToolOutcome:
     """
 
     call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
-    ok: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    ok: bool = attrs.field(validator=instance_of(bool))
     content: Any = attrs.field(default="", metadata=OPAQUE, converter=_content)
     category: ToolErrorCategory | None = attrs.field(
         default=None, converter=_optional_tool_category
@@ -95,18 +94,18 @@ class ToolOutcome:
     retryable: bool | None = attrs.field(
         default=None,
         kw_only=True,
-        validator=attrs.validators.optional(attrs.validators.instance_of(bool)),
+        validator=attrs.validators.optional(instance_of(bool)),
     )
     details: Any = attrs.field(default=None, kw_only=True, metadata=OPAQUE, converter=_details)
 
     def __attrs_post_init__(self) -> None:
         if self.ok and self.category is not None:
-            raise ValueError(
+            raise InvalidValue(
                 f"category: a successful ToolOutcome ({self.call_id!r}) has no error "
                 f"category, got {self.category.value!r}"
             )
         if self.ok and self.retryable:
-            raise ValueError(f"retryable: a successful ToolOutcome ({self.call_id!r}) is final")
+            raise InvalidValue(f"retryable: a successful ToolOutcome ({self.call_id!r}) is final")
         if self.retryable is None:
             retryable = not self.ok and self.category in RETRYABLE_TOOL_CATEGORIES
             object.__setattr__(self, "retryable", retryable)

@@ -6,6 +6,7 @@ import attrs
 
 from ._actions import Action
 from ._events import Event
+from ._usage import Usage
 
 
 @attrs.frozen
@@ -42,3 +43,4 @@ class TraceRecord:
     at: float | None = None
     caused_by: Event | None = None
     wall: float | None = None
+    usage: Usage | None = None

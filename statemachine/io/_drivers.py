@@ -7,7 +7,11 @@ Errors are translated at this one boundary:
 
 * ``model.complete(action)`` raising ``exc`` becomes ``ModelFailed(classify(exc))``.
   ``complete`` may also *return* a ``ModelFailed`` (a refusal it recognised, or a
-  stream that broke after part of the reply was delivered: ``partial=True``).
+  stream that broke after part of the reply was delivered: ``partial=True``). But a
+  value the engine refuses at its door (:class:`~statemachine.InvalidValue`: an event
+  or a ``ToolCall`` the provider built wrong) is the host's programming error, not the
+  model's: it is re-raised, saying which call, and the turn is cancelled (a call that
+  succeeded, and was billed, must not come back as an ``unknown_error``).
 * ``tools.invoke(call)`` raising becomes a failed ``ToolOutcome`` (``timeout`` for
   a timeout, else ``unknown``); a tool exception never escapes the driver.
 * ``settings.model_timeout_s`` bounds one model call: running out is classified
@@ -53,7 +57,7 @@ from ..core._events import (
     ToolsDone,
     WaitDone,
 )
-from ..core._exceptions import ConfigError
+from ..core._exceptions import ConfigError, InvalidValue
 from ..core._session import Turn
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
@@ -235,9 +239,20 @@ def run_turn(
 def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) -> object:
     try:
         event = _bounded(lambda: model.complete(action), limit, "model call")
+    except InvalidValue as exc:
+        raise provider_bug(action, exc) from exc
     except Exception as exc:
         return ModelFailed(classify(exc))
     return _model_event(action, event)
+
+
+def provider_bug(action: CallModel, exc: InvalidValue) -> InvalidValue:
+    """The error a driver raises when a model provider built a value the engine refuses."""
+    return InvalidValue(
+        f"model.complete(attempt={action.attempt}, model={action.model!r}) built a value "
+        f"the engine refuses: {exc}. This is a bug in the model provider, not a model "
+        "failure (the call itself may have succeeded, and been billed): fix the provider"
+    )
 
 
 def _sync_tool(tools: ToolProvider, call: ToolCall, limit: float | None) -> ToolOutcome:
@@ -317,6 +332,8 @@ async def _async_model(model: AsyncModelProvider, action: CallModel, limit: floa
         else:
             async with asyncio.timeout(limit):
                 event = await model.complete(action)
+    except InvalidValue as exc:
+        raise provider_bug(action, exc) from exc
     except TimeoutError as exc:
         if limit is not None and not str(exc):
             exc = _timeout_error("model call", limit)

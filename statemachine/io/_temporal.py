@@ -55,6 +55,7 @@ from ..core._events import (
 from ..core._exceptions import (
     ConfigError,
     IllegalEvent,
+    InvalidValue,
     SessionEnded,
     SnapshotError,
     TurnInProgress,
@@ -64,8 +65,9 @@ from ..core._session import Session, Turn
 from ..core._settings import Settings
 from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall, ToolOutcome, ToolResult
+from ..core._usage import Usage
 from ._classify import classify
-from ._drivers import check_retry_owner, tool_failure, tool_outcome
+from ._drivers import check_retry_owner, provider_bug, tool_failure, tool_outcome
 from ._loop import adrive
 
 ASSEMBLE = "turnstate.assemble"
@@ -125,16 +127,27 @@ def _value(data: Any, kind: type, where: str) -> Any:
 
 
 def model_event_data(event: ModelReplied | ModelFailed) -> dict[str, Any]:
-    """A model activity's result as JSON data."""
+    """A model activity's result as JSON data (the reply as its JSON form; the usage
+    when the provider reported one)."""
+    usage = None if event.usage is None else encode(event.usage)
     if isinstance(event, ModelReplied):
-        return {
-            "replied": {
-                "tool_calls": encode(event.tool_calls),
-                "cost": event.cost,
-                "reply": event.reply,
-            }
+        replied = {
+            "tool_calls": encode(event.tool_calls),
+            "cost": event.cost,
+            "reply": event.reply_data,
         }
-    return {"failed": {"error": encode(event.error), "partial": event.partial, "cost": event.cost}}
+        if usage is not None:
+            replied["usage"] = usage
+        return {"replied": replied}
+    failed = {"error": encode(event.error), "partial": event.partial, "cost": event.cost}
+    if usage is not None:
+        failed["usage"] = usage
+    return {"failed": failed}
+
+
+def _usage_of(data: dict[str, Any], where: str) -> Usage | None:
+    raw = data.get("usage")
+    return None if raw is None else _value(raw, Usage, where)
 
 
 def model_event(data: Any) -> ModelReplied | ModelFailed:
@@ -142,13 +155,19 @@ def model_event(data: Any) -> ModelReplied | ModelFailed:
     if isinstance(data, dict) and isinstance(data.get("replied"), dict):
         replied = data["replied"]
         calls = decode(replied.get("tool_calls", []), "replied.tool_calls")
-        return ModelReplied(calls, cost=replied.get("cost", 0.0), reply=replied.get("reply"))
+        return ModelReplied(
+            calls,
+            cost=replied.get("cost", 0.0),
+            reply=replied.get("reply"),
+            usage=_usage_of(replied, "replied.usage"),
+        )
     if isinstance(data, dict) and isinstance(data.get("failed"), dict):
         failed = data["failed"]
         return ModelFailed(
             _value(failed.get("error"), ModelError, "failed.error"),
             partial=failed.get("partial", False),
             cost=failed.get("cost", 0.0),
+            usage=_usage_of(failed, "failed.usage"),
         )
     raise TypeError(f"a model activity result must hold 'replied' or 'failed', got {data!r:.200}")
 
@@ -287,6 +306,8 @@ class Activities:
         action = _value(data, CallModel, "CallModel")
         try:
             event = await _call(self._model.complete, action)  # type: ignore[attr-defined]
+        except InvalidValue as exc:  # the provider's bug, not the model's failure
+            raise _contract(str(provider_bug(action, exc))) from exc
         except Exception as exc:
             event = ModelFailed(classify(exc))
         if not isinstance(event, ModelReplied | ModelFailed):

@@ -154,7 +154,12 @@ def entry_text(
         return json_text([op, at, wall, compact(event), verdicts])
     kind = type(event)
     text = _FIELDLESS.get(kind)
-    if text is None and kind is ModelFailed and type(event.error) is ModelError:
+    if (
+        text is None
+        and kind is ModelFailed
+        and type(event.error) is ModelError
+        and event.usage is None
+    ):
         text = _model_failed_text(event)
     if text is not None and type(at) is float:  # the most frequent events, written by hand
         when = "null" if wall is None else number_text(wall)

@@ -1,0 +1,91 @@
+"""What one model call used and what it was: a value the host reports with its event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._exceptions import InvalidValue
+from ._json_data import MAX_COUNT, finite, short_repr
+
+MAX_TEXT = 1000
+"""The longest model name, response id or finish reason a usage keeps."""
+
+
+def _tokens(_instance: object, attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:
+        raise InvalidValue(
+            f"Usage.{attribute.name}: must be an int >= 0 (< 2**63) or None, "
+            f"got {short_repr(value)}"
+        )
+
+
+def _cost(_instance: object, _attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
+        raise InvalidValue(
+            f"Usage.cost_usd: must be a finite number >= 0 or None, got {value!r:.60}"
+        )
+    if value < 0:
+        raise InvalidValue(f"Usage.cost_usd: must be a finite number >= 0 or None, got {value!r}")
+
+
+def _text(_instance: object, attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    if type(value) is not str:
+        raise InvalidValue(
+            f"Usage.{attribute.name}: must be a str or None, got {short_repr(value)}"
+        )
+    if len(value) > MAX_TEXT:
+        raise InvalidValue(f"Usage.{attribute.name}: longer than {MAX_TEXT} characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidValue(f"Usage.{attribute.name}: a string with a lone surrogate") from None
+
+
+def _count(value: Any) -> Any:
+    """A token count as it came: an int stays, a whole float (some SDKs) becomes one."""
+    if type(value) is float and value.is_integer() and 0 <= value <= MAX_COUNT:
+        return int(value)
+    return value
+
+
+def _number(value: Any) -> Any:
+    return float(value) if type(value) is int else value
+
+
+@attrs.frozen
+class Usage:
+    """What one model call used, as the provider's response reported it: its tokens
+    (``input_tokens``, ``output_tokens``, and of the input, ``cached_tokens`` read from
+    a prompt cache), what it cost (``cost_usd``), the ``model`` that answered (the
+    server's name for it, which may differ from the one requested), the
+    ``response_id`` and the ``finish_reason`` (``stop``, ``tool_use``,
+    ``content_filter``...). Every field may be unknown (``None``).
+
+    ``ModelReplied(usage=...)`` and ``ModelFailed(usage=...)`` carry it: its
+    ``cost_usd`` is what the event charges toward ``max_cost_usd`` (a failed call that
+    was billed included), and the trace and the snapshot keep it.
+    """
+
+    input_tokens: int | None = attrs.field(default=None, converter=_count, validator=_tokens)
+    output_tokens: int | None = attrs.field(default=None, converter=_count, validator=_tokens)
+    cached_tokens: int | None = attrs.field(default=None, converter=_count, validator=_tokens)
+    cost_usd: float | None = attrs.field(default=None, converter=_number, validator=_cost)
+    model: str | None = attrs.field(default=None, validator=_text)
+    response_id: str | None = attrs.field(default=None, validator=_text)
+    finish_reason: str | None = attrs.field(default=None, validator=_text)
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Input and output tokens together, when both are known."""
+        if self.input_tokens is None or self.output_tokens is None:
+            return None
+        return self.input_tokens + self.output_tokens
