@@ -96,6 +96,8 @@ class StepRecord:
     """This turn's own spend so far (its ``ModelReplied.cost``)."""
     turn_retries: int = 0
     """The session retries this turn has used so far (waits and fallbacks)."""
+    record: TraceRecord | None = attrs.field(default=None, eq=False, repr=False)
+    """The engine's own record of the transition (its event, usage and times)."""
 
 
 @attrs.frozen
@@ -297,6 +299,7 @@ class _Run:
                 session_status=status.value if status else None,
                 turn_cost_usd=self.turn_cost,
                 turn_retries=record.session_retries - self.retries_before,
+                record=record,
             )
         )
 
@@ -613,7 +616,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def step_json(record: StepRecord) -> dict[str, Any]:
-    """A transition as one JSON object (``--json``)."""
+    """A transition as one JSON object (``--json``): the simulator's view of it, and
+    the event that caused it (``caused_by``: the error's category, status and
+    retry-after, a reply's usage), as a trace file writes it."""
+    cause = None if record.record is None else record.record.caused_by
     return {
         "type": "step",
         "scenario": record.scenario,
@@ -636,6 +642,8 @@ def step_json(record: StepRecord) -> dict[str, Any]:
         "turn_retries": record.turn_retries,
         "limit": record.limit,
         "session_status": record.session_status,
+        "caused_by": None if cause is None else _jsonable(encode(cause)),
+        "wall": None if record.record is None else record.record.wall,
     }
 
 

@@ -47,27 +47,13 @@ def scenario_steps(scenario: Scenario | str) -> list[StepRecord]:
 
 
 def scenario_records(steps: Iterable[StepRecord]) -> list[tuple[TraceRecord, StepRecord]]:
-    """The :class:`TraceRecord` of each simulator step (its ``at`` is the virtual
-    clock; its cost the step's own, from the session's running total)."""
+    """The engine's :class:`TraceRecord` of each simulator step (its ``at`` is the
+    virtual clock), as the session's observer received it."""
     out = []
-    total = 0.0
     for step in steps:
-        cost = max(0.0, step.cost_usd - total)
-        total = step.cost_usd
-        record = TraceRecord(
-            turn=step.turn,
-            step=step.step,
-            source=step.source,
-            event=step.event,
-            guard=step.guard,
-            dest=step.dest,
-            action=step.action,
-            attempt=step.attempt,
-            session_retries=step.session_retries,
-            reductions=step.reductions,
-            cost_usd=cost,
-            at=step.t,
-        )
+        record = step.record
+        if record is None:  # pragma: no cover - the simulator keeps every record
+            raise ValueError(f"step {step.step} of turn {step.turn} holds no trace record")
         out.append((record, step))
     return out
 

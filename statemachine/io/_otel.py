@@ -55,9 +55,11 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait
+from ..core._events import ModelFailed
 from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall
 from ..core._trace import TraceRecord
+from ..core._usage import Usage
 
 SCOPE = "turnstate"
 """The instrumentation scope of every span and instrument."""
@@ -331,8 +333,13 @@ class Telemetry:
             attrs = turn.chat_attrs
             if record.cost_usd:
                 chat.set_attribute("turnstate.cost_usd", record.cost_usd)
+            usage = record.usage
+            if usage is not None:
+                _usage_attributes(chat, usage)
             if event == "ModelReplied":
-                if type(action) is Finish and action.model is not None:
+                if usage is not None and usage.model is not None:
+                    chat.set_attribute(RESPONSE_MODEL, usage.model)
+                elif type(action) is Finish and action.model is not None:
                     chat.set_attribute(RESPONSE_MODEL, action.model)
                 if self._capture and type(action) is Finish and action.reply is not None:
                     chat.set_attribute("gen_ai.output.messages", _json(action.reply))
@@ -340,9 +347,10 @@ class Telemetry:
             elif event == "Cancelled":
                 self._end_chat(chat, turn.chat_start, now, attrs, "cancelled")
             else:
-                # the error itself: a record's own (an engine that records it), or
-                # the Finish's; a wait's or a fallback's is not in the record
-                error = getattr(record, "error", None)
+                # the error itself: the event the record carries; a record read from a
+                # trace without it has the Finish's (a fallback's comes with the Finish)
+                cause = record.caused_by
+                error = cause.error if type(cause) is ModelFailed else None
                 if error is None and type(action) is Finish:
                     error = action.error
                 category = _failure_category(action) if error is None else error.category.value
@@ -394,7 +402,13 @@ class Telemetry:
                     "turnstate.fallback.to_model": action.model or "default",
                 }
                 turn.events.append((now, "turnstate.fallback", moved))
-                turn.fallback_events.append(moved)
+                cause = record.caused_by
+                if type(cause) is ModelFailed:  # the error that moved it is the record's
+                    category = cause.error.category.value
+                    moved[ERROR_TYPE] = category
+                    self._retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
+                else:  # a record read without its event: the Finish will say
+                    turn.fallback_events.append(moved)
             attrs: dict[str, Any] = {
                 **self._base,
                 OPERATION: "chat",
@@ -558,6 +572,22 @@ def _failure_category(action: object) -> str | None:
     if isinstance(action, Assemble):
         return ErrorCategory.CONTEXT_LENGTH_EXCEEDED.value
     return None
+
+
+def _usage_attributes(span: Span, usage: Usage) -> None:
+    """A model call's usage as the GenAI conventions' attributes."""
+    if usage.input_tokens is not None:
+        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+    if usage.output_tokens is not None:
+        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+    if usage.cached_tokens is not None:
+        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
+    if usage.response_id is not None:
+        span.set_attribute("gen_ai.response.id", usage.response_id)
+    if usage.finish_reason is not None:
+        span.set_attribute("gen_ai.response.finish_reasons", [usage.finish_reason])
+    if usage.model is not None:
+        span.set_attribute(RESPONSE_MODEL, usage.model)
 
 
 def _end_error(span: Span, error: str, end: int) -> None:

@@ -27,26 +27,55 @@ Each provider:
 * maps tool-use blocks / tool calls to ``ToolCall``\\ s whose ``provider`` is
   ``tool_provider`` (a name, or a function of the tool name);
 * streams when given ``on_text`` (async providers): text deltas go to it as they
-  arrive, and a failure after one was delivered is returned as
+  arrive; a failure after one was delivered is returned as
   ``ModelFailed(..., partial=True)`` so the engine ends the turn
-  ``stream_interrupted`` instead of resending;
-* reports ``cost`` when given ``price_per_mtok=(input_usd, output_usd)`` per
-  million tokens; the ``reply`` is the response as plain JSON (``model_dump``),
-  so a session holding it can be snapshotted.
+  ``stream_interrupted`` instead of resending, and a failure before any text but
+  after the stream reported its usage is returned as ``ModelFailed(...,
+  partial=False)`` carrying that usage, so the spend is counted and the engine
+  retries (or not) as the error's category says;
+* reports what every response it saw used, as a :class:`~statemachine.Usage` on
+  every event it builds (``ModelReplied``, the content-filtered ``ModelFailed``,
+  the ``ModelFailed`` of a broken stream that had reported usage):
+  ``input_tokens`` (the whole prompt), ``output_tokens``, ``cached_tokens`` (of
+  the prompt, read from a prompt cache), ``model`` (the name the server answered
+  with), ``response_id`` and ``finish_reason`` (Anthropic ``stop_reason``, OpenAI
+  ``choices[0].finish_reason``). What a response leaves out, or reports in a shape
+  that is not a token count (an int >= 0) or a short string, is ``None``: reading
+  the usage never raises;
+* reports ``cost`` (and ``Usage.cost_usd``) when given ``price_per_mtok=(input_usd,
+  output_usd)`` per million tokens: every prompt token at the input price (cache
+  reads, cheaper in fact, included) plus the output tokens at the output price;
+  without a price, or when the response reported no token count, the cost is 0.0 and
+  ``cost_usd`` unknown (``None``). The ``reply`` is the response as plain JSON
+  (``model_dump``), so a session holding it can be snapshotted.
+
+Where the usage comes from: Anthropic ``message.usage`` (``input_tokens`` there
+excludes the prompt tokens read from or written to the cache, so the reported
+``input_tokens`` is ``input_tokens + cache_read_input_tokens +
+cache_creation_input_tokens``, and ``cached_tokens`` is ``cache_read_input_tokens``);
+streamed, the SDK's ``current_message_snapshot`` (its usage arrives with
+``message_start`` and is updated by ``message_delta``). OpenAI ``completion.usage``
+(``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``);
+streamed, the last chunk that carried a ``usage`` (a stream reports one only when
+asked, ``stream_options={"include_usage": True}``), else the accumulated snapshot's.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core._actions import CallModel
 from ..core._events import ModelFailed, ModelReplied
+from ..core._json_data import MAX_COUNT
 from ..core._model_error import ModelError
 from ..core._taxonomy import ErrorCategory
 from ..core._tool_calls import ToolCall
+from ..core._usage import MAX_TEXT, Usage
 from ._classify import classify, plain_data
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
@@ -66,8 +95,53 @@ def _no_sdk_retries(client: Any) -> Any:
     return client if retries == 0 else client.with_options(max_retries=0)
 
 
+# -- reading a response's usage, whatever its shape ------------------------------------
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj.name`` (or ``obj[name]`` of a mapping); ``None`` when absent or unreadable."""
+    if obj is None:
+        return None
+    try:
+        if isinstance(obj, Mapping):
+            return obj.get(name)
+        return getattr(obj, name, None)
+    except Exception:  # a property that raises (an SDK snapshot not started yet)
+        return None
+
+
+def _tokens(value: Any) -> int | None:
+    """A token count as reported: an int >= 0 (a whole float too), else unknown."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        return None
+    return int(value)
+
+
+def _label(value: Any) -> str | None:
+    """A model name, response id or finish reason as reported: a short str, else unknown."""
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return None
+    return str.__str__(value)
+
+
+def _reported(usage: Usage) -> bool:
+    """Whether the response reported a token count (so the call may have been billed)."""
+    return usage.input_tokens is not None or usage.output_tokens is not None
+
+
+def _charged(usage: Usage) -> float:
+    """The ``cost`` of an event carrying ``usage`` (its ``cost_usd``, or 0.0 unknown)."""
+    return usage.cost_usd or 0.0
+
+
 class _Base:
-    """What the four providers share: construction, request building, costs."""
+    """What the four providers share: construction, request building, usage and costs."""
 
     def __init__(
         self,
@@ -82,13 +156,16 @@ class _Base:
             not isinstance(price_per_mtok, tuple)
             or len(price_per_mtok) != 2
             or not all(
-                isinstance(p, int | float) and not isinstance(p, bool) and p >= 0
+                isinstance(p, int | float)
+                and not isinstance(p, bool)
+                and math.isfinite(p)
+                and p >= 0
                 for p in price_per_mtok
             )
         ):
             raise TypeError(
                 "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
-                f"two numbers >= 0, got {price_per_mtok!r}"
+                f"two finite numbers >= 0, got {price_per_mtok!r}"
             )
         if not (isinstance(tool_provider, str) and tool_provider) and not callable(tool_provider):
             raise TypeError(
@@ -135,17 +212,47 @@ class _Base:
         chosen = self.tool_provider
         return chosen if isinstance(chosen, str) else chosen(name)
 
-    def _cost(self, tokens_in: Any, tokens_out: Any) -> float:
-        if self.price_per_mtok is None:
-            return 0.0
+    def _cost(self, tokens_in: int | None, tokens_out: int | None) -> float | None:
+        """What the tokens cost at ``price_per_mtok``; ``None`` without a price or a count."""
+        if self.price_per_mtok is None or (tokens_in is None and tokens_out is None):
+            return None
         price_in, price_out = self.price_per_mtok
-        return (
-            float(tokens_in or 0) * price_in / 1_000_000
-            + float(tokens_out or 0) * price_out / 1_000_000
+        cost = (tokens_in or 0) * price_in / 1_000_000 + (tokens_out or 0) * price_out / 1_000_000
+        return cost if math.isfinite(cost) else sys.float_info.max
+
+    def _usage(
+        self,
+        *,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        cached_tokens: int | None,
+        model: Any,
+        response_id: Any,
+        finish_reason: Any,
+    ) -> Usage:
+        return Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
+            cost_usd=self._cost(input_tokens, output_tokens),
+            model=_label(model),
+            response_id=_label(response_id),
+            finish_reason=_label(finish_reason),
         )
 
+    def _usage_of(self, response: Any, reported: Any = None) -> Usage:
+        """The :class:`Usage` of ``response`` (``reported``: a usage object seen apart
+        from it, in a stream); never raises: what cannot be read is ``None``."""
+        try:
+            return self._read_usage(response, reported)
+        except Exception:  # every field is checked on the way; a last resort
+            return Usage()
 
-def _filtered(message: str, code: str, response: Any) -> ModelFailed:
+    def _read_usage(self, response: Any, reported: Any) -> Usage:
+        raise NotImplementedError  # pragma: no cover - each API reads its own
+
+
+def _filtered(message: str, code: str, response: Any, usage: Usage) -> ModelFailed:
     return ModelFailed(
         ModelError(
             ErrorCategory.CONTENT_FILTERED,
@@ -153,7 +260,9 @@ def _filtered(message: str, code: str, response: Any) -> ModelFailed:
             code=code,
             status=200,
             body=plain_data(response),
-        )
+        ),
+        cost=_charged(usage),
+        usage=usage,
     )
 
 
@@ -186,17 +295,39 @@ class _AnthropicBase(_Base):
         kwargs.setdefault("max_tokens", 1024)
         return kwargs
 
+    def _read_usage(self, response: Any, reported: Any) -> Usage:
+        """Anthropic's ``usage.input_tokens`` counts only the prompt tokens neither read
+        from nor written to the prompt cache; the ``Usage.input_tokens`` reported is the
+        whole prompt: ``input_tokens + cache_read_input_tokens +
+        cache_creation_input_tokens`` (the cache counts that are present), and
+        ``cached_tokens`` is ``cache_read_input_tokens``. Unknown when
+        ``input_tokens`` is."""
+        usage = reported if reported is not None else _field(response, "usage")
+        uncached = _tokens(_field(usage, "input_tokens"))
+        read = _tokens(_field(usage, "cache_read_input_tokens"))
+        written = _tokens(_field(usage, "cache_creation_input_tokens"))
+        prompt = None if uncached is None else _tokens(uncached + (read or 0) + (written or 0))
+        return self._usage(
+            input_tokens=prompt,
+            output_tokens=_tokens(_field(usage, "output_tokens")),
+            cached_tokens=read,
+            model=_field(response, "model"),
+            response_id=_field(response, "id"),
+            finish_reason=_field(response, "stop_reason"),
+        )
+
     def _event(self, message: Any) -> ModelReplied | ModelFailed:
+        usage = self._usage_of(message)
         if getattr(message, "stop_reason", None) == "refusal":
-            return _filtered("the model refused (stop_reason=refusal)", "refusal", message)
+            return _filtered("the model refused (stop_reason=refusal)", "refusal", message, usage)
         calls = tuple(
             ToolCall(block.id, self._provider_of(block.name), block.name, block.input)
             for block in getattr(message, "content", None) or ()
             if getattr(block, "type", None) == "tool_use"
         )
-        usage = getattr(message, "usage", None)
-        cost = self._cost(getattr(usage, "input_tokens", 0), getattr(usage, "output_tokens", 0))
-        return ModelReplied(tool_calls=calls, cost=cost, reply=plain_data(message))
+        return ModelReplied(
+            tool_calls=calls, cost=_charged(usage), reply=plain_data(message), usage=usage
+        )
 
 
 class AnthropicModel(_AnthropicBase):
@@ -217,9 +348,14 @@ class _Streaming:
     streams and every text delta goes to it as it arrives. A failure *after* a delta
     was delivered comes back as ``ModelFailed(classify(exc), partial=True)``: the
     engine never resends it and ends the turn ``stream_interrupted``. A failure
-    before any delta is raised, for the driver to classify and retry as usual.
-    (A driver ``model_timeout_s`` cancels the call from outside and is not marked
-    partial: with streaming, prefer the SDK client's own timeout.)
+    before any delta but after the stream reported its usage (Anthropic's
+    ``message_start``, an OpenAI chunk with ``usage``) comes back as
+    ``ModelFailed(classify(exc), partial=False)``: the engine retries it or not as
+    its category says, and counts its spend. Either carries the usage and the cost
+    reported so far. A failure before both is raised, for the driver to classify and
+    retry as usual. (A driver ``model_timeout_s`` cancels the call from outside and
+    is neither marked partial nor charged: with streaming, prefer the SDK client's
+    own timeout.)
     """
 
     on_text: TextSink | None
@@ -229,6 +365,11 @@ class _Streaming:
             result = self.on_text(text)
             if inspect.isawaitable(result):
                 await result
+
+
+def _broken(exc: Exception, delivered: bool, usage: Usage) -> ModelFailed:
+    """The event of a stream that failed with ``exc`` after text or usage was seen."""
+    return ModelFailed(classify(exc), partial=delivered, cost=_charged(usage), usage=usage)
 
 
 class AsyncAnthropicModel(_AnthropicBase, _Streaming):
@@ -245,17 +386,26 @@ class AsyncAnthropicModel(_AnthropicBase, _Streaming):
         if self.on_text is None:
             return self._event(await self.client.messages.create(**kwargs))
         delivered = False
+        stream: Any = None
+        started: Any = None  # the message of message_start, should the snapshot be unreadable
         try:
             async with self.client.messages.stream(**kwargs) as stream:
                 async for event in stream:
-                    if getattr(event, "type", None) == "content_block_delta":
+                    kind = getattr(event, "type", None)
+                    if kind == "message_start":
+                        started = getattr(event, "message", None)
+                    elif kind == "content_block_delta":
                         delivered = True
                         await self._deliver(getattr(event.delta, "text", None))
                 message = await stream.get_final_message()
         except Exception as exc:
-            if not delivered:
+            # The snapshot's property asserts that message_start arrived: _field reads
+            # it as None before.
+            snapshot = _field(stream, "current_message_snapshot")
+            usage = self._usage_of(started if snapshot is None else snapshot)
+            if not (delivered or _reported(usage)):
                 raise
-            return ModelFailed(classify(exc), partial=True)
+            return _broken(exc, delivered, usage)
         return self._event(message)
 
 
@@ -272,10 +422,25 @@ def _arguments(raw: Any) -> Any:
 
 
 class _OpenAIBase(_Base):
-    def _event(self, completion: Any) -> ModelReplied | ModelFailed:
+    def _read_usage(self, response: Any, reported: Any) -> Usage:
+        usage = reported if reported is not None else _field(response, "usage")
+        choices = _field(response, "choices")
+        first = choices[0] if isinstance(choices, list | tuple) and choices else None
+        return self._usage(
+            input_tokens=_tokens(_field(usage, "prompt_tokens")),
+            output_tokens=_tokens(_field(usage, "completion_tokens")),
+            cached_tokens=_tokens(_field(_field(usage, "prompt_tokens_details"), "cached_tokens")),
+            model=_field(response, "model"),
+            response_id=_field(response, "id"),
+            finish_reason=_field(first, "finish_reason"),
+        )
+
+    def _event(self, completion: Any, reported: Any = None) -> ModelReplied | ModelFailed:
+        """The event of ``completion``; ``reported``: the usage a stream reported."""
+        usage = self._usage_of(completion, reported)
         choices = getattr(completion, "choices", None) or ()
         if not choices:
-            return ModelReplied(reply=plain_data(completion))
+            return ModelReplied(cost=_charged(usage), reply=plain_data(completion), usage=usage)
         choice = choices[0]
         message = getattr(choice, "message", None)
         if getattr(choice, "finish_reason", None) == "content_filter":
@@ -283,10 +448,11 @@ class _OpenAIBase(_Base):
                 "the reply was stopped by the content filter (finish_reason=content_filter)",
                 "content_filter",
                 completion,
+                usage,
             )
         refusal = getattr(message, "refusal", None)
         if isinstance(refusal, str) and refusal:
-            return _filtered(refusal, "refusal", completion)
+            return _filtered(refusal, "refusal", completion, usage)
         calls = tuple(
             ToolCall(
                 call.id,
@@ -297,11 +463,9 @@ class _OpenAIBase(_Base):
             for call in getattr(message, "tool_calls", None) or ()
             if getattr(call, "function", None) is not None
         )
-        usage = getattr(completion, "usage", None)
-        cost = self._cost(
-            getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0)
+        return ModelReplied(
+            tool_calls=calls, cost=_charged(usage), reply=plain_data(completion), usage=usage
         )
-        return ModelReplied(tool_calls=calls, cost=cost, reply=plain_data(completion))
 
 
 class OpenAIModel(_OpenAIBase):
@@ -315,7 +479,10 @@ class OpenAIModel(_OpenAIBase):
 class AsyncOpenAIModel(_OpenAIBase, _Streaming):
     """An asyncio model provider on ``openai.AsyncOpenAI``: ``chat.completions.create``,
     streamed (``stream=True``, chunks accumulated by the SDK's
-    ``ChatCompletionStreamState``) when ``on_text`` is given (see :class:`_Streaming`)."""
+    ``ChatCompletionStreamState``) when ``on_text`` is given (see :class:`_Streaming`).
+
+    A stream reports its usage only when asked: pass ``stream_options={"include_usage":
+    True}`` (in ``create_kwargs`` or the request) for streamed calls to be charged."""
 
     def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -330,10 +497,16 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
 
         state: Any = ChatCompletionStreamState()
         delivered = False
+        # The snapshot's usage is the *last* chunk's (None when that chunk had none):
+        # keep the last usage any chunk reported.
+        reported: Any = None
         try:
             stream = await self.client.chat.completions.create(**kwargs, stream=True)
             async with stream:
                 async for chunk in stream:
+                    chunk_usage = _field(chunk, "usage")
+                    if chunk_usage is not None:
+                        reported = chunk_usage
                     state.handle_chunk(chunk)
                     for choice in getattr(chunk, "choices", None) or ():
                         delta = getattr(choice, "delta", None)
@@ -342,7 +515,10 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
                         await self._deliver(getattr(delta, "content", None))
             completion = state.get_final_completion()
         except Exception as exc:
-            if not delivered:
+            # The snapshot's property asserts that a chunk arrived: _field reads it as
+            # None before.
+            usage = self._usage_of(_field(state, "current_completion_snapshot"), reported)
+            if not (delivered or _reported(usage)):
                 raise
-            return ModelFailed(classify(exc), partial=True)
-        return self._event(completion)
+            return _broken(exc, delivered, usage)
+        return self._event(completion, reported)

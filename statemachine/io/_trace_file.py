@@ -356,6 +356,7 @@ def _read_step(
         at=at,
         caused_by=caused_by,
         wall=wall,
+        usage=getattr(caused_by, "usage", None),
     )
     last[turn_key] = record
     detail = data.get("detail")

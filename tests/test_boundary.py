@@ -1,0 +1,622 @@
+"""What crosses the engine's boundary is data (issue 24): time, usage and the host's reply
+arrive with the event, the trace carries the event, and a replay is a live step.
+
+One test (or a few) per way the boundary was thin, each failing before the change."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import re
+import subprocess
+import sys
+from email.utils import formatdate
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import attrs
+import httpx
+import openai
+import pydantic
+import pytest
+
+import statemachine as sm
+from statemachine.dev._scenarios import parse
+from statemachine.dev._simulate import EPOCH, run
+from statemachine.store import CorruptSession, InMemoryStore, Worker
+
+from .helpers import ManualClock
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 2_000_000_000.0
+"""A wall time far from this process's: a date read against time.time would be years off."""
+
+
+def _date(unix: float) -> str:
+    return formatdate(unix, usegmt=True)
+
+
+# -- the host's reply object ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Dataclass:
+    text: str
+    parts: tuple[int, ...]
+
+
+@attrs.frozen
+class _Attrs:
+    text: str
+
+
+class _Pydantic(pydantic.BaseModel):
+    text: str
+    n: int
+
+
+_ANTHROPIC = anthropic.types.Message.model_validate(
+    {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-20261001",
+        "content": [{"type": "text", "text": "sunny"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 3},
+    }
+)
+_OPENAI = openai.types.chat.ChatCompletion.model_validate(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-5-2026",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "sunny"},
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }
+)
+REPLIES: dict[str, tuple[Any, Any]] = {
+    "anthropic.types.Message": (_ANTHROPIC, _ANTHROPIC.model_dump(mode="json")),
+    "openai ChatCompletion": (_OPENAI, _OPENAI.model_dump(mode="json")),
+    "a pydantic model": (_Pydantic(text="a", n=1), {"text": "a", "n": 1}),
+    "a dataclass": (_Dataclass("a", (1, 2)), {"text": "a", "parts": [1, 2]}),
+    "an attrs instance": (_Attrs("a"), {"text": "a"}),
+    "plain data": ({"text": "a", "parts": (1, 2)}, {"text": "a", "parts": [1, 2]}),
+}
+
+
+class _Context:
+    def assemble(self, action: sm.Assemble) -> sm.Assembled:
+        return sm.Assembled({"messages": []}, 10)
+
+
+class _Tools:
+    def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+        return sm.ToolOutcome(call.id, ok=True, content="done")
+
+
+class _Replying:
+    """A model provider that returns its SDK's own object as the reply."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+    def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        return sm.ModelReplied(reply=self.reply, cost=0.01)
+
+
+@pytest.mark.requirement("ER-144")
+@pytest.mark.parametrize("kind", sorted(REPLIES))
+def test_the_hosts_reply_object_comes_back_as_itself_and_is_kept_as_json(kind: str) -> None:
+    """A provider may return its SDK's object as the reply: the turn completes (before, the
+    door refused it and the driver reported the billed call as unknown_error), Finish.reply
+    is that very object, and the snapshot, a restore and a trace file hold its JSON form."""
+    reply, data = REPLIES[kind]
+    records: list[sm.TraceRecord] = []
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), observers=[records.append])
+    turn = session.new_turn()
+    finish = sm.run_turn(turn, model=_Replying(reply), tools=_Tools(), context=_Context())
+    assert finish.status is sm.TurnStatus.COMPLETED
+    assert finish.reply is reply
+    assert session.cost_usd == 0.01
+    snapshot = json.loads(json.dumps(session.snapshot(), allow_nan=False))
+    assert snapshot["turn"]["reply"] == data
+    restored = sm.Session.restore(snapshot, clock=ManualClock())
+    assert restored.current_turn is not None and restored.current_turn.finish is not None
+    assert restored.current_turn.finish.reply == data
+    assert restored.snapshot() == session.snapshot()
+    line = json.dumps(sm.TraceWriter.__module__ and _record_json(records[2]), allow_nan=False)
+    assert json.loads(line)["caused_by"]["reply"] == data
+
+
+def _record_json(record: sm.TraceRecord) -> dict[str, Any]:
+    from statemachine.io._trace_file import record_json
+
+    return record_json(record)
+
+
+@pytest.mark.requirement("ER-144")
+def test_a_worker_journals_the_replys_json_form() -> None:
+    """Through a store, the reply object's JSON form is what the journal keeps: another
+    worker replays it and ends the turn with that form as its reply."""
+    store = InMemoryStore()
+    a = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = a.create("s", sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0))
+    r = a.advance("s", None, expected_version=r.version)
+    r = a.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+    r = a.advance("s", sm.ModelReplied(reply=_ANTHROPIC), expected_version=r.version)
+    assert isinstance(r.action, sm.Finish) and r.action.reply is _ANTHROPIC
+    other = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+    loaded = other.load("s")
+    assert isinstance(loaded.action, sm.Finish)
+    assert loaded.action.reply == _ANTHROPIC.model_dump(mode="json")
+    assert loaded.session.snapshot() == r.session.snapshot()
+
+
+class _Unsavable:
+    pass
+
+
+class _Broken:
+    """A provider whose reply object has no JSON form: the host's bug."""
+
+    def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        return sm.ModelReplied(reply=_Unsavable())
+
+
+class _AsyncBroken:
+    async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        return sm.ModelReplied(tool_calls=[sm.ToolCall("", "fs", "ls")])
+
+
+class _AsyncContext:
+    async def assemble(self, action: sm.Assemble) -> sm.Assembled:
+        return sm.Assembled("q", 1)
+
+
+class _AsyncTools:
+    async def invoke(self, call: sm.ToolCall) -> sm.ToolOutcome:
+        return sm.ToolOutcome(call.id, ok=True)
+
+
+@pytest.mark.requirement("ER-144")
+def test_a_value_a_model_provider_builds_wrong_is_the_hosts_bug_not_a_model_error() -> None:
+    """A value refused at the door inside model.complete reaches the host as InvalidValue,
+    saying which call and how to fix it, and the turn ends cancelled (before, the driver
+    classified it as the model's unknown_error and failed the turn with a warning)."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    with pytest.raises(
+        sm.InvalidValue, match=r"model\.complete\(attempt=0.*_Unsavable.*fix"
+    ) as got:
+        sm.run_turn(turn, model=_Broken(), tools=_Tools(), context=_Context())
+    assert isinstance(got.value, TypeError) and isinstance(got.value, ValueError)
+    assert turn.status is sm.TurnStatus.CANCELLED
+    assert "InvalidValue" in turn.trace[-1].caused_by.reason  # type: ignore[union-attr]
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    with pytest.raises(sm.InvalidValue, match=r"ToolCall\.id: must be a non-empty str"):
+        asyncio.run(
+            sm.arun_turn(turn, model=_AsyncBroken(), tools=_AsyncTools(), context=_AsyncContext())
+        )
+    assert turn.status is sm.TurnStatus.CANCELLED
+
+
+# -- usage -------------------------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-143")
+def test_a_billed_failure_charges_its_usage_and_the_trace_and_snapshot_keep_it() -> None:
+    """A content-filtered reply that was billed (usage 1000/200) charges its cost toward
+    max_cost_usd; the trace record and the snapshot keep the whole usage (before, the
+    engine knew one float and nothing of tokens, model, response id or finish reason)."""
+    usage = sm.Usage(
+        input_tokens=1000,
+        output_tokens=200,
+        cached_tokens=400,
+        cost_usd=0.006,
+        model="gpt-5-2026-08",
+        response_id="chatcmpl-9",
+        finish_reason="content_filter",
+    )
+    records: list[sm.TraceRecord] = []
+    session = sm.Session(
+        sm.Settings(max_cost_usd=0.005), seed=1, clock=ManualClock(), observers=[records.append]
+    )
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 1))
+    error = sm.ModelError("content_filtered", code="content_filter", status=200)
+    finish = turn.send(sm.ModelFailed(error, usage=usage))
+    assert finish.status is sm.TurnStatus.CONTENT_FILTERED  # type: ignore[union-attr]
+    assert session.cost_usd == 0.006
+    assert session.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+    assert records[-1].usage == usage and records[-1].cost_usd == 0.006
+    assert turn.trace[-1].usage == usage
+    restored = sm.Session.restore(json.loads(json.dumps(session.snapshot())), clock=ManualClock())
+    assert restored.current_turn.trace[-1].usage == usage  # type: ignore[union-attr]
+    assert restored.current_turn.trace[-1].caused_by is None  # type: ignore[union-attr]
+
+
+@pytest.mark.requirement("ER-143")
+def test_cost_and_usage_fill_each_other_and_never_disagree() -> None:
+    """The cost given once, on the event or in its usage, is the other's too; two that
+    disagree are refused at the door (nothing is charged twice or lost)."""
+    assert sm.ModelReplied(usage=sm.Usage(cost_usd=0.5)).cost == 0.5
+    assert sm.ModelFailed(sm.ModelError("overloaded"), cost=0.25, usage=sm.Usage(5)).usage == (
+        sm.Usage(5, cost_usd=0.25)
+    )
+    with pytest.raises(
+        sm.InvalidValue, match=r"ModelReplied\.cost: 0\.5 and usage\.cost_usd 0\.25"
+    ):
+        sm.ModelReplied(cost=0.5, usage=sm.Usage(cost_usd=0.25))
+    with pytest.raises(sm.InvalidValue, match=r"Usage\.input_tokens: must be an int >= 0"):
+        sm.Usage(input_tokens=-1)
+    with pytest.raises(sm.InvalidValue, match="usage: must be a Usage"):
+        sm.ModelReplied(usage={"input_tokens": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.requirement("ER-143", "ER-39")
+@pytest.mark.parametrize(
+    ("usages", "match"),
+    [
+        ([[9, {"$type": "Usage"}]], r"turn\.usages\[0\]: step 9 is not a later step"),
+        ([[1, {"$type": "Usage"}]], r"turn\.usages\[0\]: step 1 is no model call's outcome"),
+        ([[2, {"$type": "Usage", "cost_usd": 0.5}]], r"turn\.usages\[0\]: a cost of 0\.5"),
+        ([[2, {"$type": "Usage", "input_tokens": -4}]], r"turn\.usages\[0\]\[1\]"),
+        ([[2, {"$type": "ToolCall", "id": "a", "provider": "p", "name": "n"}]], r"must be a Usage"),
+    ],
+)
+def test_forged_usages_are_refused_by_restore(usages: Any, match: str) -> None:
+    """A snapshot's usages belong to the model calls' outcomes, in order, with the cost
+    each step charged: anything else is a SnapshotError naming the key."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 1))
+    turn.send(sm.ModelReplied(usage=sm.Usage(7, 1, cost_usd=0.25)))
+    data = session.snapshot()
+    assert data["turn"]["usages"] == [
+        [2, {"$type": "Usage", "input_tokens": 7, "output_tokens": 1, "cost_usd": 0.25}]
+    ]
+    data["turn"]["usages"] = usages
+    with pytest.raises(sm.SnapshotError, match=match):
+        sm.Session.restore(data, clock=ManualClock())
+
+
+# -- the trace carries the event -----------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-142")
+def test_a_recorded_session_replays_with_the_public_calls_alone(tmp_path: Path) -> None:
+    """The records an observer (or a trace file) got are the events and their moments:
+    sent again, with turn.start/send(at=..., wall=...), to a session with no clock and the
+    same settings and seed, they give the same actions and state. The session saw a
+    date retry-after (read against its wall clock), a billed failure, a fallback, a tool
+    round and a second turn."""
+    settings = sm.Settings(fallback_models=("b",), max_retries=2)
+    clock = ManualClock(50.0)
+    records: list[sm.TraceRecord] = []
+    path = tmp_path / "trace.jsonl"
+    writer = sm.TraceWriter(path)
+    session = sm.Session(
+        settings,
+        seed=9,
+        clock=clock,
+        wall_clock=lambda: T0 + clock.now,
+        observers=[records.append, writer],
+    )
+    date = sm.ModelError("rate_limited", headers={"retry-after": _date(T0 + 50 + 30)})
+    script = [
+        sm.Assembled({"m": [1]}, 100),
+        sm.ModelFailed(date),
+        sm.WaitDone(),
+        sm.ModelFailed(sm.ModelError("overloaded", status=529), usage=sm.Usage(10, cost_usd=0.01)),
+        sm.WaitDone(),
+        sm.ModelFailed(sm.ModelError("overloaded", status=529)),
+        sm.ModelReplied(
+            [sm.ToolCall("c1", "fs", "ls", {"d": "/"})], usage=sm.Usage(20, 5, cost_usd=0.02)
+        ),
+        sm.ToolsDone([sm.ToolOutcome("c1", ok=True, content="x")]),
+    ]
+    for number in range(2):
+        turn = session.new_turn()
+        action = turn.start()
+        for event in script if number == 0 else [*script[:1], sm.ModelReplied(reply={"a": 1})]:
+            clock.advance(action.seconds if isinstance(action, sm.Wait) else 0.5)
+            action = turn.send(event)
+    writer.close()
+    wait = records[2].action
+    assert isinstance(wait, sm.Wait) and wait.retry_after == 29.0  # on the session's wall clock
+    assert records[2].wall == T0 + 51.0
+
+    from statemachine.io._trace_file import load_trace
+
+    for source in (records, [step.record for step in load_trace(path).steps]):
+        again = sm.Session(settings, seed=9, clock=None, wall_clock=None, started=session.started)
+        replayed = []
+        for record in source:
+            if record.caused_by is None:  # a start
+                turn = again.new_turn(at=record.at)
+                replayed.append(turn.start(at=record.at))
+            else:
+                replayed.append(turn.send(record.caused_by, at=record.at, wall=record.wall))
+        assert replayed == [r.action for r in records]
+        assert again.snapshot(at=clock.now) == session.snapshot()
+
+
+@pytest.mark.requirement("ER-142", "ER-120")
+def test_every_failed_chat_span_carries_its_http_status_in_the_storms() -> None:
+    """Telemetry reads the failure from the record's event: every failed model call of
+    the built-in storms whose error had an HTTP status has it on its span, the retried
+    ones and the ones that moved to a fallback included (before, 16 of 18 had none)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from statemachine.dev._telemetry_docs import scenario_telemetry
+    from statemachine.otel import Telemetry
+
+    checked = 0
+    for name in ("rate-limit-storm", "overloaded-fallback"):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        steps = scenario_telemetry(name, Telemetry(tracer_provider=provider, clock_offset=EPOCH))
+        statuses = [
+            s.record.caused_by.error.status  # type: ignore[union-attr]
+            for s in steps
+            if s.event == "ModelFailed"
+        ]
+        failed = [
+            span
+            for span in exporter.get_finished_spans()
+            if span.name.startswith("chat") and "error.type" in (span.attributes or {})
+        ]
+        assert len(failed) == len(statuses)
+        for span, status in zip(failed, statuses, strict=True):
+            if status is not None:
+                assert span.attributes["http.response.status_code"] == status  # type: ignore[index]
+                checked += 1
+    assert checked >= 10
+
+
+# -- one clock for one date ----------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-141")
+def test_an_http_date_is_read_against_the_sessions_wall_clock() -> None:
+    """A response whose retry-after is a date 10 s ahead on the session's wall clock
+    (no date header) is a 10 s wait, however far this process's time.time is from it
+    (before, classify measured it against time.time, the engine preferred that reading,
+    and the turn was deferred for years)."""
+    response = httpx.Response(429, headers={"retry-after": _date(T0 + 10)}, json={"error": {}})
+    error = sm.classify(response)
+    assert error.retry_after_seconds is None  # left for the step's wall time
+    assert sm.classify(response, wall=T0).retry_after_seconds == 10.0
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), wall_clock=lambda: T0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 1))
+    wait = turn.send(sm.ModelFailed(error))
+    assert isinstance(wait, sm.Wait) and wait.retry_after == 10.0 and wait.seconds >= 10.0
+    assert turn.trace[-1].wall == T0
+    with pytest.raises(ValueError, match="wall: must be a finite Unix time"):
+        sm.classify(response, wall=math.nan)
+
+
+@pytest.mark.requirement("ER-141")
+def test_simulate_reads_a_date_on_its_virtual_wall_clock() -> None:
+    """A scenario's date retry-after is measured against the simulator's virtual wall
+    clock: 10 s ahead of it is a 10 s wait, on every run."""
+    scenario = parse(
+        f"""
+description = "a date retry-after"
+[[turn]]
+steps = [
+  {{ event = "Assembled", size = 10 }},
+  {{ event = "ModelFailed", category = "rate_limited", headers = {{ retry-after = "{_date(EPOCH + 10)}" }} }},
+  {{ event = "ModelReplied" }},
+]
+""",
+        "dated.toml",
+        "dated",
+    )
+    steps: list[Any] = []
+    result = run(scenario, on_step=steps.append)
+    assert result.ok, result.failures
+    wait = steps[2].action
+    assert isinstance(wait, sm.Wait) and wait.retry_after == 10.0
+
+
+# -- clock readings are checked -------------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-140")
+def test_a_clock_that_runs_back_stands_still_and_the_snapshot_restores() -> None:
+    """A clock that steps back a second before Assembled is read as standing still: the
+    turn's times never decrease, and the snapshot (elapsed_s >= 0) restores (before it
+    held elapsed_s -1.0, which restore refused)."""
+    clock = ManualClock(100.0)
+    session = sm.Session(sm.Settings(), seed=1, clock=clock)
+    turn = session.new_turn()
+    turn.start()
+    clock.now = 99.0
+    turn.send(sm.Assembled("q", 1))
+    data = session.snapshot()
+    assert data["elapsed_s"] == 0.0
+    assert data["turn"]["times"] == [0.0, 0.0]
+    sm.Session.restore(data, clock=clock)
+    assert session.elapsed_s == 0.0
+
+
+@pytest.mark.requirement("ER-140")
+def test_a_worker_whose_clocks_run_back_writes_records_every_worker_reads() -> None:
+    """A worker on time.time-like clocks that step back (and a wall clock that steps back
+    between its writes) still writes records that every worker reads and restores."""
+    readings = iter([1000.0, 990.0, 980.0, 985.0, 970.0, 960.0] * 20)
+    walls = iter([5000.0, 4990.0, 5010.0, 4000.0, 4100.0, 3000.0] * 20)
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: next(readings), now=lambda: next(walls))
+    r = w.create("s", sm.Session(sm.Settings(), seed=1, clock=lambda: 1000.0))
+    for event in (
+        None,
+        sm.Assembled("q", 1),
+        sm.ModelFailed(sm.ModelError("overloaded")),
+        sm.WaitDone(),
+    ):
+        r = w.advance("s", event, expected_version=r.version)
+    fresh = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 0.0, remember=0).load("s")
+    times = fresh.session.snapshot()["turn"]["times"]
+    assert times == sorted(times) and min(times) >= 0
+    assert fresh.session.snapshot()["elapsed_s"] >= 0
+    sm.Session.restore(store.load("s").record["snapshot"], clock=lambda: 0.0)
+
+
+@pytest.mark.requirement("ER-140")
+@pytest.mark.parametrize(
+    ("at", "error", "match"),
+    [
+        (math.nan, ValueError, "at: must be a finite number of seconds"),
+        (math.inf, ValueError, "at: must be a finite number of seconds"),
+        ("12", TypeError, "at: must be a number of seconds"),
+        (True, TypeError, "at: must be a number of seconds"),
+        (10**400, ValueError, "at: must be a finite number of seconds"),
+        (1.7e308, ValueError, "too far from the session's start"),
+    ],
+)
+def test_a_moment_that_is_not_a_time_is_refused_and_nothing_changes(
+    at: Any, error: type[Exception], match: str
+) -> None:
+    """A step given a moment that is not a finite number of seconds (or too far from the
+    session's start to measure) is refused naming ``at``, and the session is as it was."""
+    session = sm.Session(sm.Settings(), seed=1, clock=None, started=-1.7e308)
+    turn = session.new_turn(at=-1.7e308)
+    turn.start(at=-1.7e308)
+    before = session.snapshot()
+    with pytest.raises(error, match=match):
+        turn.send(sm.Assembled("q", 1), at=at)
+    assert session.snapshot() == before
+    with pytest.raises(TypeError, match=r"at: the session has no clock .* send\(\) must say"):
+        turn.send(sm.Assembled("q", 1))
+    with pytest.raises(ValueError, match="wall: must be a finite number"):
+        turn.send(sm.Assembled("q", 1), at=0.0, wall=math.inf)
+    assert session.snapshot() == before
+
+
+@pytest.mark.requirement("ER-140")
+def test_waits_of_1e308_keep_simulate_on_finite_times_and_its_json_is_json() -> None:
+    """Two honoured retry-afters of 1e308 s stop the virtual clock at the largest float:
+    the steps' times stay finite and ``simulate --json`` prints JSON (before, the clock
+    reached infinity and the output held ``Infinity``)."""
+    text = """
+description = "waits of 1e308 s"
+[settings]
+max_server_wait_s = 1e308
+[[turn]]
+steps = [
+  { event = "Assembled", size = 10 },
+  { event = "ModelFailed", category = "rate_limited", retry_after = 1e308 },
+  { event = "ModelFailed", category = "rate_limited", retry_after = 1e308 },
+  { event = "ModelReplied" },
+]
+"""
+    scenario = parse(text, "forever.toml", "forever")
+    steps: list[Any] = []
+    result = run(scenario, on_step=steps.append)
+    assert result.ok, result.failures
+    assert all(math.isfinite(step.t) for step in steps)
+    assert math.isfinite(result.elapsed_s)
+    path = ROOT / "build-forever.toml"
+    try:
+        path.write_text(text, encoding="utf-8")
+        out = subprocess.run(
+            [sys.executable, "-m", "statemachine", "simulate", "--json", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+    finally:
+        path.unlink(missing_ok=True)
+
+    def no_constant(name: str) -> Any:
+        raise AssertionError(f"{name} in the output")
+
+    for line in out.splitlines():
+        json.loads(line, parse_constant=no_constant)
+
+
+# -- what a store record says is checked ---------------------------------------------------
+
+
+def _record(store: InMemoryStore) -> dict[str, Any]:
+    return json.loads(store.load_payload("s")[1])
+
+
+@pytest.mark.requirement("ER-145")
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda d: d.__setitem__("session_id", "other"), "session_id: it holds session 'other'"),
+        (lambda d: d.__setitem__("format", "x"), "format: 'x' is not"),
+        (lambda d: d.__setitem__("claim", {"owner": 1}), "claim: must be owner/calls/until"),
+        (
+            lambda d: d.__setitem__("claim", {"owner": "w", "calls": ["c9"], "until": 1.0}),
+            "claim: tool calls are held, but the session is not invoking tools",
+        ),
+    ],
+)
+def test_the_store_api_checks_a_record_as_a_worker_does_whatever_its_version(
+    version: int, change: Any, match: str
+) -> None:
+    """SessionStore.load refuses what Worker.load refuses, for a record with an empty
+    journal and one of an older version too (before, it returned those unchecked)."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = w.create("s", sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    w.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+    data = _record(store)
+    data["snapshot"] = store.load("s").record["snapshot"]  # compacted: the journal empty
+    data["journal"] = []
+    data["version"] = version
+    if version == 1:
+        for key in ("journal", "elapsed_s", "finished_s"):
+            del data[key]
+    store.compare_and_set("s", store.load_payload("s")[0], data)
+    assert store.load("s").record["snapshot"] == data["snapshot"]  # healthy: read
+    change(data)
+    store.compare_and_set("s", store.load_payload("s")[0], data)
+    with pytest.raises(CorruptSession, match=match):
+        store.load("s")
+    with pytest.raises(CorruptSession, match=match):
+        Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0).load("s")
+
+
+@pytest.mark.requirement("ER-142")
+def test_the_store_package_rewires_no_engine_private() -> None:
+    """The store drives sessions through their public methods only: no access to an
+    engine's private attribute is suppressed anywhere in statemachine/store (there were
+    14), and the package has no import cycle left between its store modules."""
+    sources = {
+        p.name: p.read_text(encoding="utf-8")
+        for p in (ROOT / "statemachine" / "store").glob("*.py")
+    }
+    reached = re.compile(r"[\w)\]]\._(core|handle|turn)\b")  # session._core, turn._turn...
+    assert not [name for name, text in sources.items() if "SLF001" in text or reached.search(text)]
+    assert (
+        "from ._journal" not in sources["_core.py"] and "from ._core" not in sources["_errors.py"]
+    )
