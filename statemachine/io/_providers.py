@@ -44,10 +44,12 @@ Each provider:
   the usage never raises;
 * reports ``cost`` (and ``Usage.cost_usd``) when given ``price_per_mtok=(input_usd,
   output_usd)`` per million tokens: every prompt token at the input price (cache
-  reads, cheaper in fact, included) plus the output tokens at the output price;
-  without a price, or when the response reported no token count, the cost is 0.0 and
-  ``cost_usd`` unknown (``None``). The ``reply`` is the response as plain JSON
-  (``model_dump``), so a session holding it can be snapshotted.
+  reads, cheaper in fact, and Anthropic's cache writes, dearer, included: a host
+  that wants the cache rates computes its own cost) plus the output tokens at the
+  output price; a count that is unknown counts 0, and without a price, or when the
+  response reported no token count at all, the cost is 0.0 and ``cost_usd`` unknown
+  (``None``). The ``reply`` is the response as plain JSON (``model_dump``), so a
+  session holding it can be snapshotted.
 
 Where the usage comes from: Anthropic ``message.usage`` (``input_tokens`` there
 excludes the prompt tokens read from or written to the cache, so the reported
@@ -57,7 +59,8 @@ streamed, the SDK's ``current_message_snapshot`` (its usage arrives with
 ``message_start`` and is updated by ``message_delta``). OpenAI ``completion.usage``
 (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``);
 streamed, the last chunk that carried a ``usage`` (a stream reports one only when
-asked, ``stream_options={"include_usage": True}``), else the accumulated snapshot's.
+asked, ``stream_options={"include_usage": True}``, which the provider asks by default),
+else the accumulated snapshot's.
 """
 
 from __future__ import annotations
@@ -130,6 +133,17 @@ def _label(value: Any) -> str | None:
     return str.__str__(value)
 
 
+def _price(value: Any) -> float | None:
+    """A price per million tokens: a finite number >= 0 (as a float), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        price = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return price if math.isfinite(price) and price >= 0 else None
+
+
 def _reported(usage: Usage) -> bool:
     """Whether the response reported a token count (so the call may have been billed)."""
     return usage.input_tokens is not None or usage.output_tokens is not None
@@ -155,13 +169,7 @@ class _Base:
         if price_per_mtok is not None and (
             not isinstance(price_per_mtok, tuple)
             or len(price_per_mtok) != 2
-            or not all(
-                isinstance(p, int | float)
-                and not isinstance(p, bool)
-                and math.isfinite(p)
-                and p >= 0
-                for p in price_per_mtok
-            )
+            or not all(_price(p) is not None for p in price_per_mtok)
         ):
             raise TypeError(
                 "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
@@ -216,7 +224,7 @@ class _Base:
         """What the tokens cost at ``price_per_mtok``; ``None`` without a price or a count."""
         if self.price_per_mtok is None or (tokens_in is None and tokens_out is None):
             return None
-        price_in, price_out = self.price_per_mtok
+        price_in, price_out = (float(price) for price in self.price_per_mtok)
         cost = (tokens_in or 0) * price_in / 1_000_000 + (tokens_out or 0) * price_out / 1_000_000
         return cost if math.isfinite(cost) else sys.float_info.max
 
@@ -481,8 +489,10 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
     streamed (``stream=True``, chunks accumulated by the SDK's
     ``ChatCompletionStreamState``) when ``on_text`` is given (see :class:`_Streaming`).
 
-    A stream reports its usage only when asked: pass ``stream_options={"include_usage":
-    True}`` (in ``create_kwargs`` or the request) for streamed calls to be charged."""
+    A stream reports its usage only when asked: the provider asks
+    (``stream_options={"include_usage": True}``) unless ``create_kwargs`` or the request
+    set ``stream_options`` themselves (``stream_options=None`` for a server that
+    refuses the option: its streamed calls are then not charged)."""
 
     def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -501,6 +511,10 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
         # keep the last usage any chunk reported.
         reported: Any = None
         try:
+            if "stream_options" not in kwargs:  # usage is reported only when asked
+                kwargs["stream_options"] = {"include_usage": True}
+            elif kwargs["stream_options"] is None:
+                del kwargs["stream_options"]
             stream = await self.client.chat.completions.create(**kwargs, stream=True)
             async with stream:
                 async for chunk in stream:

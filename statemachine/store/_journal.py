@@ -36,7 +36,7 @@ import attrs
 
 from ..core._actions import Action, InvokeTools
 from ..core._codec import compact, decode
-from ..core._events import EVENT_TYPES, ModelFailed
+from ..core._events import EVENT_TYPES, Assembled, ModelFailed, ModelReplied
 from ..core._exceptions import (
     ConfigError,
     IllegalEvent,
@@ -148,23 +148,41 @@ def entry_text(
     default)."""
     op = step[0]
     if op != EVENT:
+        if op == START and type(at) is float and wall is None:
+            return f'["s",{float.__repr__(at)},null]'
         return json_text([op, at, wall, *step[1:]])
     event = step[1]
     if verdicts:  # the doom check's verdicts follow the event
         return json_text([op, at, wall, compact(event), verdicts])
+    if type(at) is not float:
+        return json_text([op, at, wall, compact(event)])
+    when = "null" if wall is None else number_text(wall)
+    return f'["e",{float.__repr__(at)},{when},{event_text(event)}]'
+
+
+def event_text(event: Any) -> str:
+    """``json_text(compact(event))``: an event's text in an entry, the most frequent
+    ones (a wait's end, a rate limit, an assembled request, a reply with no tool call)
+    written by hand (a property test holds each to the general encoding)."""
     kind = type(event)
     text = _FIELDLESS.get(kind)
-    if (
-        text is None
-        and kind is ModelFailed
-        and type(event.error) is ModelError
-        and event.usage is None
-    ):
-        text = _model_failed_text(event)
-    if text is not None and type(at) is float:  # the most frequent events, written by hand
-        when = "null" if wall is None else number_text(wall)
-        return f'["e",{float.__repr__(at)},{when},{text}]'
-    return json_text([op, at, wall, compact(event)])
+    if text is not None:
+        return text
+    if kind is ModelFailed and type(event.error) is ModelError and event.usage is None:
+        return _model_failed_text(event)
+    if kind is Assembled and type(event.size) is int:
+        return f'{{"$type":"Assembled","request":{json_text(event.request)},"size":{event.size!r}}}'
+    if kind is ModelReplied and not event.tool_calls and event.usage is None:
+        cost = event.cost
+        parts = ['{"$type":"ModelReplied"']
+        if not (type(cost) is float and cost == 0.0):
+            parts += [',"cost":', _number_text(cost)]
+        data = event.reply_data
+        if data is not None:
+            parts += [',"reply":', json_text(data)]
+        parts.append("}")
+        return "".join(parts)
+    return json_text(compact(event))
 
 
 def _model_failed_text(event: ModelFailed) -> str:
@@ -173,14 +191,15 @@ def _model_failed_text(event: ModelFailed) -> str:
     parts = [_FAILED_HEAD, encode_basestring(error.category.value)]
     if error.message:
         parts += [',"message":', encode_basestring(error.message)]
-    if error.retry_after_seconds is not None:
-        parts += [',"retry_after_seconds":', json_text(compact(error.retry_after_seconds))]
+    waited = error.retry_after_seconds
+    if waited is not None:
+        parts += [',"retry_after_seconds":', _number_text(waited)]
     if error.headers is not None:
         parts += [',"headers":', json_text(dict(error.headers))]
     if error.code is not None:
         parts += [',"code":', encode_basestring(error.code)]
     if error.status is not None:
-        parts += [',"status":', json_text(compact(error.status))]
+        parts += [',"status":', _number_text(error.status)]
     if error.body is not None:
         parts += [',"body":', json_text(error.body)]
     parts.append("}")
@@ -191,6 +210,14 @@ def _model_failed_text(event: ModelFailed) -> str:
         parts += [',"cost":', json_text(cost)]
     parts.append("}")
     return "".join(parts)
+
+
+def _number_text(value: Any) -> str:
+    """A field's number as ``json_text(compact(value))`` writes it (a non-finite float
+    as the codec's ``{"$float": ...}``)."""
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return number_text(value)
+    return json_text(compact(value))
 
 
 _FAILED_HEAD = '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'

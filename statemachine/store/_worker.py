@@ -101,6 +101,8 @@ __all__ = [
     "Worker",
 ]
 
+_KEYS_KEPT = 4096
+"""How many checked session ids an InMemoryStore keeps the keys of."""
 _LIVE_SESSIONS = 1024
 """How many sessions a worker remembers its last record of, by default."""
 
@@ -168,6 +170,8 @@ class InMemoryStore(BytesStore):
         self._lock = threading.Lock()
         self._data: dict[str, tuple[int, bytes, float | None, str | None]] = {}
         """key -> (version, record bytes, expiry, incarnation)"""
+        self._keys: dict[str, str] = {}
+        """session id -> its key, for the ids checked already"""
 
     def for_tenant(self, tenant: str) -> InMemoryStore:
         """A store sharing this one's memory, under ``tenant``'s namespace."""
@@ -184,7 +188,13 @@ class InMemoryStore(BytesStore):
 
     def key(self, session_id: str) -> str:
         """The key of ``session_id`` (validated)."""
-        return self._prefix + check_name(session_id)
+        key = self._keys.get(session_id)
+        if key is None:
+            key = self._prefix + check_name(session_id)
+            if len(self._keys) >= _KEYS_KEPT:
+                self._keys.clear()
+            self._keys[session_id] = key
+        return key
 
     def _get(self, key: str) -> tuple[int, bytes, float | None, str | None] | None:
         entry = self._data.get(key)
@@ -277,41 +287,11 @@ class _Live:
         self.verdicts = verdicts
 
 
-class _Handout:
-    """The session of an ``APPLIED`` result, copied from the worker's own when first
-    asked for: while the worker has not moved the session on, a copy of its own;
-    after, the bytes that write stored, read again."""
-
-    __slots__ = (
-        "_session",
-        "elapsed",
-        "make",
-        "own",
-        "payload",
-        "saved_at",
-        "session_id",
-        "version",
-    )
-
-    def __init__(
-        self,
-        make: Callable[[_Handout], Session],
-        session_id: str,
-        version: int,
-        own: Session,
-        payload: bytes | None,
-        record: Record,
-    ) -> None:
-        self.make, self.session_id, self.version = make, session_id, version
-        self.own, self.payload = own, payload
-        self.elapsed, self.saved_at = record.elapsed_s, record.saved_at
-        self._session: Session | None = None
-
-    def get(self) -> Session:
-        if self._session is None:
-            self._session = self.make(self)
-            self.own = None  # type: ignore[assignment] # not kept alive by a result
-        return self._session
+Handout = tuple[Any, str, int, Session | None, bytes | None, float, float]
+"""The session of an ``APPLIED`` result, not copied yet: (the worker's maker, session
+id, version, the worker's own session, the bytes that write stored, its age and wall
+time). The caller's copy is made when first asked for: while the worker has not moved
+the session on, from its own session; after, from those bytes, read again."""
 
 
 @attrs.frozen
@@ -326,7 +306,7 @@ class Advanced:
     """
 
     status: AdvanceStatus
-    _session: Session | _Handout = attrs.field(alias="session", repr=False)
+    _session: Session | Handout = attrs.field(alias="session", repr=False)
     version: int
     action: Action | None
     interrupted: tuple[ToolOutcome, ...] = ()
@@ -336,7 +316,10 @@ class Advanced:
         """The session as stored at ``version`` (the caller's own: changing it changes
         neither the store nor the worker)."""
         held = self._session
-        return held if isinstance(held, Session) else held.get()
+        if type(held) is tuple:
+            held = held[0](held)
+            object.__setattr__(self, "_session", held)  # made once, then kept
+        return held  # type: ignore[return-value]
 
     @property
     def applied(self) -> bool:
@@ -550,33 +533,33 @@ class Worker:
             doom_check=self._doom_check,
         )
 
-    def _hand_out(self, handout: _Handout) -> Session:
+    def _hand_out(self, handout: Handout) -> Session:
         """The session of ``handout``: a copy of the worker's own session if that is
         still as the write left it, else the written bytes read again."""
-        own = handout.own  # read once: another thread's get() may let it go meanwhile
+        _, session_id, version, own, payload, elapsed, saved_at = handout
         with self._live_lock:
-            live = self._live.get(handout.session_id)
-            if (
-                own is not None
-                and live is not None
-                and live.version == handout.version
-                and live.session is own
-            ):
-                return self._on_clock(own, handout.elapsed, handout.saved_at)
-        session_id, payload = handout.session_id, handout.payload
+            live = self._live.get(session_id)
+            if live is not None and live.version == version and live.session is own:
+                return self._on_clock(own, elapsed, saved_at)
         data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
         record = parse_record(session_id, data, payload)
         session, _ = read_session(record, self._doom_check)
         return self._on_clock(session, record.elapsed_s, record.saved_at)
 
-    def _handout(self, session_id: str, live: _Live) -> Session | _Handout:
+    def _handout(self, session_id: str, live: _Live) -> Session | Handout:
         """What an ``APPLIED`` result gives as its session: a copy of the worker's own,
-        taken when the caller first asks for it (see :class:`_Handout`)."""
+        taken when the caller first asks for it (see :data:`Handout`)."""
         record = live.record
         if record.payload is None or not self._remember_at_most:
             return self._on_clock(live.session, record.elapsed_s, record.saved_at)
-        return _Handout(
-            self._hand_out, session_id, live.version, live.session, record.payload, record
+        return (
+            self._hand_out,
+            session_id,
+            live.version,
+            live.session,
+            record.payload,
+            record.elapsed_s,
+            record.saved_at,
         )
 
     def _on_clock_action(self, action: Action, elapsed: float) -> Action:
@@ -617,7 +600,6 @@ class Worker:
         keys: tuple[tuple[int, str], ...],
         elapsed: float,
         wall: float,
-        *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
         entries: tuple[str, ...] | list[str] = (),
@@ -628,9 +610,10 @@ class Worker:
         incarnation is kept) and ``entries`` are the journal entries of the steps
         applied since. To a store of bytes the entries are appended to the previous
         record's bytes, in place; every :data:`COMPACT_EVERY` entries (at a turn's
-        ``start``, after :data:`COMPACT_AT_START`: its snapshot is small then), and for a
-        new record, a record of an older version or a store that takes JSON data, the
-        snapshot is written anew instead."""
+        ``start``, after :data:`COMPACT_AT_START`: its snapshot is small then), after a
+        read found many other workers' entries, past half the store's ``max_bytes``, and
+        for a new record, a record of an older version or a store that takes JSON data,
+        the snapshot is written anew instead."""
         if claim is None and type(action) is InvokeTools and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
         last = session.last_at
@@ -638,7 +621,6 @@ class Worker:
         finished_at = session.finished_at
         finished = None if finished_at is None else elapsed - finished_at
         previous = None if live is None else live.record
-        incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
         if self._payload_cas is None:  # a store that takes JSON data: the snapshot as data
             snapshot = session.snapshot(at=elapsed)
             return Record(
@@ -648,71 +630,72 @@ class Worker:
                 keys,
                 claim,
                 carried,
-                incarnation,
+                uuid.uuid4().hex if previous is None else previous.incarnation,
                 elapsed_s=snapshot["elapsed_s"],
                 finished_s=snapshot["finished_at"],
             )
-        count = 0 if previous is None else previous.entries
-        end = None if previous is None else previous.prefix_end
-        known = None if previous is None else previous.payload
-        if (
-            previous is None
-            or end is None
-            or known is None
-            or previous.version != RECORD_VERSION
-            or count + len(entries) > COMPACT_EVERY
-            or (start and count >= COMPACT_AT_START)
-            or previous.crowded
-            or end + sum(len(e) + 1 for e in entries) > self._compact_at
-        ):  # the snapshot written anew, the journal empty
-            cache = TextCache()
-            old = TextCache() if previous is None or previous.cache is None else previous.cache
-            text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
-            prefix = head_bytes(session_id, incarnation, text)
-            fresh = middle_text(keys, claim, carried)
-            tail = tail_text(wall, fresh, elapsed, finished).encode()
-            return Record(
-                session_id,
-                None,
-                wall,
-                keys,
-                claim,
-                carried,
-                incarnation,
-                elapsed_s=elapsed,
-                finished_s=finished,
-                entries=0,
-                prefix_end=len(prefix),
-                base_text=text,
-                cache=cache,
-                payload=prefix + tail,
-                middle=fresh,
-            )
-        # the entries appended to the previous record's bytes: the record is the
-        # caller's alone (taken out of the worker's memory), so it is updated in place
-        added = ",".join(entries).encode()
-        if added and count:
-            added = b"," + added
-        middle: str | None = previous.middle
-        if (
-            middle is None
-            or keys is not previous.keys
-            or claim != previous.claim
-            or carried is not previous.carried
-        ):
-            middle = middle_text(keys, claim, carried)
-        tail = tail_text(wall, middle, elapsed, finished).encode()
-        previous.payload = b"".join((memoryview(known)[:end], added, tail))
-        previous.prefix_end = end + len(added)
-        previous.entries = count + len(entries)
-        previous.saved_at = wall
-        previous.keys, previous.claim, previous.carried = keys, claim, carried
-        previous.middle = middle
-        previous.elapsed_s, previous.finished_s = elapsed, finished
-        previous.snapshot = None
-        previous.journal = ()
-        previous.crowded = False
-        return previous
+        if previous is not None:
+            end, count, known = previous.prefix_end, previous.entries, previous.payload
+            added = None
+            if (
+                end is not None
+                and known is not None
+                and not previous.crowded
+                and previous.version == RECORD_VERSION
+                and count + len(entries) <= (COMPACT_AT_START if start else COMPACT_EVERY)
+            ):
+                added = (entries[0] if len(entries) == 1 else ",".join(entries)).encode()
+                if added and count:
+                    added = b"," + added
+                if end + len(added) > self._compact_at:
+                    added = None  # past the size bound: the snapshot written anew
+            if added is not None:
+                # the entries appended to the previous record's bytes: the record is
+                # the caller's alone (taken out of the worker's memory): updated in place
+                middle = previous.middle
+                if (
+                    middle is None
+                    or keys is not previous.keys
+                    or claim != previous.claim
+                    or carried is not previous.carried
+                ):
+                    middle = middle_text(keys, claim, carried)
+                tail = tail_text(wall, middle, elapsed, finished).encode()
+                previous.payload = b"".join((memoryview(known)[:end], added, tail))  # type: ignore[arg-type]
+                previous.prefix_end = end + len(added)  # type: ignore[operator]
+                previous.entries = count + len(entries)
+                previous.saved_at = wall
+                previous.keys, previous.claim, previous.carried = keys, claim, carried
+                previous.middle = middle
+                previous.elapsed_s, previous.finished_s = elapsed, finished
+                previous.snapshot = None
+                previous.journal = ()
+                return previous
+        incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
+        # the snapshot written anew, the journal empty
+        cache = TextCache()
+        old = TextCache() if previous is None or previous.cache is None else previous.cache
+        text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
+        prefix = head_bytes(session_id, incarnation, text)
+        fresh = middle_text(keys, claim, carried)
+        tail = tail_text(wall, fresh, elapsed, finished).encode()
+        return Record(
+            session_id,
+            None,
+            wall,
+            keys,
+            claim,
+            carried,
+            incarnation,
+            elapsed_s=elapsed,
+            finished_s=finished,
+            entries=0,
+            prefix_end=len(prefix),
+            base_text=text,
+            cache=cache,
+            payload=prefix + tail,
+            middle=fresh,
+        )
 
     def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
         ended = session.status is not None
@@ -767,7 +750,9 @@ class Worker:
         stored state and nothing applied. Engine errors (``IllegalEvent``,
         ``SessionEnded``, ``TurnInProgress``) propagate and nothing is written.
         """
-        expected = check_version(session_id, expected_version)
+        expected = expected_version
+        if type(expected) is not int or expected < 0:
+            expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
         live = self._recall(session_id, expected, key)
@@ -792,24 +777,22 @@ class Worker:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
         offset = self._clock() - age if self._observers else 0.0
         new = self._record(
-            session_id,
-            live,
-            session,
-            action,
-            keys,
-            age,
-            wall,
-            entries=entries,
-            start=event is None,
+            session_id, live, session, action, keys, age, wall, None, (), entries, event is None
         )
         try:
             version = self._write(session_id, expected, new, session)
         except StaleWrite:
             return self._lost_race(session_id, key)
-        done = _Live(version, new, session, live.verdicts)  # type: ignore[union-attr]
-        action = self._on_clock_action(action, new.elapsed_s)
-        result = Advanced(AdvanceStatus.APPLIED, self._handout(session_id, done), version, action)
-        self._remember(session_id, done)
+        live.version, live.record = version, new  # type: ignore[union-attr]
+        if type(action) is Finish:
+            action = self._on_clock_action(action, new.elapsed_s)
+        result = Advanced(
+            AdvanceStatus.APPLIED,
+            self._handout(session_id, live),  # type: ignore[arg-type]
+            version,
+            action,
+        )
+        self._remember(session_id, live)  # type: ignore[arg-type]
         if self._observers:
             self._deliver(session, mark, offset)
         if spent:
@@ -824,12 +807,23 @@ class Worker:
         wall time they were taken at, where they began and whether they spent."""
         session, record = live.session, live.record
         wall = self._now()
-        age = self._age(record, wall)
-        steps: list[Step]
+        age = record.elapsed_s
+        if self._count_idle and wall > record.saved_at:
+            age += wall - record.saved_at
+        mark = _mark(session) if self._observers else (0, 0)
+        tree = session.parent_id is not None
+        before = session.cost_usd if tree else 0.0
         if event is None:
-            steps = [*self._pulled_spend(session), *self._pulled_budget(session), (START,)]
+            steps: list[Step] = [
+                *self._pulled_spend(session),
+                *self._pulled_budget(session),
+                (START,),
+            ]
+            entries = self._steps(session, live.verdicts, steps, age, wall)
+            action: Action = session.current_turn.action  # type: ignore[union-attr,assignment]
         else:
-            if session.current_turn is None:
+            turn = session.current_turn
+            if turn is None:
                 raise IllegalEvent(
                     f"session {session_id!r} has no turn yet: advance it with None to start one",
                     event=type(event).__name__,
@@ -837,13 +831,14 @@ class Worker:
                 )
             if record.carried and type(event) is ToolsDone:
                 event = ToolsDone((*record.carried, *event.outcomes))
-            steps = [(EVENT, event)]
-        mark = _mark(session) if self._observers else (0, 0)
-        tree = session.parent_id is not None
-        before = session.cost_usd if tree else 0.0
-        entries = self._steps(session, live.verdicts, steps, age, wall)
-        action = session.current_turn.action  # type: ignore[union-attr]
-        return action, entries, age, wall, mark, tree and session.cost_usd > before  # type: ignore[return-value]
+            given = wall if needs_wall(event) else None
+            action = turn.send(event, at=age, wall=given)
+            entries = []
+            if self._payload_cas is not None:
+                verdicts = live.verdicts
+                asked = None if verdicts is None else verdicts.take()
+                entries.append(entry_text((EVENT, event), age, given, asked))
+        return action, entries, age, wall, mark, tree and session.cost_usd > before
 
     def _steps(
         self,
