@@ -7,13 +7,13 @@ reads a clock of its own. See ``README.md`` and ``specs/``.
 """
 
 import os as _os
-from importlib import metadata as _metadata
 
 from . import _clash
 
 if _clash.foreign_modules(_os.path.dirname(__file__)):
     raise ImportError(_clash.message(_clash.other_distribution()))
 
+from ._version import __version__
 from .core._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from .core._events import (
     Assembled,
@@ -52,12 +52,6 @@ from .io._drivers import (
     run_turn,
 )
 from .io._trace_file import TraceFileError, TraceWriter
-
-try:
-    __version__: str = _metadata.version("turnstate")
-    """The installed version of the ``turnstate`` distribution."""
-except _metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
-    __version__ = "0+unknown"
 
 __all__ = [
     "Action",

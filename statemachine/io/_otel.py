@@ -54,6 +54,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from .._version import __version__
 from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait
 from ..core._events import ModelFailed
 from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
@@ -157,8 +158,6 @@ class Telemetry:
         clock_offset: float | None = None,
         capture_content: bool = False,
     ) -> None:
-        from .. import __version__  # noqa: PLC0415 - the package imports this module lazily
-
         self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
         meter = metrics.get_meter(SCOPE, __version__, meter_provider)
         self._retries = meter.create_counter(

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import attrs
 
+from .._version import __version__
 from ..core._actions import Action, Finish
 from ..core._codec import decode, encode
 from ..core._events import EVENT_TYPES
@@ -69,8 +70,6 @@ def table_digest() -> str:
 
 
 def _engine_version() -> str:
-    from .. import __version__  # noqa: PLC0415 - the package imports this module's users
-
     return __version__
 
 
