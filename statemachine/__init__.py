@@ -13,7 +13,7 @@ from . import _clash
 if _clash.foreign_modules(_os.path.dirname(__file__)):
     raise ImportError(_clash.message(_clash.other_distribution()))
 
-from ._version import __version__
+from ._version import __version__ as __version__
 from .core._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from .core._events import (
     Assembled,
