@@ -795,7 +795,7 @@ def _group(
         bound.append(
             BoundRow(
                 guards=tuple(GUARDS[name] for name in names),
-                info=(row.source, row.event, " & ".join(row.guards), row.dest, row.effect),
+                info=row.info,
                 dest=row.dest,
                 effect=effect_of[row.effect],
                 status=TurnStatus(row.status) if row.status else None,

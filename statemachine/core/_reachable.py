@@ -61,7 +61,7 @@ ACTION_OF_EFFECT: dict[str, type] = {
 """The action type each effect emits."""
 
 _STATUS_OF_ROW: dict[RowInfo, str] = {
-    (r.source, r.event, " & ".join(r.guards), r.dest, r.effect): r.status or "completed"
+    r.info: r.status or "completed"
     for r in ROWS
     if r.effect in ("complete", "finish_tools", "finish", "cancel")
 }

@@ -478,8 +478,7 @@ Step = tuple[RowInfo, int, int, int]
 def _row_infos() -> dict[tuple[str, str, str, str], RowInfo]:
     infos: dict[tuple[str, str, str, str], RowInfo] = {}
     for row in ROWS:
-        info = (row.source, row.event, " & ".join(row.guards), row.dest, row.effect)
-        infos.setdefault(info[:4], info)
+        infos.setdefault(row.key, row.info)
     return infos
 
 

@@ -68,6 +68,23 @@ class Row:
     status: str | None = None
     """For the ``finish`` effect: the ``TurnStatus`` value the turn ends with."""
 
+    @property
+    def label(self) -> str:
+        """The guards as a trace names them: joined by ``" & "`` (``""``: no guard)."""
+        return " & ".join(self.guards)
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """(source, event, guard label, dest): what a trace step records of the row, and
+        so how a recorded step finds its row again."""
+        return (self.source, self.event, self.label, self.dest)
+
+    @property
+    def info(self) -> tuple[str, str, str, str, str]:
+        """(source, event, guard label, dest, effect): the row as a trace step holds it
+        (``_state.RowInfo``)."""
+        return (self.source, self.event, self.label, self.dest, self.effect)
+
 
 IDLE = "idle"
 ASSEMBLING = "assembling"

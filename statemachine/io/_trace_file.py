@@ -49,13 +49,9 @@ FORMAT = "turnstate-trace"
 VERSION = 1
 """The trace format version this engine writes and reads."""
 
-_ROW_KEYS: dict[tuple[str, str, str, str], str] = {
-    (row.source, row.event, " & ".join(row.guards), row.dest): row.effect for row in ROWS
-}
+_ROW_KEYS: dict[tuple[str, str, str, str], str] = {row.key: row.effect for row in ROWS}
 _ROW_STATUSES: dict[tuple[str, str, str, str], str | None] = {
-    (row.source, row.event, " & ".join(row.guards), row.dest): row.status
-    or ("completed" if row.effect == "complete" else None)
-    for row in ROWS
+    row.key: row.status or ("completed" if row.effect == "complete" else None) for row in ROWS
 }
 """The status each row's Finish must carry (``None``: the row finishes nothing, or the
 status comes from the event, as for ``Cancelled``)."""

@@ -53,9 +53,7 @@ class _Explorer(Properties):
     def __init__(self, ctx: _Ctx, rows: Sequence[Row]) -> None:
         self.ctx = ctx
         self.rows = tuple(rows)
-        self.row_index = {
-            (r.source, r.event, " & ".join(r.guards), r.dest): i for i, r in enumerate(rows)
-        }
+        self.row_index = {r.key: i for i, r in enumerate(rows)}
         self.nodes: list[_Node] = []
         self.keys: dict[tuple[Any, ...], int] = {}
         self.parent: list[tuple[int, Step] | None] = []

@@ -84,7 +84,7 @@ class CheckReport:
         for i, row in enumerate(self.rows):
             if i in self.row_paths:
                 continue
-            guards = " & ".join(row.guards)
+            guards = row.label
             why = self.row_reasons.get(i, "no reason recorded")
             lines.append(
                 f"  not reached: {row.source}, {row.event} [{guards}] -> {row.dest} -- {why}"
