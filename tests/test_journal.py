@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import statemachine as sm
 from statemachine.core._codec import compact, decode, encode
-from statemachine.core._state import json_text
+from statemachine.core._state_text import json_text
 from statemachine.store import AdvanceStatus, CorruptSession, InMemoryStore, Worker
 from statemachine.store import _worker as store_worker
 from statemachine.store._journal import COMPACT_EVERY, EVENT, entry_text

@@ -175,7 +175,7 @@ def test_the_store_text_of_a_snapshot_writes_optional_numbers_as_numbers() -> No
     also for the optional numbers (an overflowed request's size, an ancestor's budget)
     once they hold one."""
     from statemachine.core._snapshot import write_snapshot_text
-    from statemachine.core._state import TextCache
+    from statemachine.core._state_text import TextCache
 
     parent = sm.Session(sm.Settings(max_cost_usd=5.0), seed=3, clock=ManualClock())
     child = parent.spawn()

@@ -1154,7 +1154,7 @@ def test_host_data_changed_in_place_after_an_advance_is_stored_as_the_session_ho
 def test_the_record_encoder_keeps_nothing_between_calls() -> None:
     """After a value fails to encode (a NaN), the same containers, fixed, encode: the
     encoder holds no state between calls."""
-    from statemachine.core._state import json_text
+    from statemachine.core._state_text import json_text
 
     value: list[Any] = [1.0, {"x": float("nan")}]
     with pytest.raises(ValueError, match="Out of range float"):

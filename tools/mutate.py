@@ -92,6 +92,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_snapshot.py",
         "tests/test_store.py",
     ),
+    "statemachine/core/_state_text.py": (
+        "tests/test_snapshot.py",
+        "tests/test_store.py",
+        "tests/test_journal.py",
+        "tests/test_mutation_state.py",
+    ),
     "statemachine/core/_session.py": (
         "tests/test_engine.py",
         "tests/test_snapshot.py",

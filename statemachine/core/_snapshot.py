@@ -42,15 +42,13 @@ from ._settings import Settings
 from ._state import (
     ROW_INFOS,
     SessionState,
-    TextCache,
     TurnState,
     declared_defaults,
     decode_state,
     defaults_since,
     encode_state,
-    encode_state_text,
-    json_text,
 )
+from ._state_text import TextCache, encode_state_text, json_text
 
 SNAPSHOT_FORMAT = "statemachine.session"
 SNAPSHOT_VERSION = 5

@@ -12,7 +12,9 @@ says how the model checker sees it (``key``) and whether a trace record carries 
   each value checked by its kind, every failure a ``SnapshotError`` naming the key;
 * the copy the model checker explores from (:func:`copy_session_state`);
 * the model checker's state key (:func:`key_fields`);
-* the counters of every trace record (:data:`TRACED`).
+* the counters of every trace record (:data:`TRACED`);
+* the snapshot as text a store writes (``_state_text.py``, which reads this
+  declaration; nothing here reads it).
 
 Adding a counter is one :func:`declared` line here plus the rows that use it.
 
@@ -23,9 +25,7 @@ where the state is...) is checked by ``_reachable.reachable_problem``, which
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from json.encoder import encode_basestring
 from typing import Any
 
 import attrs
@@ -59,7 +59,7 @@ class Kind:
     """A reading of the session's clock: written as the seconds elapsed since it."""
     grows: bool = False
     """A list that only grows within a turn (the trace): a store's write reuses the
-    text of the entries it wrote before (``encode_state_text``)."""
+    text of the entries it wrote before (``_state_text.encode_state_text``)."""
     stored: bool = True
     """Written to a snapshot; ``False``: kept in this process only (the events a turn
     took, which may hold host objects that are not data), read back at its default."""
@@ -701,7 +701,7 @@ TRACE_FIELDS = tuple(name for _, _, name in TRACED)
 def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
     """The state as plain JSON data: one key per declared field. ``now`` is the
     session's clock, which clock readings are written relative to. (A store's writes
-    build the same data as text, from what changed: :func:`encode_state_text`.)"""
+    build the same data as text, from what changed: ``_state_text.encode_state_text``.)"""
     out: dict[str, Any] = {}
     for name, key, encoder, mode in _WRITE_PLANS[type(state)]:
         value = getattr(state, name)
@@ -712,125 +712,6 @@ def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
         else:
             out[key] = value if encoder is None else encoder(value)
     return out
-
-
-class TextCache:
-    """What :func:`encode_state_text` wrote last for one session, to reuse: the text of
-    the trace lists' entries so far.
-
-    A cache is never changed once built: each write returns a new one, so two threads
-    writing from the same cache cannot corrupt each other's text.
-    """
-
-    __slots__ = ("actions", "grown")
-
-    def __init__(self) -> None:
-        self.grown: dict[str, tuple[int, int, str]] = {}
-        """key -> (turn index, entries, their text joined by commas)"""
-        self.actions: tuple[int, list[Action], list[str]] | None = None
-        """(turn index, the actions, each action's text) of the last write's trace"""
-
-
-def _not_json(value: object) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-_py_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
-"""The encoding every store record uses: compact, UTF-8, no NaN."""
-_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-# json's C encoder, built once (JSONEncoder.encode builds one per call, most of the
-# cost of encoding a small value); the same output as _py_dumps.
-_c_encode = (
-    None
-    if _c_make_encoder is None
-    # markers None: no circular check (the engine's data is checked acyclic when it comes
-    # in), and no dict shared between calls or threads
-    else _c_make_encoder(None, _not_json, encode_basestring, None, ":", ",", False, False, False)
-)
-
-
-def _dumps(value: Any) -> str:
-    if _c_encode is None:  # pragma: no cover - CPython always has the C encoder
-        return _py_dumps(value)
-    if type(value) is str:
-        return encode_basestring(value)
-    return "".join(_c_encode(value, 0))
-
-
-def json_text(value: Any) -> str:
-    """``value`` (plain JSON data) as the compact JSON text a store record holds."""
-    return _dumps(value)
-
-
-def _text_or_null(value: str | None) -> str:
-    return "null" if value is None else encode_basestring(value)
-
-
-def number_text(value: float) -> str:
-    """A number as JSON writes it: ``float.__repr__`` for a float (a float subclass, such
-    as numpy's, goes through the encoder, which writes it the same way), ``int``'s for
-    an int."""
-    kind = type(value)
-    if kind is float:
-        return float.__repr__(value)
-    if kind is int:
-        return int.__repr__(value)
-    return _dumps(value)
-
-
-def number_or_null(value: float | None) -> str:
-    return "null" if value is None else number_text(value)
-
-
-def _status_text(value: SessionStatus | None) -> str:
-    return "null" if value is None else encode_basestring(value.value)
-
-
-def _relative_text(now: float, value: float | None) -> str:
-    return "null" if value is None else number_text(now - value)
-
-
-def _grown_text(
-    at: str,
-    value: list[Any],
-    index: int,
-    encoder: Callable[[Any], Any],
-    old: TextCache,
-    new: TextCache,
-) -> str:
-    """The text of a list that only grows within a turn: what ``old`` wrote of the same
-    turn, plus the entries added since."""
-    known = old.grown.get(at)
-    if known is not None and known[0] == index and known[1] <= len(value):
-        body = known[2]
-        added = value[known[1] :]
-    else:
-        body, added = "", value
-    if added:
-        more = ",".join(_dumps(item) for item in encoder(added))
-        body = f"{body},{more}" if body else more
-    new.grown[at] = (index, len(value), body)
-    return f"[{body}]"
-
-
-_PLAIN_ACTIONS = (Assemble, Wait)
-"""Actions that hold none of the host's data: their text never changes."""
-
-
-def _actions_text(value: list[Action], index: int, old: TextCache, new: TextCache) -> str:
-    """The text of the turn's actions: a ``Wait`` or an ``Assemble`` met before is
-    reused; an action that carries the host's data (a request, calls, results) is
-    written anew, as the host may have changed that data in place."""
-    known = old.actions
-    seen, before = (known[1], known[2]) if known is not None and known[0] == index else ([], [])
-    texts = []
-    for i, action in enumerate(value):
-        if i < len(seen) and action is seen[i] and type(action) in _PLAIN_ACTIONS:
-            texts.append(before[i])
-        else:
-            texts.append(_dumps(encode(action)))
-    new.actions = (index, list(value), texts)
-    return f"[{','.join(texts)}]"
 
 
 def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
@@ -977,73 +858,3 @@ def key_fields(cls: type) -> tuple[tuple[str, str], ...]:
     return tuple(
         (f.name, f.metadata["key"]) for f in attrs.fields(cls) if f.metadata["key"] != "omit"
     )
-
-
-# -- the snapshot as text ------------------------------------------------------------
-
-
-def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[..., str]:
-    """The text writer of ``cls``, generated as one f-string from the declaration: the
-    kinds whose values are plain ints, flags or numbers are written inline, the others
-    through the helpers above."""
-    namespace: dict[str, Any] = {
-        "text_or_null": _text_or_null,
-        "number_text": number_text,
-        "number_or_null": number_or_null,
-        "status_text": _status_text,
-        "relative_text": _relative_text,
-        "grown_text": _grown_text,
-        "actions_text": _actions_text,
-        "dumps": _dumps,
-        "turn_text": turn_text,
-    }
-    pieces = []
-    for f in stored_fields(cls):
-        kind: Kind = f.metadata["kind"]
-        key = f.metadata["snapshot_key"] or f.name
-        at = prefix + key
-        read = f"state.{f.name}"
-        namespace[f"enc_{f.name}"] = None if kind.encode is _same else kind.encode
-        if kind in (COUNT, SEED, MODEL_INDEX):
-            expr = f"int.__repr__({read})"
-        elif kind is FLAG:
-            expr = f"'true' if {read} else 'false'"
-        elif kind is NUMBER:
-            expr = f"number_text({read})"
-        elif kind in (TEXT, STATE):
-            expr = f"text_or_null({read})"
-        elif kind in (OPTIONAL_COUNT, SIGNED):
-            expr = f"number_or_null({read})"
-        elif kind is SESSION_STATUS:
-            expr = f"status_text({read})"
-        elif kind.relative:
-            expr = f"relative_text(now, {read})"
-        elif kind is TURN:
-            expr = f"'null' if {read} is None else turn_text({read}, now, old, new)"
-        elif kind is ACTIONS:
-            expr = f"actions_text({read}, state.index, old, new)"
-        elif kind.grows:
-            expr = f"grown_text({at!r}, {read}, state.index, enc_{f.name}, old, new)"
-        else:
-            # anything else is written anew: host data above all (requests, replies, tool
-            # calls and outcomes, errors), which the host may change in place once the
-            # engine handed it out; the store then agrees with the session
-            # (as json.dumps of the snapshot would)
-            expr = f"dumps({read} if enc_{f.name} is None else enc_{f.name}({read}))"
-        pieces.append(f"{_dumps(key)}:{{{expr}}}")
-    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
-    return _compile(source, "write", namespace)  # type: ignore[no-any-return]
-
-
-_TURN_TEXT = _text_writer(TurnState, "turn.")
-_SESSION_TEXT = _text_writer(SessionState, "", _TURN_TEXT)
-
-
-def encode_state_text(
-    state: TurnState | SessionState, now: float, old: TextCache, new: TextCache
-) -> str:
-    """``json_text(encode_state(state, now))``, byte for byte, reusing what ``old`` holds
-    (the cache of an earlier write of the same session, whose turn only grew since) and
-    recording into ``new`` what the next write may reuse."""
-    write = _SESSION_TEXT if type(state) is SessionState else _TURN_TEXT
-    return write(state, now, old, new)

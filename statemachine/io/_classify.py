@@ -58,7 +58,7 @@ from ..core._events import ModelFailed
 from ..core._json_data import MAX_DEPTH, MAX_INT_BITS
 from ..core._model_error import Headers, ModelError, to_headers
 from ..core._retry_after import header_retry_after
-from ..core._state import json_text
+from ..core._state_text import json_text
 from ..core._taxonomy import ErrorCategory
 
 _MAX_MESSAGE = 2000

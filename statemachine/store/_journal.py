@@ -47,7 +47,7 @@ from ..core._exceptions import (
 from ..core._json_data import short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
-from ..core._state import json_text, number_text
+from ..core._state_text import json_text, number_text
 from ..core._tool_calls import ToolCall
 from ._errors import CorruptSession
 from ._record import RECORD_VERSION, Record, parse_record

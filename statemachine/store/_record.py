@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from ..core._codec import decode, encode
-from ..core._state import TextCache, json_text, number_or_null, number_text
+from ..core._state_text import TextCache, json_text, number_or_null, number_text
 from ..core._tool_calls import ToolOutcome
 from ._errors import CorruptSession
 

@@ -27,7 +27,7 @@ from ..core._events import ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
-from ..core._state import TextCache
+from ..core._state_text import TextCache
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
