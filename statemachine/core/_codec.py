@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from ._builder import build_compact_one, build_encode_one
 from ._events import EVENT_TYPES
 from ._json_data import short_repr, stored_form
 from ._model_error import Headers, ModelError
@@ -138,30 +139,16 @@ def encode(value: Any) -> Any:
     return value
 
 
-_PLAIN = frozenset({int, str, bool, type(None)})
+_PLAIN: frozenset[type] = frozenset({int, str, bool, type(None)})
 """Types ``encode`` returns as they are."""
 
 
 def _encoder_of(name: str) -> Any:
     """``encode`` of an instance of the registered class ``name`` (exactly that class),
     as straight-line code generated from its fields: the snapshot's hottest path."""
-    lines = ["def encode_one(value):"]
-    items = [f"'$type': {name!r}"]
-    forms = _FORMS[name]
-    for i, (field, opaque, _) in enumerate(_PLANS[name]):
-        if field in forms:
-            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
-        else:
-            lines.append(f"    v{i} = value.{field}")
-        items.append(
-            f"{field!r}: v{i}"
-            if opaque
-            else f"{field!r}: v{i} if type(v{i}) in plain else encode(v{i})"
-        )
-    lines.append("    return {" + ", ".join(items) + "}")
-    namespace: dict[str, Any] = {"plain": _PLAIN, "encode": encode, "formed": _formed}
-    exec(compile("\n".join(lines) + "\n", f"<encode {name}>", "exec"), namespace)  # noqa: S102
-    return namespace["encode_one"]
+    return build_encode_one(
+        name, _PLANS[name], _FORMS[name], plain=_PLAIN, encode=encode, formed=_formed
+    )
 
 
 _ENCODERS: dict[type, Any] = {cls: _encoder_of(name) for name, cls in _CLASSES.items()}
@@ -185,29 +172,15 @@ def _compact_of(name: str) -> Any:
         for f in attrs.fields(_CLASSES[name])
         if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
     }
-    lines = ["def compact_one(value):", f"    out = {{'$type': {name!r}}}"]
-    namespace: dict[str, Any] = {"plain": _PLAIN, "compact": compact, "formed": _formed}
-    forms = _FORMS[name]
-    for i, (field, opaque, _) in enumerate(_PLANS[name]):
-        item = f"v{i}" if opaque else f"v{i} if type(v{i}) in plain else compact(v{i})"
-        if field in forms:
-            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
-        else:
-            lines.append(f"    v{i} = value.{field}")
-        if field not in defaults:
-            lines.append(f"    out[{field!r}] = {item}")
-            continue
-        default = defaults[field]
-        if default is None or type(default) is bool:
-            kept = f"v{i} is not {default!r}"
-        else:
-            namespace[f"d{i}"], namespace[f"t{i}"] = default, type(default)
-            kept = f"not (type(v{i}) is t{i} and v{i} == d{i})"
-        lines.append(f"    if {kept}:")
-        lines.append(f"        out[{field!r}] = {item}")
-    lines.append("    return out")
-    exec(compile("\n".join(lines) + "\n", f"<compact {name}>", "exec"), namespace)  # noqa: S102
-    return namespace["compact_one"]
+    return build_compact_one(
+        name,
+        _PLANS[name],
+        _FORMS[name],
+        defaults,
+        plain=_PLAIN,
+        compact=compact,
+        formed=_formed,
+    )
 
 
 _COMPACT: dict[type, Any] = {cls: _compact_of(name) for name, cls in _CLASSES.items()}

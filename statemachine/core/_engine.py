@@ -37,6 +37,7 @@ import attrs
 
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
 from ._backoff import jitter, wait_seconds
+from ._builder import build_trace_record
 from ._events import (
     Assembled,
     Cancelled,
@@ -1244,22 +1245,7 @@ def _reading(value: object, name: str) -> float:
     return reading
 
 
-def _record_maker() -> Callable[..., TraceRecord]:
-    counters = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(TRACE_FIELDS))
-    source = (
-        "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
-        "                 wall=None, usage=None):\n"
-        "    source, trigger, guard, dest, _ = step[0]\n"
-        "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {counters}, cost_usd=cost, at=at,\n"
-        "        caused_by=event, wall=wall, usage=usage)\n"
-    )
-    namespace: dict[str, Any] = {"TraceRecord": TraceRecord}
-    exec(compile(source, "<trace_record, derived from TRACED>", "exec"), namespace)  # noqa: S102
-    return namespace["trace_record"]  # type: ignore[no-any-return]
-
-
-trace_record: Callable[..., TraceRecord] = _record_maker()
+trace_record: Callable[..., TraceRecord] = build_trace_record(TraceRecord, TRACE_FIELDS)
 """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
 row, its action, the counters of :data:`TRACED`, the cost its event carried, the
 moment it was taken and the event that caused it (generated, as it runs for every

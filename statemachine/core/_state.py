@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from ._builder import build_copy, build_step_after
 from ._codec import compact, decode, encode
 from ._exceptions import SnapshotError
 from ._json_data import MAX_COUNT, finite, json_problem, short_repr
@@ -751,25 +752,10 @@ def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
     return cls(**values)
 
 
-def _compile(source: str, name: str, namespace: dict[str, Any]) -> Any:
-    exec(compile(source, f"<{name}, derived from the state declaration>", "exec"), namespace)  # noqa: S102
-    return namespace[name]
-
-
 def _copier(cls: type) -> Callable[[Any], Any]:
     """Straight-line field copies (the model checker's hottest path), generated from the
     declaration: mutable kinds copied by their ``copy``, the rest shared."""
-    lines = ["def copy(old):", "    new = new_instance(cls)"]
-    namespace: dict[str, Any] = {"new_instance": cls.__new__, "cls": cls}
-    for f in attrs.fields(cls):
-        kind: Kind = f.metadata["kind"]
-        if kind.copy is None:
-            lines.append(f"    new.{f.name} = old.{f.name}")
-        else:
-            namespace[f"copy_{f.name}"] = kind.copy
-            lines.append(f"    new.{f.name} = copy_{f.name}(old.{f.name})")
-    lines.append("    return new")
-    return _compile("\n".join(lines) + "\n", "copy", namespace)  # type: ignore[no-any-return]
+    return build_copy(cls, tuple((f.name, f.metadata["kind"].copy) for f in attrs.fields(cls)))
 
 
 copy_turn_state: Callable[[TurnState], TurnState] = _copier(TurnState)
@@ -797,27 +783,12 @@ def shift_state(state: SessionState, delta: float) -> None:
             actions[i] = attrs.evolve(action, retry_at=action.retry_at + delta)
 
 
-def _step_maker() -> Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step]:
-    reads = ", ".join(
-        f"{'turn' if cls is TurnState else 'session'}.{name}" for cls, name, _ in TRACED
-    )
-    source = (
-        "def step_after(steps, info, turn, session):\n"
-        f"    counters = ({reads},)\n"
-        "    step = steps.get(counters)\n"
-        "    if step is None:\n"
-        "        step = (info, *counters)\n"
-        "        if len(steps) < limit:\n"
-        "            steps[counters] = step\n"
-        "    return step\n"
-    )
-    namespace = {"limit": _MAX_INTERNED_PER_ROW}
-    return _compile(source, "step_after", namespace)  # type: ignore[no-any-return]
-
-
 _MAX_INTERNED_PER_ROW = 4096
 
-step_after: Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step] = _step_maker()
+step_after: Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step] = build_step_after(
+    tuple(("turn" if cls is TurnState else "session", name) for cls, name, _ in TRACED),
+    _MAX_INTERNED_PER_ROW,
+)
 """The :data:`Step` of a transition through ``info``, with the counters as they now
 stand (generated from :data:`TRACED`); ``steps`` is the row's cache of the steps met so
 far, shared by every trace that passes through the row with the same counters."""

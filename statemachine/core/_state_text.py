@@ -4,8 +4,9 @@
 :class:`~._state.TurnState`) as ``json_text(encode_state(state, now))``, byte for
 byte, reusing the text an earlier write of the same session left in a
 :class:`TextCache` (a store's write then costs what changed, not the whole trace
-again). The writer of each state class is generated from the declaration in
-``_state.py``, which this module reads and which never reads it.
+again). The writer of each state class is one f-string generated from the declaration
+in ``_state.py`` (by ``_builder.build_text_writer``); this module reads the
+declaration, which never reads it.
 
 Here too are the pieces of JSON text every store record is built from:
 :func:`json_text`, :func:`number_text`, :func:`number_or_null`.
@@ -19,6 +20,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from ._actions import Action, Assemble, Wait
+from ._builder import TextHow, build_text_writer
 from ._codec import encode
 from ._state import (
     ACTIONS,
@@ -36,7 +38,6 @@ from ._state import (
     Kind,
     SessionState,
     TurnState,
-    _compile,
     _same,
     stored_fields,
 )
@@ -162,14 +163,48 @@ def _actions_text(value: list[Action], index: int, old: TextCache, new: TextCach
     return f"[{','.join(texts)}]"
 
 
-# -- the generated writers ------------------------------------------------------------
+# -- the generated writers, one per state class ----------------------------------------
+
+
+def _how(kind: Kind) -> TextHow:
+    """How the generated writer writes a value of ``kind``: the kinds whose values are
+    plain ints, flags or numbers inline, the others through the helpers above."""
+    if kind in (COUNT, SEED, MODEL_INDEX):
+        return "int"
+    if kind is FLAG:
+        return "flag"
+    if kind is NUMBER:
+        return "number"
+    if kind in (TEXT, STATE):
+        return "text"
+    if kind in (OPTIONAL_COUNT, SIGNED):
+        return "number_or_null"
+    if kind is SESSION_STATUS:
+        return "status"
+    if kind.relative:
+        return "relative"
+    if kind is TURN:
+        return "turn"
+    if kind is ACTIONS:
+        return "actions"
+    if kind.grows:
+        return "grown"
+    # anything else is written anew: host data above all (requests, replies, tool
+    # calls and outcomes, errors), which the host may change in place once the
+    # engine handed it out; the store then agrees with the session
+    # (as json.dumps of the snapshot would)
+    return "data"
 
 
 def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[..., str]:
-    """The text writer of ``cls``, generated as one f-string from the declaration: the
-    kinds whose values are plain ints, flags or numbers are written inline, the others
-    through the helpers above."""
-    namespace: dict[str, Any] = {
+    """The text writer of ``cls``, generated as one f-string from the declaration."""
+    fields = []
+    for f in stored_fields(cls):
+        kind: Kind = f.metadata["kind"]
+        key = f.metadata["snapshot_key"] or f.name
+        encoder = None if kind.encode is _same else kind.encode
+        fields.append((f.name, key, _how(kind), encoder))
+    helpers = {
         "text_or_null": _text_or_null,
         "number_text": number_text,
         "number_or_null": number_or_null,
@@ -180,42 +215,7 @@ def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[...,
         "dumps": _dumps,
         "turn_text": turn_text,
     }
-    pieces = []
-    for f in stored_fields(cls):
-        kind: Kind = f.metadata["kind"]
-        key = f.metadata["snapshot_key"] or f.name
-        at = prefix + key
-        read = f"state.{f.name}"
-        namespace[f"enc_{f.name}"] = None if kind.encode is _same else kind.encode
-        if kind in (COUNT, SEED, MODEL_INDEX):
-            expr = f"int.__repr__({read})"
-        elif kind is FLAG:
-            expr = f"'true' if {read} else 'false'"
-        elif kind is NUMBER:
-            expr = f"number_text({read})"
-        elif kind in (TEXT, STATE):
-            expr = f"text_or_null({read})"
-        elif kind in (OPTIONAL_COUNT, SIGNED):
-            expr = f"number_or_null({read})"
-        elif kind is SESSION_STATUS:
-            expr = f"status_text({read})"
-        elif kind.relative:
-            expr = f"relative_text(now, {read})"
-        elif kind is TURN:
-            expr = f"'null' if {read} is None else turn_text({read}, now, old, new)"
-        elif kind is ACTIONS:
-            expr = f"actions_text({read}, state.index, old, new)"
-        elif kind.grows:
-            expr = f"grown_text({at!r}, {read}, state.index, enc_{f.name}, old, new)"
-        else:
-            # anything else is written anew: host data above all (requests, replies, tool
-            # calls and outcomes, errors), which the host may change in place once the
-            # engine handed it out; the store then agrees with the session
-            # (as json.dumps of the snapshot would)
-            expr = f"dumps({read} if enc_{f.name} is None else enc_{f.name}({read}))"
-        pieces.append(f"{_dumps(key)}:{{{expr}}}")
-    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
-    return _compile(source, "write", namespace)  # type: ignore[no-any-return]
+    return build_text_writer(fields, prefix, helpers)
 
 
 _TURN_TEXT = _text_writer(TurnState, "turn.")

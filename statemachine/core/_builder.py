@@ -1,0 +1,223 @@
+"""Every piece of code the package generates, and the one place it is compiled.
+
+The hottest paths (encoding a value, copying a state for the model checker, a trace
+step's counters, a trace record, a store's snapshot text) run as straight-line code
+generated at import from the declarations that define them: the value classes'
+fields (``_codec.py``), the state's declared fields and traced counters
+(``_state.py``), the text kinds of its stored fields (``_state_text.py``), the trace
+record's fields (``_engine.py``). Each ``build_*`` function here writes the source of
+one such function from the plan its caller hands it, compiles it (:func:`_compiled`)
+and returns it.
+
+The sources are built from those declarations only, never from input. This module
+imports nothing of the package: every plan and every helper the generated code calls
+comes in as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+
+def _compiled(
+    source: str, name: str, filename: str, namespace: dict[str, Any]
+) -> Callable[..., Any]:
+    """The function ``source`` defines as ``name``, compiled as ``filename`` (what a
+    traceback names) with ``namespace`` as its globals."""
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - source written here from the package's declarations, never from input
+    function: Callable[..., Any] = namespace[name]
+    return function
+
+
+# -- the value codec (_codec.py) -------------------------------------------------------
+
+FieldPlan = Sequence[tuple[str, bool, object]]
+"""(field, opaque, ...) of each encoded field of a value class, in order: an opaque
+field (the host's data) is written as it is."""
+
+
+def build_encode_one(
+    name: str,
+    fields: FieldPlan,
+    forms: Mapping[str, str],
+    *,
+    plain: frozenset[type],
+    encode: Callable[[Any], Any],
+    formed: Callable[[Any, str, str], Any],
+) -> Callable[[Any], Any]:
+    """``encode`` of an instance of the registered class ``name``: ``{"$type": name}``
+    and each field of ``fields``, a value whose type is in ``plain`` as it is, another
+    through ``encode``; a field of ``forms`` is written as ``formed(value, field,
+    form)``."""
+    lines = ["def encode_one(value):"]
+    items = [f"'$type': {name!r}"]
+    for i, (field, opaque, _) in enumerate(fields):
+        if field in forms:
+            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
+        else:
+            lines.append(f"    v{i} = value.{field}")
+        items.append(
+            f"{field!r}: v{i}"
+            if opaque
+            else f"{field!r}: v{i} if type(v{i}) in plain else encode(v{i})"
+        )
+    lines.append("    return {" + ", ".join(items) + "}")
+    namespace: dict[str, Any] = {"plain": plain, "encode": encode, "formed": formed}
+    return _compiled("\n".join(lines) + "\n", "encode_one", f"<encode {name}>", namespace)
+
+
+def build_compact_one(
+    name: str,
+    fields: FieldPlan,
+    forms: Mapping[str, str],
+    defaults: Mapping[str, Any],
+    *,
+    plain: frozenset[type],
+    compact: Callable[[Any], Any],
+    formed: Callable[[Any, str, str], Any],
+) -> Callable[[Any], Any]:
+    """``compact`` of an instance of the registered class ``name``: as
+    :func:`build_encode_one`'s, through ``compact``, leaving out each field of
+    ``defaults`` that holds its default (the same type and an equal value; ``None``
+    and a bool: the same object)."""
+    lines = ["def compact_one(value):", f"    out = {{'$type': {name!r}}}"]
+    namespace: dict[str, Any] = {"plain": plain, "compact": compact, "formed": formed}
+    for i, (field, opaque, _) in enumerate(fields):
+        item = f"v{i}" if opaque else f"v{i} if type(v{i}) in plain else compact(v{i})"
+        if field in forms:
+            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
+        else:
+            lines.append(f"    v{i} = value.{field}")
+        if field not in defaults:
+            lines.append(f"    out[{field!r}] = {item}")
+            continue
+        default = defaults[field]
+        if default is None or type(default) is bool:
+            kept = f"v{i} is not {default!r}"
+        else:
+            namespace[f"d{i}"], namespace[f"t{i}"] = default, type(default)
+            kept = f"not (type(v{i}) is t{i} and v{i} == d{i})"
+        lines.append(f"    if {kept}:")
+        lines.append(f"        out[{field!r}] = {item}")
+    lines.append("    return out")
+    return _compiled("\n".join(lines) + "\n", "compact_one", f"<compact {name}>", namespace)
+
+
+# -- the state (_state.py) -------------------------------------------------------------
+
+_FROM_STATE = "<{}, derived from the state declaration>"
+
+
+def build_copy(
+    cls: type, fields: Sequence[tuple[str, Callable[[Any], Any] | None]]
+) -> Callable[[Any], Any]:
+    """An independent copy of a ``cls`` instance, as straight-line field copies (the
+    model checker's hottest path): each of ``fields`` (name, copy) copied by its
+    ``copy``, or shared where that is ``None`` (an immutable value)."""
+    lines = ["def copy(old):", "    new = new_instance(cls)"]
+    namespace: dict[str, Any] = {"new_instance": cls.__new__, "cls": cls}
+    for name, copy in fields:
+        if copy is None:
+            lines.append(f"    new.{name} = old.{name}")
+        else:
+            namespace[f"copy_{name}"] = copy
+            lines.append(f"    new.{name} = copy_{name}(old.{name})")
+    lines.append("    return new")
+    return _compiled("\n".join(lines) + "\n", "copy", _FROM_STATE.format("copy"), namespace)
+
+
+def build_step_after(counters: Sequence[tuple[str, str]], limit: int) -> Callable[..., Any]:
+    """``step_after(steps, info, turn, session)``: the step ``(info, *counters)``, the
+    counters read as ``counters`` names them ((``"turn"`` or ``"session"``, field), in
+    order), taken from ``steps`` (the row's cache, keyed by the counters) when it holds
+    it, else made and kept there while it holds fewer than ``limit``."""
+    reads = ", ".join(f"{owner}.{name}" for owner, name in counters)
+    source = (
+        "def step_after(steps, info, turn, session):\n"
+        f"    counters = ({reads},)\n"
+        "    step = steps.get(counters)\n"
+        "    if step is None:\n"
+        "        step = (info, *counters)\n"
+        "        if len(steps) < limit:\n"
+        "            steps[counters] = step\n"
+        "    return step\n"
+    )
+    namespace = {"limit": limit}
+    return _compiled(source, "step_after", _FROM_STATE.format("step_after"), namespace)
+
+
+# -- the snapshot as text (_state_text.py) ---------------------------------------------
+
+TextHow = Literal[
+    "int",
+    "flag",
+    "number",
+    "text",
+    "number_or_null",
+    "status",
+    "relative",
+    "turn",
+    "actions",
+    "grown",
+    "data",
+]
+"""How the text writer writes one field (:func:`build_text_writer`)."""
+
+_TEXT_EXPRESSIONS: dict[TextHow, str] = {
+    "int": "int.__repr__({read})",
+    "flag": "'true' if {read} else 'false'",
+    "number": "number_text({read})",
+    "text": "text_or_null({read})",
+    "number_or_null": "number_or_null({read})",
+    "status": "status_text({read})",
+    "relative": "relative_text(now, {read})",
+    "turn": "'null' if {read} is None else turn_text({read}, now, old, new)",
+    "actions": "actions_text({read}, state.index, old, new)",
+    "grown": "grown_text({at!r}, {read}, state.index, enc_{name}, old, new)",
+    "data": "dumps({read} if enc_{name} is None else enc_{name}({read}))",
+}
+"""The expression that writes a field, for each :data:`TextHow`: ints, flags and
+numbers inline, the others through the helpers the writer is given."""
+
+
+def build_text_writer(
+    fields: Sequence[tuple[str, str, TextHow, Callable[[Any], Any] | None]],
+    prefix: str,
+    helpers: Mapping[str, Any],
+) -> Callable[..., str]:
+    """``write(state, now, old, new)``: the state as JSON text, one f-string, a key for
+    each of ``fields`` (name, snapshot key, how, encoder), in order, its value written
+    as ``how`` names it in :data:`_TEXT_EXPRESSIONS`; ``encoder`` (``None``: the value
+    as it is) is the field's encoding as data, and ``prefix`` + key names a grown list
+    in the cache. ``helpers`` holds every function an expression calls (``dumps``,
+    which also writes the keys, ``number_text``, ``turn_text``...)."""
+    namespace: dict[str, Any] = dict(helpers)
+    dumps = helpers["dumps"]
+    pieces = []
+    for name, key, how, encoder in fields:
+        namespace[f"enc_{name}"] = encoder
+        expr = _TEXT_EXPRESSIONS[how].format(read=f"state.{name}", at=prefix + key, name=name)
+        pieces.append(f"{dumps(key)}:{{{expr}}}")
+    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
+    return _compiled(source, "write", _FROM_STATE.format("write"), namespace)
+
+
+# -- the trace record (_engine.py) -----------------------------------------------------
+
+
+def build_trace_record(record_class: type, counters: Sequence[str]) -> Callable[..., Any]:
+    """``trace_record(turn, index, step, action, cost=0.0, at=None, event=None,
+    wall=None, usage=None)``: the ``record_class`` of ``step``, its row from
+    ``step[0]``, each field of ``counters`` from the step's counters, in order."""
+    fields = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(counters))
+    source = (
+        "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
+        "                 wall=None, usage=None):\n"
+        "    source, trigger, guard, dest, _ = step[0]\n"
+        "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
+        f"        guard=guard, dest=dest, action=action, {fields}, cost_usd=cost, at=at,\n"
+        "        caused_by=event, wall=wall, usage=usage)\n"
+    )
+    namespace: dict[str, Any] = {"TraceRecord": record_class}
+    return _compiled(source, "trace_record", "<trace_record, derived from TRACED>", namespace)
