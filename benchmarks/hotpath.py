@@ -275,12 +275,12 @@ def _parts(number: int) -> dict[str, float]:
     parts = {
         "dispatch: TRIGGERS.get + groups.get((state, trigger, category)) + checks": (
             "T.TRIGGERS.get(type(ev)); T.DISPATCH.groups.get(('calling', 'ModelFailed',"
-            " ev.error.category)); T._PAYLOAD_CHECKS.get('ModelFailed')"
+            " ev.error.category)); T._PAYLOAD_CHECKS.get('ModelReplied')"
         ),
         "guards partial, final_answer, ceiling_reached, retries_left (4 calls)": (
             "[g(core, ts, ev, None) for g in guards]; retries_left(core, ts, ev, None)"
         ),
-        "_wait_facts (retry_after + jitter + wait_seconds)": "T._wait_facts(core, ts, ev)",
+        "_wait_facts (retry_after + jitter + wait_seconds)": "T._wait_facts(core, ts, ev, 0.0, None)",
         "  retry_after(error, wall)": "T.retry_after(ev.error, 1.7e9)",
         "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(core.state.seed, 3)",
         "  wait_seconds(...)": "B.wait_seconds(2, 0.3, None, 500.0, 2.0, 30000.0)",
@@ -307,7 +307,7 @@ def _parts(number: int) -> dict[str, float]:
         "  blake2b of the canonical text": (
             'hashlib.blake2b(b\'["search",{"limit":3}]\', digest_size=12).hexdigest()'
         ),
-        "_tool_facts(core, turn, ToolsDone)": "T._tool_facts(tcore, tts, tdone)",
+        "_tool_facts(core, turn, ToolsDone)": "T._tool_facts(tcore, tts, tdone, 0.0, None)",
         "_check_tools_done, one call": "T._check_tools_done(tcore, tts, tdone)",
     }
     out: dict[str, float] = {}

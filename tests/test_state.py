@@ -283,7 +283,7 @@ def test_every_declared_field_is_in_the_snapshot_and_nothing_else() -> None:
     data = _mid_turn()
     session_keys = {f.metadata["snapshot_key"] or f.name for f in stored_fields(SessionState)}
     turn_keys = {f.metadata["snapshot_key"] or f.name for f in stored_fields(TurnState)}
-    assert {"events", "walls"} <= {f.name for f in attrs.fields(TurnState)} - turn_keys
+    assert {"events"} <= {f.name for f in attrs.fields(TurnState)} - turn_keys
     assert set(data) == session_keys | {"format", "version", "settings"}
     assert set(data["turn"]) == turn_keys
 

@@ -57,7 +57,11 @@ def wait_seconds(
     Finite whatever the (finite) settings: a delay so near the largest float that
     jittering it would overflow is divided before it is jittered.
     """
-    delay = nominal_delay_ms(n, base_delay_ms, factor, max_delay_ms)
+    try:  # nominal_delay_ms(n, ...), inline: every wait takes it
+        delay = base_delay_ms * float(factor) ** n
+    except OverflowError:
+        delay = max_delay_ms
+    delay = min(max_delay_ms, delay)
     seconds = delay * (0.5 + u) / 1000.0
     if seconds == _INFINITY:
         seconds = delay / 1000.0 * (0.5 + u)

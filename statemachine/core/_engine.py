@@ -11,7 +11,7 @@ never change; facts are handed to guards and effect alike, as an argument.
 
 Time is an input, as every other fact: the core reads no clock. Each step is given
 its moment (``at``: the session's monotonic clock; ``wall``: Unix time, where a rule
-needs it) by the handle that calls it, and :meth:`Core.moment` checks it before
+needs it) by the handle that calls it, and :meth:`Core.reading` checks it before
 anything changes: a time that is not a finite number is refused, a time before the
 session's last reading is read as that reading (the clock stood still), so no input
 can make a state that ``restore`` refuses. A replay is the same calls with the
@@ -81,7 +81,8 @@ _REDUCE = Assemble(reduce=True)
 
 
 class WaitFacts:
-    """What a transient failure would lead to, previewing (not consuming) the jitter.
+    """What a transient failure at ``now`` would lead to, previewing (not consuming) the
+    jitter.
 
     ``server``: the retry-after the server asked for, if usable; ``seconds``: the wait
     the engine would take; ``too_long``: the server asked for more than
@@ -89,13 +90,16 @@ class WaitFacts:
     (A slotted class: built once per transient failure, on the hot path.)
     """
 
-    __slots__ = ("crosses", "seconds", "server", "too_long")
+    __slots__ = ("crosses", "now", "seconds", "server", "too_long")
 
-    def __init__(self, server: float | None, seconds: float, too_long: bool, crosses: bool) -> None:
+    def __init__(
+        self, server: float | None, seconds: float, too_long: bool, crosses: bool, now: float
+    ) -> None:
         self.server = server
         self.seconds = seconds
         self.too_long = too_long
         self.crosses = crosses
+        self.now = now
 
 
 class ToolFacts:
@@ -146,10 +150,10 @@ def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
     )
 
 
-def _crosses_wall_clock(core: Core, seconds: float) -> bool:
-    """Whether a wait of ``seconds`` from now would cross ``max_wall_clock_s``."""
+def _crosses_wall_clock(core: Core, seconds: float, now: float) -> bool:
+    """Whether a wait of ``seconds`` from ``now`` would cross ``max_wall_clock_s``."""
     limit = core.settings.max_wall_clock_s
-    return limit is not None and core.bound_elapsed_s(core.now) + seconds > limit
+    return limit is not None and core.bound_elapsed_s(now) + seconds > limit
 
 
 def _take_wait(core: Core, seconds: float) -> None:
@@ -161,19 +165,30 @@ def _take_wait(core: Core, seconds: float) -> None:
     state.waited_s = waited if waited < _LARGEST else _LARGEST
 
 
-def _wait_facts(core: Core, turn: TurnState, event: ModelFailed) -> WaitFacts:
-    server = retry_after(event.error, core.wall)
+def _wait_facts(
+    core: Core, turn: TurnState, event: ModelFailed, now: float, wall: float | None
+) -> WaitFacts:
+    error = event.error
+    if error.retry_after_seconds is None and error.headers is None:
+        server = None  # the common failure: the server asked for nothing
+    else:
+        server = retry_after(error, wall)
     seconds = _backoff_s(core, turn.attempt, server)
-    too_long = server is not None and server > core.settings.max_server_wait_s
-    return WaitFacts(server, seconds, too_long, _crosses_wall_clock(core, seconds))
+    settings = core.settings
+    too_long = server is not None and server > settings.max_server_wait_s
+    limit = settings.max_wall_clock_s
+    crosses = limit is not None and core.bound_elapsed_s(now) + seconds > limit
+    return WaitFacts(server, seconds, too_long, crosses, now)
 
 
-def _tool_facts(core: Core, turn: TurnState, event: ToolsDone) -> ToolFacts:
+def _tool_facts(
+    core: Core, turn: TurnState, event: ToolsDone, now: float, _wall: float | None
+) -> ToolFacts:
     facts = ToolFacts()
     by_id = {outcome.call_id: outcome for outcome in event.outcomes}
     _crash_facts(core, turn, by_id, facts)
     _denial_facts(core, turn, by_id, facts)
-    _conflict_facts(core, turn, by_id, facts)
+    _conflict_facts(core, turn, by_id, facts, now)
     return facts
 
 
@@ -233,7 +248,7 @@ def _denial_facts(
 
 
 def _conflict_facts(
-    core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
+    core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts, now: float
 ) -> None:
     """Conflicts: re-invoked one at a time while they have re-invocations left and the
     wait fits the wall clock; whatever is left goes to the model as it is."""
@@ -261,7 +276,7 @@ def _conflict_facts(
     facts.seconds = None
     if pending and not tripped and not denied:
         seconds = _backoff_s(core, attempt, None)
-        if not _crosses_wall_clock(core, seconds):
+        if not _crosses_wall_clock(core, seconds, now):
             facts.seconds = seconds
     facts.outcomes = outcomes
     facts.pending = tuple(pending) if facts.seconds is not None else ()
@@ -294,7 +309,9 @@ class DoomFacts:
         self.since = since
 
 
-def _doom_facts(core: Core, turn: TurnState, event: ModelReplied) -> DoomFacts | None:
+def _doom_facts(
+    core: Core, turn: TurnState, event: ModelReplied, _now: float, _wall: float | None
+) -> DoomFacts | None:
     calls = event.tool_calls
     if not calls or turn.final_answer:
         return None
@@ -328,7 +345,9 @@ def _doom_facts(core: Core, turn: TurnState, event: ModelReplied) -> DoomFacts |
     return DoomFacts(last, run, fired, window, since)
 
 
-Facts = Callable[["Core", TurnState, Any], Any]
+Facts = Callable[["Core", TurnState, Any, float, "float | None"], Any]
+"""``facts(core, turn, event, now, wall)``: what a group of rows reads, at the step's
+moment ``now`` (wall time ``wall``)."""
 
 FACTS_OF_GUARD: dict[str, Facts] = {
     "wait_fits": _wait_facts,
@@ -433,14 +452,21 @@ def _call_model(core: Core, turn: TurnState, event: Assembled, _f: None, _s: Non
 
 
 def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
-    turn.attempt += 1
-    return CallModel(turn.request, turn.attempt, _model(core, turn), turn.final_answer)
+    attempt = turn.attempt = turn.attempt + 1
+    index = turn.model_index  # _model(core, turn), inline: every retry takes it
+    model = core.settings.model if index < 0 else core.settings.fallback_models[index]
+    return CallModel(turn.request, attempt, model, turn.final_answer)
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
-    core.state.retries += 1
-    _take_wait(core, facts.seconds)
-    return Wait(facts.seconds, event.error.category, turn.attempt, facts.server)
+    state = core.state
+    state.retries += 1
+    seconds = facts.seconds
+    # _take_wait, inline: every retry takes it
+    state.draws += 1
+    waited = state.waited_s + seconds
+    state.waited_s = waited if waited < _LARGEST else _LARGEST
+    return Wait(seconds, event.error.category, turn.attempt, facts.server)
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
@@ -454,7 +480,6 @@ def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: Non
 
 
 def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
-    turn.reply = event.reply
     turn.reply_data = event.reply_data
     if not event.tool_calls:
         state = core.state
@@ -467,7 +492,6 @@ def _invoke_tools(
     core: Core, turn: TurnState, event: ModelReplied, facts: DoomFacts | None, _s: None
 ) -> Action:
     state = core.state
-    turn.reply = event.reply
     turn.reply_data = event.reply_data
     if facts is not None:  # None: no detector runs (the table never invokes then)
         state.doom_last = facts.last
@@ -541,7 +565,7 @@ def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnSta
     error = event.error if type(event) is ModelFailed else None
     retry_at = None
     if status is TurnStatus.RETRY_DEFERRED:
-        retry_at = core.now + facts.server  # only a server's wait is ever deferred
+        retry_at = facts.now + facts.server  # only a server's wait is ever deferred
         retry_at = min(_LARGEST, retry_at)
     if error is not None and status in _LOGGED:
         _log_failure(core, turn, error, status)
@@ -624,7 +648,6 @@ def _finish_action(
     done: bool = False,
 ) -> Finish:
     data = turn.reply_data
-    reply = turn.reply
     return Finish(
         status,
         results,
@@ -632,10 +655,20 @@ def _finish_action(
         _model(core, turn),
         turn.fallbacks,
         retry_at,
-        data if reply is None else reply,  # restored: the JSON form is all there is
+        data if data is None else _reply_object(turn, data),
         done,
         reply_data=data,
     )
+
+
+def _reply_object(turn: TurnState, data: Any) -> Any:
+    """The host's own reply object whose JSON form is ``data``: the reply its event
+    carried, in this process; ``data`` itself for a turn restored after the reply."""
+    for kept in reversed(turn.events):
+        event = kept[0] if type(kept) is tuple else kept  # (event, the wall time it was given)
+        if type(event) is ModelReplied:
+            return event.reply if event.reply_data is data else data
+    return data
 
 
 EFFECTS: dict[str, Effect] = {
@@ -809,20 +842,18 @@ def _group(
 # -- payload checks: bad data is refused before anything changes ---------------------------
 
 
-def _check_cost(core: Core, turn: TurnState, event: ModelReplied | ModelFailed) -> None:
-    cost = event.cost
-    if cost and not math.isfinite(core.state.cost_usd + cost):
-        trigger = type(event).__name__
-        raise IllegalEvent(
-            f"{trigger} in state {turn.state!r}: cost {cost!r} would take the session's "
-            f"spend ({core.state.cost_usd!r}) past the largest float",
-            event=trigger,
-            state=turn.state,
-        )
+def _overspent(core: Core, turn: TurnState, event: ModelReplied | ModelFailed) -> IllegalEvent:
+    """The refusal of a cost that would take the session's spend past the largest float."""
+    trigger = type(event).__name__
+    return IllegalEvent(
+        f"{trigger} in state {turn.state!r}: cost {event.cost!r} would take the session's "
+        f"spend ({core.state.cost_usd!r}) past the largest float",
+        event=trigger,
+        state=turn.state,
+    )
 
 
-def _check_replied(core: Core, turn: TurnState, event: ModelReplied) -> None:
-    _check_cost(core, turn, event)
+def _check_replied(_core: Core, turn: TurnState, event: ModelReplied) -> None:
     if len(event.tool_calls) < 2:
         return
     seen: set[str] = set()
@@ -863,9 +894,10 @@ def _check_tools_done(_core: Core, turn: TurnState, event: ToolsDone) -> None:
 
 _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
     "ModelReplied": _check_replied,
-    "ModelFailed": _check_cost,
     "ToolsDone": _check_tools_done,
 }
+"""The payload checks of the triggers that have one (a cost past the largest float is
+refused by ``Core.fire`` itself, for both model outcomes)."""
 
 DISPATCH = Dispatch()
 """The dispatch of the table."""
@@ -901,16 +933,16 @@ class Core:
 
     __slots__ = (
         "__weakref__",
+        "ceiling",
         "children",
         "dispatch",
         "doom_check",
         "groups",
-        "now",
+        "last",
         "observers",
         "parent",
         "settings",
         "state",
-        "wall",
     )
 
     settings: Settings
@@ -921,12 +953,15 @@ class Core:
     doom_check: DoomCheck | None
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
-    children: list[weakref.ref[Any]]
-    """The sessions spawned from this one in this process (for cancellation)."""
-    now: float
-    """The moment of the step being taken, on the session's clock (see :meth:`moment`)."""
-    wall: float | None
-    """The Unix time of the step being taken, when the host gave it."""
+    children: list[weakref.ref[Any]] | None
+    """The sessions spawned from this one in this process (for cancellation; ``None``
+    until the first: a session holds no empty list)."""
+    last: float
+    """The latest moment the state holds (:func:`last_reading`), kept as steps are
+    taken: no step is taken before it."""
+    ceiling: float
+    """A reading below it is surely a number of seconds from the session's start: a
+    float from ``last`` up to it needs no other check (:meth:`reading` checks the rest)."""
 
     def __init__(
         self,
@@ -943,9 +978,11 @@ class Core:
         self.groups = dispatch.groups
         self.doom_check = doom_check
         self.parent = None
-        self.children = []
-        self.now = state.started
-        self.wall = None
+        self.children = None
+        self.last = last_reading(state)
+        started = state.started
+        # the one float most sessions share; a start far below 0 has its own
+        self.ceiling = _CEILING if started >= -_CEILING else started + _CEILING
 
     # -- time ----------------------------------------------------------------------
 
@@ -965,7 +1002,7 @@ class Core:
             raise ValueError(f"at: must be a finite number of seconds, got {at!r}")
         else:
             reading = at
-        last = last_reading(self.state)
+        last = self.last
         if reading < last:
             return last
         if reading - self.state.started >= _INFINITY:
@@ -1128,7 +1165,7 @@ class Core:
                 )
             finish = self.fire(turn, "Cancelled", Cancelled(reason), now, None)
         if status is not SessionStatus.COMPLETED:
-            for ref in self.children:
+            for ref in self.children or ():
                 child = ref()
                 if child is not None and child.status is None:
                     child.end(SessionStatus.CANCELLED, reason=reason or "parent ended", at=now)
@@ -1151,7 +1188,7 @@ class Core:
         self, turn: TurnState, trigger: str, event: Any, now: float, wall: float | None
     ) -> Action:
         """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn, at the
-        moment ``now`` (checked by :meth:`moment`) with Unix time ``wall``."""
+        moment ``now`` (checked by :meth:`reading`) with Unix time ``wall``."""
         state = turn.state
         category = event.error.category if trigger == "ModelFailed" else None
         group = self.groups.get((state, trigger, category))
@@ -1159,11 +1196,12 @@ class Core:
             raise IllegalEvent(
                 self.dispatch.illegal_message(trigger, state), event=trigger, state=state
             )
-        self.now = now
-        self.wall = wall
+        cost = event.cost if group.charges else 0.0
+        if cost and not math.isfinite(self.state.cost_usd + cost):
+            raise _overspent(self, turn, event)
         if group.check is not None:
             group.check(self, turn, event)
-        facts = None if group.facts is None else group.facts(self, turn, event)
+        facts = None if group.facts is None else group.facts(self, turn, event, now, wall)
         for row in group.rows:
             for guard in row.guards:
                 if not guard(self, turn, event, facts):
@@ -1172,23 +1210,19 @@ class Core:
                 break
         else:  # pragma: no cover - the model check proves every group is total
             raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
-        cost = event.cost if group.charges else 0.0
         if cost:
             self.charge(cost)
+        turn.events.append(event)  # before the effect: a Finish finds its reply's event
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
         step = step_after(row.steps, row.info, turn, self.state)
         turn.path.append(step)
         turn.actions.append(action)
+        self.last = now
         elapsed = now - self.state.started
         turn.times.append(elapsed)
-        turn.events.append(event)
-        if cost:
-            turn.costs.append((len(turn.path) - 1, cost))
-        if group.charges and event.usage is not None:
-            turn.usages.append((len(turn.path) - 1, event.usage))
-        if wall is not None:
-            turn.walls.append((len(turn.path) - 1, wall))
+        if cost or wall is not None or (group.charges and event.usage is not None):
+            _keep(turn, cost, event.usage if group.charges else None, wall)
         if type(action) is Finish:
             self._turn_finished(turn, action, now)
         if self.observers:
@@ -1203,7 +1237,27 @@ class Core:
         return action
 
 
+def _keep(turn: TurnState, cost: float, usage: Any, wall: float | None) -> None:
+    """Keep what the turn's last step charged, used and was given (the lists stay
+    ``None`` while empty, and a wall time sits with its event: a live turn holds fewer
+    bytes)."""
+    step = len(turn.path) - 1
+    if cost:
+        if turn.costs is None:
+            turn.costs = [(step, cost)]
+        else:
+            turn.costs.append((step, cost))
+    if usage is not None:
+        if turn.usages is None:
+            turn.usages = [(step, usage)]
+        else:
+            turn.usages.append((step, usage))
+    if wall is not None:  # rare: kept beside the step's event (appended last), no list of its own
+        turn.events[-1] = (turn.events[-1], wall)
+
+
 _INFINITY = float("inf")
+_CEILING = sys.float_info.max / 4
 
 
 def needs_wall(event: object) -> bool:
@@ -1219,7 +1273,7 @@ def last_reading(state: SessionState) -> float:
     turn = state.turn
     if turn is not None and turn.times:
         latest = turn.times[-1]
-        if latest is not None:
+        if not math.isnan(latest):  # a time a snapshot of format 3 left unknown
             last += latest
     finished = state.finished_at
     if finished is not None and finished > last:

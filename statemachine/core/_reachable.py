@@ -295,7 +295,7 @@ def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) ->
         return "turn.actions: not one action per transition of turn.path"
     if len(turn.times) != len(turn.path):
         return "turn.times: not one time per transition of turn.path"
-    known = [t for t in turn.times if t is not None]
+    known = [t for t in turn.times if not math.isnan(t)]  # NaN: unknown (format 3)
     if any(later < earlier for earlier, later in pairwise(known)):
         return "turn.times: a transition was taken before the one it follows"
     ids = [call.id for call in turn.calls]
@@ -342,7 +342,7 @@ def _round_problem(turn: TurnState, settings: Settings) -> str | None:
     if turn.state in TERMINAL_STATES and (turn.pending or turn.conflict_attempt):
         return "turn.pending: a finished turn re-invokes nothing"
     previous = -1
-    for i, (index, cost) in enumerate(turn.costs):
+    for i, (index, cost) in enumerate(turn.costs or ()):
         if not cost > 0:
             return f"turn.costs[{i}]: an event that cost nothing is not kept"
         if index <= previous or index >= len(turn.path):
@@ -357,8 +357,8 @@ def _usage_problem(turn: TurnState) -> str | None:
     """Each usage kept belongs to a model call's outcome, in order, and the cost it
     reports is what that step charged."""
     previous = -1
-    charged = dict(turn.costs)
-    for i, (index, usage) in enumerate(turn.usages):
+    charged = dict(turn.costs or ())
+    for i, (index, usage) in enumerate(turn.usages or ()):
         if index <= previous or index >= len(turn.path):
             return f"turn.usages[{i}]: step {index} is not a later step of the turn"
         if turn.path[index][0][1] not in ("ModelReplied", "ModelFailed"):
@@ -406,7 +406,7 @@ def _path_problem(turn: TurnState, session: SessionState, settings: Settings) ->
         not turn.in_flight or turn.actions[-1] != InvokeTools(turn.in_flight)
     ):
         return "turn.in_flight: the calls in flight are not those of the last InvokeTools"
-    costs = sum(cost for _, cost in turn.costs)
+    costs = sum(cost for _, cost in turn.costs or ())
     if costs > session.cost_usd + _SPEND_EPSILON * (1 + costs):
         return "turn.costs: the turn spent more than the session's spend"
     return None

@@ -23,6 +23,7 @@ recorded step is the same call with the recorded moment.
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -37,7 +38,6 @@ from ._engine import (
     DoomCheck,
     Observer,
     last_reading,
-    needs_wall,
     trace_record,
     wall_reading,
 )
@@ -128,7 +128,13 @@ class Session:
     ``doom_check``): the same actions, bit for bit.
     """
 
-    __slots__ = ("__weakref__", "_clock", "_core", "_handle", "_wall_clock")
+    __slots__ = ("__weakref__", "_core", "_handle", "clock", "wall_clock")
+
+    clock: Clock | None
+    """The monotonic clock a step that leaves out ``at=`` is read from (``None``: none;
+    set when the session is made: :meth:`copy` puts a session on another clock)."""
+    wall_clock: Clock | None
+    """The Unix-time clock a failure's step that leaves out ``wall=`` is read from."""
 
     def __init__(
         self,
@@ -157,8 +163,8 @@ class Session:
         start = _start_reading(started)
         state = SessionState(seed=seed & _SEED_MASK, started=start, session_id=session_id)
         self._core = Core(settings, state, tuple(observers), dispatch, doom_check)
-        self._clock = clock
-        self._wall_clock = wall_clock
+        self.clock = clock
+        self.wall_clock = wall_clock
         self._handle: Turn | None = None
 
     @classmethod
@@ -200,16 +206,16 @@ class Session:
         """A session handle over ``core``, with a turn handle for its current turn."""
         self = cls.__new__(cls)
         self._core = core
-        self._clock = clock
-        self._wall_clock = wall_clock
+        self.clock = clock
+        self.wall_clock = wall_clock
         turn = core.state.turn
-        self._handle = None if turn is None else Turn(self, core, turn, clock, wall_clock)
+        self._handle = None if turn is None else Turn(self, core, turn)
         return self
 
     def _now(self, at: object, what: str) -> float:
         """The moment of a step: ``at``, or the clock's reading; checked and clamped."""
         if at is None:
-            clock = self._clock
+            clock = self.clock
             if clock is None:
                 raise _no_clock(what)
             at = clock()
@@ -217,8 +223,8 @@ class Session:
 
     def _reading(self) -> float:
         """The clock's reading now (the state's last one for a session with no clock)."""
-        clock = self._clock
-        return last_reading(self._core.state) if clock is None else self._core.reading(clock())
+        clock = self.clock
+        return self._core.last if clock is None else self._core.reading(clock())
 
     # -- turns -----------------------------------------------------------------
 
@@ -231,9 +237,7 @@ class Session:
         it returns replaces the previous handle, which takes no event from then on.
         """
         core = self._core
-        turn = Turn(
-            self, core, core.new_turn(self._now(at, "new_turn()")), self._clock, self._wall_clock
-        )
+        turn = Turn(self, core, core.new_turn(self._now(at, "new_turn()")))
         self._handle = turn
         return turn
 
@@ -317,8 +321,8 @@ class Session:
         child = Session(
             settings if settings is not None else core.settings,
             seed,
-            self._clock,
-            wall_clock=self._wall_clock,
+            self.clock,
+            wall_clock=self.wall_clock,
             started=self._now(at, "spawn()"),
             observers=observers,
             dispatch=core.dispatch,
@@ -332,6 +336,8 @@ class Session:
         child_core.parent = core
         child_core.state.parent_id = parent_id
         child_core.state.ancestor_budget_usd = core.remaining_budget_usd()
+        if core.children is None:
+            core.children = []
         core.children.append(weakref.ref(child))
         return child
 
@@ -492,7 +498,7 @@ class Session:
     def last_at(self) -> float:
         """The latest moment the session holds (its start, its current turn's last step,
         its last Finish): a step given an earlier ``at`` is taken at this one."""
-        return last_reading(self._core.state)
+        return self._core.last
 
     @property
     def tripped_providers(self) -> frozenset[str]:
@@ -595,21 +601,12 @@ class Turn:
     any event sent to a turn that is no longer its session's current turn.
     """
 
-    __slots__ = ("_clock", "_core", "_session", "_turn", "_wall_clock")
+    __slots__ = ("_core", "_session", "_turn")
 
-    def __init__(
-        self,
-        session: Session,
-        core: Core,
-        turn: TurnState,
-        clock: Clock | None,
-        wall_clock: Clock | None,
-    ) -> None:
+    def __init__(self, session: Session, core: Core, turn: TurnState) -> None:
         self._session = session
         self._core = core
         self._turn = turn
-        self._clock = clock
-        self._wall_clock = wall_clock
 
     # -- the protocol ------------------------------------------------------
 
@@ -627,7 +624,7 @@ class Turn:
                 status=status,
             )
         if at is None:
-            clock = self._clock
+            clock = self._session.clock
             if clock is None:
                 raise _no_clock("start()")
             at = clock()
@@ -651,15 +648,19 @@ class Turn:
                 state=turn.state,
             )
         if at is None:
-            clock = self._clock
+            clock = self._session.clock
             if clock is None:
                 raise _no_clock("send()")
             at = clock()
-        now = core.reading(at)
+        # a float at or after the last reading, a number of seconds from the start: as it
+        # is (NaN, infinity and the rest go through the checks of Core.reading)
+        now = at if type(at) is float and core.last <= at < core.ceiling else core.reading(at)
         if wall is not None:
             wall = wall_reading(wall)
-        elif self._wall_clock is not None and needs_wall(event):
-            wall = wall_reading(self._wall_clock())
+        elif trigger == "ModelFailed" and event.error.headers is not None:  # type: ignore[attr-defined]
+            wall_clock = self._session.wall_clock  # an HTTP-date retry-after may need it
+            if wall_clock is not None:
+                wall = wall_reading(wall_clock())
         return core.fire(turn, trigger, event, now, wall)
 
     def _refuse(self, event: str) -> None:
@@ -770,28 +771,33 @@ class Turn:
         """One frozen record per transition taken so far, in order (the steps of a
         restored turn taken before its snapshot have no ``caused_by``)."""
         turn = self._turn
-        costs = dict(turn.costs)
-        walls = dict(turn.walls)
-        usages = dict(turn.usages)
+        costs = dict(turn.costs or ())
+        usages = dict(turn.usages or ())
         started = self._core.state.started
         events = turn.events
         unknown = len(turn.path) - len(events)  # restored steps: their events were not kept
-        return tuple(
-            trace_record(
-                turn.index,
-                i,
-                step,
-                action,
-                costs.get(i, 0.0),
-                None if at is None else started + at,
-                events[i - unknown] if i >= unknown else None,
-                walls.get(i),
-                usages.get(i),
+        records = []
+        for i, (step, action, at) in enumerate(
+            zip(turn.path, turn.actions, turn.times, strict=True)
+        ):
+            event = events[i - unknown] if i >= unknown else None
+            wall = None
+            if type(event) is tuple:  # a step given a wall time keeps it beside its event
+                event, wall = event
+            records.append(
+                trace_record(
+                    turn.index,
+                    i,
+                    step,
+                    action,
+                    costs.get(i, 0.0),
+                    None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
+                    event,
+                    wall,
+                    usages.get(i),
+                )
             )
-            for i, (step, action, at) in enumerate(
-                zip(turn.path, turn.actions, turn.times, strict=True)
-            )
-        )
+        return tuple(records)
 
     def __repr__(self) -> str:
         return f"<Turn {self.index} state={self.state!r} status={self.status!s}>"

@@ -25,6 +25,8 @@ where the state is...) is checked by ``_reachable.reachable_problem``, which
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -241,7 +243,7 @@ def _ids(raw: Any, key: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]]:
+def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]] | None:
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
     costs: list[tuple[int, float]] = []
@@ -249,7 +251,7 @@ def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]]:
         if type(entry) is not list or len(entry) != 2:
             raise SnapshotError(f"{key}[{i}]: must be [step, cost], got {short_repr(entry)}")
         costs.append((_count(entry[0], f"{key}[{i}][0]"), _number(entry[1], f"{key}[{i}][1]")))
-    return costs
+    return costs or None
 
 
 COUNT = Kind("count", _same, _count)
@@ -283,14 +285,35 @@ WINDOW = Kind("window", _same, _window)
 WINDOWS = _optional_dict("windows", _windows)
 OUTCOMES = Kind("tool outcomes", encode, _values_of(ToolOutcome))
 IDS = Kind("call ids", list, _ids)
-COSTS = Kind("costs", lambda v: [list(e) for e in v], _decode_costs, list, grows=True)
-"""(step, cost) of every event of the turn that carried a cost."""
 
 
-def _decode_times(raw: Any, key: str) -> list[float | None]:
+def _copy_list(value: list[Any] | None) -> list[Any] | None:
+    return None if value is None else list(value)
+
+
+COSTS = Kind("costs", lambda v: [list(e) for e in v or ()], _decode_costs, _copy_list, grows=True)
+"""(step, cost) of every event of the turn that carried a cost (``None`` while none did:
+a live turn holds no empty list)."""
+
+UNKNOWN_TIME = math.nan
+"""A step time a snapshot did not record (format 3): written ``null``."""
+
+
+def _new_times() -> array[float]:
+    return array("d")
+
+
+def _encode_times(times: array[float]) -> list[float | None]:
+    return [None if math.isnan(t) else t for t in times]
+
+
+def _decode_times(raw: Any, key: str) -> array[float]:
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
-    return [None if t is None else _number(t, f"{key}[{i}]") for i, t in enumerate(raw)]
+    return array(
+        "d",
+        (UNKNOWN_TIME if t is None else _number(t, f"{key}[{i}]") for i, t in enumerate(raw)),
+    )
 
 
 def _not_read(_raw: Any, key: str) -> Any:  # pragma: no cover - never in a snapshot
@@ -299,11 +322,9 @@ def _not_read(_raw: Any, key: str) -> Any:  # pragma: no cover - never in a snap
 
 IN_PROCESS = Kind("kept in process", _same, _not_read, list, stored=False)
 """A list kept in this process only: no snapshot holds it."""
-IN_PROCESS_VALUE = Kind("kept in process", _same, _not_read, stored=False)
-"""A value kept in this process only (shared between copies): no snapshot holds it."""
 
 
-def _decode_usages(raw: Any, key: str) -> list[tuple[int, Usage]]:
+def _decode_usages(raw: Any, key: str) -> list[tuple[int, Usage]] | None:
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
     usages: list[tuple[int, Usage]] = []
@@ -314,20 +335,22 @@ def _decode_usages(raw: Any, key: str) -> list[tuple[int, Usage]]:
         if type(usage) is not Usage:
             raise SnapshotError(f"{key}[{i}][1]: must be a Usage, got {short_repr(usage)}")
         usages.append((_count(entry[0], f"{key}[{i}][0]"), usage))
-    return usages
+    return usages or None
 
 
 USAGES = Kind(
     "usages",
-    lambda v: [[step, compact(usage)] for step, usage in v],
+    lambda v: [[step, compact(usage)] for step, usage in v or ()],
     _decode_usages,
-    list,
+    _copy_list,
     grows=True,
 )
-"""(step, usage) of every model call's outcome of the turn that reported a usage."""
-TIMES = Kind("step times", list, _decode_times, list, grows=True)
+"""(step, usage) of every model call's outcome of the turn that reported a usage
+(``None`` while none did)."""
+TIMES = Kind("step times", _encode_times, _decode_times, lambda v: v[:], grows=True)
 """When each transition of the turn was taken: seconds since the session started on its
-clock (``None`` for a step restored from a format that did not record it)."""
+clock, as an array of floats (8 bytes a step; :data:`UNKNOWN_TIME`, written ``null``,
+for a step restored from a format that did not record it)."""
 
 
 def _encode_path(path: list[Step]) -> list[list[Any]]:
@@ -562,7 +585,8 @@ class TurnState:
     calls: tuple[ToolCall, ...] = declared(CALLS, (), key="providers")
     """The tool calls of the reply being handled."""
     reply_data: Any = declared(OPAQUE, None, key="omit", snapshot_key="reply")
-    """The JSON form of the reply being handled (what a snapshot keeps of it)."""
+    """The JSON form of the reply being handled (what a snapshot keeps of it; in this
+    process its event, in ``events``, holds the host's own object)."""
     fallbacks: tuple[Fallback, ...] = declared(FALLBACKS, (), key="omit")
     path: list[Step] = declared(PATH, factory=list, key="omit")
     """The row and counters of every transition taken, in order."""
@@ -577,23 +601,17 @@ class TurnState:
     order: the first is re-invoked next, alone."""
     conflict_attempt: int = declared(COUNT, 0, key="cap:max_conflict_retries", since=3)
     """How often the first pending call has been re-invoked (or is about to be)."""
-    costs: list[tuple[int, float]] = declared(COSTS, factory=list, key="omit", since=3)
+    costs: list[tuple[int, float]] | None = declared(COSTS, None, key="omit", since=3)
     """(step, cost) of every event of this turn that carried a cost: each usage kept."""
-    times: list[float | None] = declared(TIMES, factory=list, key="omit", since=4)
+    times: array[float] = declared(TIMES, factory=_new_times, key="omit", since=4)
     """When each transition was taken, in seconds since the session started (one per
     entry of ``path``)."""
     events: list[Any] = declared(IN_PROCESS, factory=list, key="omit")
-    """The event of each transition taken in this process (``None`` for a start), the
-    last ``len(events)`` entries of ``path``'s: a snapshot keeps no events, so a
-    restored turn's earlier steps have none."""
-    walls: list[tuple[int, float]] = declared(IN_PROCESS, factory=list, key="omit")
-    """(step, Unix time) of every step of this turn, in this process, that was given
-    a wall time."""
-    usages: list[tuple[int, Usage]] = declared(USAGES, factory=list, key="omit", since=5)
+    """The event of each transition taken in this process (``None`` for a start;
+    ``(event, wall)`` for a step given a wall time), the last ``len(events)`` entries of
+    ``path``'s: a snapshot keeps no events, so a restored turn's earlier steps have none."""
+    usages: list[tuple[int, Usage]] | None = declared(USAGES, None, key="omit", since=5)
     """(step, usage) of every model call's outcome of this turn that reported one."""
-    reply: Any = declared(IN_PROCESS_VALUE, None, key="omit")
-    """The reply being handled, the host's own object, in this process (a restored
-    turn has its JSON form only: ``reply_data``)."""
 
     @property
     def status(self) -> TurnStatus | None:

@@ -122,7 +122,7 @@ def _relative_text(now: float, value: float | None) -> str:
 
 def _grown_text(
     at: str,
-    value: list[Any],
+    value: Any,
     index: int,
     encoder: Callable[[Any], Any],
     old: TextCache,
@@ -130,6 +130,8 @@ def _grown_text(
 ) -> str:
     """The text of a list that only grows within a turn: what ``old`` wrote of the same
     turn, plus the entries added since."""
+    if value is None:  # a list kept as None while empty
+        return "[]"
     known = old.grown.get(at)
     if known is not None and known[0] == index and known[1] <= len(value):
         body = known[2]
