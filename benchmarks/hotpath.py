@@ -280,7 +280,9 @@ def _parts(number: int) -> dict[str, float]:
         "guards partial, final_answer, ceiling_reached, retries_left (4 calls)": (
             "[g(core, ts, ev, None) for g in guards]; retries_left(core, ts, ev, None)"
         ),
-        "_wait_facts (retry_after + jitter + wait_seconds)": "T._wait_facts(core, ts, ev, 0.0, None)",
+        "_wait_facts (retry_after + jitter + wait_seconds)": (
+            "T._wait_facts(core, ts, ev, 0.0, None)"
+        ),
         "  retry_after(error, wall)": "T.retry_after(ev.error, 1.7e9)",
         "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(core.state.seed, 3)",
         "  wait_seconds(...)": "B.wait_seconds(2, 0.3, None, 500.0, 2.0, 30000.0)",
