@@ -620,3 +620,264 @@ def test_the_store_package_rewires_no_engine_private() -> None:
     assert (
         "from ._journal" not in sources["_core.py"] and "from ._core" not in sources["_errors.py"]
     )
+
+
+# -- what an outside review of the change found (each failed before its fix) ---------------
+
+
+@pytest.mark.requirement("ER-82", "ER-70")
+def test_a_shared_workers_spend_report_reads_the_session_it_stored() -> None:
+    """A worker shared by two threads reads its session (for its observers and its spend
+    report) before it puts it back in memory: a second thread's advance that then loses
+    its compare-and-set can no longer charge the parent for spend no record holds."""
+    import threading
+
+    store = InMemoryStore()
+    release, stalled = threading.Event(), threading.Event()
+
+    def slow_observer(record: sm.TraceRecord) -> None:  # a slow telemetry exporter
+        if threading.current_thread().name == "first" and not stalled.is_set():
+            stalled.set()
+            release.wait(10)
+
+    a = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0, observers=[slow_observer])
+    b = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0)
+    root = sm.Session(sm.Settings(fallback_models=("m2",), max_retries=0), seed=1, session_id="p")
+    child = root.spawn()
+    a.create("p", root)
+    r = a.create("p.1", child)
+    r = a.advance("p.1", None, expected_version=r.version)
+    v = a.advance("p.1", sm.Assembled("q", 5), expected_version=r.version).version
+    billed = sm.ModelFailed(sm.ModelError("overloaded"), cost=0.1)
+    first = threading.Thread(
+        target=lambda: a.advance("p.1", billed, expected_version=v), name="first"
+    )
+    first.start()
+    assert stalled.wait(10)
+    b.advance("p.1", sm.Cancelled(), expected_version=v + 1)  # another worker moves first
+    lost = a.advance("p.1", sm.ModelReplied(cost=0.9), expected_version=v + 1)
+    release.set()
+    first.join()
+    assert lost.status is sm.store.AdvanceStatus.CONFLICT
+    fresh = Worker(store, owner="f", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+    assert fresh.load("p.1").session.cost_usd == pytest.approx(0.1)
+    assert fresh.load("p").session.cost_usd == pytest.approx(0.1)
+
+
+@pytest.mark.requirement("ER-70", "ER-77")
+def test_a_session_that_had_a_doom_check_is_read_by_workers_without_one() -> None:
+    """A host session that ran with a doom check (its state keeps a doom window), stepped
+    by workers without one, is read by every other worker and by the store API (before,
+    every reader expected verdicts the journal could not hold); a worker without a check
+    stepping a journal written with one says how to fix the setup."""
+    host = sm.Session(
+        sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0, doom_check=lambda c: False
+    )
+    t = host.new_turn()
+    t.start()
+    t.send(sm.Assembled("q", 1))
+    t.send(sm.ModelReplied((sm.ToolCall("c1", "fs", "ls", {"d": 1}),)))
+    t.send(sm.ToolsDone((sm.ToolOutcome("c1", True, "ok"),)))
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = w.create("s", host)
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+    calls = (sm.ToolCall("c2", "fs", "ls", {"d": 2}),)
+    r = w.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+    other = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+    assert other.load("s").session.snapshot() == r.session.snapshot()
+    assert store.load("s").record["snapshot"]["turn"]["state"] == "invoking_tools"
+
+    # a store whose workers ask a doom check: every reply's entry says so, verdicts or
+    # none, and a reader without one (the store API) replays them from the journal
+    store = InMemoryStore()
+    checked = Worker(
+        store, owner="c", clock=lambda: 0.0, now=lambda: 1.0, doom_check=lambda c: False
+    )
+    fresh = sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0)
+    r = checked.create("s", fresh)
+    for number in range(2):
+        r = checked.advance("s", None, expected_version=r.version)
+        r = checked.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+        calls = (sm.ToolCall(f"c{number}", "fs", "ls", {"d": number}),)
+        r = checked.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+        outcome = sm.ToolOutcome(f"c{number}", True, "ok")
+        r = checked.advance("s", sm.ToolsDone((outcome,)), expected_version=r.version)
+    entries = json.loads(store.load_payload("s")[1])["journal"]
+    assert [e[4] for e in entries if len(e) == 5] == [[], [False]]  # not asked, then asked
+    other = Worker(store, owner="d", clock=lambda: 0.0, now=lambda: 1.0)
+    assert other.load("s").session.snapshot() == r.session.snapshot()
+    assert store.load("s").record["snapshot"] == r.session.snapshot(at=r.session.last_at)
+    for number in (8, 9):  # the second reply is one the check is asked about
+        r = other.advance("s", None, expected_version=r.version)
+        r = other.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+        calls = (sm.ToolCall(f"c{number}", "fs", "ls", {"d": number}),)
+        if number == 9:
+            with pytest.raises(sm.ConfigError, match="doom_check: this session's journal"):
+                other.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+            break
+        r = other.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+        outcome = sm.ToolOutcome(f"c{number}", True, "ok")
+        r = other.advance("s", sm.ToolsDone((outcome,)), expected_version=r.version)
+
+
+@pytest.mark.requirement("ER-140", "ER-26")
+def test_a_deferred_retry_at_is_read_on_the_restoring_clock() -> None:
+    """A snapshot writes a Finish's retry_at as seconds after its moment, like every
+    reading it holds: restored on another clock, or read through the store API, the
+    retry is as far ahead as it was; a session handed out on a clock far behind its age
+    (retry_at below 0) restores too."""
+    clock = ManualClock(1000.0)
+    session = sm.Session(sm.Settings(max_server_wait_s=10), seed=1, clock=clock)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 1))
+    finish = turn.send(sm.ModelFailed(sm.ModelError("rate_limited", retry_after_seconds=600)))
+    assert isinstance(finish, sm.Finish) and finish.retry_at == 1600.0
+    clock.advance(8.0)
+    restored = sm.Session.restore(session.snapshot(), clock=ManualClock(50.0))
+    assert restored.current_turn.finish.retry_at == 642.0  # type: ignore[union-attr]
+
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 100.0, now=lambda: 1000.0)
+    r = w.create("s", sm.Session(sm.Settings(max_server_wait_s=10), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+    r = w.advance(
+        "s",
+        sm.ModelFailed(sm.ModelError("rate_limited", retry_after_seconds=600)),
+        expected_version=r.version,
+    )
+    assert r.action.retry_at == 700.0  # type: ignore[union-attr]
+    snapshot = store.load("s").record["snapshot"]
+    again = sm.Session.restore(snapshot, clock=lambda: 5000.0)
+    assert again.current_turn.finish.retry_at == 5600.0  # type: ignore[union-attr]
+    late = Worker(store, owner="b", clock=lambda: 100.0, now=lambda: 1000.0 + 86_400, remember=0)
+    handed = late.load("s").session
+    assert handed.current_turn.finish.retry_at == 700.0 - 86_400  # type: ignore[union-attr]
+    sm.Session.restore(handed.snapshot(), clock=lambda: 100.0)
+
+
+@pytest.mark.requirement("ER-82")
+def test_an_ended_childs_unreported_grandchild_spend_is_pulled_into_the_tree() -> None:
+    """A grandchild's spend whose report a worker never made reaches the root: an ended
+    child starts no turn to pull it, so the root's turn start settles it down the tree
+    (before, the root's budget never saw it)."""
+    store = InMemoryStore()
+    a = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    root = sm.Session(sm.Settings(max_cost_usd=1.0), seed=1, clock=lambda: 0.0, session_id="r")
+    child = root.spawn(sm.Settings(max_turns=1))
+    grandchild = child.spawn(sm.Settings())
+    for each in (root, child, grandchild):
+        a.create(each.session_id, each)  # type: ignore[arg-type]
+
+    def turn(w: Worker, sid: str, cost: float) -> Any:
+        r = w.load(sid)
+        r = w.advance(sid, None, expected_version=r.version)
+        r = w.advance(sid, sm.Assembled("q", 1), expected_version=r.version)
+        return w.advance(sid, sm.ModelReplied(cost=cost), expected_version=r.version)
+
+    turn(a, "r.1", 0.0)
+    assert turn(a, "r.1", 0.0).session.status is sm.SessionStatus.ERROR_MAX_TURNS
+    dying = Worker(store, owner="dying", clock=lambda: 0.0, now=lambda: 1.0)
+    dying._report_spend = lambda *_report: None  # type: ignore[method-assign]  # it dies
+    turn(dying, "r.1.1", 0.9)
+    turn(a, "r", 0.2)
+    turn(a, "r", 0.0)
+    fresh = Worker(store, owner="f", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+    assert fresh.load("r.1").session.cost_usd == pytest.approx(0.9)
+    assert fresh.load("r").session.cost_usd == pytest.approx(1.1)
+    assert fresh.load("r").session.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+
+
+@pytest.mark.requirement("ER-82", "ER-70")
+def test_a_spend_report_lost_to_rounding_leaves_the_worker_holding_what_is_stored() -> None:
+    """A child's total that float rounding hides in the parent's spend is still a new
+    total: it is written, so the parent the worker holds is the stored one."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    root = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0, session_id="r")
+    child = root.spawn()
+    w.create("r", root)
+    w.create("r.1", child)
+    for sid, cost in (("r", 1000.0), ("r.1", 1e-14)):
+        r = w.load(sid)
+        r = w.advance(sid, None, expected_version=r.version)
+        r = w.advance(sid, sm.Assembled("q", 1), expected_version=r.version)
+        w.advance(sid, sm.ModelReplied(cost=cost), expected_version=r.version)
+    held = w.load("r")
+    fresh = Worker(store, owner="f", clock=lambda: 0.0, now=lambda: 1.0, remember=0).load("r")
+    assert fresh.version == held.version
+    assert fresh.session.child_costs == held.session.child_costs == {"r.1": 1e-14}
+
+
+@pytest.mark.requirement("ER-145")
+def test_a_claim_and_carried_outcomes_must_answer_every_call_in_flight() -> None:
+    """Of the calls in flight each is claimed or has a carried outcome, once: a claim on
+    some of them only, or carried outcomes with no claim, is CorruptSession naming the
+    key (before, resume then failed with IllegalEvent, or the session hung on an empty
+    InvokeTools)."""
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = w.create("s", sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+    calls = (sm.ToolCall("c1", "p", "write"), sm.ToolCall("c2", "p", "write"))
+    w.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+    healthy = json.loads(store.load_payload("s")[1])
+    outcome = {"$type": "ToolOutcome", "call_id": "c1", "ok": False, "category": "cancelled"}
+    forgeries = {
+        "claim": lambda d: d["claim"].__setitem__("calls", ["c1"]),
+        "carried": lambda d: (d.__setitem__("claim", None), d.__setitem__("carried", [outcome])),
+    }
+    for key, change in forgeries.items():
+        data = json.loads(json.dumps(healthy))
+        change(data)
+        store.compare_and_set("s", store.load_payload("s")[0], data)
+        reader = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+        with pytest.raises(CorruptSession, match=rf"record's {key}: "):
+            reader.load("s")
+        with pytest.raises(CorruptSession, match=rf"record's {key}: "):
+            store.load("s")
+
+
+@pytest.mark.requirement("ER-140", "ER-143", "ER-144")
+def test_numbers_past_a_float_and_odd_reply_forms_are_refused_or_made_plain() -> None:
+    """Ints too large for a float are refused naming the field (never OverflowError); a
+    copy whose readings would overflow is refused; a reply whose JSON form is a dict or
+    str subclass is kept as plain JSON (the snapshot restores), one whose attribute
+    lookup raises is refused, and one whose form is None still comes back as itself."""
+    with pytest.raises(sm.InvalidValue, match=r"Usage\.cost_usd"):
+        sm.Usage(cost_usd=10**400)
+    with pytest.raises(ValueError, match="wall: must be a finite Unix time"):
+        sm.classify(httpx.Response(429), wall=10**400)
+    session = sm.Session(sm.Settings(), seed=1, clock=None, started=0.0)
+    session.new_turn(at=1e307).start(at=1e307)
+    with pytest.raises(sm.ConfigError, match=r"started: .* beyond a float"):
+        session.copy(started=1.79e308)
+
+    class Ordered(pydantic.BaseModel):
+        def model_dump(self, **_: Any) -> Any:  # type: ignore[override]
+            from collections import OrderedDict
+
+            return OrderedDict(a=1)
+
+    class Lookups:
+        def __getattr__(self, name: str) -> Any:
+            raise KeyError(name)
+
+    class Nothing(pydantic.BaseModel):
+        def model_dump(self, **_: Any) -> Any:  # type: ignore[override]
+            return None
+
+    for reply in (Ordered(), Nothing()):
+        s = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0)
+        t = s.new_turn()
+        t.start()
+        t.send(sm.Assembled("q", 1))
+        finish = t.send(sm.ModelReplied(reply=reply))
+        assert finish.reply is reply  # type: ignore[union-attr]
+        sm.Session.restore(json.loads(json.dumps(s.snapshot())), clock=lambda: 0.0)
+    with pytest.raises(sm.InvalidValue, match=r"looking up .*Lookups\.model_dump raised KeyError"):
+        sm.ModelReplied(reply=Lookups())

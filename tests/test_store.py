@@ -822,7 +822,7 @@ def test_a_childs_spend_reaches_its_parents_record_across_workers(
     assert a.load("p").session.child_costs == {"p.kid": pytest.approx(0.4)}
 
     silent = worker(store, "c", now)
-    silent._report_spend = lambda _session: None  # type: ignore[method-assign]  # it dies
+    silent._report_spend = lambda *_report: None  # type: ignore[method-assign]  # it dies
     result = silent.advance("p.kid", None, expected_version=result.version)
     result = silent.advance("p.kid", sm.Assembled("req", 10), expected_version=result.version)
     silent.advance("p.kid", sm.ModelReplied(cost=0.7), expected_version=result.version)
@@ -832,8 +832,8 @@ def test_a_childs_spend_reaches_its_parents_record_across_workers(
     assert started.session.cost_usd == pytest.approx(1.1)  # ...and pulled at the turn start
     assert started.session.current_turn is not None
     assert started.session.current_turn.final_answer  # the tree's spend fired the budget
-    again = b.load("p.kid")
-    b._report_spend(again.session)
+    again = b.load("p.kid").session
+    b._report_spend(again.parent_id, again.session_id, again.cost_usd)
     assert a.load("p").session.cost_usd == pytest.approx(1.1)  # a repeat counts nothing
 
 

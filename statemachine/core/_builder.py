@@ -173,7 +173,7 @@ _TEXT_EXPRESSIONS: dict[TextHow, str] = {
     "status": "status_text({read})",
     "relative": "relative_text(now, {read})",
     "turn": "'null' if {read} is None else turn_text({read}, now, old, new)",
-    "actions": "actions_text({read}, state.index, old, new)",
+    "actions": "actions_text({read}, state.index, now, old, new)",
     "grown": "grown_text({at!r}, {read}, state.index, enc_{name}, old, new)",
     "data": "dumps({read} if enc_{name} is None else enc_{name}({read}))",
 }

@@ -655,7 +655,7 @@ def _finish_action(
         _model(core, turn),
         turn.fallbacks,
         retry_at,
-        data if data is None else _reply_object(turn, data),
+        _reply_object(turn, data),
         done,
         reply_data=data,
     )

@@ -227,7 +227,12 @@ def json_form(value: Any, name: str) -> Any:
         return owned_json(value, name)
     data: Any
     how: str
-    dump = getattr(value, "model_dump", None)
+    try:
+        dump = getattr(value, "model_dump", None)
+    except Exception as exc:  # an object whose attribute lookup raises what it likes
+        raise InvalidValue(
+            f"{name}: looking up {kind.__qualname__}.model_dump raised {short_repr(exc)}"
+        ) from None
     if callable(dump) and not isinstance(value, type):
         data, how = _converted(lambda: dump(mode="json"), name, kind, "model_dump(mode='json')")
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -245,7 +250,9 @@ def json_form(value: Any, name: str) -> Any:
     problem = json_problem(data)
     if problem is not None:
         raise InvalidValue(f"{name}: {how} of a {kind.__qualname__} is not JSON data: {problem}")
-    return json.loads(_COPY.encode(data)) if type(data) in _CONTAINERS else data
+    # an owned copy of the JSON parser's own types (a dict or str subclass comes back
+    # plain: a snapshot is read back with those only)
+    return data if type(data) in _JSON_SCALARS else json.loads(_COPY.encode(data))
 
 
 def _converted(convert: Any, name: str, kind: type, how: str) -> tuple[Any, str]:

@@ -554,7 +554,13 @@ class Session:
         _check_doom_check(doom_check)
         state = copy_session_state(core.state)
         if started is not None:
-            shift_state(state, _start_reading(started) - state.started)
+            delta = _start_reading(started) - state.started
+            if not finite(delta) or not finite(core.last + delta):
+                raise ConfigError(
+                    f"started: {started!r:.60} puts the session's readings beyond a float "
+                    "(they move with its start)"
+                )
+            shift_state(state, delta)
         copy = Core(core.settings, state, tuple(observers), core.dispatch, doom_check)
         return Session._over(copy, clock, wall_clock)
 

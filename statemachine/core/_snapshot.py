@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._exceptions import ConfigError, SnapshotError
-from ._json_data import json_problem, short_repr
+from ._json_data import finite, json_problem, short_repr
 from ._reachable import COUNTER_DELTAS, check_reachable
 from ._settings import Settings
 from ._state import (
@@ -161,7 +161,7 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
     if version < 4:
         _from_version_3(body)
     if version < 5:
-        _from_version_4(body)
+        _from_version_4(body, now)
     if "settings" not in body:
         raise SnapshotError("settings: missing")
     raw_settings = body.pop("settings")
@@ -188,11 +188,31 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
 # -- version 4 --------------------------------------------------------------------------
 
 
-def _from_version_4(body: dict[str, Any]) -> None:
-    """Version 4 kept no usage: its turn's steps reported none."""
+def _from_version_4(body: dict[str, Any], now: float) -> None:
+    """Version 4 kept no usage: its turn's steps reported none. It wrote a Finish's
+    ``retry_at`` as the reading of the writer's clock, not as seconds after the
+    snapshot's moment: it is read back as that reading, as it was."""
     turn = body.get("turn")
     if type(turn) is dict:
-        body["turn"] = {**defaults_since(TurnState, 4), **turn}
+        turn = {**defaults_since(TurnState, 4), **turn}
+        actions = turn.get("actions")
+        if type(actions) is list:
+            turn["actions"] = [_retry_at_from_now(action, now) for action in actions]
+        body["turn"] = turn
+
+
+def _retry_at_from_now(action: Any, now: float) -> Any:
+    """A version-4 Finish with its absolute ``retry_at`` made relative to ``now`` (so
+    reading it back gives the absolute value again)."""
+    if type(action) is dict and action.get("$type") == "Finish":
+        retry_at = action.get("retry_at")
+        if (
+            isinstance(retry_at, int | float)
+            and not isinstance(retry_at, bool)
+            and finite(retry_at)
+        ):
+            return {**action, "retry_at": retry_at - now}
+    return action
 
 
 # -- version 3 --------------------------------------------------------------------------

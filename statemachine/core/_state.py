@@ -468,7 +468,7 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
         ("error", lambda v: v is None or type(v) is ModelError),
         ("model", _is_text),
         ("fallbacks", _fallbacks),
-        ("retry_at", lambda v: _is_seconds(v, optional=True)),
+        ("retry_at", lambda v: v is None or (type(v) in (int, float) and finite(v))),
         ("reply", _is_data),
         ("done", lambda v: type(v) is bool),
     ),
@@ -486,6 +486,27 @@ def _action_problem(action: Action) -> str | None:
 
 PATH = Kind("path", _encode_path, _decode_path, list, grows=True)
 ACTIONS = Kind("actions", encode, _decode_actions, list, grows=True)
+"""The turn's actions. A Finish's ``retry_at``, a reading of the session's clock, is
+written as the seconds after the snapshot's moment (``encode_action``), like every
+reading a snapshot holds, and read back on the restoring clock (``action_at``)."""
+
+
+def encode_action(action: Action, now: float) -> Any:
+    """``action`` as a snapshot writes it at ``now``."""
+    data = encode(action)
+    if type(action) is Finish and action.retry_at is not None:
+        data["retry_at"] = action.retry_at - now
+    return data
+
+
+def action_at(action: Action, now: float) -> Action:
+    """``action`` as a snapshot read at ``now`` holds it (the inverse of
+    :func:`encode_action`)."""
+    if type(action) is Finish and action.retry_at is not None:
+        return attrs.evolve(action, retry_at=action.retry_at + now)
+    return action
+
+
 ACTION_TYPES = (Assemble, CallModel, Wait, InvokeTools, Finish)
 
 # -- the trace's rows and steps -------------------------------------------------------
@@ -726,6 +747,8 @@ def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
         value = getattr(state, name)
         if mode == "relative":
             out[key] = None if value is None else now - value
+        elif mode == "actions":
+            out[key] = [encode_action(action, now) for action in value]
         elif mode == "turn":
             out[key] = None if value is None else encode_state(value, now)
         else:
@@ -736,7 +759,15 @@ def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
 def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
     plan = []
     for name, key, kind in _PLANS[cls]:
-        mode = "relative" if kind.relative else "turn" if kind is TURN else None
+        mode = (
+            "relative"
+            if kind.relative
+            else "turn"
+            if kind is TURN
+            else "actions"
+            if kind is ACTIONS
+            else None
+        )
         plan.append((name, key, None if kind.encode is _same else kind.encode, mode))
     return tuple(plan)
 
@@ -762,6 +793,8 @@ def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
             values[name] = None if item is None else decode_state(TurnState, item, now, "turn.")
             continue
         value = kind.decode(raw[key], prefix + key)
+        if kind is ACTIONS:
+            value = [action_at(action, now) for action in value]
         values[name] = now - value if kind.relative and value is not None else value
     if len(raw) != len(plan):
         known = {key for _, key, _ in plan}

@@ -21,7 +21,6 @@ from typing import Any
 
 from ._actions import Action, Assemble, Wait
 from ._builder import TextHow, build_text_writer
-from ._codec import encode
 from ._state import (
     ACTIONS,
     COUNT,
@@ -39,6 +38,7 @@ from ._state import (
     SessionState,
     TurnState,
     _same,
+    encode_action,
     stored_fields,
 )
 from ._taxonomy import SessionStatus
@@ -149,10 +149,13 @@ _PLAIN_ACTIONS = (Assemble, Wait)
 """Actions that hold none of the host's data: their text never changes."""
 
 
-def _actions_text(value: list[Action], index: int, old: TextCache, new: TextCache) -> str:
-    """The text of the turn's actions: a ``Wait`` or an ``Assemble`` met before is
-    reused; an action that carries the host's data (a request, calls, results) is
-    written anew, as the host may have changed that data in place."""
+def _actions_text(
+    value: list[Action], index: int, now: float, old: TextCache, new: TextCache
+) -> str:
+    """The text of the turn's actions at ``now``: a ``Wait`` or an ``Assemble`` met
+    before is reused; an action that carries the host's data (a request, calls,
+    results) or a reading of the clock (a Finish) is written anew, as the host may have
+    changed that data in place."""
     known = old.actions
     seen, before = (known[1], known[2]) if known is not None and known[0] == index else ([], [])
     texts = []
@@ -160,7 +163,7 @@ def _actions_text(value: list[Action], index: int, old: TextCache, new: TextCach
         if i < len(seen) and action is seen[i] and type(action) in _PLAIN_ACTIONS:
             texts.append(before[i])
         else:
-            texts.append(_dumps(encode(action)))
+            texts.append(_dumps(encode_action(action, now)))
     new.actions = (index, list(value), texts)
     return f"[{','.join(texts)}]"
 

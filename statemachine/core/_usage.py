@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -58,7 +59,12 @@ def _count(value: Any) -> Any:
 
 
 def _number(value: Any) -> Any:
-    return float(value) if type(value) is int else value
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:  # an int too large for a float: refused as infinite
+            return math.inf
+    return value
 
 
 @attrs.frozen

@@ -55,7 +55,7 @@ from typing import Any
 import attrs
 
 from ..core._events import ModelFailed
-from ..core._json_data import MAX_DEPTH, MAX_INT_BITS
+from ..core._json_data import MAX_DEPTH, MAX_INT_BITS, finite
 from ..core._model_error import Headers, ModelError, to_headers
 from ..core._retry_after import header_retry_after
 from ..core._state_text import json_text
@@ -157,7 +157,7 @@ def classify(obj: object, *, wall: float | None = None) -> ModelError:
 
 
 def _wall_time(wall: object) -> float:
-    if isinstance(wall, bool) or not isinstance(wall, int | float) or not math.isfinite(wall):
+    if isinstance(wall, bool) or not isinstance(wall, int | float) or not finite(wall):
         raise ValueError(f"wall: must be a finite Unix time in seconds, got {wall!r:.60}")
     return float(wall)
 

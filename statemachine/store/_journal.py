@@ -21,8 +21,8 @@ restored with its start at 0). An entry (record version 3) is ``[op, at, wall, *
 * ``["b", null, null, budget]``: ``record_ancestor_budget(budget)``, read at a turn start.
 
 Version 2 entries (``[op, times, walls, *args]``, the lists of clock readings a step
-made when the engine still read clocks) are read as the step at its last reading, with
-its first wall reading.
+made when the engine still read clocks) are read as the step at the latest of its
+readings, with its first wall reading.
 """
 
 from __future__ import annotations
@@ -92,8 +92,12 @@ class Verdicts:
             if not script:
                 raise _Short("doom check")
             return script.pop()
-        if self.check is None:
-            raise _Short("doom check")  # a replay that holds verdicts, with no host check
+        if self.check is None:  # a live step of a session whose journal holds verdicts
+            raise ConfigError(
+                "doom_check: this session's journal was written by a worker with a doom "
+                "check, and this worker has none: give every worker of a store the same "
+                "doom_check (or none)"
+            )
         verdict = self.check(window)
         if type(verdict) is bool:
             self.asked.append(verdict)
@@ -145,14 +149,15 @@ def entry_text(
 ) -> str:
     """The journal entry of ``step`` taken at ``at`` (Unix time ``wall``), as JSON text
     (the event encoded as a snapshot encodes values, without the fields at their
-    default)."""
+    default); ``verdicts``, when a list (empty for a reply the check was not asked
+    about), says the step was taken with a doom check, and what it answered."""
     op = step[0]
     if op != EVENT:
         if op == START and type(at) is float and wall is None:
             return f'["s",{float.__repr__(at)},null]'
         return json_text([op, at, wall, *step[1:]])
     event = step[1]
-    if verdicts:  # the doom check's verdicts follow the event
+    if verdicts is not None:  # the doom check's verdicts (maybe none) follow the event
         return json_text([op, at, wall, compact(event), verdicts])
     if type(at) is not float:
         return json_text([op, at, wall, compact(event)])
@@ -363,12 +368,13 @@ def base_session(record: Record, verdicts: Verdicts | None) -> Session:
     at 0), whose doom check is ``verdicts``; ``CorruptSession`` if it is unusable."""
     snapshot = record.snapshot or {}
     elapsed: Any = snapshot.get("elapsed_s")
+    at = _as_float(elapsed) if _number(elapsed) else 0.0
     try:
         return Session.restore(
             snapshot,
             None,
             wall_clock=None,
-            at=float(elapsed) if _number(elapsed) and math.isfinite(elapsed) else 0.0,
+            at=at if math.isfinite(at) else 0.0,  # restore names a wrong elapsed_s
             doom_check=verdicts,
         )
     except SnapshotError as exc:
@@ -395,14 +401,12 @@ def replay_record(
 def verdicts_for(record: Record, check: DoomCheck | None) -> Verdicts | None:
     """The doom check a session read from ``record`` runs with: one that asks ``check``
     (the host's), or, with none, one that only gives back the verdicts the journal
-    holds (when it holds any, or the snapshot keeps a window the check reads)."""
+    holds, when its entries say they were taken with a check (a worker with a check
+    writes the verdicts of every reply's entry, maybe none)."""
     if check is not None:
         return Verdicts(check)
-    snapshot = record.snapshot or {}
-    asks = bool(snapshot.get("doom_window")) or any(
-        type(e) is list and len(e) == 5 and e[0] == EVENT for e in record.journal
-    )
-    return Verdicts(None) if asks else None
+    checked = any(type(e) is list and len(e) == 5 and e[0] == EVENT for e in record.journal)
+    return Verdicts(None) if checked else None
 
 
 def check_record(record: Record, session: Session) -> None:
@@ -414,18 +418,17 @@ def check_record(record: Record, session: Session) -> None:
     last = session.last_at
     if record.elapsed_s < last:
         raise _bad(sid, "elapsed_s", f"{record.elapsed_s!r} is before the last step ({last!r})")
-    finished = session.finished_at
-    if (record.finished_s is None) != (finished is None):
-        said = "a finish" if record.finished_s is not None else "no finish"
-        truth = "a turn is running" if finished is None else "the last turn has finished"
-        raise _bad(sid, "finished_s", f"the record says {said}, but {truth}")
-    if finished is not None and record.finished_s is not None:
+    finished, said = session.finished_at, record.finished_s
+    if said is None or finished is None:
+        if said is not None or finished is not None:
+            told = "a finish" if said is not None else "no finish"
+            truth = "a turn is running" if finished is None else "the last turn has finished"
+            raise _bad(sid, "finished_s", f"the record says {told}, but {truth}")
+    else:
         expected = record.elapsed_s - finished
-        if abs(record.finished_s - expected) > FINISHED_TOLERANCE_S * max(1.0, abs(expected)):
+        if abs(said - expected) > FINISHED_TOLERANCE_S * max(1.0, abs(expected)):
             raise _bad(
-                sid,
-                "finished_s",
-                f"{record.finished_s!r}, but the last turn finished {expected!r} s before",
+                sid, "finished_s", f"{said!r}, but the last turn finished {expected!r} s before"
             )
     claim, carried = record.claim, record.carried
     if claim is None and not carried:
@@ -436,15 +439,21 @@ def check_record(record: Record, session: Session) -> None:
         key = "claim" if claim is not None else "carried"
         raise _bad(sid, key, "tool calls are held, but the session is not invoking tools")
     in_flight = {call.id for call in pending.calls}
-    if claim is not None:
-        missing = [i for i in claim.calls if i not in in_flight]
-        if missing or len(set(claim.calls)) != len(claim.calls):
-            raise _bad(
-                sid, "claim", f"names calls {list(claim.calls)!r:.80} not in flight once each"
-            )
+    if claim is None:  # outcomes are carried only beside a claim on the calls re-run
+        raise _bad(sid, "carried", "holds outcomes, but no call is claimed")
+    claimed = list(claim.calls)
     ids = [o.call_id for o in carried]
+    if any(i not in in_flight for i in claimed) or len(set(claimed)) != len(claimed):
+        raise _bad(sid, "claim", f"names calls {claimed!r:.80} not in flight once each")
     if any(i not in in_flight for i in ids) or len(set(ids)) != len(ids):
         raise _bad(sid, "carried", f"holds outcomes {ids!r:.80} for calls not in flight once each")
+    if set(claimed) | set(ids) != in_flight or set(claimed) & set(ids):
+        raise _bad(
+            sid,
+            "claim",
+            f"claims {claimed!r:.60} beside outcomes for {ids!r:.60}: each call in flight "
+            "is either claimed or answered, once",
+        )
 
 
 def _bad(session_id: str, key: str, what: str) -> CorruptSession:

@@ -62,8 +62,9 @@ class Claim:
 
 @attrs.define
 class Record:
-    """One session's record (not frozen only to be quick to build: nothing changes one
-    once built). Read from a store it holds the decoded base ``snapshot``
+    """One session's record (not frozen: a worker that holds the record it wrote last,
+    and no one else does, appends the next step's entry to it in place). Read from a
+    store it holds the decoded base ``snapshot``
     and ``journal``; written by a :class:`~statemachine.store.Worker` to a store of
     bytes it holds where the bytes of its journal's last entry end (``prefix_end``)
     instead, and the base snapshot's JSON text with the ``cache`` that built it."""

@@ -13,17 +13,18 @@ from __future__ import annotations
 import enum
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
 from ..core._actions import Action, Finish, InvokeTools
 from ..core._engine import needs_wall
-from ..core._events import ToolsDone
+from ..core._events import ModelReplied, ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
@@ -101,6 +102,8 @@ __all__ = [
     "Worker",
 ]
 
+_T = TypeVar("_T")
+_LARGEST = sys.float_info.max
 _KEYS_KEPT = 4096
 """How many checked session ids an InMemoryStore keeps the keys of."""
 _LIVE_SESSIONS = 1024
@@ -331,6 +334,31 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
+def _asked(verdicts: Verdicts | None, event: object) -> list[bool] | None:
+    """The doom-check verdicts a step's entry holds: the ones the host's check gave, and
+    for a reply an empty list when it gave none (the entry says the check was there:
+    a reader replays the step with one), else ``None``."""
+    if verdicts is None or verdicts.check is None:
+        return None
+    asked = verdicts.take()
+    return asked if asked or type(event) is ModelReplied else None
+
+
+def _spend_facts(session: Session) -> tuple[str | None, float, bool, bool]:
+    """What a parent pulls of a child: its parent's id, its total spend, whether it has
+    ended and whether it has children of its own."""
+    return (
+        session.parent_id,
+        session.cost_usd,
+        session.status is not None,
+        bool(session.child_costs),
+    )
+
+
+_MAX_DEPTH = 16
+"""How deep a turn start settles the spend of ended sessions down a session tree."""
+
+
 def _mark(session: Session) -> tuple[int, int]:
     """Where the steps about to be taken begin: the current turn and its steps so far."""
     turn = session.current_turn
@@ -427,11 +455,13 @@ class Worker:
     # -- time ---------------------------------------------------------------------
 
     def _age(self, record: Record, wall: float) -> float:
-        """The session's age now (Unix time ``wall``), as ``record`` gives it."""
-        if not self._count_idle:
-            return record.elapsed_s
-        idle = wall - record.saved_at
-        return record.elapsed_s + idle if idle > 0.0 else record.elapsed_s
+        """The session's age now (Unix time ``wall``), as ``record`` gives it (at most
+        the largest float, whatever the record's wall time)."""
+        age = record.elapsed_s
+        if self._count_idle and wall > record.saved_at:
+            age += wall - record.saved_at
+            age = min(age, _LARGEST)
+        return age
 
     # -- the sessions a worker holds -----------------------------------------------
 
@@ -524,7 +554,7 @@ class Worker:
         if self._count_idle:
             idle = self._now() - saved_at
             if idle > 0.0:
-                age += idle
+                age = min(age + idle, _LARGEST)
         return own.copy(
             clock=self._clock,
             wall_clock=self._now,
@@ -792,11 +822,14 @@ class Worker:
             version,
             action,
         )
-        self._remember(session_id, live)  # type: ignore[arg-type]
+        # read the session before it is remembered: from then on another thread may
+        # take it out and step it (an advance that may never be stored)
         if self._observers:
             self._deliver(session, mark, offset)
-        if spent:
-            self._report_spend(session)
+        report = (session.parent_id, session.session_id, session.cost_usd) if spent else None
+        self._remember(session_id, live)  # type: ignore[arg-type]
+        if report is not None:
+            self._report_spend(*report)
         return result
 
     def _apply(
@@ -807,9 +840,7 @@ class Worker:
         wall time they were taken at, where they began and whether they spent."""
         session, record = live.session, live.record
         wall = self._now()
-        age = record.elapsed_s
-        if self._count_idle and wall > record.saved_at:
-            age += wall - record.saved_at
+        age = self._age(record, wall)
         mark = _mark(session) if self._observers else (0, 0)
         tree = session.parent_id is not None
         before = session.cost_usd if tree else 0.0
@@ -835,8 +866,7 @@ class Worker:
             action = turn.send(event, at=age, wall=given)
             entries = []
             if self._payload_cas is not None:
-                verdicts = live.verdicts
-                asked = None if verdicts is None else verdicts.take()
+                asked = _asked(live.verdicts, event)
                 entries.append(entry_text((EVENT, event), age, given, asked))
         return action, entries, age, wall, mark, tree and session.cost_usd > before
 
@@ -864,7 +894,7 @@ class Worker:
                 at = given = None
             apply_step(session, step, at, given)
             if journaled:
-                asked = None if verdicts is None else verdicts.take()
+                asked = _asked(verdicts, step[1]) if op == EVENT else None
                 entries.append(entry_text(step, at, given, asked))
         return entries
 
@@ -883,29 +913,73 @@ class Worker:
 
     # -- spend across the session tree ----------------------------------------------
 
-    def _peek(self, session_id: str) -> Session | None:
-        """The stored session ``session_id`` (put back as the latest), or ``None`` when
-        it cannot be read."""
+    def _peek(self, session_id: str, read: Callable[[Session], _T]) -> _T | None:
+        """``read(session)`` of the stored session ``session_id``, taken before the
+        session is put back as the latest (from then on another thread may step it);
+        ``None`` when it cannot be read."""
         try:
             live = self._read(session_id)
         except (SessionNotFound, CorruptSession, InvalidSessionId):
             return None
+        value = read(live.session)
         self._remember(session_id, live)
-        return live.session
+        return value
 
-    def _pulled_spend(self, session: Session) -> list[Step]:
+    def _pulled_spend(self, session: Session, depth: int = 0) -> list[Step]:
         """Before a parent's turn starts, each child's total from its record, so a
-        report a worker never made (it died after writing the child) is not lost."""
+        report a worker never made (it died after writing the child) is not lost. A
+        child that has ended starts no turn to pull its own children's totals: they are
+        settled into its record first, down the tree."""
         steps: list[Step] = []
         known = session.child_costs
         for child_id in known:
-            child = self._peek(child_id)
-            if child is None:
+            facts = self._peek(child_id, _spend_facts)
+            if facts is None:
                 continue
-            total = child.cost_usd
-            if child.parent_id == session.session_id and total > known[child_id]:
+            parent_id, total, ended, parent = facts
+            if ended and parent and depth < _MAX_DEPTH:
+                total = self._settled(child_id, depth + 1) or total
+            if parent_id == session.session_id and total > known[child_id]:
                 steps.append((CHILD_SPEND, child_id, total))
         return steps
+
+    def _settled(self, session_id: str, depth: int, attempts: int = 16) -> float | None:
+        """The total spend of session ``session_id`` (one that has ended) once its
+        children's totals are pulled into its record and written; ``None`` when it
+        cannot be read or written."""
+        for _ in range(attempts):
+            try:
+                live = self._read(session_id)
+            except (SessionNotFound, CorruptSession, InvalidSessionId):
+                return None
+            session, record = live.session, live.record
+            steps = self._pulled_spend(session, depth)
+            if not steps:
+                total = session.cost_usd
+                self._remember(session_id, live)
+                return total
+            wall = self._now()
+            entries = self._steps(session, live.verdicts, steps, 0.0, wall)
+            new = self._record(
+                session_id,
+                live,
+                session,
+                None,
+                record.keys,
+                self._age(record, wall),
+                wall,
+                claim=record.claim,
+                carried=record.carried,
+                entries=entries,
+            )
+            try:
+                version = self._write(session_id, live.version, new, session)
+            except StaleWrite:
+                continue
+            total = session.cost_usd  # read before it is remembered
+            self._remember(session_id, _Live(version, new, session, live.verdicts))
+            return total
+        return None
 
     def _pulled_budget(self, session: Session) -> list[Step]:
         """Before a child's turn starts, its parent's remaining budget from the
@@ -913,35 +987,42 @@ class Worker:
         parent_id = session.parent_id
         if parent_id is None:
             return []
-        parent = self._peek(parent_id)
-        if parent is None or session.session_id not in parent.child_costs:
+        child_id = session.session_id
+        budget = self._peek(
+            parent_id,
+            lambda parent: (child_id in parent.child_costs, parent.remaining_budget_usd),
+        )
+        if budget is None or not budget[0]:
             return []  # not this parent's child (a forged or re-created id): keep what it has
-        return [(BUDGET, parent.remaining_budget_usd)]
+        return [(BUDGET, budget[1])]
 
-    def _report_spend(self, child: Session, attempts: int = 16) -> None:
-        """Charge ``child``'s total to its ancestors' records (compare-and-set, retried
-        on a conflict; a total is a max-merge, so a repeat is harmless). A parent that
-        is not in this store (or gone) is skipped: its next turn start pulls the total."""
-        while child.parent_id is not None:
-            parent_id, child_id, total = child.parent_id, child.session_id, child.cost_usd
-            parent: Session | None = None
+    def _report_spend(
+        self, parent_id: str | None, child_id: str | None, total: float, attempts: int = 16
+    ) -> None:
+        """Charge child ``child_id``'s ``total`` to the records of its parent
+        ``parent_id`` and up the tree (compare-and-set, retried on a conflict; a total is
+        a max-merge, so a repeat is harmless). A parent that is not in this store (or
+        gone) is skipped: its next turn start pulls the total."""
+        while parent_id is not None and child_id is not None:
+            up: tuple[str | None, str | None, float] | None = None
             for _ in range(attempts):
                 try:
                     live = self._read(parent_id)
                 except (SessionNotFound, CorruptSession, InvalidSessionId):
                     return
                 parent, record = live.session, live.record
-                if child_id not in parent.child_costs:
+                known = parent.child_costs
+                if child_id not in known:
                     self._remember(parent_id, live)
                     return  # not this parent's child (re-created under its id): nothing to charge
-                before = parent.cost_usd
+                if total <= known[child_id]:  # counted already: the record holds it
+                    up = (parent.parent_id, parent.session_id, parent.cost_usd)
+                    self._remember(parent_id, live)
+                    break
                 wall = self._now()
                 entries = self._steps(
-                    parent, live.verdicts, [(CHILD_SPEND, child_id or "", total)], 0.0, wall
+                    parent, live.verdicts, [(CHILD_SPEND, child_id, total)], 0.0, wall
                 )
-                if parent.cost_usd == before:
-                    self._remember(parent_id, live)
-                    break  # already counted
                 new = self._record(
                     parent_id,
                     live,
@@ -958,13 +1039,13 @@ class Worker:
                     version = self._write(parent_id, live.version, new, parent)
                 except StaleWrite:
                     continue
+                # read before it is remembered: another thread may step it from then on
+                up = (parent.parent_id, parent.session_id, parent.cost_usd)
                 self._remember(parent_id, _Live(version, new, parent, live.verdicts))
                 break
-            else:
+            if up is None:
                 return
-            if parent is None:
-                return
-            child = parent
+            parent_id, child_id, total = up
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
         live = self._read(session_id)
