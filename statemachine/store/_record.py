@@ -147,9 +147,12 @@ def middle_text(
 def tail_text(saved_at: float, middle: str, elapsed_s: float, finished_s: float | None) -> str:
     """A record's text after its prefix: the journal's ``]`` and the keys after it
     (``middle``: :func:`middle_text`)."""
+    # the usual floats written at once (number_text for the rest: ints, float subclasses)
+    saved = float.__repr__(saved_at) if type(saved_at) is float else number_text(saved_at)
+    elapsed = float.__repr__(elapsed_s) if type(elapsed_s) is float else number_text(elapsed_s)
     return (
-        f'],"saved_at":{number_text(saved_at)}{middle}'
-        f',"elapsed_s":{number_text(elapsed_s)},"finished_s":{number_or_null(finished_s)}}}'
+        f'],"saved_at":{saved}{middle}'
+        f',"elapsed_s":{elapsed},"finished_s":{number_or_null(finished_s)}}}'
     )
 
 

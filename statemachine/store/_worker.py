@@ -228,10 +228,15 @@ class InMemoryStore(BytesStore):
         :class:`Worker` writes: it builds the bytes from what changed since its last
         write). ``incarnation`` is the one the record names."""
         key = self.key(session_id)
-        expected = check_version(session_id, expected_version)
-        check_payload(session_id, payload, self.max_bytes)
+        expected = expected_version
+        if type(expected) is not int or expected < 0:
+            expected = check_version(session_id, expected_version)
+        if len(payload) > self.max_bytes:
+            check_payload(session_id, payload, self.max_bytes)  # raises, naming the size
         with self._lock:
-            entry = self._get(key)
+            entry = self._data.get(key)
+            if entry is not None and entry[2] is not None:
+                entry = self._get(key)  # it may have expired
             actual = 0 if entry is None else entry[0]
             if actual != expected:
                 raise stale(session_id, expected, actual)
@@ -279,7 +284,7 @@ class _Live:
     check is ``verdicts``. Whoever takes one out of the worker's memory owns it until it
     puts it back (nothing else reads or steps it meanwhile)."""
 
-    __slots__ = ("record", "session", "verdicts", "version")
+    __slots__ = ("record", "session", "tree", "verdicts", "version")
 
     def __init__(
         self, version: int, record: Record, session: Session, verdicts: Verdicts | None
@@ -288,6 +293,8 @@ class _Live:
         self.record = record
         self.session = session
         self.verdicts = verdicts
+        self.tree = session.parent_id is not None
+        """Whether the session is a child: its spend is reported up the tree."""
 
 
 Handout = tuple[Any, str, int, Session | None, bytes | None, float, float]
@@ -647,7 +654,7 @@ class Worker:
         if claim is None and type(action) is InvokeTools and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
         last = session.last_at
-        elapsed = max(elapsed, last)
+        elapsed = last if elapsed < last else elapsed
         finished_at = session.finished_at
         finished = None if finished_at is None else elapsed - finished_at
         previous = None if live is None else live.record
@@ -695,11 +702,12 @@ class Worker:
                 previous.prefix_end = end + len(added)  # type: ignore[operator]
                 previous.entries = count + len(entries)
                 previous.saved_at = wall
-                previous.keys, previous.claim, previous.carried = keys, claim, carried
-                previous.middle = middle
                 previous.elapsed_s, previous.finished_s = elapsed, finished
-                previous.snapshot = None
-                previous.journal = ()
+                if middle is not previous.middle:
+                    previous.keys, previous.claim, previous.carried = keys, claim, carried
+                    previous.middle = middle
+                if previous.snapshot is not None or previous.journal:
+                    previous.snapshot, previous.journal = None, ()  # read: only the bytes now
                 return previous
         incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
         # the snapshot written anew, the journal empty
@@ -727,8 +735,16 @@ class Worker:
             middle=fresh,
         )
 
-    def _write(self, session_id: str, expected: int, record: Record, session: Session) -> int:
-        ended = session.status is not None
+    def _write(
+        self,
+        session_id: str,
+        expected: int,
+        record: Record,
+        session: Session,
+        action: Action | None = None,
+    ) -> int:
+        # a session ends with a turn's Finish (or between turns: no action then)
+        ended = (action is None or type(action) is Finish) and session.status is not None
         if self._payload_cas is not None:
             return self._payload_cas(
                 session_id,
@@ -810,7 +826,7 @@ class Worker:
             session_id, live, session, action, keys, age, wall, None, (), entries, event is None
         )
         try:
-            version = self._write(session_id, expected, new, session)
+            version = self._write(session_id, expected, new, session, action)
         except StaleWrite:
             return self._lost_race(session_id, key)
         live.version, live.record = version, new  # type: ignore[union-attr]
@@ -842,7 +858,7 @@ class Worker:
         wall = self._now()
         age = self._age(record, wall)
         mark = _mark(session) if self._observers else (0, 0)
-        tree = session.parent_id is not None
+        tree = live.tree
         before = session.cost_usd if tree else 0.0
         if event is None:
             steps: list[Step] = [
@@ -866,7 +882,8 @@ class Worker:
             action = turn.send(event, at=age, wall=given)
             entries = []
             if self._payload_cas is not None:
-                asked = _asked(live.verdicts, event)
+                verdicts = live.verdicts
+                asked = None if verdicts is None else _asked(verdicts, event)
                 entries.append(entry_text((EVENT, event), age, given, asked))
         return action, entries, age, wall, mark, tree and session.cost_usd > before
 
