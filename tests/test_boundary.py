@@ -881,3 +881,27 @@ def test_numbers_past_a_float_and_odd_reply_forms_are_refused_or_made_plain() ->
         sm.Session.restore(json.loads(json.dumps(s.snapshot())), clock=lambda: 0.0)
     with pytest.raises(sm.InvalidValue, match=r"looking up .*Lookups\.model_dump raised KeyError"):
         sm.ModelReplied(reply=Lookups())
+
+
+@pytest.mark.requirement("ER-142", "ER-130")
+def test_a_production_trace_file_tells_each_steps_error(tmp_path: Path) -> None:
+    """A trace file a TraceWriter wrote (no simulator detail) shows in the drawn step
+    list what each step's event said: the failure's category, HTTP status and
+    retry-after, the reply's usage (before, its steps carried no error category)."""
+    from statemachine.dev._trace_draw import draw
+    from statemachine.io._trace_file import load_trace
+
+    path = tmp_path / "turn.jsonl"
+    writer = sm.TraceWriter(path)
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), observers=[writer])
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 900))
+    turn.send(sm.ModelFailed(sm.ModelError("rate_limited", status=429, retry_after_seconds=2)))
+    turn.send(sm.WaitDone())
+    turn.send(sm.ModelReplied(usage=sm.Usage(900, 12, cost_usd=0.01, model="m-2026")))
+    writer.close()
+    lines = [step.line for step in draw(load_trace(path)).steps]
+    assert "(size=900)" in lines[1]
+    assert "(rate_limited HTTP 429 retry_after=2.0)" in lines[2]
+    assert "(no tool call tokens 900/12 model m-2026 $0.01)" in lines[4]
