@@ -668,8 +668,9 @@ def test_a_shared_workers_spend_report_reads_the_session_it_stored() -> None:
 def test_a_session_that_had_a_doom_check_is_read_by_workers_without_one() -> None:
     """A host session that ran with a doom check (its state keeps a doom window), stepped
     by workers without one, is read by every other worker and by the store API (before,
-    every reader expected verdicts the journal could not hold); a worker without a check
-    stepping a journal written with one says how to fix the setup."""
+    every reader expected verdicts the journal could not hold); workers with and without
+    a check share a session: each step is replayed as it was taken, so every reader, with
+    a check or not, reads the state the stepping worker held."""
     host = sm.Session(
         sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0, doom_check=lambda c: False
     )
@@ -689,8 +690,14 @@ def test_a_session_that_had_a_doom_check_is_read_by_workers_without_one() -> Non
     assert other.load("s").session.snapshot() == r.session.snapshot()
     assert store.load("s").record["snapshot"]["turn"]["state"] == "invoking_tools"
 
-    # a store whose workers ask a doom check: every reply's entry says so, verdicts or
-    # none, and a reader without one (the store API) replays them from the journal
+
+@pytest.mark.requirement("ER-70", "ER-77")
+def test_workers_with_and_without_a_doom_check_share_a_session() -> None:
+    """Every reply's entry a worker with a doom check journals says so, verdicts or none,
+    and a reader without one (the store API) replays them from the journal; an entry
+    without verdicts is replayed as taken without a check, so workers with and without
+    one step a session in turn and every reader holds the stepping worker's state
+    (before, a worker without a check refused such a session with ConfigError)."""
     store = InMemoryStore()
     checked = Worker(
         store, owner="c", clock=lambda: 0.0, now=lambda: 1.0, doom_check=lambda c: False
@@ -709,17 +716,37 @@ def test_a_session_that_had_a_doom_check_is_read_by_workers_without_one() -> Non
     other = Worker(store, owner="d", clock=lambda: 0.0, now=lambda: 1.0)
     assert other.load("s").session.snapshot() == r.session.snapshot()
     assert store.load("s").record["snapshot"] == r.session.snapshot(at=r.session.last_at)
-    for number in (8, 9):  # the second reply is one the check is asked about
-        r = other.advance("s", None, expected_version=r.version)
-        r = other.advance("s", sm.Assembled("q", 1), expected_version=r.version)
+    # workers with and without a check step one session in turn: each reply's entry says
+    # whether its worker had a check, and every reader replays it so
+    fired = []
+
+    def check(window: tuple[sm.ToolCall, ...]) -> bool:
+        fired.append(len(window))
+        return any(c.arguments.get("d") == 7 for c in window[-1:])
+
+    both = Worker(store, owner="e", clock=lambda: 0.0, now=lambda: 1.0, doom_check=check)
+    readers = [
+        Worker(store, owner="f", clock=lambda: 0.0, now=lambda: 1.0, remember=0),
+        Worker(store, owner="g", clock=lambda: 0.0, now=lambda: 1.0, remember=0, doom_check=check),
+    ]
+    for number, stepper in ((5, other), (6, both), (8, other), (7, both)):
+        r = stepper.advance("s", None, expected_version=r.version)
+        r = stepper.advance("s", sm.Assembled("q", 1), expected_version=r.version)
         calls = (sm.ToolCall(f"c{number}", "fs", "ls", {"d": number}),)
-        if number == 9:
-            with pytest.raises(sm.ConfigError, match="doom_check: this session's journal"):
-                other.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+        r = stepper.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+        if number == 7:  # the check was asked (its window full) and fired: the limit path
+            assert fired == [2] and r.session.limit_reached == sm.SessionStatus.ERROR_DOOM_LOOP
             break
-        r = other.advance("s", sm.ModelReplied(calls), expected_version=r.version)
         outcome = sm.ToolOutcome(f"c{number}", True, "ok")
-        r = other.advance("s", sm.ToolsDone((outcome,)), expected_version=r.version)
+        r = stepper.advance("s", sm.ToolsDone((outcome,)), expected_version=r.version)
+        for reader in readers:
+            assert reader.load("s").session.snapshot() == r.session.snapshot()
+        assert store.load("s").record["snapshot"] == r.session.snapshot(at=r.session.last_at)
+    asked = len(fired)
+    for reader in readers:
+        assert reader.load("s").session.snapshot() == r.session.snapshot()
+    assert len(fired) == asked  # a replay gives the journal's verdicts: the check is not asked
+    assert store.load("s").record["snapshot"] == r.session.snapshot(at=r.session.last_at)
 
 
 @pytest.mark.requirement("ER-140", "ER-26")
@@ -759,6 +786,28 @@ def test_a_deferred_retry_at_is_read_on_the_restoring_clock() -> None:
     sm.Session.restore(handed.snapshot(), clock=lambda: 100.0)
 
 
+@pytest.mark.requirement("ER-140", "ER-26")
+def test_a_retry_at_beyond_a_float_on_the_new_clock_is_refused() -> None:
+    """A deferred retry far ahead, restored or copied onto a clock where its moment is
+    no longer a float, is a SnapshotError naming the key (restore) or a ConfigError
+    naming ``started`` (copy), and the source session is unchanged (before, the Finish
+    held an infinite retry_at)."""
+    session = sm.Session(sm.Settings(max_server_wait_s=10), seed=1, clock=lambda: 0.0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 1))
+    turn.send(sm.ModelFailed(sm.ModelError("rate_limited", retry_after_seconds=1e308)))
+    snapshot = session.snapshot()
+    assert turn.finish.retry_at == 1e308  # type: ignore[union-attr]
+    with pytest.raises(sm.SnapshotError, match=r"^turn\.actions: a Finish's retry_at"):
+        sm.Session.restore(snapshot, clock=lambda: 1e308)
+    with pytest.raises(sm.ConfigError, match="^started: "):
+        session.copy(clock=None, started=1e308)
+    assert session.snapshot() == snapshot
+    restored = sm.Session.restore(snapshot, clock=lambda: 5.0)
+    assert restored.current_turn.finish.retry_at == 1e308 + 5.0  # type: ignore[union-attr]
+
+
 @pytest.mark.requirement("ER-82")
 def test_an_ended_childs_unreported_grandchild_spend_is_pulled_into_the_tree() -> None:
     """A grandchild's spend whose report a worker never made reaches the root: an ended
@@ -789,6 +838,40 @@ def test_an_ended_childs_unreported_grandchild_spend_is_pulled_into_the_tree() -
     assert fresh.load("r.1").session.cost_usd == pytest.approx(0.9)
     assert fresh.load("r").session.cost_usd == pytest.approx(1.1)
     assert fresh.load("r").session.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+
+
+@pytest.mark.requirement("ER-82")
+def test_a_turn_start_settles_only_its_own_children() -> None:
+    """A record naming as its child a session of another tree (forged, or an id
+    re-created) pulls nothing from it and writes nothing to it: before, the turn start
+    settled the stranger's unreported spend into the stranger's record first."""
+    store = InMemoryStore()
+    a = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    q = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0, session_id="q")
+    q1 = q.spawn(sm.Settings(max_turns=1))
+    q11 = q1.spawn(sm.Settings())
+    for each in (q, q1, q11):
+        a.create(each.session_id, each)  # type: ignore[arg-type]
+
+    def turn(w: Worker, sid: str, cost: float) -> Any:
+        r = w.load(sid)
+        r = w.advance(sid, None, expected_version=r.version)
+        r = w.advance(sid, sm.Assembled("q", 1), expected_version=r.version)
+        return w.advance(sid, sm.ModelReplied(cost=cost), expected_version=r.version)
+
+    turn(a, "q.1", 0.0)
+    assert turn(a, "q.1", 0.0).session.status is sm.SessionStatus.ERROR_MAX_TURNS
+    dying = Worker(store, owner="dying", clock=lambda: 0.0, now=lambda: 1.0)
+    dying._report_spend = lambda *_report: None  # type: ignore[method-assign]  # it dies
+    turn(dying, "q.1.1", 0.9)
+    snapshot = sm.Session(sm.Settings(), seed=1, session_id="r").snapshot(at=0.0)
+    snapshot.update(children=1, child_costs={"q.1": 0.0})
+    a.create("r", sm.Session.restore(snapshot, clock=lambda: 0.0))
+    stranger = store.load("q.1").version
+    turn(a, "r", 0.0)
+    fresh = Worker(store, owner="f", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+    assert store.load("q.1").version == stranger
+    assert fresh.load("r").session.cost_usd == 0.0
 
 
 @pytest.mark.requirement("ER-82", "ER-70")

@@ -61,7 +61,9 @@ from ._trace import TraceRecord
 Observer = Callable[[TraceRecord], None]
 DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 """A host's second-tier doom-loop check: the last ``doom_check_window`` tool calls in,
-``True`` when the model is going round in circles."""
+``True`` when the model is going round in circles. A check whose ``asks`` attribute is
+false is not there for the step at hand (a store replaying a step its worker took
+without one)."""
 
 logger = logging.getLogger("statemachine")
 logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
@@ -329,7 +331,7 @@ def _doom_facts(
     window = None
     since = state.doom_since
     check = core.doom_check
-    if check is not None and not fired:
+    if check is not None and not fired and getattr(check, "asks", True):
         size = settings.doom_check_window
         window = (*state.doom_window, *calls)[-size:]
         since += len(calls)

@@ -52,6 +52,7 @@ from ._state import (
     copy_session_state,
     decode_state,
     encode_state,
+    shift_fits,
     shift_state,
 )
 from ._table import TERMINAL_STATES
@@ -555,7 +556,7 @@ class Session:
         state = copy_session_state(core.state)
         if started is not None:
             delta = _start_reading(started) - state.started
-            if not finite(delta) or not finite(core.last + delta):
+            if not finite(delta) or not finite(core.last + delta) or not shift_fits(state, delta):
                 raise ConfigError(
                     f"started: {started!r:.60} puts the session's readings beyond a float "
                     "(they move with its start)"

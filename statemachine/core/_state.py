@@ -499,11 +499,18 @@ def encode_action(action: Action, now: float) -> Any:
     return data
 
 
-def action_at(action: Action, now: float) -> Action:
+def action_at(action: Action, now: float, where: str) -> Action:
     """``action`` as a snapshot read at ``now`` holds it (the inverse of
-    :func:`encode_action`)."""
+    :func:`encode_action`); :class:`SnapshotError` naming ``where`` if its moment is
+    beyond a float on that clock."""
     if type(action) is Finish and action.retry_at is not None:
-        return attrs.evolve(action, retry_at=action.retry_at + now)
+        retry_at = action.retry_at + now
+        if not math.isfinite(retry_at):
+            raise SnapshotError(
+                f"{where}: a Finish's retry_at {action.retry_at!r:.40} s after the snapshot "
+                f"was taken is beyond a float on a clock reading {now!r:.40}"
+            )
+        return attrs.evolve(action, retry_at=retry_at)
     return action
 
 
@@ -794,7 +801,7 @@ def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
             continue
         value = kind.decode(raw[key], prefix + key)
         if kind is ACTIONS:
-            value = [action_at(action, now) for action in value]
+            value = [action_at(action, now, prefix + key) for action in value]
         values[name] = now - value if kind.relative and value is not None else value
     if len(raw) != len(plan):
         known = {key for _, key, _ in plan}
@@ -813,6 +820,16 @@ copy_turn_state: Callable[[TurnState], TurnState] = _copier(TurnState)
 """An independent copy of a turn's state."""
 copy_session_state: Callable[[SessionState], SessionState] = _copier(SessionState)
 """An independent copy of a session's state, its current turn's included."""
+
+
+def shift_fits(state: SessionState, delta: float) -> bool:
+    """Whether every reading :func:`shift_state` moves stays a float, moved by
+    ``delta``."""
+    turn = state.turn
+    readings = [state.started, state.finished_at or 0.0]
+    if turn is not None:
+        readings += [a.retry_at for a in turn.actions if type(a) is Finish and a.retry_at]
+    return all(math.isfinite(reading + delta) for reading in readings)
 
 
 def shift_state(state: SessionState, delta: float) -> None:

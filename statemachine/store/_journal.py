@@ -74,14 +74,18 @@ DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 
 
 class Verdicts:
-    """The doom-loop check of a session a worker steps: the host's ``check``, asked
-    live and its verdicts kept (:meth:`take`), or, while a replay gives them back
-    (:attr:`script`), the journal's verdicts instead."""
+    """The doom-loop check of a session a worker steps: the host's ``check`` (or none),
+    asked live and its verdicts kept (:meth:`take`), or, while a replay gives them back
+    (:attr:`script`), the journal's verdicts instead. ``asks`` says whether the step at
+    hand is taken with a check: live, whether the worker has one; in a replay, whether
+    the worker that took the step had one, as its entry says (so workers with and
+    without a check may share a session: each step is replayed as it was taken)."""
 
-    __slots__ = ("asked", "check", "script")
+    __slots__ = ("asked", "asks", "check", "script")
 
     def __init__(self, check: DoomCheck | None) -> None:
         self.check = check
+        self.asks = check is not None
         self.asked: list[bool] = []
         self.script: list[bool] | None = None
         """The recorded verdicts still to give back, last first (a replay's)."""
@@ -92,12 +96,8 @@ class Verdicts:
             if not script:
                 raise _Short("doom check")
             return script.pop()
-        if self.check is None:  # a live step of a session whose journal holds verdicts
-            raise ConfigError(
-                "doom_check: this session's journal was written by a worker with a doom "
-                "check, and this worker has none: give every worker of a store the same "
-                "doom_check (or none)"
-            )
+        if self.check is None:  # pragma: no cover - asks is false without a check
+            raise _Short("doom check")
         verdict = self.check(window)
         if type(verdict) is bool:
             self.asked.append(verdict)
@@ -274,9 +274,11 @@ def _amount(value: float, what: str, *, signed: bool = False) -> float:
     return amount
 
 
-def read_entry(raw: object, version: int) -> tuple[Step, float | None, float | None, list[bool]]:
+def read_entry(
+    raw: object, version: int
+) -> tuple[Step, float | None, float | None, list[bool] | None]:
     """An entry of a record of ``version``: its step, moment, wall time and recorded
-    doom-check verdicts, or ``ValueError``."""
+    doom-check verdicts (``None``: the entry holds none), or ``ValueError``."""
     if type(raw) is not list or len(raw) < 3:
         raise ValueError("must be a list [op, at, wall, ...]")
     op, raw_at, raw_wall, *args = raw
@@ -289,7 +291,7 @@ def read_entry(raw: object, version: int) -> tuple[Step, float | None, float | N
         wall = walls[0] if walls else None
     if at is not None and at < 0:
         raise ValueError("at: a session clock reading before the session started")
-    verdicts: list[bool] = []
+    verdicts: list[bool] | None = None
     step: Step
     if op == START and not args:
         step = (START,)
@@ -315,19 +317,22 @@ def read_entry(raw: object, version: int) -> tuple[Step, float | None, float | N
 
 def replay(
     session: Session,
-    verdicts: Verdicts | None,
+    verdicts: Verdicts,
     entries: list[Any],
     first: int = 0,
     version: int = RECORD_VERSION,
+    *,
+    legacy_asks: bool = False,
 ) -> None:
     """Apply the journal's ``entries`` (of a record of ``version``) to ``session``, a
     session with no clock in the journal's frame whose doom check is ``verdicts``:
-    each is :func:`apply_step` at its recorded moment. ``ValueError`` naming the entry
-    (``first`` is the index of ``entries[0]`` in the journal) if one is not a step the
-    engine takes from there."""
+    each is :func:`apply_step` at its recorded moment, taken with a doom check when its
+    entry holds verdicts (a version 3 entry; an older one when ``legacy_asks``, see
+    :func:`had_check`). ``ValueError`` naming the entry (``first`` is the index of
+    ``entries[0]`` in the journal) if one is not a step the engine takes from there."""
     for index, raw in enumerate(entries, first):
         try:
-            _replay_entry(session, verdicts, raw, version)
+            _replay_entry(session, verdicts, raw, version, legacy_asks)
         except _Short as short:
             raise ValueError(
                 f"journal[{index}]: the step asks the {short} more often than it recorded"
@@ -343,27 +348,38 @@ def replay(
             raise ValueError(f"journal[{index}]: {exc}") from None
 
 
-def _replay_entry(session: Session, verdicts: Verdicts | None, raw: object, version: int) -> None:
+def _replay_entry(
+    session: Session, verdicts: Verdicts, raw: object, version: int, legacy_asks: bool
+) -> None:
     step, at, wall, recorded = read_entry(raw, version)
-    if recorded and verdicts is None:
-        raise ValueError("the step recorded doom-check verdicts, and no check asks")
-    if verdicts is None:
-        apply_step(session, step, at, wall)
-        return
-    verdicts.script = list(reversed(recorded))
+    verdicts.asks = recorded is not None if version >= 3 else legacy_asks
+    verdicts.script = list(reversed(recorded)) if recorded else []
     try:
         apply_step(session, step, at, wall)
         left = verdicts.script
     finally:
         verdicts.script = None
+        verdicts.asks = verdicts.check is not None
     if left:
         raise ValueError("the step recorded more doom-check verdicts than it asks for")
+
+
+def had_check(record: Record) -> bool:
+    """Whether the steps of ``record``'s journal, a version 2 one, were taken with a
+    doom check: a version 2 entry holds verdicts only when the check gave some, so the
+    record says it had a check when any entry holds verdicts or its snapshot a doom
+    window. Every reader gets the same answer, whatever check it has itself."""
+    snapshot: Any = record.snapshot or {}
+    window = snapshot.get("doom_window") if type(snapshot) is dict else None
+    return bool(window) or any(
+        type(e) is list and len(e) == 5 and e[0] == EVENT for e in record.journal
+    )
 
 
 # -- a record read in full -------------------------------------------------------------
 
 
-def base_session(record: Record, verdicts: Verdicts | None) -> Session:
+def base_session(record: Record, verdicts: Verdicts) -> Session:
     """``record``'s snapshot as a session with no clock in the journal's frame (its start
     at 0), whose doom check is ``verdicts``; ``CorruptSession`` if it is unusable."""
     snapshot = record.snapshot or {}
@@ -385,28 +401,18 @@ def base_session(record: Record, verdicts: Verdicts | None) -> Session:
 
 
 def replay_record(
-    session: Session, verdicts: Verdicts | None, record: Record, entries: Any, first: int = 0
+    session: Session, verdicts: Verdicts, record: Record, entries: Any, first: int = 0
 ) -> None:
     """:func:`replay` of ``entries`` of ``record``'s journal, ``CorruptSession`` naming
     the entry if one is refused."""
+    asks = record.version < 3 and had_check(record)
     try:
-        replay(session, verdicts, list(entries), first, record.version)
+        replay(session, verdicts, list(entries), first, record.version, legacy_asks=asks)
     except ValueError as exc:
         raise CorruptSession(
             f"session {record.session_id!r}: the stored record's {exc}",
             session_id=record.session_id,
         ) from None
-
-
-def verdicts_for(record: Record, check: DoomCheck | None) -> Verdicts | None:
-    """The doom check a session read from ``record`` runs with: one that asks ``check``
-    (the host's), or, with none, one that only gives back the verdicts the journal
-    holds, when its entries say they were taken with a check (a worker with a check
-    writes the verdicts of every reply's entry, maybe none)."""
-    if check is not None:
-        return Verdicts(check)
-    checked = any(type(e) is list and len(e) == 5 and e[0] == EVENT for e in record.journal)
-    return Verdicts(None) if checked else None
 
 
 def check_record(record: Record, session: Session) -> None:
@@ -462,11 +468,11 @@ def _bad(session_id: str, key: str, what: str) -> CorruptSession:
     )
 
 
-def read_session(record: Record, check: DoomCheck | None) -> tuple[Session, Verdicts | None]:
+def read_session(record: Record, check: DoomCheck | None) -> tuple[Session, Verdicts]:
     """The session ``record`` holds, read in full: its snapshot restored with no clock in
     the journal's frame, its journal replayed, every field the journal determines
     checked (``CorruptSession`` naming what was wrong)."""
-    verdicts = verdicts_for(record, check)
+    verdicts = Verdicts(check)
     session = base_session(record, verdicts)
     if record.journal:
         replay_record(session, verdicts, record, record.journal)

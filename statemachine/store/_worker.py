@@ -286,9 +286,7 @@ class _Live:
 
     __slots__ = ("record", "session", "tree", "verdicts", "version")
 
-    def __init__(
-        self, version: int, record: Record, session: Session, verdicts: Verdicts | None
-    ) -> None:
+    def __init__(self, version: int, record: Record, session: Session, verdicts: Verdicts) -> None:
         self.version = version
         self.record = record
         self.session = session
@@ -341,11 +339,11 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
-def _asked(verdicts: Verdicts | None, event: object) -> list[bool] | None:
+def _asked(verdicts: Verdicts, event: object) -> list[bool] | None:
     """The doom-check verdicts a step's entry holds: the ones the host's check gave, and
     for a reply an empty list when it gave none (the entry says the check was there:
     a reader replays the step with one), else ``None``."""
-    if verdicts is None or verdicts.check is None:
+    if verdicts.check is None:
         return None
     asked = verdicts.take()
     return asked if asked or type(event) is ModelReplied else None
@@ -472,9 +470,8 @@ class Worker:
 
     # -- the sessions a worker holds -----------------------------------------------
 
-    def _verdicts(self) -> Verdicts | None:
-        check = self._doom_check
-        return None if check is None else Verdicts(check)
+    def _verdicts(self) -> Verdicts:
+        return Verdicts(self._doom_check)
 
     def _take(self, session_id: str) -> _Live | None:
         with self._live_lock:
@@ -882,15 +879,14 @@ class Worker:
             action = turn.send(event, at=age, wall=given)
             entries = []
             if self._payload_cas is not None:
-                verdicts = live.verdicts
-                asked = None if verdicts is None else _asked(verdicts, event)
+                asked = _asked(live.verdicts, event)
                 entries.append(entry_text((EVENT, event), age, given, asked))
         return action, entries, age, wall, mark, tree and session.cost_usd > before
 
     def _steps(
         self,
         session: Session,
-        verdicts: Verdicts | None,
+        verdicts: Verdicts,
         steps: Iterable[Step],
         age: float,
         wall: float,
@@ -942,25 +938,35 @@ class Worker:
         self._remember(session_id, live)
         return value
 
-    def _pulled_spend(self, session: Session, depth: int = 0) -> list[Step]:
+    def _pulled_spend(
+        self, session: Session, depth: int = 0, path: frozenset[str | None] = frozenset()
+    ) -> list[Step]:
         """Before a parent's turn starts, each child's total from its record, so a
         report a worker never made (it died after writing the child) is not lost. A
         child that has ended starts no turn to pull its own children's totals: they are
-        settled into its record first, down the tree."""
+        settled into its record first, down the tree (``path``: the sessions above, so
+        forged records naming each other as children end the walk)."""
         steps: list[Step] = []
         known = session.child_costs
+        path = path | {session.session_id}
         for child_id in known:
+            if child_id in path:
+                continue
             facts = self._peek(child_id, _spend_facts)
             if facts is None:
                 continue
             parent_id, total, ended, parent = facts
+            if parent_id != session.session_id:
+                continue  # not this parent's child (a forged or re-created id)
             if ended and parent and depth < _MAX_DEPTH:
-                total = self._settled(child_id, depth + 1) or total
-            if parent_id == session.session_id and total > known[child_id]:
+                total = self._settled(child_id, depth + 1, path) or total
+            if total > known[child_id]:
                 steps.append((CHILD_SPEND, child_id, total))
         return steps
 
-    def _settled(self, session_id: str, depth: int, attempts: int = 16) -> float | None:
+    def _settled(
+        self, session_id: str, depth: int, path: frozenset[str | None], attempts: int = 16
+    ) -> float | None:
         """The total spend of session ``session_id`` (one that has ended) once its
         children's totals are pulled into its record and written; ``None`` when it
         cannot be read or written."""
@@ -970,7 +976,7 @@ class Worker:
             except (SessionNotFound, CorruptSession, InvalidSessionId):
                 return None
             session, record = live.session, live.record
-            steps = self._pulled_spend(session, depth)
+            steps = self._pulled_spend(session, depth, path)
             if not steps:
                 total = session.cost_usd
                 self._remember(session_id, live)
