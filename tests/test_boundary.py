@@ -26,11 +26,19 @@ import pytest
 import statemachine as sm
 from statemachine.dev._scenarios import parse
 from statemachine.dev._simulate import EPOCH, run
-from statemachine.store import CorruptSession, InMemoryStore, Worker
+from statemachine.store import (
+    CorruptSession,
+    InMemoryStore,
+    SessionNotFound,
+    StaleWrite,
+    Stored,
+    Worker,
+)
 
 from .helpers import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
 T0 = 2_000_000_000.0
 """A wall time far from this process's: a date read against time.time would be years off."""
 
@@ -801,11 +809,58 @@ def test_a_retry_at_beyond_a_float_on_the_new_clock_is_refused() -> None:
     assert turn.finish.retry_at == 1e308  # type: ignore[union-attr]
     with pytest.raises(sm.SnapshotError, match=r"^turn\.actions: a Finish's retry_at"):
         sm.Session.restore(snapshot, clock=lambda: 1e308)
-    with pytest.raises(sm.ConfigError, match="^started: "):
+    with pytest.raises(sm.ConfigError, match=r"^started: "):
         session.copy(clock=None, started=1e308)
     assert session.snapshot() == snapshot
     restored = sm.Session.restore(snapshot, clock=lambda: 5.0)
     assert restored.current_turn.finish.retry_at == 1e308 + 5.0  # type: ignore[union-attr]
+
+
+class _RawStore:
+    """A host's own store: it keeps the records a worker gives it as they are."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, tuple[int, Any]] = {}
+
+    def load(self, session_id: str) -> Any:
+        if session_id not in self.records:
+            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+        version, record = self.records[session_id]
+        return Stored(session_id, version, json.loads(json.dumps(record)))
+
+    def compare_and_set(self, session_id: str, expected: int, record: Any, **_: Any) -> int:
+        actual = self.records.get(session_id, (0, None))[0]
+        if actual != expected:
+            raise StaleWrite("stale", session_id=session_id, expected=expected, actual=actual)
+        self.records[session_id] = (expected + 1, json.loads(json.dumps(record)))
+        return expected + 1
+
+    def delete(self, session_id: str) -> bool:
+        return self.records.pop(session_id, None) is not None
+
+
+@pytest.mark.requirement("ER-140", "ER-70")
+@pytest.mark.parametrize("kind", ["ours", "the host's"])
+def test_a_deferred_retry_at_the_previous_release_stored_is_read_on_the_workers_clock(
+    kind: str,
+) -> None:
+    """The previous release's worker (clock 5000, Unix time 1000) stored a turn deferred
+    60 s with its Finish's retry_at as a reading of its clock (5060, record version 2,
+    snapshot version 4). A worker on the same clock reads the same retry_at, however
+    long the record waited in the store, and steps on (before, it read the reading as
+    seconds after the session's start: 10060)."""
+    data = json.loads((DATA / "store-v2-deferred.json").read_text())
+    assert (data["version"], data["snapshot"]["version"]) == (2, 4)
+    store: Any = InMemoryStore() if kind == "ours" else _RawStore()
+    store.compare_and_set("s", 0, data)
+    for idle in (0.0, 30.0):
+        clock, wall = ManualClock(5000.0 + idle), ManualClock(1000.0 + idle)
+        reader = Worker(store, owner="b", clock=clock, now=wall, remember=0)
+        loaded = reader.load("s")
+        assert loaded.action.retry_at == 5060.0  # type: ignore[union-attr]
+        assert loaded.session.current_turn.finish.retry_at == 5060.0  # type: ignore[union-attr]
+    r = reader.advance("s", None, expected_version=loaded.version)
+    assert isinstance(r.action, sm.Assemble) and r.session.turns == 2
 
 
 @pytest.mark.requirement("ER-82")

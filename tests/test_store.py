@@ -1066,9 +1066,9 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     replayed: list[int] = []
     real_read, real_replay = store_worker.read_session, store_worker.replay_record
 
-    def counted_read(record: Record, check: Any) -> Any:
+    def counted_read(record: Record, check: Any, *args: Any) -> Any:
         restores.append(record.session_id)
-        return real_read(record, check)
+        return real_read(record, check, *args)
 
     def counted_replay(session: Any, verdicts: Any, record: Record, entries: Any, *args: Any) -> None:
         replayed.append(len(entries))

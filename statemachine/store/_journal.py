@@ -379,10 +379,17 @@ def had_check(record: Record) -> bool:
 # -- a record read in full -------------------------------------------------------------
 
 
-def base_session(record: Record, verdicts: Verdicts) -> Session:
+def base_session(record: Record, verdicts: Verdicts, legacy_start: float = 0.0) -> Session:
     """``record``'s snapshot as a session with no clock in the journal's frame (its start
-    at 0), whose doom check is ``verdicts``; ``CorruptSession`` if it is unusable."""
+    at 0), whose doom check is ``verdicts``; ``CorruptSession`` if it is unusable.
+
+    The previous release wrote a Finish's ``retry_at`` in a snapshot (version 4 and
+    before, in a record of version 2) as a reading of its worker's clock, the clock the
+    reader shares when the store's workers agree on one: ``legacy_start`` is the reading
+    of the session's start on the reader's clock, where it puts such a ``retry_at``."""
     snapshot = record.snapshot or {}
+    if legacy_start and record.version < 3:
+        snapshot = _finishes_moved(snapshot, -legacy_start)
     elapsed: Any = snapshot.get("elapsed_s")
     at = _as_float(elapsed) if _number(elapsed) else 0.0
     try:
@@ -398,6 +405,26 @@ def base_session(record: Record, verdicts: Verdicts) -> Session:
             f"session {record.session_id!r}: the stored snapshot is unusable: snapshot.{exc}",
             session_id=record.session_id,
         ) from None
+
+
+def _finishes_moved(snapshot: dict[str, Any], delta: float) -> dict[str, Any]:
+    """A version 4 (or older) ``snapshot`` with the ``retry_at`` of its turn's Finish
+    actions moved by ``delta`` (anything else left to the snapshot reader to judge)."""
+    version, turn = snapshot.get("version"), snapshot.get("turn")
+    if type(version) is not int or version > 4 or type(turn) is not dict:
+        return snapshot
+    actions = turn.get("actions")
+    if type(actions) is not list:
+        return snapshot
+    moved = []
+    for action in actions:
+        if type(action) is dict and action.get("$type") == "Finish":
+            retry_at: Any = action.get("retry_at")
+            if _number(retry_at) and math.isfinite(_as_float(retry_at) + delta):
+                moved.append({**action, "retry_at": _as_float(retry_at) + delta})
+                continue
+        moved.append(action)
+    return {**snapshot, "turn": {**turn, "actions": moved}}
 
 
 def replay_record(
@@ -468,12 +495,15 @@ def _bad(session_id: str, key: str, what: str) -> CorruptSession:
     )
 
 
-def read_session(record: Record, check: DoomCheck | None) -> tuple[Session, Verdicts]:
+def read_session(
+    record: Record, check: DoomCheck | None, legacy_start: float = 0.0
+) -> tuple[Session, Verdicts]:
     """The session ``record`` holds, read in full: its snapshot restored with no clock in
     the journal's frame, its journal replayed, every field the journal determines
-    checked (``CorruptSession`` naming what was wrong)."""
+    checked (``CorruptSession`` naming what was wrong). ``legacy_start``: see
+    :func:`base_session`."""
     verdicts = Verdicts(check)
-    session = base_session(record, verdicts)
+    session = base_session(record, verdicts, legacy_start)
     if record.journal:
         replay_record(session, verdicts, record, record.journal)
     check_record(record, session)

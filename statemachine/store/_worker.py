@@ -522,7 +522,10 @@ class Worker:
                 return known
             data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
             record = parse_record(session_id, data, payload)
-        session, verdicts = read_session(record, self._doom_check)
+        legacy_start = 0.0
+        if record.version < 3:  # its snapshot's retry_at may be a reading of a clock
+            legacy_start = self._clock() - self._age(record, self._now())
+        session, verdicts = read_session(record, self._doom_check, legacy_start)
         record.crowded = len(record.journal) > REPLAY_AT_MOST
         return _Live(version, record, session, verdicts)
 
