@@ -82,26 +82,14 @@ _REDUCE = Assemble(reduce=True)
 # -- facts: what a group of rows' guards read, derived once per event --------------
 
 
-class WaitFacts:
-    """What a transient failure at ``now`` would lead to, previewing (not consuming) the
-    jitter.
+WaitFacts = tuple[float | None, float, bool, bool, float]
+"""What a transient failure at ``now`` would lead to, previewing (not consuming) the
+jitter: ``(server, seconds, too_long, crosses, now)``.
 
-    ``server``: the retry-after the server asked for, if usable; ``seconds``: the wait
-    the engine would take; ``too_long``: the server asked for more than
-    ``max_server_wait_s``; ``crosses``: the wait would cross ``max_wall_clock_s``.
-    (A slotted class: built once per transient failure, on the hot path.)
-    """
-
-    __slots__ = ("crosses", "now", "seconds", "server", "too_long")
-
-    def __init__(
-        self, server: float | None, seconds: float, too_long: bool, crosses: bool, now: float
-    ) -> None:
-        self.server = server
-        self.seconds = seconds
-        self.too_long = too_long
-        self.crosses = crosses
-        self.now = now
+``server``: the retry-after the server asked for, if usable; ``seconds``: the wait the
+engine would take; ``too_long``: the server asked for more than ``max_server_wait_s``;
+``crosses``: the wait would cross ``max_wall_clock_s``. (A plain tuple: built once per
+transient failure, on the hot path, with no constructor to call.)"""
 
 
 class ToolFacts:
@@ -175,12 +163,20 @@ def _wait_facts(
         server = None  # the common failure: the server asked for nothing
     else:
         server = retry_after(error, wall)
-    seconds = _backoff_s(core, turn.attempt, server)
     settings = core.settings
+    state = core.state
+    seconds = wait_seconds(  # _backoff_s(core, turn.attempt, server), inline: every retry takes it
+        turn.attempt,
+        jitter(state.seed, state.draws),
+        server,
+        settings.base_delay_ms,
+        settings.backoff_factor,
+        settings.max_delay_ms,
+    )
     too_long = server is not None and server > settings.max_server_wait_s
     limit = settings.max_wall_clock_s
     crosses = limit is not None and core.bound_elapsed_s(now) + seconds > limit
-    return WaitFacts(server, seconds, too_long, crosses, now)
+    return server, seconds, too_long, crosses, now
 
 
 def _tool_facts(
@@ -405,12 +401,12 @@ GUARDS: dict[str, Guard] = {
         core.state.retries >= core.settings.session_retry_ceiling
     ),
     "retries_left": lambda core, turn, _e, _f: turn.attempt < core.settings.max_retries,
-    "wait_fits": lambda _c, _t, _e, facts: not (facts.too_long or facts.crosses),
+    "wait_fits": lambda _c, _t, _e, facts: not (facts[2] or facts[3]),  # too_long, crosses
     "fallback_left": lambda core, turn, _e, _f: (
         turn.model_index + 1 < len(core.settings.fallback_models)
     ),
-    "server_wait_too_long": lambda _c, _t, _e, facts: facts.too_long,
-    "wait_crosses_wall_clock": lambda _c, _t, _e, facts: facts.crosses,
+    "server_wait_too_long": lambda _c, _t, _e, facts: facts[2],
+    "wait_crosses_wall_clock": lambda _c, _t, _e, facts: facts[3],
     "shrank": _shrank,
     "trips_breaker": lambda _c, _t, _e, facts: bool(facts.tripped),
     "trips_denial_breaker": lambda _c, _t, _e, facts: facts.denied,
@@ -463,12 +459,12 @@ def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Act
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
     state = core.state
     state.retries += 1
-    seconds = facts.seconds
+    server, seconds = facts[0], facts[1]
     # _take_wait, inline: every retry takes it
     state.draws += 1
     waited = state.waited_s + seconds
     state.waited_s = waited if waited < _LARGEST else _LARGEST
-    return Wait(seconds, event.error.category, turn.attempt, facts.server)
+    return Wait(seconds, event.error.category, turn.attempt, server)
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
@@ -567,7 +563,7 @@ def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnSta
     error = event.error if type(event) is ModelFailed else None
     retry_at = None
     if status is TurnStatus.RETRY_DEFERRED:
-        retry_at = facts.now + facts.server  # only a server's wait is ever deferred
+        retry_at = facts[4] + facts[0]  # now + server: only a server's wait is deferred
         retry_at = min(_LARGEST, retry_at)
     if error is not None and status in _LOGGED:
         _log_failure(core, turn, error, status)

@@ -24,7 +24,7 @@ import attrs
 
 from ..core._actions import Action, Finish, InvokeTools
 from ..core._engine import needs_wall
-from ..core._events import ModelReplied, ToolsDone
+from ..core._events import ModelFailed, ModelReplied, ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
@@ -856,7 +856,9 @@ class Worker:
         wall time they were taken at, where they began and whether they spent."""
         session, record = live.session, live.record
         wall = self._now()
-        age = self._age(record, wall)
+        age = record.elapsed_s  # self._age(record, wall), inline: every advance takes it
+        if self._count_idle and wall > record.saved_at:
+            age = min(age + (wall - record.saved_at), _LARGEST)
         mark = _mark(session) if self._observers else (0, 0)
         tree = live.tree
         before = session.cost_usd if tree else 0.0
@@ -878,11 +880,14 @@ class Worker:
                 )
             if record.carried and type(event) is ToolsDone:
                 event = ToolsDone((*record.carried, *event.outcomes))
-            given = wall if needs_wall(event) else None
+            # needs_wall(event), inline: every advance takes it
+            failed = type(event) is ModelFailed and event.error.headers is not None
+            given = wall if failed else None
             action = turn.send(event, at=age, wall=given)
             entries = []
             if self._payload_cas is not None:
-                asked = _asked(live.verdicts, event)
+                verdicts = live.verdicts
+                asked = None if verdicts.check is None else _asked(verdicts, event)
                 entries.append(entry_text((EVENT, event), age, given, asked))
         return action, entries, age, wall, mark, tree and session.cost_usd > before
 
