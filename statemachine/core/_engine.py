@@ -1194,9 +1194,12 @@ class Core:
             raise IllegalEvent(
                 self.dispatch.illegal_message(trigger, state), event=trigger, state=state
             )
-        cost = event.cost if group.charges else 0.0
-        if cost and not math.isfinite(self.state.cost_usd + cost):
-            raise _overspent(self, turn, event)
+        if group.charges:  # a model call's outcome: what it cost and used
+            cost, usage = event.cost, event.usage
+            if cost and not math.isfinite(self.state.cost_usd + cost):
+                raise _overspent(self, turn, event)
+        else:
+            cost, usage = 0.0, None
         if group.check is not None:
             group.check(self, turn, event)
         facts = None if group.facts is None else group.facts(self, turn, event, now, wall)
@@ -1219,14 +1222,13 @@ class Core:
         self.last = now
         elapsed = now - self.state.started
         turn.times.append(elapsed)
-        if cost or wall is not None or (group.charges and event.usage is not None):
-            _keep(turn, cost, event.usage if group.charges else None, wall)
+        if cost or usage is not None or wall is not None:
+            _keep(turn, cost, usage, wall)
         if type(action) is Finish:
             self._turn_finished(turn, action, now)
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
             at = self.state.started + elapsed
-            usage = event.usage if group.charges else None
             record = trace_record(
                 turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage
             )
