@@ -61,3 +61,13 @@ def test_a_tied_retry_after_of_negative_zero_is_not_returned() -> None:
     assert isinstance(action, sm.Wait)
     assert action.seconds == 0.0
     assert math.copysign(1.0, action.seconds) == 1.0
+
+
+@pytest.mark.requirement("ER-22")
+def test_a_factor_whose_power_overflows_waits_the_cap() -> None:
+    """``factor ** n`` beyond a float (attempt 5,000 at factor 2) is the cap, jittered:
+    the retry waits ``max_delay_ms``, not a crash on an unset delay."""
+    with pytest.raises(OverflowError):
+        _ = 2.0**5000
+    assert wait_seconds(5000, 0.5, None, 500.0, 2.0, 30_000.0) == 30.0
+    assert wait_seconds(5000, 0.0, None, 500.0, 2.0, 30_000.0) == 15.0

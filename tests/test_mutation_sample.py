@@ -20,6 +20,7 @@ from tools import mutate
 
 BACKOFF = "statemachine/core/_backoff.py"
 CLASSIFY = "statemachine/io/_classify.py"
+ENGINE = "statemachine/core/_engine.py"
 
 
 def _descriptions(source: str) -> list[str]:
@@ -67,6 +68,48 @@ def test_a_fixed_sample_of_classify_table_mutants_is_all_killed() -> None:
         f"#{o.mutant.number} line {o.mutant.line}: {o.mutant.description}" for o in report.survivors
     ]
     assert not survivors, f"surviving mutants of {CLASSIFY}: {survivors}"
+
+
+EQUIVALENT = ("arguments 1 and 2 swapped: `min(max_delay_ms, delay)`",)
+"""New-operator mutants of the backoff module that change nothing (``specs/mutation.md``:
+``min`` of two finite delays gives the same number either way; only a zero's sign
+differs, and ``wait_seconds`` writes a signed zero as ``0.0``)."""
+
+
+@pytest.mark.requirement("ER-22")
+def test_a_fixed_sample_of_deleted_statements_and_swapped_arguments_is_all_killed() -> None:
+    """Seeded mutants made by the two operators added last, picked among those by
+    description so the sample does not move when other operators are added: four
+    statements of the backoff module deleted, and three calls of the engine with two
+    arguments swapped (where a swap can type-check: not ``isinstance``). Each makes
+    the module's tests fail."""
+    for module, prefix, count, tests in (
+        (
+            BACKOFF,
+            "statement deleted",
+            4,
+            ["tests/test_backoff.py", "tests/test_mutation_backoff.py"],
+        ),
+        (ENGINE, "arguments", 3, ["tests/test_engine.py", "tests/test_backoff.py"]),
+    ):
+        mutants = mutate.generate(module, (mutate.REPO / module).read_bytes())
+        new = [
+            m
+            for m in mutants
+            if m.description.startswith(prefix)
+            and "isinstance" not in m.description
+            and m.description not in EQUIVALENT
+        ]
+        assert len(new) >= 15
+        chosen = sorted(m.number for m in random.Random(7).sample(new, count))
+        report = mutate.run_module(module, tests=tests, numbers=chosen, timeout=60)
+        assert report.error is None, report.error
+        assert report.run == count
+        survivors = [
+            f"#{o.mutant.number} line {o.mutant.line}: {o.mutant.description}"
+            for o in report.survivors
+        ]
+        assert not survivors, f"surviving mutants of {module}: {survivors}"
 
 
 def test_the_sample_is_deterministic() -> None:
@@ -120,7 +163,8 @@ def test_tables_lose_and_change_their_string_entries() -> None:
     assert "table entry dropped: `'s'`" in found
     assert "table string 'x' -> 'x_mutant'" in found
     assert "table string 'p' -> 'p_mutant'" in found
-    assert not any("'z'" in d for d in found), found  # not a module-level table
+    tables = [d for d in found if d.startswith("table")]
+    assert not any("'z'" in d for d in tables), found  # not a module-level table
 
 
 def test_annotations_docstrings_and_all_are_left_alone() -> None:
@@ -132,12 +176,53 @@ def test_annotations_docstrings_and_all_are_left_alone() -> None:
     )
     found = mutate.generate("snippet.py", source.encode())
     assert [m.description for m in found] == [
+        "statement deleted: `return 0`",
         "constant 0 -> 1",
         "constant 0 -> -1",
     ]
     for mutant in found:
         compile(mutant.apply(source.encode()), "snippet.py", "exec")
         assert mutant.source_line(source.encode()) == "return 0"
+
+
+def test_statements_in_functions_are_deleted_and_neighbouring_arguments_swapped() -> None:
+    """Inside a function each simple statement (at any depth of its blocks) becomes
+    ``pass``; a call's neighbouring positional arguments swap when they differ. A
+    module-level statement, a nested definition and identical arguments are left."""
+    source = (
+        "X = g(1, 2)\n"
+        "def f(a, b):\n"
+        "    x = g(a, b)\n"
+        "    if x:\n"
+        "        raise ValueError(a)\n"
+        "    for i in range(a, b):\n"
+        "        h(i, i)\n"
+        "    def inner():\n"
+        "        return 1\n"
+        "    return x\n"
+    )
+    mutants = mutate.generate("snippet.py", source.encode())
+    found = [m.description for m in mutants]
+    for expected in (
+        "statement deleted: `x = g(a, b)`",
+        "statement deleted: `raise ValueError(a)`",
+        "statement deleted: `h(i, i)`",
+        "statement deleted: `return x`",
+        "statement deleted: `return 1`",
+        "arguments 1 and 2 swapped: `g(a, b)`",
+        "arguments 1 and 2 swapped: `range(a, b)`",
+        "arguments 1 and 2 swapped: `g(1, 2)`",
+    ):
+        assert expected in found, (expected, found)
+    assert "statement deleted: `X = g(1, 2)`" not in found
+    assert not any("h(i, i)" in d for d in found if d.startswith("arguments"))
+    assert not any(d.startswith("statement deleted: `def") for d in found)
+    deleted = next(
+        m for m in mutants if m.description == "statement deleted: `raise ValueError(a)`"
+    )
+    mutated = deleted.apply(source.encode()).decode()
+    assert "        pass\n" in mutated and "raise" not in mutated
+    compile(mutated, "snippet.py", "exec")
 
 
 def test_the_command_line_lists_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

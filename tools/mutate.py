@@ -14,7 +14,10 @@ For each target module it parses the source with :mod:`ast` and generates mutant
 * in module-level tables (a dict, tuple, list, set or ``frozenset(...)`` assigned at
   module level): every string constant changed, every entry dropped;
 * ``return <boolean expression>`` negated;
-* whole ``if`` (and ``x if c else y``) conditions forced ``True`` and ``False``.
+* whole ``if`` (and ``x if c else y``) conditions forced ``True`` and ``False``;
+* inside a function, a simple statement (an expression, an assignment, ``return``,
+  ``raise``, ``del``, ``assert``) deleted (replaced by ``pass``);
+* two neighbouring positional arguments of a call swapped (when they differ).
 
 Annotations, docstrings and ``__all__`` are never mutated. Each mutant is one textual
 splice of the original source (the rest of the file is byte-for-byte the same). The
@@ -305,6 +308,44 @@ def _tables(tree: ast.Module) -> list[ast.expr]:
     return found
 
 
+_DELETABLE = (
+    ast.Expr,
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.Return,
+    ast.Raise,
+    ast.Delete,
+    ast.Assert,
+)
+
+
+def _function_statements(tree: ast.Module) -> set[int]:
+    """ids of the simple statements inside function bodies (at any depth of their
+    blocks): the ones a deletion mutant may remove. Module- and class-level statements
+    are left alone (deleting one mostly breaks the import: a mutant no test needs)."""
+    found: set[int] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        blocks: list[list[ast.stmt]] = [function.body]
+        while blocks:
+            for statement in blocks.pop():
+                if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    continue  # its own body is walked as a function of its own
+                if isinstance(statement, _DELETABLE) and not (
+                    isinstance(statement, ast.AnnAssign) and statement.value is None
+                ):
+                    found.add(id(statement))
+                for name in ("body", "orelse", "finalbody"):
+                    block = getattr(statement, name, None)
+                    if isinstance(block, list):
+                        blocks.append(block)
+                blocks.extend(handler.body for handler in getattr(statement, "handlers", ()))
+                blocks.extend(case.body for case in getattr(statement, "cases", ()))
+    return found
+
+
 def _is_boolean(node: ast.expr) -> bool:
     if isinstance(node, ast.Compare | ast.BoolOp):
         return True
@@ -353,9 +394,23 @@ def _short(node: ast.AST, limit: int = 60) -> str:
 
 
 def _mutations_of(
-    node: ast.AST, table_strings: set[int], tables: set[int]
+    node: ast.AST, table_strings: set[int], tables: set[int], statements: set[int]
 ) -> Iterator[tuple[ast.AST, ast.AST, str, bool]]:
     """(target, replacement, description, is-an-expression) for each mutant of ``node``."""
+    if id(node) in statements:
+        yield node, ast.Pass(), f"statement deleted: `{_short(node)}`", False
+    if isinstance(node, ast.Call):
+        args = node.args
+        for i in range(len(args) - 1):
+            first, second = args[i], args[i + 1]
+            if isinstance(first, ast.Starred) or isinstance(second, ast.Starred):
+                continue
+            if ast.dump(first) == ast.dump(second):
+                continue
+            swapped = copy.deepcopy(node)
+            swapped.args[i], swapped.args[i + 1] = swapped.args[i + 1], swapped.args[i]
+            description = f"arguments {i + 1} and {i + 2} swapped: `{_short(node, 50)}`"
+            yield node, swapped, description, True
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
             for swap in _COMPARE_SWAPS.get(type(op), ()):
@@ -417,11 +472,13 @@ def generate(module: str, source: bytes) -> list[Mutant]:
             if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                 table_strings.add(id(sub))
 
+    statements = _function_statements(tree)
     found: list[tuple[int, int, int, str, str]] = []  # (line, start, end, text, description)
     for node in ast.walk(tree):
         if id(node) in excluded:
             continue
-        for target, new, description, expression in _mutations_of(node, table_strings, set(tables)):
+        mutations = _mutations_of(node, table_strings, set(tables), statements)
+        for target, new, description, expression in mutations:
             line = target.lineno  # type: ignore[attr-defined]
             # a dropped entry rewrites the whole table without it
             start, end = offsets.span(node if description.startswith("table entry") else target)
