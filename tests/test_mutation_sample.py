@@ -112,6 +112,21 @@ def test_a_fixed_sample_of_deleted_statements_and_swapped_arguments_is_all_kille
         assert not survivors, f"surviving mutants of {module}: {survivors}"
 
 
+def test_every_module_of_the_engine_the_store_and_io_has_a_test_list() -> None:
+    """Each private module of ``core``, ``store`` and ``io`` is mutated against tests of
+    its own (not the fallback list), and every test file named exists."""
+    modules = [
+        str(path.relative_to(mutate.REPO))
+        for layer in ("core", "store", "io")
+        for path in sorted((mutate.REPO / "statemachine" / layer).glob("_*.py"))
+        if path.name != "__init__.py"
+    ]
+    assert len(modules) >= 35
+    assert [m for m in modules if m not in mutate.DEFAULT_TESTS] == []
+    named = {t.split("::")[0] for tests in mutate.DEFAULT_TESTS.values() for t in tests}
+    assert [t for t in sorted(named) if not (mutate.REPO / t).is_file()] == []
+
+
 def test_the_sample_is_deterministic() -> None:
     """The same seed picks the same mutants; the numbering follows the source order."""
     source = (mutate.REPO / BACKOFF).read_bytes()

@@ -66,6 +66,27 @@ DEFAULT_MODULES = (
     "statemachine/core/_table.py",
 )
 
+_VALUES = (
+    "tests/test_engine.py",
+    "tests/test_state.py",
+    "tests/test_snapshot.py",
+    "tests/test_boundary.py",
+)
+"""The tests of the value types (events, actions, errors, usage): built, checked, sent
+and restored."""
+_STORE = (
+    "tests/test_store.py",
+    "tests/test_journal.py",
+    "tests/test_boundary.py",
+)
+"""The store's tests (the worker, its journal and records), the Redis one aside."""
+_DRIVERS = (
+    "tests/test_drivers.py",
+    "tests/test_spec_family.py",
+    "tests/test_boundary.py",
+)
+"""The drivers' tests (the turn loop, the providers, the tool router)."""
+
 DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/core/_backoff.py": ("tests/test_backoff.py",),
     "statemachine/core/_retry_after.py": ("tests/test_backoff.py", "tests/test_classify.py"),
@@ -107,16 +128,72 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_spec_family.py",
         "tests/test_state.py",
     ),
-    "statemachine/core/_snapshot.py": ("tests/test_snapshot.py",),
+    "statemachine/core/_snapshot.py": ("tests/test_snapshot.py", "tests/test_boundary.py"),
     "statemachine/core/_settings.py": ("tests/test_settings.py",),
+    "statemachine/core/_reachable.py": (
+        "tests/test_snapshot.py",
+        "tests/test_state.py",
+        "tests/test_mutation_state.py",
+        "tests/test_boundary.py",
+    ),
+    "statemachine/core/_actions.py": _VALUES,
+    "statemachine/core/_events.py": _VALUES,
+    "statemachine/core/_tool_calls.py": _VALUES,
+    "statemachine/core/_model_error.py": (*_VALUES, "tests/test_classify.py"),
+    "statemachine/core/_usage.py": (*_VALUES, "tests/test_provider_usage.py"),
+    "statemachine/core/_json_data.py": (*_VALUES, "tests/test_classify.py"),
+    "statemachine/core/_exceptions.py": _VALUES,
+    "statemachine/core/_taxonomy.py": (*_VALUES, "tests/test_table.py"),
+    "statemachine/core/_trace.py": (
+        "tests/test_engine.py",
+        "tests/test_boundary.py",
+        "tests/test_otel.py",
+        "tests/test_trace_draw.py",
+    ),
+    "statemachine/core/_codec.py": (
+        "tests/test_snapshot.py",
+        "tests/test_journal.py",
+        "tests/test_store.py",
+        "tests/test_boundary.py",
+    ),
+    "statemachine/core/_builder.py": (
+        "tests/test_state.py",
+        "tests/test_snapshot.py",
+        "tests/test_store.py",
+        "tests/test_engine.py",
+    ),
+    "statemachine/core/_machine.py": ("tests/test_table.py", "tests/test_diagrams.py"),
+    "statemachine/store/_worker.py": _STORE,
+    "statemachine/store/_journal.py": _STORE,
+    "statemachine/store/_record.py": _STORE,
+    "statemachine/store/_bytes.py": _STORE,
+    "statemachine/store/_core.py": _STORE,
+    "statemachine/store/_errors.py": _STORE,
+    "statemachine/store/_redis.py": ("tests/test_store_redis.py",),
+    "statemachine/io/_drivers.py": _DRIVERS,
+    "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py"),
+    "statemachine/io/_providers.py": (*_DRIVERS, "tests/test_provider_usage.py"),
+    "statemachine/io/_router.py": _DRIVERS,
+    "statemachine/io/_mcp.py": ("tests/test_mcp_crash.py",),
+    "statemachine/io/_procwatch.py": ("tests/test_mcp_crash.py",),
+    "statemachine/io/_otel.py": ("tests/test_otel.py", "tests/test_otel_docs.py"),
+    "statemachine/io/_trace_file.py": (
+        "tests/test_trace_draw.py",
+        "tests/test_simulate.py",
+        "tests/test_boundary.py",
+    ),
+    "statemachine/io/_temporal.py": ("tests/test_temporal.py",),
+    "statemachine/io/_temporal_replay.py": ("tests/test_temporal.py",),
     "statemachine/io/_classify.py": (
         "tests/test_classify.py",
         "tests/test_corpus.py",
         "tests/test_classification_rows.py",
     ),
 }
-"""The fast tests (files or node IDs) that exercise each module; the slow suites
-(stateful, redis, MCP, SDK end-to-end, the whole model check) are never defaults."""
+"""The fast tests (files or node IDs) that exercise each module of the engine, the
+store and the I/O layer; the slow suites (stateful, SDK end-to-end, the whole model
+check) are never defaults, and a module that talks to a service (Redis, Temporal, an
+MCP server) gets the tests that start one."""
 
 FALLBACK_TESTS: tuple[str, ...] = (
     "tests/test_backoff.py",
