@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 import statemachine as sm
+from statemachine.store import InMemoryStore, Worker
+from statemachine.store._journal import COMPACT_EVERY
 
 from .helpers import ManualClock, fail
 
@@ -216,3 +218,53 @@ def test_a_list_field_that_holds_no_list_is_refused(
     target[key] = value
     name = ".".join((*where, key)).replace(".", r"\.")
     _refused(data, rf"^{name}: {message}, got (str|dict)")
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize("counter", [0.0, False, 1.0, True])
+def test_a_path_counter_that_is_not_an_int_is_refused(counter: object) -> None:
+    """A step's counters are ints: ``0.0``, ``false`` (equal to 0 in Python) and their
+    like are refused by name, not read as the number."""
+    data = _snapshot()
+    data["turn"]["path"][0][4] = counter
+    _refused(data, r"^turn\.path\[0\]\[4\]: must be int, got (float|bool)")
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize("turn", [5, "turn", [], True])
+def test_a_turn_that_is_not_an_object_is_a_snapshot_error(turn: object) -> None:
+    """A forged ``turn`` of the wrong type is a SnapshotError naming the key (never a
+    TypeError from deeper in the reader)."""
+    data = _snapshot()
+    data["turn"] = turn
+    _refused(data, r"^turn: must be a JSON object, got ")
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_second_compaction_in_a_turn_whose_costs_stopped_growing_writes_valid_json() -> None:
+    """A turn with many retries is compacted twice by the store (every 32 entries); its
+    costs grew before the first compaction and not after, so the second writes the
+    costs the first wrote and nothing more. The record reads back, as JSON and as the
+    session the worker holds (before: the text writer could append an empty ``,``)."""
+    settings = sm.Settings(max_retries=100, session_retry_ceiling=1000, max_delay_ms=1000)
+    store = InMemoryStore()
+    worker = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
+    r = worker.create("s", sm.Session(settings, seed=1, clock=lambda: 0.0))
+    r = worker.advance("s", None, expected_version=r.version)
+    r = worker.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    steps = 0
+    for attempt in range(COMPACT_EVERY + 2):  # two compactions: 2 entries per retry
+        cost = 0.01 if attempt < 4 else 0.0
+        error = sm.ModelError("rate_limited")
+        r = worker.advance("s", sm.ModelFailed(error, cost=cost), expected_version=r.version)
+        r = worker.advance("s", sm.WaitDone(), expected_version=r.version)
+        steps += 2
+    payload = store.load_payload("s")[1]
+    data = json.loads(payload)  # valid JSON
+    assert data["snapshot"]["turn"]["costs"] == [[i, 0.01] for i in (2, 4, 6, 8)]
+    # the snapshot is the second compaction's (the first came half-way, at attempt 15)
+    assert COMPACT_EVERY // 2 < data["snapshot"]["turn"]["attempt"] <= COMPACT_EVERY + 2
+    assert 0 < len(data["journal"]) < COMPACT_EVERY
+    fresh = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
+    assert fresh.load("s").session.snapshot() == r.session.snapshot()
+    assert steps > 2 * COMPACT_EVERY
