@@ -83,6 +83,7 @@ def test_the_writer_file_reads_back_as_the_sessions_records() -> None:
     _, seen = recorded_session(file)
     lines = file.getvalue().splitlines()
     first = json.loads(lines[0])
+    anchor = first.pop("anchor")
     assert first == {
         "type": "header",
         "format": FORMAT,
@@ -90,6 +91,7 @@ def test_the_writer_file_reads_back_as_the_sessions_records() -> None:
         "engine": sm.__version__,
         "table": table_digest(),
     }
+    assert anchor["t"] == seen[0].at
     trace = read_trace(lines, "live.jsonl")
     assert trace.engine == sm.__version__
     assert [s.record for s in trace.steps] == seen
@@ -132,12 +134,16 @@ def test_every_scenario_reads_and_draws(name: str) -> None:
     assert len(drawing.steps) == len(steps)
     for number, (drawn, raw) in enumerate(zip(drawing.steps, steps, strict=True), start=1):
         assert drawn.number == number
-        assert f"id=step_{number}," in drawing.dot
+        assert f'<TD ALIGN="LEFT">{number}</TD><TD ALIGN="LEFT">{raw["event"]}' in drawing.dot
+        assert f'class="chip s{number}" data-step="{number}"' in drawing.timeline
         assert drawn.label.startswith(f"{number}: {raw['event']}")
         action = drawn.traced.record.action
         if isinstance(action, Wait):
             assert f"Wait {action.seconds:.3f}s {action.category.value}" in drawn.label
-    assert drawing.dot.count("penwidth=2.2") == len(steps)
+    pairs = {(raw["state"], raw["next"]) for raw in steps}
+    assert drawing.dot.count("penwidth=2.2") == len(pairs)
+    for source, dest in pairs:
+        assert f'id="pair_{source}__{dest}"' in drawing.dot
     assert drawing.mermaid.count(" ==>|") == len(steps)
     statuses = [
         s.traced.record.action.status.value
@@ -157,8 +163,10 @@ def test_the_command_writes_svg_mermaid_and_dot(tmp_path: Path) -> None:
     assert code == 0, err
     assert "turn 2: retries_exhausted (13 steps" in out
     svg = (tmp_path / "o" / "storm.svg").read_text()
-    assert len(re.findall(r'<g id="step_\d+" class="edge">', svg)) == 13
-    assert "13: ModelFailed [transient] / Finish(retries_exhausted)" in svg
+    assert len(re.findall(r'<g id="pair_\w+" class="edge">', svg)) == 5
+    assert "failed: Finish(retries_exhausted)" in svg
+    timeline = (tmp_path / "o" / "storm-timeline.svg").read_text()
+    assert timeline.count('class="bar ') == 6 + 5  # six attempts, five waits
     mermaid = (tmp_path / "o" / "storm.mmd").read_text()
     assert mermaid.startswith("---\ntitle:") and "flowchart LR" in mermaid
     assert (tmp_path / "o" / "storm.dot").read_text().startswith("digraph trace {")
@@ -294,12 +302,42 @@ def chromium() -> str:
     pytest.skip("chromium is not installed")
 
 
-@pytest.mark.requirement("ER-132")
+PROBE = """<script>
+(function () {
+  var body = document.body;
+  body.setAttribute("data-first", body.getAttribute("data-active"));
+  document.querySelector('button[data-step="7"]').click();
+  var after = [];
+  document.querySelectorAll("#timeline .active").forEach(function (e) {
+    after.push(e.getAttribute("class"));
+  });
+  body.setAttribute("data-lit", after.join("|"));
+  // a click on a bar of the timeline selects its step in the list
+  var bar = document.querySelector('#timeline rect.bar[data-step="9"]');
+  bar.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  var smallest = 1e9;
+  document.querySelectorAll("#timeline text").forEach(function (t) {
+    var size = parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a;
+    smallest = Math.min(smallest, size);
+  });
+  var svg = document.querySelector("#timeline svg").getBoundingClientRect();
+  var list = document.getElementById("steps").getBoundingClientRect();
+  body.setAttribute("data-smallest", smallest.toFixed(2));
+  body.setAttribute("data-svg", [svg.left, svg.right, svg.top].join(","));
+  body.setAttribute("data-list", [list.left, list.right, list.top].join(","));
+})();
+</script>
+</body>"""
+
+
+@pytest.mark.requirement("ER-132", "ER-162")
 def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
-    """The --html page in a real headless Chromium: its script ran (the page marks
-    itself ready), the step named in the address was the one highlighted first, a
-    click on another step's button moves the highlight (its button pressed, its edge
-    the only one drawn active), and the page loads nothing from outside."""
+    """The --html page in a real headless Chromium, 1,920 px wide: its script ran (the
+    page marks itself ready), the step named in the address was the one highlighted
+    first, a click on another step's button lights that step's bars and strip chip
+    (and nothing else), a click on a bar of the timeline selects its step in the
+    list; the timeline stands beside the step list at its own 1,200 px (no text under
+    9 px as rendered); and the page loads nothing from outside."""
     browser = chromium()
     source = tmp_path / "storm.jsonl"
     source.write_text("\n".join(scenario_trace_lines("rate-limit-storm")) + "\n")
@@ -311,15 +349,8 @@ def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
     text = page.read_text()
     assert not re.search(r"""(src|href)\s*=\s*["'](https?:|//)""", text)
     assert "<svg" in text and "<?xml" not in text
-    # a copy that, once the page's own script ran, notes the step the address chose
-    # and clicks step 7's button the way a reviewer would
     clicked = tmp_path / "clicked.html"
-    probe = (
-        "<script>document.body.setAttribute('data-first', "
-        "document.body.getAttribute('data-active'));"
-        "document.querySelector('button[data-step=\"7\"]').click();</script>\n</body>"
-    )
-    clicked.write_text(text.replace("</body>", probe, 1))
+    clicked.write_text(text.replace("</body>", PROBE, 1))
     done = subprocess.run(
         [
             browser,
@@ -328,6 +359,7 @@ def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
             "--no-sandbox",
             "--no-first-run",
             "--disable-extensions",
+            "--window-size=1920,1080",
             f"--user-data-dir={tmp_path / 'profile'}",
             "--virtual-time-budget=2000",
             "--dump-dom",
@@ -339,8 +371,23 @@ def test_the_page_works_in_a_headless_browser(tmp_path: Path) -> None:
         check=False,
     )
     dom = done.stdout
-    assert '<body data-ready="1" data-active="7" data-first="5">' in dom, done.stderr[-2000:]
-    assert '<g id="step_7" class="edge active">' in dom
-    assert dom.count("edge active") == 1
+    body = re.search(r"<body ([^>]*)>", dom)
+    assert body is not None, done.stderr[-2000:]
+    found = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
+    assert found["data-ready"] == "1"
+    assert found["data-first"] == "5"
+    # step 7 (ModelFailed / Wait) ends attempt 4 and starts the fourth wait: both lit,
+    # with its chip on the path strip and its label
+    lit = found["data-lit"].split("|")
+    assert all(" s7" in f" {c}" for c in lit), lit
+    assert sum(c.startswith("bar ") for c in lit) == 2
+    assert any(c.startswith("chip ") for c in lit)
+    # then the click on the bar of step 9 selected step 9
+    assert found["data-active"] == "9"
     pressed = re.findall(r'<button type="button" data-step="(\d+)" aria-pressed="true">', dom)
-    assert pressed == ["7"]
+    assert pressed == ["9"]
+    assert float(found["data-smallest"]) >= 9
+    svg_left, svg_right, svg_top = map(float, found["data-svg"].split(","))
+    list_left, _, list_top = map(float, found["data-list"].split(","))
+    assert svg_right - svg_left == 1200
+    assert list_left >= svg_right and abs(list_top - svg_top) < 40  # beside, not below

@@ -7,19 +7,22 @@ Subcommands:
 * ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
 * ``check``: the exhaustive model check (``statemachine.dev.check``).
 * ``trace FILE``: draw a recorded turn (``simulate --json`` output, or a
-  ``TraceWriter`` file) on the machine: SVG, mermaid, and with ``--html`` one page.
+  ``TraceWriter`` file) as a timeline and on the machine: SVG, mermaid, and with
+  ``--html`` one page.
 
 Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
 (``diagram --check``), or the SVGs could not be drawn under ``--require-svg``
-(or ``trace`` needs ``dot`` for an SVG or a page); 2 bad usage, a bad scenario file,
-or a trace file this engine cannot draw.
+(or ``trace`` needs ``dot`` for the machine's SVG); 2 bad usage, a bad scenario file,
+a trace file this engine cannot draw, or an output ``trace`` cannot write.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -111,14 +114,19 @@ def _parser() -> argparse.ArgumentParser:
 
     traced = commands.add_parser(
         "trace",
-        help="draw a recorded turn on the machine (svg, mermaid, an html page)",
+        help="draw a recorded turn as a timeline and on the machine (svg, mermaid, html)",
         description=(
             "Draw a recorded trace (the JSON lines of `simulate --json`, or a file a "
-            "TraceWriter observer wrote) on the turn machine: the whole table faintly, "
-            "the edges taken in bold, numbered in order, with the waits and the final "
-            "status. Writes DIR/NAME.dot, NAME.svg (needs graphviz's `dot`) and NAME.mmd. "
-            "A trace of another format version or engine table, or with a step that is not "
-            "a row of this engine's table, is refused (exit 2) and nothing is written."
+            "TraceWriter observer wrote) as a timeline (model calls coloured by outcome, "
+            "the waits with their seconds and source, tool calls, limits, the final "
+            "status) and on the turn machine (the edges taken in bold, numbered, the steps "
+            "in a table). Writes DIR/NAME-timeline.svg, NAME.svg (needs graphviz's `dot`), "
+            "NAME.dot and NAME.mmd. A file cut off mid-line is drawn up to its last "
+            "complete line, with a warning naming the line. A trace of another format "
+            "version or engine table, with a step that is not a row of this engine's "
+            "table, a malformed field or a Wait its settings do not allow, or an output "
+            "that cannot be written, is refused (exit 2) naming the line or the path, and "
+            "nothing is written."
         ),
     )
     traced.add_argument("file", type=Path, metavar="FILE")
@@ -132,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         "--html",
         type=Path,
         metavar="PAGE",
-        help="also write one self-contained page: the drawing and a clickable step list",
+        help="also write one self-contained page: the timeline beside a clickable step list",
     )
     traced.add_argument("--no-svg", action="store_true", help="write the .dot and .mmd only")
 
@@ -240,31 +248,87 @@ def _trace(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from ._trace_draw import draw, html_page  # noqa: PLC0415
 
     try:
-        drawing = draw(load_trace(options.file), scenario=options.scenario, turn=options.turn)
+        trace = load_trace(options.file)
+        drawing = draw(trace, scenario=options.scenario, turn=options.turn)
     except TraceFileError as exc:
         print(f"statemachine trace: {exc}", file=err)
         return EXIT_USAGE
+    if trace.cut is not None:
+        print(
+            f"statemachine trace: warning: {options.file}:{trace.cut}: the file ends inside "
+            f"this line (cut off mid-write?); drawn up to line {trace.cut - 1}",
+            file=err,
+        )
     name = options.name or options.file.stem
-    files = {f"{name}.dot": drawing.dot, f"{name}.mmd": drawing.mermaid}
-    svg = None
-    if not options.no_svg or options.html is not None:
+    problem = _output_problem(options, name)
+    if problem is not None:
+        print(f"statemachine trace: {problem}", file=err)
+        return EXIT_USAGE
+    files: dict[Path, str] = {
+        options.out / f"{name}.dot": drawing.dot,
+        options.out / f"{name}.mmd": drawing.mermaid,
+    }
+    if not options.no_svg:
         try:
-            svg = render_svg(drawing.dot, name)
+            files[options.out / f"{name}.svg"] = render_svg(drawing.dot, name)
         except DotMissing:
             print(f"statemachine trace: {INSTALL_HINT}", file=err)
             return EXIT_FAILED
-        if not options.no_svg:
-            files[f"{name}.svg"] = svg
-    options.out.mkdir(parents=True, exist_ok=True)
-    for file_name, text in files.items():
-        path = options.out / file_name
-        path.write_text(text, encoding="utf-8")
+        files[options.out / f"{name}-timeline.svg"] = drawing.timeline
+    if options.html is not None:
+        files[options.html] = html_page(drawing)
+    try:
+        _write_all(files, options.out)
+    except OSError as exc:
+        where = exc.filename or options.out
+        print(f"statemachine trace: cannot write {where}: {exc.strerror or exc}", file=err)
+        return EXIT_USAGE
+    for path in files:
         print(f"wrote {path}", file=out)
-    if options.html is not None and svg is not None:
-        options.html.write_text(html_page(drawing, svg), encoding="utf-8")
-        print(f"wrote {options.html}", file=out)
     print(drawing.title, file=out)
     return EXIT_OK
+
+
+def _output_problem(options: argparse.Namespace, name: str) -> str | None:
+    """Why the outputs cannot be written where asked, checked before anything is."""
+    if not name or Path(name).name != name or name in (".", ".."):
+        return f"--name {name!r}: must be a file stem, not a path"
+    for parent in (options.out, *options.out.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                return f"--out {options.out}: {parent} is not a directory"
+            break
+    if options.html is not None:
+        page: Path = options.html
+        if page.is_dir():
+            return f"--html {page}: is a directory"
+        if not page.parent.is_dir():
+            return f"--html {page}: its directory {page.parent} does not exist"
+    return None
+
+
+def _write_all(files: dict[Path, str], out_dir: Path) -> None:
+    """Write every file under a temporary name beside it, then rename them all: on an
+    error nothing is left behind (temporary files removed, a directory made for them
+    removed again)."""
+    made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    try:
+        for path, text in files.items():
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            written.append(temporary)
+            with open(temporary, "x", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+        for temporary, path in zip(written, files, strict=True):
+            temporary.replace(path)
+    except OSError:
+        for temporary in written:
+            temporary.unlink(missing_ok=True)
+        for directory in made:  # the innermost first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
 
 
 # -- simulate ------------------------------------------------------------------------

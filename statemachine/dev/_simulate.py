@@ -648,7 +648,8 @@ def step_json(record: StepRecord) -> dict[str, Any]:
 
 
 def result_json(result: Result) -> dict[str, Any]:
-    """A scenario's outcome as one JSON object (``--json``)."""
+    """A scenario's outcome as one JSON object (``--json``), with the settings it ran
+    with (what ``trace`` checks each ``Wait`` against)."""
     summary: Mapping[str, Any] = {
         "type": "summary",
         "scenario": result.scenario.name,
@@ -662,5 +663,6 @@ def result_json(result: Result) -> dict[str, Any]:
         "cost_usd": result.cost_usd,
         "elapsed_s": result.elapsed_s,
         "failures": list(result.failures),
+        "settings": result.scenario.settings.to_dict(),
     }
     return dict(summary)

@@ -1,14 +1,16 @@
-"""A recorded turn drawn on the machine (``python -m statemachine trace FILE``).
+"""A recorded turn drawn (``python -m statemachine trace FILE``): as a timeline
+(:mod:`statemachine.dev._timeline`, what an incident is read from) and on the machine.
 
-The whole table is drawn faintly (every state, every (source, dest) pair of a row as a
-dashed grey edge) and the transitions the trace took in bold, one edge per step,
-numbered in order: ``3: ModelFailed [transient & retries_left & wait_fits] / Wait
-2.000s rate_limited``. States the turn visited keep their colours (terminal states by
+On the machine, the whole table is drawn faintly (every state, every (source, dest)
+pair of a row as a dashed grey edge) and each pair of states the trace took as one
+bold edge labelled with the numbers of its steps; the table under the machine gives
+every step: ``3 | ModelFailed [transient & retries_left & wait_fits] | backing_off:
+Wait 2.000s rate_limited``. Drawn top to bottom, it reads at page width. States the
+turn visited keep their colours (terminal states by
 :data:`~statemachine.core._table.TERMINAL_KIND`), the others are greyed, and the title
 names the final status. The same drawing comes as graphviz source (rendered to SVG
-by ``dot``) and as a mermaid flowchart, and :func:`html_page` makes one
-self-contained page of the SVG and a step list: clicking a step (or the arrow keys, or
-``#step_N`` in the address) highlights its edge.
+by ``dot``) and as a mermaid flowchart, one labelled edge per step. :func:`html_page`
+makes one self-contained page of the timeline beside a step list, linked both ways.
 
 Input comes from :func:`statemachine.io._trace_file.read_trace`, which refuses any
 step that is not a row of this engine's table, so nothing here can draw a row the
@@ -19,16 +21,16 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from collections.abc import Sequence
 
 import attrs
 
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ..core._events import Assembled, Cancelled, ModelFailed, ModelReplied, ToolsDone
-from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_KIND
+from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_KIND, TERMINAL_STATES
 from ..core._usage import Usage
 from ..io._trace_file import Trace, TracedStep, TraceFileError
+from . import _timeline
 from ._diagrams import KIND_COLOURS
 
 _TAKEN = "#1565c0"
@@ -130,12 +132,14 @@ def _usage_parts(usage: Usage | None, cost: float) -> list[str]:
 
 @attrs.frozen
 class Drawing:
-    """A trace drawn on the machine."""
+    """A trace drawn as a timeline, and on the machine."""
 
     title: str
     steps: tuple[DrawnStep, ...]
     dot: str
     mermaid: str
+    timeline: str = ""
+    """The timeline's SVG (:mod:`statemachine.dev._timeline`)."""
 
     @property
     def steps_text(self) -> str:
@@ -199,14 +203,50 @@ def _visited_and_taken(steps: Sequence[DrawnStep]) -> tuple[set[str], set[tuple[
     return {state for pair in pairs for state in pair}, pairs
 
 
+def _numbers(numbers: Sequence[int]) -> str:
+    """Step numbers as an edge label: a long run shortened to its first and last."""
+    if len(numbers) > 6:
+        return f"{numbers[0]}, {numbers[1]}, {numbers[2]} ... {numbers[-1]} ({len(numbers)}x)"
+    return ", ".join(map(str, numbers))
+
+
+def _html_text(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _steps_table(steps: Sequence[DrawnStep]) -> str:
+    """Every step, numbered, as an HTML-like graphviz label: ``Event [guards]``, the
+    state entered and the action."""
+    head = "".join(
+        f'<TD ALIGN="LEFT" BGCOLOR="#eeeeee"><B>{h}</B></TD>'
+        for h in ("#", "event [guards]", "to: action")
+    )
+    lines = [f"<TR>{head}</TR>"]
+    for step in steps:
+        record = step.traced.record
+        event = record.event + (f" [{record.guard}]" if record.guard else "")
+        cells = (str(step.number), event, f"{record.dest}: {action_text(record.action)}")
+        lines.append(
+            "<TR>" + "".join(f'<TD ALIGN="LEFT">{_html_text(c)}</TD>' for c in cells) + "</TR>"
+        )
+    return (
+        '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">'
+        + "".join(lines)
+        + "</TABLE>>"
+    )
+
+
 def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
-    """The graphviz source: the machine faint, the steps bold and numbered."""
-    visited, taken = _visited_and_taken(steps)
+    """The graphviz source, drawn top to bottom at page width: the machine faint, each
+    pair of states a step took one bold edge labelled with the steps' numbers, and
+    every step (event, guards, state entered, action) in a table under the machine."""
+    visited, _ = _visited_and_taken(steps)
     lines = [
         "digraph trace {",
-        f"  graph [rankdir=LR, fontname=Helvetica, labelloc=t, label={_quote(title)}];",
-        '  node [shape=rectangle, style="rounded,filled", fontname=Helvetica];',
-        "  edge [fontname=Helvetica, fontsize=10];",
+        f"  graph [rankdir=TB, nodesep=0.3, ranksep=0.45, fontname=Helvetica, "
+        f"fontsize=16, labelloc=t, label={_quote(title)}];",
+        '  node [shape=rectangle, style="rounded,filled", fontname=Helvetica, fontsize=12];',
+        "  edge [fontname=Helvetica, fontsize=11];",
         '  __start [label="", shape=point, width=0.15];',
     ]
     for state in STATES:
@@ -222,22 +262,27 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
         else:
             lines.append(
                 f"  {state} [label={_quote(label)}, fillcolor={_quote(_FAINT_FILL)}, "
-                f"color={_quote(_FAINT)}, fontcolor={_quote(_FAINT)}, peripheries={periph}];"
+                f"color={_quote(_FAINT)}, fontcolor={_quote('#9e9e9e')}, peripheries={periph}];"
             )
     lines.append(f"  __start -> idle [color={_quote(_TAKEN if 'idle' in visited else _FAINT)}];")
-    pairs = dict.fromkeys((row.source, row.dest) for row in ROWS)
-    for source, dest in pairs:
-        if (source, dest) not in taken:
+    numbered: dict[tuple[str, str], list[int]] = {}
+    for step in steps:
+        record = step.traced.record
+        numbered.setdefault((record.source, record.dest), []).append(step.number)
+    for source, dest in dict.fromkeys((row.source, row.dest) for row in ROWS):
+        if (source, dest) not in numbered:
             lines.append(
                 f"  {source} -> {dest} [color={_quote(_FAINT)}, style=dashed, arrowsize=0.6];"
             )
-    for step in steps:
-        record = step.traced.record
+    for (source, dest), numbers in numbered.items():
         lines.append(
-            f"  {record.source} -> {record.dest} [id=step_{step.number}, "
-            f"label={_quote(step.label + '  ')}, color={_quote(_TAKEN)}, "
+            f'  {source} -> {dest} [id="pair_{source}__{dest}", '
+            f"label={_quote(' ' + _numbers(numbers) + ' ')}, color={_quote(_TAKEN)}, "
             f"fontcolor={_quote(_TAKEN)}, penwidth=2.2];"
         )
+    lines.append(f'  steps [label={_steps_table(steps)}, shape=plaintext, style="", fontsize=11];')
+    lines.append("  { rank=sink; steps; }")
+    lines.extend(f"  {state} -> steps [style=invis];" for state in TERMINAL_STATES)
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -289,63 +334,100 @@ def draw(trace: Trace, *, scenario: str | None = None, turn: int | None = None) 
     chosen = select(trace, scenario, turn)
     steps = tuple(DrawnStep(i, s) for i, s in enumerate(chosen, start=1))
     title = _title(trace, chosen)
-    return Drawing(title, steps, dot_source(title, steps), mermaid_source(title, steps))
+    timeline = _timeline.build(
+        [s.record for s in chosen],
+        details=[s.detail or cause_text(s.record.caused_by) for s in chosen],
+        limits=[s.limit for s in chosen],
+        settings=trace.settings.get(chosen[0].scenario),
+        anchor=_anchor(trace, chosen),
+        title=title,
+    )
+    return Drawing(
+        title, steps, dot_source(title, steps), mermaid_source(title, steps), timeline.svg
+    )
 
 
-_SVG_START = re.compile(r"^.*?(?=<svg\b)", re.DOTALL)
+def _anchor(trace: Trace, steps: Sequence[TracedStep]) -> float | None:
+    """The Unix time of the first drawn step: from the header's anchor, else from the
+    first step that records its wall-clock time."""
+    first = steps[0].record.at
+    if trace.anchor is not None and first is not None:
+        return trace.anchor + first
+    for step in steps:
+        record = step.record
+        if record.wall is not None and record.at is not None and first is not None:
+            return record.wall - (record.at - first)
+    return None
+
 
 _STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; margin: 1.5em; color: #212121; }
 h1 { font-size: 1.2em; }
-#layout { display: flex; gap: 1.5em; align-items: flex-start; }
-#diagram { flex: 3; overflow: auto; border: 1px solid #e0e0e0; }
-#diagram svg { max-width: 100%; height: auto; }
-#steps { flex: 2; list-style: none; padding: 0; margin: 0; font-size: 0.85em; }
+#layout { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
+#timeline { flex: 0 0 auto; max-width: 100%; overflow-x: auto; border: 1px solid #e0e0e0; }
+#timeline svg { display: block; }
+#steps { flex: 1 1 380px; list-style: none; padding: 0; margin: 0; font-size: 13px;
+  max-height: 92vh; overflow-y: auto; }
 #steps button { display: block; width: 100%; text-align: left; border: 1px solid #e0e0e0;
   background: #fff; margin: 0 0 2px; padding: 4px 6px; cursor: pointer; font: inherit; }
 #steps button[aria-pressed="true"] { background: #e3f2fd; border-color: #1565c0; }
-g.edge.active path { stroke: #d32f2f; stroke-width: 5; }
-g.edge.active polygon { fill: #d32f2f; stroke: #d32f2f; }
-g.edge.active text { fill: #d32f2f; font-weight: bold; }
+svg .bar, svg .chip, svg text.label { cursor: pointer; }
+svg .active.bar { stroke: #d32f2f; stroke-width: 3; }
+svg .active.chip rect { stroke: #d32f2f; stroke-width: 3; }
+svg text.active { fill: #d32f2f; font-weight: bold; }
+svg line.active { stroke: #d32f2f; stroke-width: 3; }
 """
 
 _SCRIPT = """
 (function () {
   var buttons = Array.prototype.slice.call(document.querySelectorAll("#steps button"));
+  var svg = document.querySelector("#timeline svg");
+  var cursor = document.getElementById("cursor");
   var current = 0;
-  function select(n) {
+  function select(n, scroll) {
     if (n < 1 || n > buttons.length) { return; }
     buttons.forEach(function (b) { b.setAttribute("aria-pressed", "false"); });
-    document.querySelectorAll("g.edge.active").forEach(function (g) {
-      g.classList.remove("active");
-    });
-    var edge = document.getElementById("step_" + n);
-    if (edge) { edge.classList.add("active"); }
+    svg.querySelectorAll(".active").forEach(function (e) { e.classList.remove("active"); });
+    svg.querySelectorAll(".s" + n).forEach(function (e) { e.classList.add("active"); });
+    var chip = svg.querySelector(".chip.s" + n);
+    if (chip && cursor) {
+      var x = chip.getAttribute("data-x");
+      cursor.setAttribute("x1", x);
+      cursor.setAttribute("x2", x);
+      cursor.setAttribute("visibility", "visible");
+    }
     buttons[n - 1].setAttribute("aria-pressed", "true");
+    if (scroll) { buttons[n - 1].scrollIntoView({block: "nearest"}); }
     current = n;
     document.body.setAttribute("data-active", String(n));
   }
   buttons.forEach(function (b) {
     b.addEventListener("click", function () { select(Number(b.getAttribute("data-step"))); });
   });
+  svg.addEventListener("click", function (e) {
+    var item = e.target.closest("[data-step]");
+    if (item) { select(Number(item.getAttribute("data-step")), true); }
+  });
   document.addEventListener("keydown", function (e) {
-    if (e.key === "ArrowDown" || e.key === "j") { select(current + 1); e.preventDefault(); }
-    if (e.key === "ArrowUp" || e.key === "k") { select(current - 1); e.preventDefault(); }
+    if (e.key === "ArrowDown" || e.key === "j") { select(current + 1, true); e.preventDefault(); }
+    if (e.key === "ArrowUp" || e.key === "k") { select(current - 1, true); e.preventDefault(); }
   });
   var wanted = /^#step_(\\d+)$/.exec(window.location.hash);
-  select(wanted ? Number(wanted[1]) : 1);
+  select(wanted ? Number(wanted[1]) : 1, true);
   document.body.setAttribute("data-ready", "1");
 })();
 """
 
 
-def html_page(drawing: Drawing, svg: str) -> str:
-    """One self-contained page: the drawing's SVG inline and its clickable step list
-    (no external resource: styles and script are inline)."""
-    inline = _SVG_START.sub("", svg, count=1)
+def html_page(drawing: Drawing) -> str:
+    """One self-contained page: the timeline (at its own width, never scaled down)
+    beside the clickable step list, linked both ways: a step selected in the list
+    (click, arrow keys, ``#step_N`` in the address) highlights its bars, marks and
+    place on the path strip, and a click on any of those selects its step. No
+    external resource: styles and script are inline."""
     items = "\n".join(
-        f'<li><button type="button" data-step="{s.number}" aria-pressed="false">'
-        f"{html.escape(s.line.strip())}</button></li>"
+        f'<li id="step_{s.number}"><button type="button" data-step="{s.number}" '
+        f'aria-pressed="false">{html.escape(s.line.strip())}</button></li>'
         for s in drawing.steps
     )
     title = html.escape(drawing.title)
@@ -356,7 +438,7 @@ def html_page(drawing: Drawing, svg: str) -> str:
         '<body data-ready="0">\n'
         f"<h1>{title}</h1>\n"
         '<div id="layout">\n'
-        f'<div id="diagram">\n{inline}</div>\n'
+        f'<div id="timeline">\n{drawing.timeline}</div>\n'
         f'<ol id="steps">\n{items}\n</ol>\n'
         "</div>\n"
         f"<script>{_SCRIPT}</script>\n"

@@ -7,21 +7,31 @@ line. :class:`TraceWriter` starts the file with a *header*::
     {"type": "header", "format": "turnstate-trace", "version": 1,
      "engine": "<turnstate version>", "table": "<sha256 of the transition table>"}
 
-then one ``step`` object per transition, with the keys ``simulate --json`` uses for
-the same facts (``turn``, ``step``, ``t``, ``state``, ``event``, ``guard``, ``next``,
-``action``, ``attempt``, ``session_retries``, ``reductions``), ``event_cost_usd``,
+(with ``"settings"``, the session's settings, when the writer knows them, and
+``"anchor"``, ``{"t": <session clock>, "wall": <Unix time>}`` read when the first step
+was written: the wall-clock time of the session's clock), then one ``step`` object per
+transition, with the keys ``simulate --json`` uses for the same facts (``turn``,
+``step``, ``t``, ``state``, ``event``, ``guard``, ``next``, ``action``, ``attempt``,
+``session_retries``, ``reductions``), ``event_cost_usd``,
 the cost the transition's event carried, ``caused_by``, the event itself (encoded as a
 snapshot encodes values: a failure's error with its category, HTTP status and
 retry-after, a reply's usage; ``null`` for a start), and ``wall``, the Unix time the
-step was given, if any. ``simulate --json`` output has no header
-(its steps name their ``scenario``; its ``cost_usd`` is the session's running total)
-and ends each scenario with a ``summary`` line.
+step was given, if any; a writer bound to its session (:meth:`TraceWriter.bind`) adds
+``limit`` and ``session_status`` as they stood after the step. ``simulate --json``
+output has no header (its steps name their ``scenario``; its ``cost_usd`` is the
+session's running total) and ends each scenario with a ``summary`` line, which holds
+its settings.
 
 :func:`read_trace` accepts both and checks every line before anything is drawn: a
 header of another format, version or table (an engine whose rows differ), a line
 that is not JSON, a step whose (state, event, guard, next) is not a row of this
-engine's table, an action that is not the one that row emits, or steps out of order
-is a :class:`TraceFileError` naming the line. A trace is never drawn wrong.
+engine's table, an action that is not the one that row emits or whose fields are not
+what the engine writes (checked as a snapshot's restore checks them: a ``Wait`` that is
+not finite or negative), a ``Wait`` longer than the trace's settings allow (the
+defaults when it records none), a string that is not valid Unicode, or steps out of
+order is a :class:`TraceFileError` naming the line. A trace is never drawn wrong.
+:func:`load_trace` reads a file whose last line was cut off (a crash mid-write) up to
+its last complete line and says which line it dropped.
 """
 
 from __future__ import annotations
@@ -30,18 +40,24 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 
 from .._version import __version__
-from ..core._actions import Action, Finish
+from ..core._actions import Action, Finish, Wait
 from ..core._codec import decode, encode
 from ..core._events import EVENT_TYPES
+from ..core._exceptions import ConfigError
+from ..core._json_data import MAX_COUNT, json_problem
 from ..core._reachable import ACTION_OF_EFFECT
+from ..core._settings import Settings
+from ..core._state import _action_problem
 from ..core._table import IDLE, ROWS, START
+from ..core._taxonomy import ToolErrorCategory
 from ..core._trace import TraceRecord
 
 FORMAT = "turnstate-trace"
@@ -69,15 +85,23 @@ def _engine_version() -> str:
     return __version__
 
 
-def header() -> dict[str, Any]:
-    """The header line :class:`TraceWriter` writes first."""
-    return {
+def header(
+    settings: Settings | None = None, anchor: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """The header line :class:`TraceWriter` writes first: with the session's
+    ``settings`` and the ``anchor`` (session clock, Unix time) when known."""
+    line: dict[str, Any] = {
         "type": "header",
         "format": FORMAT,
         "version": VERSION,
         "engine": _engine_version(),
         "table": table_digest(),
     }
+    if settings is not None:
+        line["settings"] = settings.to_dict()
+    if anchor is not None:
+        line["anchor"] = {"t": anchor[0], "wall": anchor[1]}
+    return line
 
 
 def record_json(record: TraceRecord) -> dict[str, Any]:
@@ -112,12 +136,25 @@ class TraceWriter:
     A host's data inside actions (requests, tool arguments, replies) is written as it
     is: a trace file holds what the session held.
 
-    Use one writer per session: ``Session(..., observers=[TraceWriter(path)])``.
+    The header records ``settings`` (what the reader checks each ``Wait`` against)
+    and an anchor: the first step's session-clock time and its Unix time (the step's
+    ``wall`` if the host gave one, else ``wall_clock()`` when it is written), so a
+    drawn trace can say when its session started.
+
+    Use one writer per session: ``Session(..., observers=[writer])``, then
+    ``writer.bind(session)``, which also records the session's settings, and after
+    each step the limit that fired and the session's status.
     """
 
-    __slots__ = ("_owned", "_started", "_stream")
+    __slots__ = ("_bound", "_owned", "_settings", "_started", "_stream", "_wall_clock")
 
-    def __init__(self, target: str | Path | IO[str]) -> None:
+    def __init__(
+        self,
+        target: str | Path | IO[str],
+        *,
+        settings: Settings | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         if isinstance(target, str | Path):
             self._stream: IO[str] = open(target, "a", encoding="utf-8")  # noqa: SIM115
             self._owned = True
@@ -126,15 +163,32 @@ class TraceWriter:
             self._stream = target
             self._owned = False
             self._started = False
+        self._settings = settings
+        self._wall_clock = wall_clock
+        self._bound: Any = None
+
+    def bind(self, session: Any) -> None:
+        """Read ``session`` (a :class:`~statemachine.Session`): its settings for the
+        header, and after every step its limit and status."""
+        self._bound = session
+        self._settings = session.settings
 
     def __call__(self, record: TraceRecord) -> None:
         stream = self._stream
         if not self._started:
-            stream.write(json.dumps(header(), sort_keys=True) + "\n")
+            anchor = None
+            if record.at is not None:
+                wall = record.wall if record.wall is not None else self._wall_clock()
+                anchor = (record.at, wall)
+            stream.write(json.dumps(header(self._settings, anchor), sort_keys=True) + "\n")
             self._started = True
-        stream.write(
-            json.dumps(record_json(record), sort_keys=True, allow_nan=False, default=str) + "\n"
-        )
+        line = record_json(record)
+        session = self._bound
+        if session is not None:
+            limit, status = session.limit_reached, session.status
+            line["limit"] = None if limit is None else limit.value
+            line["session_status"] = None if status is None else status.value
+        stream.write(json.dumps(line, sort_keys=True, allow_nan=False, default=str) + "\n")
         stream.flush()
 
     def close(self) -> None:
@@ -161,6 +215,11 @@ class TracedStep:
     """``simulate`` sent this event itself (a ``WaitDone`` after a ``Wait``)."""
     detail: str = ""
     """``simulate``'s short description of the event's payload, if any."""
+    limit: str | None = None
+    """The session limit that had fired after this step (``simulate``, or a bound
+    writer), if any."""
+    session_status: str | None = None
+    """The session's status after this step, once it ended (idem)."""
 
 
 @attrs.frozen
@@ -173,6 +232,13 @@ class Trace:
     """The engine version the header names (``None``: no header, ``simulate --json``)."""
     session_status: Mapping[str | None, str | None] = attrs.field(factory=dict)
     """The session status each scenario's ``summary`` line reports."""
+    settings: Mapping[str | None, Settings] = attrs.field(factory=dict)
+    """The settings each scenario ran with, as the header or its ``summary`` records
+    them (absent: not recorded)."""
+    anchor: float | None = None
+    """The Unix time of the session clock's 0, from the header's anchor, if any."""
+    cut: int | None = None
+    """The line :func:`load_trace` dropped because the file ends inside it, if any."""
 
     @property
     def scenarios(self) -> tuple[str | None, ...]:
@@ -200,6 +266,8 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], whe
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TraceFileError(f"{where}: {key}: got {value!r:.60}")
+    if isinstance(value, int) and not (1 if key == "turn" else 0) <= value <= MAX_COUNT:
+        raise TraceFileError(f"{where}: {key}: must be a count the engine keeps, got {value}")
     return value
 
 
@@ -210,6 +278,41 @@ def _number(data: Mapping[str, Any], key: str, where: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise TraceFileError(f"{where}: {key}: must be a finite number, got {value!r:.60}")
     return float(value)
+
+
+def _settings(raw: object, where: str) -> Settings | None:
+    """The settings a header or a summary records (``None``: none recorded)."""
+    if raw is None:
+        return None
+    try:
+        return Settings.from_dict(raw, source="settings")  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise TraceFileError(f"{where}: {exc}") from None
+
+
+def _anchor(raw: object, where: str) -> float | None:
+    """The Unix time of the session clock's 0 a header's anchor gives."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TraceFileError(f"{where}: anchor: must be {{t, wall}}, got {raw!r:.60}")
+    at, wall = _number(raw, "t", where), _number(raw, "wall", where)
+    if at is None or wall is None or not math.isfinite(wall - at):
+        raise TraceFileError(f"{where}: anchor: must be {{t, wall}}, got {raw!r:.60}")
+    return wall - at
+
+
+def wait_bound(settings: Settings, *, tool: bool) -> float:
+    """The longest ``Wait`` the engine can emit under ``settings``: a computed backoff is
+    at most ``1.5 * max_delay_ms`` (the largest jitter), a model call's wait may be the
+    server's retry-after up to ``max_server_wait_s``, and no wait crosses
+    ``max_wall_clock_s``."""
+    bound = settings.max_delay_ms * 1.5 / 1000.0
+    if not tool:
+        bound = max(bound, settings.max_server_wait_s)
+    if settings.max_wall_clock_s is not None:
+        bound = min(bound, settings.max_wall_clock_s)
+    return bound
 
 
 def _check_header(data: Mapping[str, Any], where: str) -> str:
@@ -237,6 +340,8 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
     ``source`` and the line for anything this engine cannot draw truthfully."""
     steps: list[TracedStep] = []
     statuses: dict[str | None, str | None] = {}
+    settings: dict[str | None, Settings] = {}
+    anchor: float | None = None
     engine: str | None = None
     last: dict[tuple[str | None, int], TraceRecord] = {}
     previous_cost: dict[str | None, float] = {}
@@ -252,14 +357,25 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
             raise TraceFileError(f"{where}: not JSON ({exc})") from None
         if not isinstance(data, dict):
             raise TraceFileError(f"{where}: a line must be a JSON object, got {text:.60}")
+        problem = json_problem(data)
+        if problem is not None:
+            raise TraceFileError(f"{where}: {problem}")
         kind = data.get("type")
         if kind == "header":
             if seen_any:
                 raise TraceFileError(f"{where}: a header after the first line")
             engine = _check_header(data, where)
+            recorded = _settings(data.get("settings"), where)
+            if recorded is not None:
+                settings[None] = recorded
+            anchor = _anchor(data.get("anchor"), where)
         elif kind == "summary":
+            scenario = data.get("scenario")
             status = data.get("session_status")
-            statuses[data.get("scenario")] = status if isinstance(status, str) else None
+            statuses[scenario] = status if isinstance(status, str) else None
+            recorded = _settings(data.get("settings"), where)
+            if recorded is not None:
+                settings[scenario] = recorded
         elif kind == "step":
             step = _read_step(data, where, number, engine is not None, last, previous_cost)
             steps.append(step)
@@ -268,7 +384,34 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
         seen_any = True
     if not steps:
         raise TraceFileError(f"{source}: no steps")
-    return Trace(source, tuple(steps), engine, statuses)
+    _check_waits(steps, settings, source)
+    return Trace(source, tuple(steps), engine, statuses, settings, anchor)
+
+
+def _check_waits(
+    steps: Iterable[TracedStep], settings: Mapping[str | None, Settings], source: str
+) -> None:
+    """Every ``Wait`` within what its scenario's settings allow (the defaults when the
+    trace records none), as the engine could have emitted it."""
+    defaults = Settings()
+    for step in steps:
+        action = step.record.action
+        if not isinstance(action, Wait):
+            continue
+        chosen = settings.get(step.scenario)
+        tool = action.category is ToolErrorCategory.CONCURRENCY_CONFLICT
+        bound = wait_bound(chosen or defaults, tool=tool)
+        server = None if tool else (chosen or defaults).max_server_wait_s
+        too_long = action.seconds > bound or (
+            server is not None and action.retry_after is not None and action.retry_after > server
+        )
+        if too_long:
+            whose = "the trace's settings" if chosen else "the default settings (none recorded)"
+            raise TraceFileError(
+                f"{source}:{step.line}: a Wait of {action.seconds!r:.40} s (retry-after "
+                f"{action.retry_after!r:.40}) is beyond what {whose} allow: at most "
+                f"{bound:g} s"
+            )
 
 
 def _read_step(
@@ -302,6 +445,9 @@ def _read_step(
             f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
             f"emits {expected.__name__}, the step has {type(action).__name__}"
         )
+    problem = _action_problem(action)
+    if problem is not None:
+        raise TraceFileError(f"{where}: action: {type(action).__name__}.{problem}")
     status = _ROW_STATUSES[key]
     if isinstance(action, Finish) and status is not None and action.status.value != status:
         raise TraceFileError(
@@ -361,7 +507,16 @@ def _read_step(
         record,
         auto=data.get("auto") is True,
         detail=detail if isinstance(detail, str) else "",
+        limit=_text(data, "limit", where),
+        session_status=_text(data, "session_status", where),
     )
+
+
+def _text(data: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TraceFileError(f"{where}: {key}: must be text or null, got {value!r:.60}")
+    return value
 
 
 def _cause(raw: object, trigger: str, where: str) -> Any:
@@ -381,11 +536,45 @@ def _cause(raw: object, trigger: str, where: str) -> Any:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """:func:`read_trace` of the file at ``path`` (``TraceFileError`` if unreadable)."""
+    """:func:`read_trace` of the file at ``path`` (``TraceFileError`` if unreadable or
+    not UTF-8, naming the line).
+
+    A file that does not end in a newline and whose last line (not its first) is not
+    a complete record (not UTF-8 or not JSON: the writer was stopped mid-line) is read
+    up to the line before; :attr:`Trace.cut` names the line dropped.
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
-            return read_trace(handle, str(path))
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except OSError as exc:
         raise TraceFileError(f"{path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TraceFileError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    chunks = raw.split(b"\n")
+    ended = chunks[-1] == b""
+    if ended:
+        chunks.pop()
+    lines: list[str] = []
+    cut = None
+    for number, chunk in enumerate(chunks, start=1):
+        # a crash cuts the last line; a file of one line is not a trace cut short
+        last = number == len(chunks) > 1 and not ended
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if last:
+                cut = number
+                break
+            raise TraceFileError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from None
+        if last and text.strip() and not _is_json(text):
+            cut = number
+            break
+        lines.append(text)
+    trace = read_trace(lines, str(path))
+    return attrs.evolve(trace, cut=cut)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
