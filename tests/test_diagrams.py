@@ -155,8 +155,40 @@ def test_category_views_highlight_only_that_categorys_rows() -> None:
     assert by_effect["reduce"] not in rate
     assert len(views()) == 2 + len(ErrorCategory)
     dot = dot_source(next(v for v in views() if v.name == "category-auth_error"))
-    assert "ModelFailed [auth_error] / Finish(auth_error)" in dot
-    assert "Wait" not in dot.split("subgraph cluster_legend")[0].replace("WaitDone", "")
+    row = '<TD ALIGN="LEFT">ModelFailed [auth_error]</TD><TD ALIGN="LEFT">failed: Finish(auth_error)'
+    assert row in dot
+    assert "Wait" not in dot.replace("WaitDone", "")
+    assert "ModelReplied" not in dot  # an auth error never recovers: no reply row
+
+
+@pytest.mark.requirement("ER-163")
+def test_category_views_number_only_their_rows_at_page_width() -> None:
+    """Each category view is a compact view: drawn top to bottom, its rows (and only
+    those) numbered on blue edges and listed in its table by their numbers in the
+    whole table; the other pairs of states dashed grey, unlabelled."""
+    for view in views():
+        if view.highlight is None:
+            continue
+        assert view.compact
+        dot = dot_source(view)
+        assert "rankdir=TB" in dot
+        listed = set(re.findall(r'<TR><TD ALIGN="LEFT">(\d+)</TD>', dot))
+        expected = {str(n) for n, row in enumerate(ROWS, 1) if row_key(row) in view.highlight}
+        assert listed == expected, view.name
+        for number, row in enumerate(ROWS, 1):
+            if row_key(row) not in view.highlight:
+                continue
+            edge = re.search(
+                rf'^\s*{row.source} -> {row.dest} \[label=" ([^"]*) " color="#1565c0"',
+                dot,
+                re.MULTILINE,
+            )
+            assert edge is not None, (view.name, row.source, row.dest)
+            numbers: set[int] = set()
+            for part in edge.group(1).split(", "):
+                low, _, high = part.partition("-")
+                numbers.update(range(int(low), int(high or low) + 1))
+            assert number in numbers, (view.name, number, edge.group(1))
 
 
 @pytest.mark.requirement("ER-62")

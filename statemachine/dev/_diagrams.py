@@ -5,7 +5,8 @@
 * ``turn.dot`` and ``turn.svg`` (graphviz) and ``turn.mmd`` (mermaid, which GitHub
   renders): the whole machine;
 * ``category-<name>.dot`` and ``.svg``: one view per model error category, with the
-  rows that category can take highlighted and the rest greyed.
+  rows that category can take highlighted (numbered, and listed in a table under the
+  machine, so the view reads at page width) and the rest greyed.
 
 Every diagram comes from :func:`statemachine.core._machine.build_machine` with a
 ``GraphMachine`` subclass and an explicit graph engine: the same states and rows the
@@ -149,12 +150,18 @@ ROW_NUMBERS: dict[RowKey, int] = {row_key(row): i for i, row in enumerate(ROWS, 
 
 def views() -> tuple[View, ...]:
     """Every diagram ``diagram`` writes: the machine at page width, the machine with
-    every row on its edge, then one view per category."""
+    every row on its edge, then one view per category (at page width: its rows
+    numbered on their edges and listed in a table)."""
     return (
         View("turn", "turn", compact=True),
         View("turn-full", "turn: every row on its edge"),
         *(
-            View(f"category-{c.value}", f"turn: the path of {c.value}", category_rows(c))
+            View(
+                f"category-{c.value}",
+                f"turn: the path of {c.value}",
+                category_rows(c),
+                compact=True,
+            )
             for c in ErrorCategory
         ),
     )
@@ -224,7 +231,7 @@ class _DotGraph(_gv.Graph):
 
     def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
         if self.machine.view.compact:
-            _add_numbered_edges(transitions, container)
+            _add_numbered_edges(transitions, container, self.machine.view.highlight)
             return
         for (src, dst), labels in _group(self.machine, transitions).items():
             lit = [label for label, on in labels if on]
@@ -257,22 +264,32 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _add_numbered_edges(transitions: list[dict[str, Any]], container: Any) -> None:
+def _add_numbered_edges(
+    transitions: list[dict[str, Any]], container: Any, highlight: frozenset[RowKey] | None
+) -> None:
     """One edge per pair of states labelled with its rows' numbers; the ``Cancelled``
-    rows (one from every running state) as one unlabelled dashed edge each."""
+    rows (one from every running state) as one unlabelled dashed edge each. With a
+    ``highlight``, only its rows are numbered (in blue), the other pairs dashed grey."""
     numbered: dict[tuple[str, str], list[int]] = defaultdict(list)
     cancelled: set[tuple[str, str]] = set()
+    dimmed: set[tuple[str, str]] = set()
     for tran in transitions:
         if not tran.get("trigger"):
             continue
         pair = (tran["source"], tran["dest"])
+        key = (tran["source"], tran["trigger"], tuple(tran.get("conditions", ())))
         if tran["trigger"] == "Cancelled":
             cancelled.add(pair)
-            continue
-        key = (tran["source"], tran["trigger"], tuple(tran.get("conditions", ())))
-        numbered[pair].append(ROW_NUMBERS[key])
+        elif highlight is not None and key not in highlight:
+            dimmed.add(pair)
+        else:
+            numbered[pair].append(ROW_NUMBERS[key])
+    lit = {"color": _HIGHLIGHT, "fontcolor": _HIGHLIGHT, "penwidth": "1.5"}
+    style = {} if highlight is None else lit
     for (src, dst), numbers in numbered.items():
-        container.edge(src, dst, label=f" {_ranges(sorted(numbers))} ", fontsize="11")
+        container.edge(src, dst, label=f" {_ranges(sorted(numbers))} ", fontsize="11", **style)
+    for src, dst in sorted(dimmed - set(numbered) - cancelled):
+        container.edge(src, dst, style="dashed", color=_DIM, arrowsize="0.6")
     for src, dst in sorted(cancelled):
         container.edge(src, dst, style="dashed", color=_DIM, arrowsize="0.6")
 
@@ -285,8 +302,9 @@ def _group_line(source: str) -> str:
     return f'<TR><TD COLSPAN="3" ALIGN="LEFT" BGCOLOR="#f5f5f5"><B>from {source}</B></TD></TR>'
 
 
-def _rows_table() -> str:
-    """The compact view's table: every row, numbered, as an HTML-like graphviz label."""
+def _rows_table(highlight: frozenset[RowKey] | None = None) -> str:
+    """The compact view's table: every row (or every row of ``highlight``), numbered,
+    as an HTML-like graphviz label."""
 
     def line(*cells: str) -> str:
         return "<TR>" + "".join(f'<TD ALIGN="LEFT">{c}</TD>' for c in cells) + "</TR>"
@@ -299,7 +317,7 @@ def _rows_table() -> str:
     cancels = [n for n, row in enumerate(ROWS, 1) if row.event == "Cancelled"]
     source = None
     for number, row in enumerate(ROWS, 1):
-        if row.event == "Cancelled":
+        if row.event == "Cancelled" or (highlight is not None and row_key(row) not in highlight):
             continue
         if row.source != source:  # the rows are grouped by the state they leave
             source = row.source
@@ -307,7 +325,7 @@ def _rows_table() -> str:
         event = row.event + (f" [{' &amp; '.join(row.guards)}]" if row.guards else "")
         action = action_label(row.effect, row.status or None)
         lines.append(line(str(number), event, f"{row.dest}: {_html(action)}"))
-    if cancels:  # one from every running state: one line, the dashed edges
+    if cancels and highlight is None:  # one from every running state: one line
         lines.append(_group_line("every running state"))
         lines.append(line(_ranges(cancels), "Cancelled", "failed: Finish(cancelled)"))
     return (
@@ -317,7 +335,7 @@ def _rows_table() -> str:
     )
 
 
-def _compact_legend(title: str) -> str:
+def _compact_legend(title: str, highlight: frozenset[RowKey] | None = None) -> str:
     """The compact view's title and legend, as the graph's own label (centred above the
     machine, never beside it)."""
     swatches = "".join(
@@ -329,6 +347,11 @@ def _compact_legend(title: str) -> str:
         "edge labels: the numbers of the rows in the table below, tried in that order",
         "dashed grey: Cancelled / Finish(cancelled), from every running state",
     )
+    if highlight is not None:
+        notes = (
+            "blue: the rows this category can take, numbered as in the whole table",
+            "dashed grey: the machine's other rows",
+        )
     rows = "".join(
         f'<TR><TD COLSPAN="4"><FONT POINT-SIZE="11">{_html(n)}</FONT></TD></TR>' for n in notes
     )
@@ -410,8 +433,10 @@ def dot_source(view: View) -> str:
     """The graphviz source of ``view``, legend included."""
     graph = _graph(view, "graphviz")
     if view.compact:
-        graph.attr(rankdir="TB", nodesep="0.25", ranksep="0.4", label=_compact_legend(view.title))
-        graph.node("rows", label=_rows_table(), shape="plaintext", style="", fontsize="11")
+        legend = _compact_legend(view.title, view.highlight)
+        graph.attr(rankdir="TB", nodesep="0.25", ranksep="0.4", label=legend)
+        table = _rows_table(view.highlight)
+        graph.node("rows", label=table, shape="plaintext", style="", fontsize="11")
         with graph.subgraph() as ends:  # the turn's ends side by side, one rank
             ends.attr(rank="same")
             for state in TERMINAL_STATES:
