@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import math
+import textwrap
 from collections.abc import Sequence
 from html import escape
 
@@ -506,8 +507,9 @@ def _svg(
     xs = timeline.xs
     out: list[str] = []
     y = 24.0
-    out.append(_text(12, y, title, size=16, font_weight="bold"))
-    y += 20
+    for line in textwrap.wrap(title, int((WIDTH - 24) / (16 * 0.62))) or [""]:
+        out.append(_text(12, y, line, size=16, font_weight="bold"))
+        y += 20
     span = times[-1] if times else 0.0
     out.append(_text(12, y, f"{timeline.origin}; {_num(span)} s drawn", fill="#455a64"))
     y += 22
