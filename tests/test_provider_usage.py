@@ -13,8 +13,10 @@ import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import anthropic
+import attrs
 import openai
 import pytest
 
@@ -31,9 +33,11 @@ from .servers.fake_llm import (
     OPENAI,
     Canned,
     FakeLLM,
+    anthropic_error,
     anthropic_message,
     anthropic_stream,
     openai_completion,
+    openai_error,
 )
 
 PRICE = (3.0, 15.0)
@@ -48,6 +52,17 @@ def _priced(tokens_in: int, tokens_out: int) -> float:
 def server() -> Iterator[FakeLLM]:
     with FakeLLM() as fake:
         yield fake
+
+
+def _went(server: FakeLLM, provider: str, *, streamed: bool = False) -> dict[str, Any]:
+    """The fields of a ``Usage`` that say where a call to ``server`` went."""
+    url = urlsplit(server.url)
+    return {
+        "provider_name": provider,
+        "server_address": url.hostname,
+        "server_port": url.port,
+        "streamed": streamed,
+    }
 
 
 def _call(model: str | None = "m-requested") -> sm.CallModel:
@@ -189,6 +204,7 @@ _ANTHROPIC_FILLED = sm.Usage(
     model="claude-served",
     response_id="msg_served",
     finish_reason="end_turn",
+    cache_creation_tokens=200,
 )
 
 
@@ -199,7 +215,7 @@ def test_anthropic_reply_fills_every_usage_field(server: FakeLLM) -> None:
     with _anthropic(server) as client:
         event = AnthropicModel(client, price_per_mtok=PRICE).complete(_call())
     assert isinstance(event, sm.ModelReplied)
-    assert event.usage == _ANTHROPIC_FILLED
+    assert event.usage == attrs.evolve(_ANTHROPIC_FILLED, **_went(server, "anthropic"))
     assert event.cost == pytest.approx(0.00525)
     assert event.reply["usage"]["input_tokens"] == 1000  # the reply is kept as it came
 
@@ -234,7 +250,7 @@ def test_async_anthropic_reply_and_stream_fill_every_usage_field(server: FakeLLM
         AsyncAnthropicModel, server, price_per_mtok=PRICE, on_text=texts.append
     )
     assert isinstance(replied, sm.ModelReplied)
-    assert replied.usage == _ANTHROPIC_FILLED
+    assert replied.usage == attrs.evolve(_ANTHROPIC_FILLED, **_went(server, "anthropic"))
     assert isinstance(streamed, sm.ModelReplied)
     assert texts == ["Hel", "lo"]
     assert streamed.usage == sm.Usage(
@@ -245,6 +261,7 @@ def test_async_anthropic_reply_and_stream_fill_every_usage_field(server: FakeLLM
         model="claude-served",
         response_id="msg_stream",
         finish_reason="end_turn",
+        **_went(server, "anthropic", streamed=True),
     )
     assert streamed.cost == pytest.approx(0.015105)
 
@@ -267,7 +284,7 @@ def test_openai_reply_fills_every_usage_field(server: FakeLLM) -> None:
     with _openai(server) as client:
         event = OpenAIModel(client, price_per_mtok=PRICE).complete(_call())
     assert isinstance(event, sm.ModelReplied)
-    assert event.usage == _OPENAI_FILLED
+    assert event.usage == attrs.evolve(_OPENAI_FILLED, **_went(server, "openai"))
     assert event.cost == pytest.approx(0.006)
 
 
@@ -294,7 +311,7 @@ def test_async_openai_reply_and_stream_fill_every_usage_field(server: FakeLLM) -
         on_text=texts.append,
     )
     assert isinstance(replied, sm.ModelReplied)
-    assert replied.usage == _OPENAI_FILLED
+    assert replied.usage == attrs.evolve(_OPENAI_FILLED, **_went(server, "openai"))
     assert isinstance(streamed, sm.ModelReplied)
     assert texts == ["Hi"]
     assert streamed.usage == sm.Usage(
@@ -305,6 +322,7 @@ def test_async_openai_reply_and_stream_fill_every_usage_field(server: FakeLLM) -
         model="gpt-served",
         response_id="chatcmpl-stream",
         finish_reason="stop",
+        **_went(server, "openai", streamed=True),
     )
     # asked by default: without it a stream reports no usage, and is never charged
     assert server.requests(OPENAI)[1].body["stream_options"] == {"include_usage": True}
@@ -336,6 +354,7 @@ def test_openai_content_filtered_reply_is_charged(server: FakeLLM, how: str) -> 
         model="gpt-served",
         response_id="chatcmpl-served",
         finish_reason="content_filter" if how == "finish_reason" else "stop",
+        **_went(server, "openai"),
     )
 
 
@@ -365,6 +384,7 @@ def test_anthropic_refusal_is_charged(server: FakeLLM) -> None:
             model="claude-served",
             response_id="msg_served",
             finish_reason="refusal",
+            **_went(server, "anthropic"),
         )
 
 
@@ -408,7 +428,7 @@ def test_anthropic_stream_broken_after_text_returns_the_usage(server: FakeLLM, h
     assert event.partial is True
     assert texts == ["half a sent"]
     assert event.error.category is sm.ErrorCategory.OVERLOADED
-    assert event.usage == _STREAM_USAGE
+    assert event.usage == attrs.evolve(_STREAM_USAGE, **_went(server, "anthropic", streamed=True))
     assert event.cost == pytest.approx(0.012015)
 
 
@@ -430,7 +450,7 @@ def test_anthropic_stream_broken_before_text_returns_the_usage_unpartial(
     assert texts == []
     assert event.error.category is sm.ErrorCategory.OVERLOADED
     assert event.error.retryable
-    assert event.usage == _STREAM_USAGE
+    assert event.usage == attrs.evolve(_STREAM_USAGE, **_went(server, "anthropic", streamed=True))
     assert event.cost == pytest.approx(0.012015)
 
 
@@ -468,16 +488,26 @@ def test_anthropic_stream_broken_after_message_delta_reports_its_output_tokens(
         model="claude-served",
         response_id="msg_stream",
         finish_reason="end_turn",
+        **_went(server, "anthropic", streamed=True),
     )
     assert event.cost == pytest.approx(0.01425)
 
 
-@pytest.mark.requirement("ER-52", "ER-31")
-def test_anthropic_stream_broken_before_message_start_still_raises(server: FakeLLM) -> None:
-    """A stream that broke before reporting any usage or text is raised, as before."""
+@pytest.mark.requirement("ER-52", "ER-31", "ER-151")
+def test_anthropic_stream_broken_before_message_start_is_classified(server: FakeLLM) -> None:
+    """A stream that broke before reporting any usage or text is ModelFailed(classify(exc)),
+    what a driver would send for the exception, unpartial, uncharged, saying where the
+    call went."""
     server.script(ANTHROPIC, anthropic_stream(_OVERLOADED))
-    with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
-        _async_complete(AsyncAnthropicModel, server, price_per_mtok=PRICE, on_text=print)
+    event = _async_complete(AsyncAnthropicModel, server, price_per_mtok=PRICE, on_text=print)
+    assert isinstance(event, sm.ModelFailed)
+    assert (event.error.category, event.partial, event.cost) == (
+        sm.ErrorCategory.OVERLOADED,
+        False,
+        0.0,
+    )
+    assert "Overloaded" in event.error.message
+    assert event.usage == sm.Usage(**_went(server, "anthropic", streamed=True))
 
 
 _HALF = _chunk({"role": "assistant", "content": "Half an ans"})
@@ -531,16 +561,24 @@ def test_openai_stream_broken_after_usage_returns_the_usage(
         cost_usd=_priced(1000, 200),
         model="gpt-served",
         response_id="chatcmpl-stream",
+        **_went(server, "openai", streamed=True),
     )
     assert event.cost == pytest.approx(0.006)
 
 
-@pytest.mark.requirement("ER-52", "ER-31")
-def test_openai_stream_broken_before_usage_and_text_still_raises(server: FakeLLM) -> None:
-    """An OpenAI stream that broke after a usage-less, text-less chunk is raised, as before."""
+@pytest.mark.requirement("ER-52", "ER-31", "ER-151")
+def test_openai_stream_broken_before_usage_and_text_is_classified(server: FakeLLM) -> None:
+    """An OpenAI stream that broke after a usage-less, text-less chunk is
+    ModelFailed(classify(exc)) of the connection error, saying where the call went."""
     server.script(OPENAI, _openai_chunks(_chunk({"role": "assistant"}), cut=True))
-    with pytest.raises(openai.APIConnectionError):
-        _async_complete(AsyncOpenAIModel, server, price_per_mtok=PRICE, on_text=print)
+    event = _async_complete(AsyncOpenAIModel, server, price_per_mtok=PRICE, on_text=print)
+    assert isinstance(event, sm.ModelFailed)
+    assert (event.error.category, event.error.code, event.partial) == (
+        sm.ErrorCategory.OVERLOADED,
+        "connection_error",
+        False,
+    )
+    assert event.usage == sm.Usage(**_went(server, "openai", streamed=True))
 
 
 # -- odd shapes -----------------------------------------------------------------------------
@@ -579,8 +617,8 @@ def test_garbage_usage_is_unknown_never_an_exception(server: FakeLLM, usage: Any
     anthropic_event, openai_event = events
     assert isinstance(anthropic_event, sm.ModelReplied)
     assert isinstance(openai_event, sm.ModelReplied)
-    assert anthropic_event.usage == sm.Usage(finish_reason="end_turn")
-    assert openai_event.usage == sm.Usage()
+    assert anthropic_event.usage == sm.Usage(finish_reason="end_turn", **_went(server, "anthropic"))
+    assert openai_event.usage == sm.Usage(**_went(server, "openai"))
     assert anthropic_event.cost == openai_event.cost == 0.0
 
 
@@ -685,3 +723,165 @@ def test_a_retried_broken_stream_is_charged_with_its_retry(server: FakeLLM) -> N
     assert len(waits) == 1
     assert server.count(ANTHROPIC) == 2
     assert session.cost_usd == pytest.approx(_priced(4000, 1) + _priced(10, 1))
+
+
+# -- where each call went (issue 25) -------------------------------------------------------
+
+
+@pytest.mark.requirement("ER-150")
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"server_port": 0}, "Usage.server_port"),
+        ({"server_port": 65536}, "Usage.server_port"),
+        ({"server_port": True}, "Usage.server_port"),
+        ({"server_port": "443"}, "Usage.server_port"),
+        ({"streamed": 1}, "Usage.streamed"),
+        ({"provider_name": 7}, "Usage.provider_name"),
+        ({"server_address": "x" * 1001}, "Usage.server_address"),
+        ({"cache_creation_tokens": -1}, "Usage.cache_creation_tokens"),
+        ({"reasoning_tokens": 2**63}, "Usage.reasoning_tokens"),
+    ],
+)
+def test_a_bad_where_field_is_refused_naming_it(fields: dict[str, Any], named: str) -> None:
+    """Each new field of Usage refuses a value of the wrong kind or range with an
+    InvalidValue that names it; the value stays frozen."""
+    with pytest.raises(sm.InvalidValue, match=named):
+        sm.Usage(**fields)
+    usage = sm.Usage(server_port=443, streamed=False, provider_name="openai")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        usage.server_port = 80  # type: ignore[misc]
+
+
+@pytest.mark.requirement("ER-150")
+def test_usages_of_before_and_after_restore_from_a_snapshot() -> None:
+    """A snapshot's usage as it was written before the new fields (no provider, no
+    server) restores as it was, and one with every new field restores whole: the
+    format version is the one the engine writes today."""
+    now = [0.0]
+    session = sm.Session(sm.Settings(), seed=1, clock=lambda: now[0])
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("q", 1))
+    full = sm.Usage(
+        900,
+        12,
+        100,
+        cost_usd=0.01,
+        model="m-2026-01-01",
+        cache_creation_tokens=50,
+        reasoning_tokens=4,
+        provider_name="anthropic",
+        server_address="api.anthropic.com",
+        server_port=443,
+        streamed=True,
+    )
+    turn.send(sm.ModelFailed(sm.ModelError("overloaded", status=529), usage=full))
+    data = session.snapshot()
+    (entry,) = data["turn"]["usages"]
+    assert entry[1]["provider_name"] == "anthropic"
+    restored = sm.Session.restore(json.loads(json.dumps(data)), clock=lambda: now[0])
+    assert restored.current_turn is not None
+    assert restored.current_turn.trace[-1].usage == full
+    # the same snapshot as the previous release wrote it: none of the new keys
+    old = json.loads(json.dumps(data))
+    old["turn"]["usages"] = [[entry[0], {"$type": "Usage", "input_tokens": 900}]]
+    old_restored = sm.Session.restore(old, clock=lambda: now[0])
+    assert old_restored.current_turn is not None
+    assert old_restored.current_turn.trace[-1].usage == sm.Usage(900)
+
+
+@pytest.mark.requirement("ER-151")
+def test_an_error_the_sdk_raised_comes_back_classified_and_located(server: FakeLLM) -> None:
+    """A 429 the OpenAI SDK raises and a 529 the Anthropic SDK raises (sync and async)
+    are returned as ModelFailed(classify(exc)): the category, the HTTP status and the
+    retry-after a driver would get, and a usage saying where the call went."""
+    server.script(
+        OPENAI,
+        openai_error(429, "Rate limit reached", "requests", retry_after="7"),
+        openai_error(429, "Rate limit reached", "requests", retry_after="7"),
+    )
+    server.script(ANTHROPIC, anthropic_error(529, "overloaded_error", "Overloaded"))
+    with _openai(server) as oclient, _anthropic(server) as aclient:
+        openai_event = OpenAIModel(oclient, model="m").complete(_call())
+        anthropic_event = AnthropicModel(aclient, model="m").complete(_call())
+    async_event = _async_complete(AsyncOpenAIModel, server, model="m")
+    for event, provider, category, status in (
+        (openai_event, "openai", sm.ErrorCategory.RATE_LIMITED, 429),
+        (async_event, "openai", sm.ErrorCategory.RATE_LIMITED, 429),
+        (anthropic_event, "anthropic", sm.ErrorCategory.OVERLOADED, 529),
+    ):
+        assert isinstance(event, sm.ModelFailed)
+        assert (event.error.category, event.error.status) == (category, status)
+        assert (event.partial, event.cost) == (False, 0.0)
+        assert event.usage == sm.Usage(**_went(server, provider))
+    assert isinstance(openai_event, sm.ModelFailed)
+    assert openai_event.error.headers is not None
+    assert openai_event.error.headers["retry-after"] == "7"
+
+
+@pytest.mark.requirement("ER-151")
+def test_the_sdks_cloud_clients_name_their_provider_and_server() -> None:
+    """Azure OpenAI, Bedrock and Vertex clients give their conventions' provider names,
+    and a base URL without a port gives the scheme's (443)."""
+    clients = [
+        (
+            OpenAIModel,
+            openai.AzureOpenAI(
+                azure_endpoint="https://example.openai.azure.com",
+                api_version="2024-10-21",
+                api_key="x",
+                max_retries=0,
+            ),
+            ("azure.ai.openai", "example.openai.azure.com", 443),
+        ),
+        (
+            AnthropicModel,
+            anthropic.AnthropicBedrock(  # fake credentials: nothing is sent
+                aws_region="us-east-1",
+                aws_access_key="a",
+                aws_secret_key="b",  # noqa: S106
+                max_retries=0,
+            ),
+            ("aws.bedrock", "bedrock-runtime.us-east-1.amazonaws.com", 443),
+        ),
+        (
+            AnthropicModel,
+            anthropic.AnthropicVertex(
+                region="us-east5",
+                project_id="p",
+                access_token="t",  # noqa: S106
+                max_retries=0,
+            ),
+            ("gcp.vertex_ai", "us-east5-aiplatform.googleapis.com", 443),
+        ),
+        (
+            OpenAIModel,
+            openai.OpenAI(api_key="x", max_retries=0),
+            ("openai", "api.openai.com", 443),
+        ),
+        (
+            OpenAIModel,
+            openai.OpenAI(api_key="x", base_url="http://localhost/v1", max_retries=0),
+            ("openai", "localhost", 80),
+        ),
+    ]
+    for make, client, (provider, address, port) in clients:
+        event = make(client, model="m")._raised(RuntimeError("down"))
+        assert event.usage == sm.Usage(
+            provider_name=provider, server_address=address, server_port=port, streamed=False
+        )
+        assert event.error.category is sm.ErrorCategory.UNKNOWN
+        client.close()
+
+
+@pytest.mark.requirement("ER-151")
+def test_openai_reasoning_tokens_are_reported(server: FakeLLM) -> None:
+    """completion_tokens_details.reasoning_tokens is Usage.reasoning_tokens."""
+    usage = _openai_usage(1000, 200)
+    usage["completion_tokens_details"] = {"reasoning_tokens": 150}
+    server.script(OPENAI, _openai_reply(usage=usage))
+    with _openai(server) as client:
+        event = OpenAIModel(client).complete(_call())
+    assert event.usage is not None
+    assert (event.usage.output_tokens, event.usage.reasoning_tokens) == (200, 150)

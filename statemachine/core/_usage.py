@@ -11,7 +11,10 @@ from ._exceptions import InvalidValue
 from ._json_data import MAX_COUNT, finite, short_repr
 
 MAX_TEXT = 1000
-"""The longest model name, response id or finish reason a usage keeps."""
+"""The longest model name, response id, finish reason, provider name or server address a
+usage keeps."""
+
+MAX_PORT = 65535
 
 
 def _tokens(_instance: object, attribute: Any, value: Any) -> None:
@@ -51,6 +54,23 @@ def _text(_instance: object, attribute: Any, value: Any) -> None:
             raise InvalidValue(f"Usage.{attribute.name}: a string with a lone surrogate") from None
 
 
+def _port(_instance: object, _attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    if type(value) is not int or not 0 < value <= MAX_PORT:
+        raise InvalidValue(
+            f"Usage.server_port: must be an int from 1 to {MAX_PORT} or None, "
+            f"got {short_repr(value)}"
+        )
+
+
+def _flag(_instance: object, attribute: Any, value: Any) -> None:
+    if value is not None and type(value) is not bool:
+        raise InvalidValue(
+            f"Usage.{attribute.name}: must be True, False or None, got {short_repr(value)}"
+        )
+
+
 def _count(value: Any) -> Any:
     """A token count as it came: an int stays, a whole float (some SDKs) becomes one."""
     if type(value) is float and value.is_integer() and 0 <= value <= MAX_COUNT:
@@ -70,11 +90,19 @@ def _number(value: Any) -> Any:
 @attrs.frozen
 class Usage:
     """What one model call used, as the provider's response reported it: its tokens
-    (``input_tokens``, ``output_tokens``, and of the input, ``cached_tokens`` read from
-    a prompt cache), what it cost (``cost_usd``), the ``model`` that answered (the
-    server's name for it, which may differ from the one requested), the
-    ``response_id`` and the ``finish_reason`` (``stop``, ``tool_use``,
-    ``content_filter``...). Every field may be unknown (``None``).
+    (``input_tokens``, the whole prompt; of it, ``cached_tokens`` read from a prompt
+    cache and ``cache_creation_tokens`` written to one; ``output_tokens``, and of them
+    ``reasoning_tokens`` spent thinking), what it cost (``cost_usd``), the ``model``
+    that answered (the server's name for it, which may differ from the one requested),
+    the ``response_id`` and the ``finish_reason`` (``stop``, ``tool_use``,
+    ``content_filter``...).
+
+    And where the call went, as the provider that made it knows it: ``provider_name``
+    (the OpenTelemetry GenAI conventions' ``gen_ai.provider.name``: ``openai``,
+    ``anthropic``, ``aws.bedrock``...), ``server_address`` and ``server_port`` (the
+    host and port of the API's base URL), and whether the reply was ``streamed``. A
+    call that failed before any response may carry these alone. Every field may be
+    unknown (``None``).
 
     ``ModelReplied(usage=...)`` and ``ModelFailed(usage=...)`` carry it: its
     ``cost_usd`` is what the event charges toward ``max_cost_usd`` (a failed call that
@@ -88,6 +116,14 @@ class Usage:
     model: str | None = attrs.field(default=None, validator=_text)
     response_id: str | None = attrs.field(default=None, validator=_text)
     finish_reason: str | None = attrs.field(default=None, validator=_text)
+    cache_creation_tokens: int | None = attrs.field(
+        default=None, converter=_count, validator=_tokens
+    )
+    reasoning_tokens: int | None = attrs.field(default=None, converter=_count, validator=_tokens)
+    provider_name: str | None = attrs.field(default=None, validator=_text)
+    server_address: str | None = attrs.field(default=None, validator=_text)
+    server_port: int | None = attrs.field(default=None, validator=_port)
+    streamed: bool | None = attrs.field(default=None, validator=_flag)
 
     @property
     def total_tokens(self) -> int | None:

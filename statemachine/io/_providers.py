@@ -22,8 +22,11 @@ Each provider:
 * *returns* ``ModelFailed(content_filtered)`` for a refusal (Anthropic
   ``stop_reason == "refusal"``) or a content filter (OpenAI ``finish_reason ==
   "content_filter"`` or ``message.refusal``): the HTTP call succeeded, so nothing
-  is raised, but the turn must end ``content_filtered``; SDK exceptions are left
-  to the driver, which classifies them;
+  is raised, but the turn must end ``content_filtered``;
+* *returns* ``ModelFailed(classify(exc))`` for an exception the SDK call raised
+  (what a driver would send for it), carrying a ``Usage`` that says where the call
+  went: so a failed call is as well described as a reply (its provider and server,
+  in the trace and on its telemetry span);
 * maps tool-use blocks / tool calls to ``ToolCall``\\ s whose ``provider`` is
   ``tool_provider`` (a name, or a function of the tool name);
 * streams when given ``on_text`` (async providers): text deltas go to it as they
@@ -41,7 +44,10 @@ Each provider:
   with), ``response_id`` and ``finish_reason`` (Anthropic ``stop_reason``, OpenAI
   ``choices[0].finish_reason``). What a response leaves out, or reports in a shape
   that is not a token count (an int >= 0) or a short string, is ``None``: reading
-  the usage never raises;
+  the usage never raises; and where every call went: ``provider_name`` (``openai``
+  or ``anthropic``, ``azure.ai.openai``, ``aws.bedrock`` or ``gcp.vertex_ai`` for the
+  SDKs' Azure, Bedrock and Vertex clients), ``server_address`` and ``server_port`` (of
+  the client's ``base_url``; the scheme's port when it names none) and ``streamed``;
 * reports ``cost`` (and ``Usage.cost_usd``) when given ``price_per_mtok=(input_usd,
   output_usd)`` per million tokens: every prompt token at the input price (cache
   reads, cheaper in fact, and Anthropic's cache writes, dearer, included: a host
@@ -54,10 +60,12 @@ Each provider:
 Where the usage comes from: Anthropic ``message.usage`` (``input_tokens`` there
 excludes the prompt tokens read from or written to the cache, so the reported
 ``input_tokens`` is ``input_tokens + cache_read_input_tokens +
-cache_creation_input_tokens``, and ``cached_tokens`` is ``cache_read_input_tokens``);
+cache_creation_input_tokens``, ``cached_tokens`` is ``cache_read_input_tokens`` and
+``cache_creation_tokens`` is ``cache_creation_input_tokens``);
 streamed, the SDK's ``current_message_snapshot`` (its usage arrives with
 ``message_start`` and is updated by ``message_delta``). OpenAI ``completion.usage``
-(``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``);
+(``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``,
+``completion_tokens_details.reasoning_tokens``);
 streamed, the last chunk that carried a ``usage`` (a stream reports one only when
 asked, ``stream_options={"include_usage": True}``, which the provider asks by default),
 else the accumulated snapshot's.
@@ -71,6 +79,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..core._actions import CallModel
 from ..core._events import ModelFailed, ModelReplied
@@ -78,7 +87,7 @@ from ..core._json_data import MAX_COUNT
 from ..core._model_error import ModelError
 from ..core._taxonomy import ErrorCategory
 from ..core._tool_calls import ToolCall
-from ..core._usage import MAX_TEXT, Usage
+from ..core._usage import MAX_PORT, MAX_TEXT, Usage
 from ._classify import classify, plain_data
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
@@ -154,6 +163,37 @@ def _charged(usage: Usage) -> float:
     return usage.cost_usd or 0.0
 
 
+_SCHEME_PORTS = {"https": 443, "http": 80}
+
+_CLIENT_PROVIDERS = (
+    ("azure", "azure.ai.openai"),
+    ("bedrock", "aws.bedrock"),
+    ("vertex", "gcp.vertex_ai"),
+)
+"""A word of the SDK client's class name, and the GenAI provider name it stands for (the
+SDKs' ``AzureOpenAI``, ``AnthropicBedrock``, ``AnthropicVertex`` and their async twins)."""
+
+
+def _where(client: Any, provider: str) -> tuple[str, str | None, int | None]:
+    """The GenAI provider name of ``client`` (``provider`` unless its class is one of the
+    SDKs' cloud clients) and the host and port of its ``base_url``: (name, host, port),
+    each unknown (``None``) when unreadable."""
+    kind = type(client).__name__.lower()
+    name = next((named for word, named in _CLIENT_PROVIDERS if word in kind), provider)
+    url = _field(client, "base_url")
+    if url is None:
+        return name, None, None
+    try:
+        parts = urlsplit(str(url))
+        port = parts.port or _SCHEME_PORTS.get(parts.scheme)
+    except ValueError:  # a port out of range, a malformed netloc
+        return name, None, None
+    host = _label(parts.hostname)
+    if not host:
+        return name, None, None
+    return name, host, port if port is not None and 0 < port <= MAX_PORT else None
+
+
 class _Base:
     """What the four providers share: construction, request building, usage and costs."""
 
@@ -185,6 +225,12 @@ class _Base:
         self.tool_provider = tool_provider
         self.price_per_mtok = price_per_mtok
         self.create_kwargs = create_kwargs
+        self._where = _where(self.client, self._provider)
+
+    _provider = "openai"
+    """The GenAI provider name of the API's own clients."""
+    streams = False
+    """Whether this provider's calls stream (the async ones given ``on_text``)."""
 
     def _kwargs(self, action: CallModel) -> dict[str, Any]:
         request = action.request
@@ -237,7 +283,10 @@ class _Base:
         model: Any,
         response_id: Any,
         finish_reason: Any,
+        cache_creation_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
     ) -> Usage:
+        provider, address, port = self._where
         return Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
@@ -246,7 +295,25 @@ class _Base:
             model=_label(model),
             response_id=_label(response_id),
             finish_reason=_label(finish_reason),
+            cache_creation_tokens=cache_creation_tokens,
+            reasoning_tokens=reasoning_tokens,
+            provider_name=provider,
+            server_address=address,
+            server_port=port,
+            streamed=self.streams,
         )
+
+    def _raised(self, exc: Exception) -> ModelFailed:
+        """The event of an SDK call that raised ``exc``: what a driver would send
+        (``ModelFailed(classify(exc))``), with a usage saying where the call went."""
+        provider, address, port = self._where
+        where = Usage(
+            provider_name=provider,
+            server_address=address,
+            server_port=port,
+            streamed=self.streams,
+        )
+        return ModelFailed(classify(exc), usage=where)
 
     def _usage_of(self, response: Any, reported: Any = None) -> Usage:
         """The :class:`Usage` of ``response`` (``reported``: a usage object seen apart
@@ -297,6 +364,7 @@ def _has_tool_history(messages: Any) -> bool:
 
 class _AnthropicBase(_Base):
     _no_tool_choice: Any = {"type": "none"}  # noqa: RUF012 - a constant, never mutated
+    _provider = "anthropic"
 
     def _kwargs(self, action: CallModel) -> dict[str, Any]:
         kwargs = super()._kwargs(action)
@@ -322,6 +390,7 @@ class _AnthropicBase(_Base):
             model=_field(response, "model"),
             response_id=_field(response, "id"),
             finish_reason=_field(response, "stop_reason"),
+            cache_creation_tokens=written,
         )
 
     def _event(self, message: Any) -> ModelReplied | ModelFailed:
@@ -346,7 +415,12 @@ class AnthropicModel(_AnthropicBase):
 
     def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
-        return self._event(self.client.messages.create(**self._kwargs(action)))
+        kwargs = self._kwargs(action)
+        try:
+            message = self.client.messages.create(**kwargs)
+        except Exception as exc:
+            return self._raised(exc)
+        return self._event(message)
 
 
 class _Streaming:
@@ -360,10 +434,10 @@ class _Streaming:
     ``message_start``, an OpenAI chunk with ``usage``) comes back as
     ``ModelFailed(classify(exc), partial=False)``: the engine retries it or not as
     its category says, and counts its spend. Either carries the usage and the cost
-    reported so far. A failure before both is raised, for the driver to classify and
-    retry as usual. (A driver ``model_timeout_s`` cancels the call from outside and
-    is neither marked partial nor charged: with streaming, prefer the SDK client's
-    own timeout.)
+    reported so far. A failure before both is returned as ``ModelFailed(classify(exc))``,
+    as a driver would send it, and retried as usual. (A driver ``model_timeout_s``
+    cancels the call from outside and is neither marked partial nor charged: with
+    streaming, prefer the SDK client's own timeout.)
     """
 
     on_text: TextSink | None
@@ -385,6 +459,7 @@ class AsyncAnthropicModel(_AnthropicBase, _Streaming):
     or ``messages.stream`` when ``on_text`` is given (see :class:`_Streaming`)."""
 
     def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
+        self.streams = on_text is not None
         super().__init__(client, **kwargs)
         self.on_text = on_text
 
@@ -392,7 +467,11 @@ class AsyncAnthropicModel(_AnthropicBase, _Streaming):
         """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
         kwargs = self._kwargs(action)
         if self.on_text is None:
-            return self._event(await self.client.messages.create(**kwargs))
+            try:
+                message = await self.client.messages.create(**kwargs)
+            except Exception as exc:
+                return self._raised(exc)
+            return self._event(message)
         delivered = False
         stream: Any = None
         started: Any = None  # the message of message_start, should the snapshot be unreadable
@@ -412,7 +491,7 @@ class AsyncAnthropicModel(_AnthropicBase, _Streaming):
             snapshot = _field(stream, "current_message_snapshot")
             usage = self._usage_of(started if snapshot is None else snapshot)
             if not (delivered or _reported(usage)):
-                raise
+                return self._raised(exc)
             return _broken(exc, delivered, usage)
         return self._event(message)
 
@@ -441,6 +520,9 @@ class _OpenAIBase(_Base):
             model=_field(response, "model"),
             response_id=_field(response, "id"),
             finish_reason=_field(first, "finish_reason"),
+            reasoning_tokens=_tokens(
+                _field(_field(usage, "completion_tokens_details"), "reasoning_tokens")
+            ),
         )
 
     def _event(self, completion: Any, reported: Any = None) -> ModelReplied | ModelFailed:
@@ -481,7 +563,12 @@ class OpenAIModel(_OpenAIBase):
 
     def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
-        return self._event(self.client.chat.completions.create(**self._kwargs(action)))
+        kwargs = self._kwargs(action)
+        try:
+            completion = self.client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            return self._raised(exc)
+        return self._event(completion)
 
 
 class AsyncOpenAIModel(_OpenAIBase, _Streaming):
@@ -495,6 +582,7 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
     refuses the option: its streamed calls are then not charged)."""
 
     def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
+        self.streams = on_text is not None
         super().__init__(client, **kwargs)
         self.on_text = on_text
 
@@ -502,7 +590,11 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
         """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
         kwargs = self._kwargs(action)
         if self.on_text is None:
-            return self._event(await self.client.chat.completions.create(**kwargs))
+            try:
+                completion = await self.client.chat.completions.create(**kwargs)
+            except Exception as exc:
+                return self._raised(exc)
+            return self._event(completion)
         from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: PLC0415
 
         state: Any = ChatCompletionStreamState()
@@ -533,6 +625,6 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
             # None before.
             usage = self._usage_of(_field(state, "current_completion_snapshot"), reported)
             if not (delivered or _reported(usage)):
-                raise
+                return self._raised(exc)
             return _broken(exc, delivered, usage)
         return self._event(completion, reported)
