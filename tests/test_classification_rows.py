@@ -40,12 +40,17 @@ CONTEXT_PHRASES = [
     "input is too long",
     "exceeds the available context size",
     "exceeds the maximum number of tokens allowed",
+    # self-hosted servers and newer vendors (ER-170)
+    "maximum model length",
+    "inputs must have less than",
+    "tokens + max_new_tokens must be",
+    "maximum prompt length",
 ]
 
 
-@pytest.mark.requirement("ER-40")
+@pytest.mark.requirement("ER-40", "ER-170")
 @pytest.mark.parametrize("phrase", CONTEXT_PHRASES)
-@pytest.mark.parametrize("status", [400, 413, 200, None])
+@pytest.mark.parametrize("status", [400, 413, 422, 200, None])
 def test_each_context_phrase_alone_is_a_context_overflow(phrase: str, status: int | None) -> None:
     """A message that says it only this way, in any casing, is a context overflow on
     every status row 3 names; the same message without the phrase is not."""
@@ -57,12 +62,49 @@ def test_each_context_phrase_alone_is_a_context_overflow(phrase: str, status: in
     assert without.category is not C.CONTEXT_LENGTH_EXCEEDED
 
 
-@pytest.mark.requirement("ER-40")
-@pytest.mark.parametrize("status", [401, 403, 404, 422, 500, 503])
+@pytest.mark.requirement("ER-170")
+@pytest.mark.parametrize(
+    "said",
+    [
+        "`inputs` must have less than 4096 tokens. Given: 4545",
+        "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 6 `inputs` tokens",
+    ],
+)
+def test_backticks_around_a_name_do_not_hide_a_context_phrase(said: str) -> None:
+    """TGI writes its parameter names in backticks (older releases did not): the
+    phrases are read with the backticks left out."""
+    assert _classify(422, {"error": said}).category is C.CONTEXT_LENGTH_EXCEEDED
+    assert _classify(422, {"error": said.replace("`", "")}).category is C.CONTEXT_LENGTH_EXCEEDED
+
+
+@pytest.mark.requirement("ER-40", "ER-171")
+@pytest.mark.parametrize("status", [401, 403, 404, 500, 503])
 def test_a_context_phrase_on_another_status_is_that_status_row(status: int) -> None:
-    """Row 3 reads the message only on 400, 413, 200 or none."""
+    """Row 3 reads the message only on 400, 413, 422, 200 or none (a 500 only in the
+    words of ER-171)."""
     error = _classify(status, {"error": {"message": "context length exceeded"}})
     assert error.category is not C.CONTEXT_LENGTH_EXCEEDED
+
+
+CONTEXT_500_PHRASES = [
+    "context size has been exceeded",
+    "exceeds the available context size",
+    "longer than the maximum model length",
+]
+
+
+@pytest.mark.requirement("ER-171")
+@pytest.mark.parametrize("phrase", CONTEXT_500_PHRASES)
+def test_each_self_hosted_context_phrase_makes_a_500_a_context_overflow(phrase: str) -> None:
+    """A 500 that says it this way (any casing) overflowed a self-hosted server's
+    context: reduced, never retried. The same words on a 502 or 503, and a 500 that
+    says nothing of the kind, are overloaded."""
+    for said in (phrase, phrase.upper()):
+        error = _classify(500, {"error": {"message": f"{NEUTRAL}: {said}."}})
+        assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, None), said
+    for status in (502, 503):
+        assert _classify(status, {"error": {"message": phrase}}).category is C.OVERLOADED
+    assert _classify(500, {"error": {"message": NEUTRAL}}).category is C.OVERLOADED
 
 
 @pytest.mark.requirement("ER-95")
@@ -83,6 +125,61 @@ def test_each_too_large_phrase_alone_makes_a_429_a_context_overflow(phrase: str)
 def test_a_bare_402_is_payment_required() -> None:
     error = _classify(402, None)
     assert (error.category, error.code) == (C.UNKNOWN, "payment_required")
+
+
+CREDIT_PHRASES = ["credit balance is too low", "used all available credits"]
+
+
+@pytest.mark.requirement("ER-174")
+@pytest.mark.parametrize("phrase", CREDIT_PHRASES)
+@pytest.mark.parametrize("status", [400, 403, 429, 200, None])
+def test_each_credit_phrase_alone_is_payment_required_on_any_status(
+    phrase: str, status: int | None
+) -> None:
+    """A message that says the credits are spent is never retried nor taken for the
+    request's fault, whatever the status and the vendor's own type; without the phrase
+    the status row decides."""
+    for said in (phrase, phrase.upper()):
+        body = {"error": {"message": f"{NEUTRAL}: {said}.", "type": "invalid_request_error"}}
+        error = _classify(status, body)
+        assert (error.category, error.code) == (C.UNKNOWN, "payment_required"), said
+    assert _classify(status, {"error": {"message": NEUTRAL}}).code != "payment_required"
+
+
+KEY_PHRASES = ["incorrect api key provided", "api key not valid", "api key expired"]
+
+
+@pytest.mark.requirement("ER-173")
+@pytest.mark.parametrize("phrase", KEY_PHRASES)
+def test_each_bad_key_phrase_alone_makes_a_400_an_auth_error(phrase: str) -> None:
+    """A 400 whose message says the key is invalid or expired is an auth error; the
+    same words on a 404 or 422 (not a key's answer) stay invalid requests."""
+    for said in (phrase, phrase.upper()):
+        error = _classify(400, {"error": {"message": f"{NEUTRAL}: {said}."}})
+        assert (error.category, error.code) == (C.AUTH_ERROR, None), said
+    for status in (404, 422):
+        assert _classify(status, {"error": {"message": phrase}}).category is C.INVALID_REQUEST
+    assert _classify(400, {"error": {"message": NEUTRAL}}).category is C.INVALID_REQUEST
+
+
+def _error_info(reason: str, kind: str = "type.googleapis.com/google.rpc.ErrorInfo") -> Any:
+    return {"error": {"code": 400, "message": NEUTRAL, "status": "INVALID_ARGUMENT",
+                      "details": [{"@type": kind, "reason": reason}]}}  # fmt: skip
+
+
+@pytest.mark.requirement("ER-173")
+def test_gemini_api_key_invalid_reason_alone_makes_a_400_an_auth_error() -> None:
+    """Gemini's ``ErrorInfo`` reason ``API_KEY_INVALID`` decides on its own (the message
+    is neutral) and is the code kept; another reason, or the same reason in a detail of
+    another type, leaves the 400 an invalid request."""
+    error = _classify(400, _error_info("API_KEY_INVALID"))
+    assert (error.category, error.code) == (C.AUTH_ERROR, "API_KEY_INVALID")
+    on_403 = _classify(403, _error_info("API_KEY_INVALID"))
+    assert (on_403.category, on_403.code) == (C.AUTH_ERROR, "API_KEY_INVALID")
+    other = _classify(400, _error_info("RATE_LIMIT_EXCEEDED"))
+    assert (other.category, other.code) == (C.INVALID_REQUEST, "INVALID_ARGUMENT")
+    typed = _error_info("API_KEY_INVALID", "type.googleapis.com/google.rpc.Help")
+    assert _classify(400, typed).category is C.INVALID_REQUEST
 
 
 GEMINI_BLOCKS = ["SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"]
@@ -125,10 +222,16 @@ BY_TYPE = [
     ("not_found_error", C.INVALID_REQUEST),
     ("request_too_large", C.INVALID_REQUEST),
     ("model_not_found", C.INVALID_REQUEST),
+    # Bedrock's stream exceptions, as its frames name them (ER-177)
+    ("throttlingException", C.RATE_LIMITED),
+    ("serviceUnavailableException", C.OVERLOADED),
+    ("internalServerException", C.OVERLOADED),
+    ("modelTimeoutException", C.OVERLOADED),
+    ("validationException", C.INVALID_REQUEST),
 ]
 
 
-CONTEXT_STATUSES = (400, 413, 200, None)
+CONTEXT_STATUSES = (400, 413, 422, 200, None)
 """Row 3 reads a code on these statuses only."""
 NAMES = [
     # row 3: context overflow
@@ -168,6 +271,68 @@ def test_each_name_decides_alone_in_either_field(
 def test_a_name_the_by_type_table_does_not_know_is_unknown(status: int | None) -> None:
     error = _classify(status, {"error": {"message": NEUTRAL, "type": "teapot_error"}})
     assert (error.category, error.code) == (C.UNKNOWN, "teapot_error")
+
+
+@pytest.mark.requirement("ER-177")
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [("ThrottlingException", C.RATE_LIMITED), ("SERVICEUNAVAILABLEEXCEPTION", C.OVERLOADED),
+     ("Rate_Limit_Error", C.RATE_LIMITED), ("ValidationException", C.INVALID_REQUEST)],
+)  # fmt: skip
+def test_a_name_is_looked_up_in_any_casing(name: str, category: sm.ErrorCategory) -> None:
+    """Bedrock names one exception ``throttlingException`` in a stream and
+    ``ThrottlingException`` over HTTP: the by-type table reads names in lower case and
+    the code keeps the vendor's casing."""
+    error = _classify(None, {"error": {"message": NEUTRAL, "type": name}})
+    assert (error.category, error.code) == (category, name)
+
+
+FRAME = {":content-type": "application/json"}
+"""Headers every event-stream frame carries beside its type."""
+
+
+@pytest.mark.requirement("ER-177")
+@pytest.mark.parametrize("kind", ["exception", "error"])
+@pytest.mark.parametrize("status", [400, 200, 503])
+def test_an_event_stream_error_frame_is_read_by_its_header_type(kind: str, status: int) -> None:
+    """A frame whose ``:message-type`` is ``exception`` (its type in
+    ``:exception-type``) or ``error`` (in ``:error-code``) is an error event of the
+    stream: its header type decides and is its code, whatever status came with it
+    (botocore's ``to_response_dict`` says 400 for every such frame), and it keeps none."""
+    name = ":exception-type" if kind == "exception" else ":error-code"
+    headers = {**FRAME, ":message-type": kind, name: "throttlingException"}
+    error = sm.classify((status, headers, b'{"message":"Rate exceeded"}'))
+    assert (error.category, error.code, error.status) == (
+        C.RATE_LIMITED, "throttlingException", None
+    )  # fmt: skip
+    assert error.message == "Rate exceeded"
+
+
+@pytest.mark.requirement("ER-177")
+def test_a_frame_that_is_not_an_error_keeps_its_status() -> None:
+    """An ``event`` frame carries no error: the status given decides, as for any
+    response (and an unknown header type is kept as the code)."""
+    headers = {**FRAME, ":message-type": "event", ":exception-type": "teapotException"}
+    error = sm.classify((400, headers, b'{"message":"m"}'))
+    assert (error.category, error.code, error.status) == (
+        C.INVALID_REQUEST, "teapotException", 400
+    )  # fmt: skip
+
+
+@pytest.mark.requirement("ER-177")
+def test_the_amzn_error_type_header_names_an_http_error() -> None:
+    """Bedrock's HTTP errors name their type in ``x-amzn-ErrorType`` (before a ``:``):
+    it is the code kept, and it decides where the status does not (a 418)."""
+    headers = {"x-amzn-ErrorType": "ThrottlingException:http://internal.amazon.com/coral/"}
+    error = sm.classify((429, headers, b'{"message":"m"}'))
+    assert (error.category, error.code) == (C.RATE_LIMITED, "ThrottlingException")
+    odd = sm.classify((418, {"x-amzn-errortype": "ServiceUnavailableException"}, None))
+    assert (odd.category, odd.code) == (C.OVERLOADED, "ServiceUnavailableException")
+    empty = sm.classify((418, {"x-amzn-errortype": ":http://internal"}, None))
+    assert (empty.category, empty.code) == (C.UNKNOWN, "http_418")
+    body_first = {"error": {"message": "m", "type": "rate_limit_error"}}
+    named = sm.classify((418, {"x-amzn-errortype": "ValidationException"}, body_first))
+    assert named.code == "rate_limit_error"  # the body's own type comes first
 
 
 # -- rows 5 to 9: the status decides ---------------------------------------------------

@@ -7,12 +7,19 @@ table in code. In short, the body is read as well as the status:
 
 * ``insufficient_quota`` (OpenAI's "out of credit", sent as HTTP 429) is **not** a
   rate limit: waiting does not refill an account. It is ``unknown`` (not retried),
-  with ``code="insufficient_quota"``; so are 402 and Anthropic's ``billing_error``.
+  with ``code="insufficient_quota"``; so are 402 and Anthropic's ``billing_error``,
+  and, ``code="payment_required"``, a message saying the credits are spent (Anthropic
+  "credit balance is too low", xAI "used all available credits"; sent as 400, 403 or
+  429).
 * 529, 503, other 5xx (but 501), 408 and 409 are ``overloaded`` (retryable); both
   official SDKs retry these statuses themselves, and so do we, once.
-* 400 or 413 whose body says the context overflowed (Anthropic "prompt is too
-  long", OpenAI ``context_length_exceeded`` / "maximum context length") are
-  ``context_length_exceeded``; other 400, 404 and 422 are ``invalid_request``.
+* 400, 413 or 422 whose body says the context overflowed (Anthropic "prompt is too
+  long", OpenAI ``context_length_exceeded`` / "maximum context length", vLLM "maximum
+  model length", TGI "`inputs` must have less than", xAI "maximum prompt length") are
+  ``context_length_exceeded``, and so is a 500 in a self-hosted server's words
+  (llama.cpp "Context size has been exceeded"); other 400, 404 and 422 are
+  ``invalid_request``, but a 400 whose body says the API key is invalid or expired
+  (Gemini's ``API_KEY_INVALID``, xAI "Incorrect API key provided") is ``auth_error``.
 * A 429 whose message says the request itself is too large ("Request too large ...
   on tokens per min (TPM): Limit 30000, Requested 36000. The input or output tokens
   must be reduced", OpenAI) is ``context_length_exceeded`` too (ER-95): it can never
@@ -21,7 +28,11 @@ table in code. In short, the body is read as well as the status:
   ``finish_reason == "content_filter"``, a ``content_filter`` or
   ``content_policy_violation`` code) is ``content_filtered``.
 * An error *event* inside an HTTP 200 stream (``{"type": "error", "error":
-  {"type": "overloaded_error"}}``) is classified by its error type.
+  {"type": "overloaded_error"}}``) is classified by its error type; so is a Bedrock
+  event-stream exception frame, whose type travels in its ``:exception-type`` header
+  (botocore's ``EventStreamError`` carries it as its error code).
+* A body that arrives wrapped in a JSON array (Vertex's ``[{"error": ...}]``) is read
+  by its first element.
 * Connection errors and timeouts (the SDKs' ``APIConnectionError`` and
   ``APITimeoutError``, ``httpx`` transport errors, builtin ``TimeoutError`` and
   ``ConnectionError``) are ``overloaded`` (retryable) with ``code`` set to
@@ -36,9 +47,10 @@ table in code. In short, the body is read as well as the status:
 The vendor's code (or error type), HTTP status and body are kept on the
 ``ModelError``; its response headers are carried through, so the engine honours
 ``retry-after-ms`` and ``retry-after``. A delay (seconds or milliseconds) is also
-copied onto ``retry_after_seconds``; an HTTP-date is measured against the ``wall``
-time ``classify`` is given (``None``: left in the headers, for the engine to measure
-against the wall time of the step that takes the error). Nothing here raises: input
+copied onto ``retry_after_seconds``, and without one the body's own delay (Gemini's
+``RetryInfo.retryDelay``, ``specs/retry-after.md``); an HTTP-date is measured against
+the ``wall`` time ``classify`` is given (``None``: left in the headers, for the engine
+to measure against the wall time of the step that takes the error). Nothing here raises: input
 that matches no shape is ``unknown``, carrying its ``repr``.
 """
 
@@ -47,6 +59,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import reprlib
 from collections import deque
 from collections.abc import Mapping
@@ -90,13 +103,42 @@ _CONTEXT_PHRASES = (
     "input is too long",
     "exceeds the available context size",  # llama.cpp server
     "exceeds the maximum number of tokens allowed",  # Gemini: "The input token count ..."
+    "maximum model length",  # vLLM: "The decoder prompt (length N) is longer than the ..."
+    "inputs must have less than",  # TGI: "`inputs` must have less than N tokens"
+    "tokens + max_new_tokens must be",  # TGI: "`inputs` tokens + `max_new_tokens` must be <= N"
+    "maximum prompt length",  # xAI: "This model's maximum prompt length is N but the ..."
 )
-_TOO_LARGE_429_PHRASES = (
-    "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
-    "must be reduced",  # OpenAI: "The input or output tokens must be reduced ..."
+"""Said (any casing, backticks ignored) by a 400, 413, 422, 200 or status-less error
+whose request does not fit the model's context."""
+_STATUS_CONTEXT_PHRASES = {
+    429: (
+        "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
+        "must be reduced",  # OpenAI: "The input or output tokens must be reduced ..."
+    ),
+    500: (
+        "context size has been exceeded",  # llama.cpp server, the context full mid-way
+        "exceeds the available context size",  # llama.cpp server, before it answered 400
+        "longer than the maximum model length",  # vLLM's words behind Xinference's 500
+    ),
+}
+"""Said by a 429 for a request larger than the per-minute limit itself (ER-95), never by
+an ordinary rate limit ("Rate limit reached ... Please try again"), and by a 500 of a
+self-hosted server whose context overflowed (ER-171): waiting is futile for both, only a
+smaller request helps. Fewer phrases than a 400's: a 500's wording is read only where a
+server is known to mean a context overflow by it."""
+_CREDIT_PHRASES = (
+    "credit balance is too low",  # Anthropic (400): "Your credit balance is too low ..."
+    "used all available credits",  # xAI (429, 403): "Your team ... has either used all ..."
 )
-"""Said (any casing) by a 429 for a request larger than the per-minute limit itself
-(ER-95): never by an ordinary rate limit ("Rate limit reached ... Please try again")."""
+"""Said (any status) when the account has no credit left: waiting does not refill it."""
+_KEY_PHRASES = (
+    "incorrect api key provided",  # xAI (400)
+    "api key not valid",  # Gemini (400): "API key not valid. Please pass a valid API key."
+    "api key expired",  # Gemini (400): "API key expired. Please renew the API key."
+)
+"""Said by a 400 whose API key is invalid or expired (ER-173)."""
+_KEY_REASONS = frozenset({"API_KEY_INVALID"})
+"""Gemini's ``google.rpc.ErrorInfo`` reasons for a key it refuses, sent with HTTP 400."""
 _CONTEXT_CODES = frozenset(
     {"context_length_exceeded", "string_above_max_length", "exceed_context_size_error"}
 )
@@ -108,19 +150,49 @@ _GEMINI_BLOCKS = frozenset(
 """Gemini's ``finishReason`` / ``promptFeedback.blockReason`` values that mean its
 filters stopped the reply (a 200 with no text, or with a cut candidate)."""
 _STOPPED = frozenset({"refusal", "content_filter"}) | _GEMINI_BLOCKS
-_RATE_TYPES = frozenset({"rate_limit_error", "rate_limit_exceeded", "requests", "tokens"})
+_RATE_TYPES = frozenset(
+    {"rate_limit_error", "rate_limit_exceeded", "requests", "tokens", "throttlingexception"}
+)
 _OVERLOAD_TYPES = frozenset(
-    {"overloaded_error", "api_error", "server_error", "service_unavailable", "timeout_error"}
+    {
+        "overloaded_error",
+        "api_error",
+        "server_error",
+        "service_unavailable",
+        "timeout_error",
+        "serviceunavailableexception",
+        "internalserverexception",
+        "modeltimeoutexception",
+    }
 )
 _AUTH_TYPES = frozenset(
     {"authentication_error", "permission_error", "invalid_api_key", "permission_denied"}
 )
 _INVALID_TYPES = frozenset(
-    {"invalid_request_error", "not_found_error", "request_too_large", "model_not_found"}
+    {
+        "invalid_request_error",
+        "not_found_error",
+        "request_too_large",
+        "model_not_found",
+        "validationexception",
+    }
 )
+"""The by-type names, lower case: a name is looked up in lower case, so Bedrock's
+event-stream ``throttlingException`` and its HTTP ``ThrottlingException`` are one name."""
 _OVERLOADED_4XX = frozenset({408, 409})
 """Request timeout and conflict: the server's trouble, worth a retry (every 5xx but 501
 is too: 500, 502-504, Cloudflare's 520-524, Anthropic's 529)."""
+_FRAME_KINDS = frozenset({"exception", "error"})
+"""``:message-type`` values of an AWS event-stream frame that carries an error: its status
+is the stream's (200), or botocore's ``to_response_dict`` marker (400), never the error's."""
+MAX_DETAILS = 16
+"""Entries of a Google ``error.details`` list read for its ``ErrorInfo`` reason and its
+``RetryInfo`` delay (Gemini sends three or four)."""
+MAX_RETRY_DELAY = 315_576_000_000
+"""Seconds: the largest ``google.protobuf.Duration`` (10,000 years). A longer
+``retryDelay`` is no Duration, so no delay."""
+_DURATION = re.compile(r"([0-9]{1,12})(?:\.[0-9]{1,9})?s")
+"""A ``google.protobuf.Duration`` in its JSON form: seconds, up to nine decimals, ``s``."""
 
 
 def classify(obj: object, *, wall: float | None = None) -> ModelError:
@@ -131,9 +203,11 @@ def classify(obj: object, *, wall: float | None = None) -> ModelError:
     (any ``APIError``: status errors, in-stream errors, connection errors and
     timeouts), any other exception, an ``httpx``/``httpx2`` response (anything
     with ``status_code`` and ``headers``), a tuple ``(status, headers, body)``
-    with the body as bytes, str or parsed JSON, an SDK reply whose stop or finish
-    reason is a refusal or a content filter, a ``ModelFailed`` or a ``ModelError``
-    (returned as is). See ``specs/classification.md`` for the table.
+    with the body as bytes, str or parsed JSON, botocore's ``ClientError`` (its
+    ``EventStreamError`` too), an event-stream frame (``EventStreamMessage``) or its
+    ``to_response_dict()``, an SDK reply whose stop or finish reason is a refusal or a
+    content filter, a ``ModelFailed`` or a ``ModelError`` (returned as is). See
+    ``specs/classification.md`` for the table.
 
     ``wall`` is the Unix time an HTTP-date ``retry-after`` is measured against (when
     the response has no usable ``date`` header); without it such a date stays in the
@@ -171,6 +245,12 @@ def _classify(obj: object) -> ModelError:
         return _from_tuple(obj)
     if isinstance(obj, BaseException):
         return _from_exception(obj)
+    to_response_dict = getattr(obj, "to_response_dict", None)
+    if callable(to_response_dict):  # botocore's EventStreamMessage: one frame of a stream
+        obj = to_response_dict()
+    if isinstance(obj, Mapping) and "status_code" in obj and "headers" in obj:
+        # botocore's response dict: {"status_code", "headers", "body"}
+        return _from_tuple((obj["status_code"], obj["headers"], obj.get("body")))
     status = getattr(obj, "status_code", None)
     if isinstance(status, int) and hasattr(obj, "headers"):
         return _from_response(obj, status)
@@ -199,7 +279,6 @@ def _from_tuple(obj: tuple[Any, ...]) -> ModelError:
 
 
 def _from_response(response: Any, status: int) -> ModelError:
-    body: Any = None
     try:
         body = response.content
     except Exception:  # a streamed response not read yet: classify by status
@@ -228,6 +307,8 @@ def _from_exception(exc: BaseException) -> ModelError:
     if isinstance(status, int) and not isinstance(status, bool):
         headers = _headers(getattr(response, "headers", None))
         return _from_parts(status, headers, _parse_body(_body_of(exc)), message)
+    if isinstance(response, Mapping) and isinstance(response.get("Error"), Mapping):
+        return _from_aws(response, message)
     if is_timeout(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
     if _is_connection_error(exc, names):
@@ -236,6 +317,20 @@ def _from_exception(exc: BaseException) -> ModelError:
     if body is not None:  # an SDK APIError without a status: an error event in a stream
         return _from_parts(None, None, _parse_body(body), message)
     return ModelError(ErrorCategory.UNKNOWN, message, code=type(exc).__name__, body=None)
+
+
+def _from_aws(response: Mapping[str, Any], message: str) -> ModelError:
+    """botocore's ``ClientError`` (``EventStreamError`` too) by its parsed ``response``:
+    ``{"Error": {"Code", "Message"}, "ResponseMetadata": {"HTTPStatusCode",
+    "HTTPHeaders"}}``. A stream's exception frame has no metadata: its ``Code`` is the
+    frame's ``:exception-type`` and decides, as an error event's type does."""
+    meta = response.get("ResponseMetadata")
+    if not isinstance(meta, Mapping):
+        meta = {}
+    status = meta.get("HTTPStatusCode")
+    if isinstance(status, bool) or not isinstance(status, int):
+        status = None
+    return _from_parts(status, _headers(meta.get("HTTPHeaders")), response, message)
 
 
 def is_timeout(exc: BaseException, names: set[str]) -> bool:
@@ -314,22 +409,30 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
 def _from_parts(
     status: int | None, headers: Headers | None, body: Any, fallback_message: str | None
 ) -> ModelError:
-    etype, code, said, problems, finish = _error_fields(body)
-    text = said or fallback_message
+    fields = _error_fields(body)
+    etype, code = fields.etype, fields.code
+    if headers:
+        etype = etype or _header_type(headers)
+        if headers.get(":message-type") in _FRAME_KINDS:
+            status = None  # an event-stream frame's error is an event inside the stream
+    text = fields.message or fallback_message
     if text:
         message = _clip(text)
-    elif problems is not None:
-        message = _clip(json_text(_bounded(problems)))
+    elif fields.problems is not None:
+        message = _clip(json_text(_bounded(fields.problems)))
     else:
         message = f"HTTP {status}" if status else ""
     # the phrases are read from what the server says in text, never from a message that
     # is an object (a validator's problems): that may echo the request itself
-    lowered = message.lower() if text else ""
+    lowered = message.lower().replace("`", "") if text else ""
     vendor = code or etype
 
     # the server's requested wait, carried on the field too; the headers stay
-    # a delay; a date waits for a wall time (classify's ``wall``, or the engine's step)
+    # a delay, else the body's own (Gemini's RetryInfo); a date waits for a wall time
+    # (classify's ``wall``, or the engine's step)
     waited = header_retry_after(headers, None) if headers else None
+    if waited is None:
+        waited = fields.delay
 
     kept = _bounded(body)
 
@@ -346,27 +449,35 @@ def _from_parts(
 
     if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
         return make(ErrorCategory.UNKNOWN, vendor or "payment_required")
-    if code in _FILTER_CODES or etype in _FILTER_CODES or finish in _STOPPED:
+    if any(phrase in lowered for phrase in _CREDIT_PHRASES):
+        return make(ErrorCategory.UNKNOWN, "payment_required")
+    if code in _FILTER_CODES or etype in _FILTER_CODES or fields.finish in _STOPPED:
         named = next((name for name in (code, etype) if name in _FILTER_CODES), None)
         # no filter code named: the finish reason is what stopped it (a stream's refusal
         # event has a type, "message_delta", that names no error)
-        return make(ErrorCategory.CONTENT_FILTERED, named or finish)
-    if (status in {400, 413, None, 200}) and (
+        return make(ErrorCategory.CONTENT_FILTERED, named or fields.finish)
+    if (status in {400, 413, 422, None, 200}) and (
         code in _CONTEXT_CODES
         or etype in _CONTEXT_CODES
         or any(phrase in lowered for phrase in _CONTEXT_PHRASES)
     ):
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
-    if status == 429 and any(phrase in lowered for phrase in _TOO_LARGE_429_PHRASES):
-        # larger than the per-minute limit itself: retrying is futile, reducing is not
+    if status in _STATUS_CONTEXT_PHRASES and any(
+        phrase in lowered for phrase in _STATUS_CONTEXT_PHRASES[status]
+    ):
+        # larger than the per-minute limit, or than a self-hosted model's context:
+        # retrying is futile, reducing is not
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status is None or 200 <= status < 400:
         # An error event inside a successful (streamed) response: its type decides.
         return make(_by_type(etype, code))
     if status == 429:
         return make(ErrorCategory.RATE_LIMITED, vendor or "rate_limited")
-    if status in {401, 403}:
-        return make(ErrorCategory.AUTH_ERROR)
+    key = fields.reason if fields.reason in _KEY_REASONS else None
+    if status in {401, 403} or (
+        status == 400 and (key or any(phrase in lowered for phrase in _KEY_PHRASES))
+    ):
+        return make(ErrorCategory.AUTH_ERROR, key or vendor)
     if status in _OVERLOADED_4XX or (status >= 500 and status != 501):
         return make(ErrorCategory.OVERLOADED, vendor or f"http_{status}")
     if status in {400, 404, 413, 422}:
@@ -377,8 +488,20 @@ def _from_parts(
     return make(ErrorCategory.UNKNOWN, vendor or f"http_{status}")
 
 
+def _header_type(headers: Headers) -> str | None:
+    """The error's type where AWS puts it in the headers: an event-stream frame's
+    ``:exception-type`` (or ``:error-code``), an HTTP response's ``x-amzn-errortype``
+    (``ThrottlingException:http://internal.amazon.com/...``: the part before ``:``)."""
+    for name in (":exception-type", ":error-code"):
+        if name in headers:
+            return headers[name] or None
+    if "x-amzn-errortype" in headers:
+        return headers["x-amzn-errortype"].partition(":")[0] or None
+    return None
+
+
 def _by_type(etype: str | None, code: str | None) -> ErrorCategory:
-    for name in (code, etype):
+    for name in (name.lower() for name in (code, etype) if name is not None):
         if name in _RATE_TYPES:
             return ErrorCategory.RATE_LIMITED
         if name in _OVERLOAD_TYPES:
@@ -390,23 +513,52 @@ def _by_type(etype: str | None, code: str | None) -> ErrorCategory:
     return ErrorCategory.UNKNOWN
 
 
-def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, Any, str | None]:
-    """(error type, error code, message, problems, finish/stop reason) from a body, any
-    vendor. ``problems`` is a ``message`` or ``detail`` that is an object or a list (a
-    validator's problems: FastAPI's 422, Mistral's), shown but never read.
+@attrs.frozen
+class _Fields:
+    """What classify reads from a body, any vendor (``_error_fields``)."""
+
+    etype: str | None = None
+    """The error's type (Anthropic's, OpenAI's, AWS's ``Code``)."""
+    code: str | None = None
+    """Its code: ``error.code`` as text, Gemini's ``status``, Anthropic's
+    ``details.error_code``."""
+    message: str | None = None
+    problems: Any = None
+    """A ``message`` or ``detail`` that is an object or a list (a validator's problems:
+    FastAPI's 422, Mistral's), shown but never read."""
+    finish: str | None = None
+    """The stop or finish reason of a reply (refusals, content filters)."""
+    reason: str | None = None
+    """Google's ``ErrorInfo.reason`` (``API_KEY_INVALID``)."""
+    delay: float | None = None
+    """Google's ``RetryInfo.retryDelay``, in seconds."""
+
+
+_NO_FIELDS = _Fields()
+
+
+def _error_fields(body: Any) -> _Fields:
+    """The error's fields, from a body of any vendor.
 
     Anthropic: ``{"type": "error", "error": {"type", "message", "details":
     {"error_code"}}}``; OpenAI: ``{"error": {"message", "type", "code"}}`` (its SDK
-    keeps only the inner object as ``exc.body``); FastAPI: ``{"detail": ...}``; a bare
-    string is the message.
+    keeps only the inner object as ``exc.body``); Google: ``{"error": {"code",
+    "message", "status", "details": [...]}}``, Vertex's wrapped in a list; FastAPI:
+    ``{"detail": ...}``; botocore: ``{"Error": {"Code", "Message"}}``; a bare string is
+    the message.
     """
     if isinstance(body, str):
-        return None, None, body, None, None
+        return _Fields(message=body)
+    if isinstance(body, list | tuple) and body and isinstance(body[0], Mapping):
+        body = body[0]  # Vertex: [{"error": {...}}]
     if not isinstance(body, Mapping):
-        return None, None, None, None, None
+        return _NO_FIELDS
     inner = body.get("error")
-    if isinstance(inner, str):  # {"error": "message"} (some gateways)
-        return None, None, inner, None, None
+    if isinstance(inner, str):  # {"error": "message"} (some gateways, xAI, TGI)
+        return _Fields(message=inner)
+    if inner is None and isinstance(body.get("Error"), Mapping):  # botocore
+        aws = body["Error"]
+        return _Fields(etype=_str(aws.get("Code")), message=_str(aws.get("Message")))
     err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
     etype = _str(err.get("type"))
     if etype == "error":  # the Anthropic envelope without an inner object
@@ -421,6 +573,7 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, Any, s
     details = err.get("details")
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
+    reason, delay = _google_details(details)
     raw_message, detail = err.get("message"), body.get("detail")
     message = _str(raw_message) or _str(detail)  # a detail: FastAPI's, Mistral's 401
     problems = next(
@@ -432,7 +585,35 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None, Any, s
         or (_str(delta.get("stop_reason")) if isinstance(delta, Mapping) else None)
         or _finish_reason(body)
     )
-    return etype, code, message, problems, finish
+    return _Fields(etype, code, message, problems, finish, reason, delay)
+
+
+def _google_details(details: Any) -> tuple[str | None, float | None]:
+    """(``ErrorInfo.reason``, ``RetryInfo.retryDelay`` in seconds) of a Google
+    ``error.details`` list, read in its first :data:`MAX_DETAILS` entries."""
+    reason = delay = None
+    if isinstance(details, list | tuple):
+        for item in itertools.islice(details, MAX_DETAILS):
+            kind = item.get("@type") if isinstance(item, Mapping) else None
+            if not isinstance(kind, str):
+                continue
+            if kind.endswith("google.rpc.ErrorInfo"):
+                reason = reason or _str(item.get("reason"))
+            elif kind.endswith("google.rpc.RetryInfo") and delay is None:
+                delay = _duration(item.get("retryDelay"))
+    return reason, delay
+
+
+def _duration(raw: Any) -> float | None:
+    """Seconds of a ``google.protobuf.Duration`` in its JSON form (``"26s"``,
+    ``"0.5s"``), or ``None`` for anything else: a sign, an exponent, ``inf`` or more
+    than :data:`MAX_RETRY_DELAY` seconds is no Duration."""
+    if not isinstance(raw, str):
+        return None
+    found = _DURATION.fullmatch(raw)
+    if found is None or int(found[1]) > MAX_RETRY_DELAY:
+        return None
+    return float(raw[:-1])
 
 
 def _finish_reason(body: Mapping[str, Any]) -> str | None:
