@@ -599,3 +599,112 @@ def test_the_first_choice_decides_whatever_follows_it() -> None:
 
     assert sm.classify(Reply("content_filter", "stop")).category is C.CONTENT_FILTERED
     assert sm.classify(Reply("stop", "content_filter")).category is C.UNKNOWN
+
+
+# -- input whose reading raises (ER-179): the two deleted statements no test noticed --------
+
+
+class _Raising(Exception):
+    """An SDK-like exception whose ``body`` cannot be read (a lazy property that fails)."""
+
+    @property
+    def body(self) -> Any:
+        raise RuntimeError("body unreadable")
+
+
+class _RaisingMapping(dict):  # type: ignore[type-arg]
+    """A response dict (botocore's shape) whose every lookup fails."""
+
+    def __getitem__(self, key: Any) -> Any:
+        raise KeyError("no lookups")
+
+
+class _RaisingFrame:
+    def to_response_dict(self) -> Any:
+        raise ValueError("frame truncated")
+
+
+@pytest.mark.requirement("ER-43", "ER-179")
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (_Raising("503 Service Unavailable"), "_Raising"),
+        (_RaisingMapping(status_code=503, headers={}), "_RaisingMapping"),
+        (_RaisingFrame(), "_RaisingFrame"),
+    ],
+)
+def test_input_whose_reading_raises_is_an_unknown_error_naming_it(given: Any, named: str) -> None:
+    """The last resort (statement #117 of the mutation run, deleted unnoticed): a body,
+    a lookup or a conversion that raises gives an unknown ModelError naming the input's
+    type and the failure, with or without a wall time, never None, never the exception."""
+    for wall in (None, 1_000_000_000.0):
+        error = sm.classify(given, wall=wall)
+        assert isinstance(error, sm.ModelError)
+        assert (error.category, error.code, error.body) == (C.UNKNOWN, None, None)
+        assert error.message.startswith(f"unclassifiable {named}: ")
+        assert "Error(" in error.message  # the failure's own repr is shown
+
+
+@pytest.mark.requirement("ER-179")
+def test_a_refusal_whose_model_dump_raises_keeps_its_repr_as_body() -> None:
+    """A refusal reply whose ``model_dump`` fails (statement #290, deleted unnoticed)
+    keeps its ``repr`` as the body, not nothing: a snapshot can still show what came."""
+
+    class Refused:
+        stop_reason = "refusal"
+
+        def model_dump(self, **_: Any) -> Any:
+            raise TypeError("not serialisable")
+
+        def __repr__(self) -> str:
+            return "Refused(id='msg_1')"
+
+    error = sm.classify(Refused())
+    assert (error.category, error.code, error.status) == (C.CONTENT_FILTERED, "refusal", 200)
+    assert error.body == "Refused(id='msg_1')"
+
+
+# -- a body's retry delay and Google's details, at their bounds (ER-176) --------------------
+
+MAX_DETAILS = 16
+MAX_RETRY_DELAY = 315_576_000_000
+
+
+def _details_429(details: list[Any]) -> dict[str, Any]:
+    return {"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED",
+                      "details": details}}  # fmt: skip
+
+
+RETRY_26 = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}
+KEY = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}
+HELP = {"@type": "type.googleapis.com/google.rpc.Help", "links": []}
+
+
+@pytest.mark.requirement("ER-176")
+def test_the_sixteenth_detail_is_read_and_the_seventeenth_is_not() -> None:
+    """Google's details are read in their first 16 entries: a RetryInfo or ErrorInfo at
+    index 15 counts, one at index 16 does not."""
+    at_edge = _details_429([HELP] * (MAX_DETAILS - 1) + [RETRY_26])
+    assert sm.classify((429, {}, at_edge)).retry_after_seconds == 26.0
+    past = _details_429([HELP] * MAX_DETAILS + [RETRY_26])
+    assert sm.classify((429, {}, past)).retry_after_seconds is None
+    key_at_edge = _details_429([HELP] * (MAX_DETAILS - 1) + [KEY])
+    assert sm.classify((400, {}, key_at_edge)).category is C.AUTH_ERROR
+    key_past = _details_429([HELP] * MAX_DETAILS + [KEY])
+    assert sm.classify((400, {}, key_past)).category is C.INVALID_REQUEST
+
+
+@pytest.mark.requirement("ER-176")
+def test_a_retry_delay_at_the_largest_duration_is_kept_and_one_second_more_is_not() -> None:
+    """The longest Duration (315,576,000,000 s) and nine decimals are a delay; one
+    second more, or a tenth decimal, is none; twelve digits are the most read."""
+    for raw, seconds in (
+        (f"{MAX_RETRY_DELAY}s", float(MAX_RETRY_DELAY)),
+        (f"{MAX_RETRY_DELAY}.999999999s", float(MAX_RETRY_DELAY) + 0.999999999),
+        (f"{MAX_RETRY_DELAY + 1}s", None),
+        ("1.0000000001s", None),
+        ("0000000000007s", None),
+        ("000000000007s", 7.0),
+    ):
+        delay = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": raw}
+        assert sm.classify((429, {}, _details_429([delay]))).retry_after_seconds == seconds, raw
