@@ -34,16 +34,21 @@ from statemachine.core._actions import CallModel, Finish, InvokeTools, Wait
 from statemachine.dev._scenarios import builtin, builtin_names
 from statemachine.dev._simulate import EPOCH, StepRecord
 from statemachine.dev._telemetry_docs import scenario_telemetry
+from statemachine.io._otel import DURATION_BUCKETS
 from statemachine.io._trace_file import TraceWriter, read_trace
 from statemachine.otel import Telemetry, replay
 
 CONTENT_KEYS = {
     "gen_ai.input.messages",
     "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+    "gen_ai.tool.definitions",
     "gen_ai.tool.call.arguments",
     "gen_ai.tool.call.result",
     "turnstate.error.message",
 }
+SESSION = "invoke_workflow turnstate"
+"""The session span's name: the conventions' workflow span, named for the agent."""
 
 
 class Otel:
@@ -93,14 +98,15 @@ def ns(t: float) -> int:
     return int((t + EPOCH) * 1_000_000_000)
 
 
-def scripted_failures(name: str) -> list[str]:
-    """The category of every ModelFailed the scenario sends, in order."""
+def scripted_failures(name: str) -> list[tuple[str, int | None]]:
+    """The category and HTTP status of every ModelFailed the scenario sends, in order."""
     out = []
     for spec in builtin(name).turns:
         for _ in range(spec.repeat):
             for step in spec.steps:
                 if step.event == "ModelFailed":
-                    out.extend([str(step.fields["category"])] * step.repeat)
+                    failure = (str(step.fields["category"]), step.fields.get("status"))
+                    out.extend([failure] * step.repeat)
     return out
 
 
@@ -124,7 +130,7 @@ def check_turn(
     turn_span: ReadableSpan,
     spans: list[ReadableSpan],
     steps: list[StepRecord],
-    failures: Iterator[str],
+    failures: Iterator[tuple[str, int | None]],
 ) -> None:
     """One turn's span, its chat and tool spans and its events, against its steps."""
     attrs = turn_span.attributes or {}
@@ -153,7 +159,7 @@ def check_turn(
 
 
 def check_chats(
-    chats: list[ReadableSpan], steps: list[StepRecord], failures: Iterator[str]
+    chats: list[ReadableSpan], steps: list[StepRecord], failures: Iterator[tuple[str, int | None]]
 ) -> None:
     # one chat span per CallModel, from it to the event that answered it
     calls = [(i, s) for i, s in enumerate(steps) if isinstance(s.action, CallModel)]
@@ -173,7 +179,10 @@ def check_chats(
         assert chat.start_time == ns(step.t)
         assert chat.end_time == ns(answer.t)
         if answer.event == "ModelFailed":
-            assert chat_attrs["error.type"] == next(failures)
+            category, status = next(failures)
+            assert chat_attrs["error.type"] == category
+            # every failed attempt, retried or not, with the status the error had
+            assert chat_attrs.get("http.response.status_code") == status
             assert chat.status.status_code is StatusCode.ERROR
         elif answer.event == "Cancelled":
             assert chat_attrs["error.type"] == "cancelled"
@@ -227,11 +236,13 @@ def check_events(turn_span: ReadableSpan, steps: list[StepRecord], finish: Finis
     fallback_events = [e for e in events if e.name == "turnstate.fallback"]
     assert len(fallback_events) == len(finish.fallbacks)
     for event, fallback in zip(fallback_events, finish.fallbacks, strict=True):
-        assert event.attributes == {  # type: ignore[comparison-overlap]
-            "turnstate.fallback.from_model": fallback.from_model or "default",
+        expected = {
             "turnstate.fallback.to_model": fallback.to_model,
             "error.type": fallback.error.category.value,
         }
+        if fallback.from_model is not None:  # an unnamed model is not given a name
+            expected["turnstate.fallback.from_model"] = fallback.from_model
+        assert event.attributes == expected
     reductions = [s for s in steps if s.event == "ModelFailed" and s.dest == "reducing_context"]
     assert len([e for e in events if e.name == "turnstate.context_reduction"]) == len(reductions)
 
@@ -245,7 +256,9 @@ def test_every_scenario_gives_the_span_tree_of_its_trace(otel: Otel, name: str) 
     steps = scenario_telemetry(name, otel.telemetry(provider_name="demo"))
     spans = otel.spans()
     (session,) = [s for s in spans if s.parent is None]
-    assert session.name == "session"
+    assert session.name == SESSION
+    assert (session.attributes or {})["gen_ai.operation.name"] == "invoke_workflow"
+    assert (session.attributes or {})["gen_ai.workflow.name"] == "turnstate"
     assert session.start_time == ns(steps[0].t)
     turns = children(spans, session)
     by_turn = turn_steps(steps)
@@ -393,7 +406,7 @@ def test_a_live_session_under_the_hosts_span_with_content_opted_in(otel: Otel) -
         session.end("completed")
         telemetry.end()
     spans = {s.name: s for s in otel.spans()}
-    session_span = spans["session"]
+    session_span = spans[SESSION]
     assert session_span.parent is not None
     assert session_span.parent.span_id == host.get_span_context().span_id
     assert (session_span.attributes or {})["gen_ai.conversation.id"] == "chat-1"
@@ -405,7 +418,9 @@ def test_a_live_session_under_the_hosts_span_with_content_opted_in(otel: Otel) -
     ]
     first = chats[0].attributes or {}
     assert first["error.type"] == "rate_limited"
-    assert json.loads(str(first["gen_ai.input.messages"])) == {"messages": ["secret question"]}
+    assert json.loads(str(first["gen_ai.input.messages"])) == [
+        {"role": "user", "parts": [{"type": "text", "content": "secret question"}]}
+    ]
     tool = spans["execute_tool read_file"].attributes or {}
     assert json.loads(str(tool["gen_ai.tool.call.arguments"])) == {"path": "secret.md"}
     assert json.loads(str(tool["gen_ai.tool.call.result"])) == "secret content"
@@ -500,7 +515,7 @@ def test_an_unfinished_turn_is_ended_as_it_stands(otel: Otel) -> None:
     spans = {s.name: s for s in otel.spans()}
     assert (spans["chat"].attributes or {})["error.type"] == "unfinished"
     assert (spans["invoke_agent turnstate"].attributes or {})["error.type"] == "unfinished"
-    assert spans["session"].end_time == int(101e9)
+    assert spans[SESSION].end_time == int(101e9)
     telemetry.end()  # idempotent
     assert len(otel.spans()) == 3
 
@@ -587,14 +602,16 @@ class _Lines:
         return lines
 
 
-@pytest.mark.requirement("ER-129")
-def test_otlp_export_to_a_real_receiver_process() -> None:
-    """The spans of a scenario exported with the OTLP/HTTP exporter reach a separate
-    OTLP receiver process (oteltap's Rust receiver), which decodes them: names,
-    parents, times and attributes arrive as sent."""
+def _storm_over_otlp() -> tuple[list[StepRecord], list[dict[str, Any]], list[dict[str, Any]]]:
+    """rate-limit-storm's spans and metrics, exported with the OTLP/HTTP exporters to a
+    separate OTLP receiver process (oteltap: a native OTLP/HTTP receiver that decodes
+    the protobuf it receives and prints each span and metric as JSON): the steps, and
+    the spans and metrics as the receiver decoded them."""
     try:
         import oteltap  # noqa: F401
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("oteltap is not installed, and CI is set: the OTLP test needs it")
@@ -609,86 +626,133 @@ def test_otlp_export_to_a_real_receiver_process() -> None:
     try:
         ready = output.read(1, time.monotonic() + 30)
         assert ready and "Listening" in ready[0], ready
-        provider = TracerProvider()
-        provider.add_span_processor(
-            SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces"))
+        base = f"http://127.0.0.1:{port}"
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces"))
         )
-        steps = scenario_telemetry(
-            "overloaded-fallback", Telemetry(tracer_provider=provider, clock_offset=EPOCH)
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=f"{base}/v1/metrics"), export_interval_millis=3_600_000
         )
-        provider.shutdown()
-        calls = [s for s in steps if isinstance(s.action, CallModel)]
-        want = len(calls) + 2  # the chats, the turn, the session
-        lines = output.read(want, time.monotonic() + 30, prefix="{")
+        meter_provider = MeterProvider(metric_readers=[reader])
+        telemetry = Telemetry(
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            clock_offset=EPOCH,
+            provider_name="anthropic",
+            session_id="storm-1",
+        )
+        steps = scenario_telemetry("rate-limit-storm", telemetry)
+        tracer_provider.shutdown()
+        meter_provider.shutdown()  # exports the metrics once
+        want_spans = sum(isinstance(s.action, CallModel) for s in steps) + 3  # 2 turns, session
+        lines = output.read(want_spans + len(_STORM_METRICS), time.monotonic() + 30, prefix="{")
     finally:
         process.terminate()
         process.wait(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
-    spans = [json.loads(line) for line in lines if line.startswith("{")]
-    assert len(spans) == want
+    decoded = [json.loads(line) for line in lines]
+    spans = [d for d in decoded if "spanId" in d]
+    metrics = [d for d in decoded if "spanId" not in d]
+    assert len(spans) == want_spans
+    return steps, spans, metrics
+
+
+_STORM_METRICS = {
+    "gen_ai.client.operation.duration",
+    "turnstate.retries",
+    "turnstate.wait.duration",
+    "turnstate.turns",
+    "turnstate.cost",
+}
+"""The metrics a storm records (no tokens: the scenario reports none)."""
+
+
+def _attrs(item: dict[str, Any]) -> dict[str, Any]:
+    """OTLP JSON key-values as plain values."""
+    out: dict[str, Any] = {}
+    for pair in item.get("attributes", []):
+        (kind, value), *_ = pair["value"].items()
+        out[pair["key"]] = int(value) if kind == "intValue" else value
+    return out
+
+
+@pytest.mark.requirement("ER-129", "ER-153", "ER-155", "ER-158")
+def test_a_storm_exported_over_otlp_arrives_with_its_genai_attributes() -> None:
+    """rate-limit-storm over OTLP/HTTP to a real receiver process: the span tree arrives
+    whole (names, parents, times), every one of its ten failed chat spans with
+    ``error.type`` and ``http.response.status_code`` 429, the provider and the
+    conversation id; the duration histogram arrives with the advised buckets, its
+    unit and the provider, and the cost counter with a UCUM unit."""
+    steps, spans, metrics = _storm_over_otlp()
     by_id = {s["spanId"]: s for s in spans}
-    (session,) = [s for s in spans if s["name"] == "session"]
+    (session,) = [s for s in spans if s["name"] == SESSION]
     assert session["parentSpanId"] == ""
-    (turn,) = [s for s in spans if s["name"] == "invoke_agent turnstate"]
-    assert turn["parentSpanId"] == session["spanId"]
-    chats = sorted(
-        (s for s in spans if s["name"].startswith("chat")),
+    assert _attrs(session)["gen_ai.operation.name"] == "invoke_workflow"
+    turns = sorted(
+        (s for s in spans if s["name"] == "invoke_agent turnstate"),
         key=lambda s: int(s["startTimeUnixNano"]),
     )
-    assert [by_id[c["parentSpanId"]]["name"] for c in chats] == ["invoke_agent turnstate"] * len(
-        calls
+    assert [t["parentSpanId"] for t in turns] == [session["spanId"]] * 2
+    assert [_attrs(t)["turnstate.turn.status"] for t in turns] == [
+        "completed",
+        "retries_exhausted",
+    ]
+    calls = [s for s in steps if isinstance(s.action, CallModel)]
+    chats = sorted(
+        (s for s in spans if s["name"] == "chat"), key=lambda s: int(s["startTimeUnixNano"])
     )
     assert [int(c["startTimeUnixNano"]) for c in chats] == [ns(s.t) for s in calls]
-    assert int(turn["endTimeUnixNano"]) - int(turn["startTimeUnixNano"]) == ns(steps[-1].t) - ns(0)
-    attrs = {a["key"]: a["value"] for a in chats[0]["attributes"]}
-    assert attrs["error.type"] == {"stringValue": "overloaded"}
-    assert attrs["gen_ai.request.model"] == {"stringValue": "primary"}
-    assert {a["key"]: a["value"] for a in turn["attributes"]}["turnstate.turn.status"] == {
-        "stringValue": "completed"
-    }
+    assert {by_id[c["parentSpanId"]]["name"] for c in chats} == {"invoke_agent turnstate"}
+    failed = [_attrs(c) for c in chats if "error.type" in _attrs(c)]
+    assert len(failed) == 10 == len(scripted_failures("rate-limit-storm"))
+    for attrs in failed:
+        assert attrs["error.type"] == "rate_limited"
+        assert attrs["http.response.status_code"] == 429
+    for span in [*chats, *turns]:
+        assert _attrs(span)["gen_ai.provider.name"] == "anthropic"
+        assert _attrs(span)["gen_ai.conversation.id"] == "storm-1"
+
+    by_name = {m["name"]: m for m in metrics}
+    assert set(by_name) >= _STORM_METRICS
+    duration = by_name["gen_ai.client.operation.duration"]
+    assert duration["unit"] == "s"
+    points = duration["histogram"]["dataPoints"]
+    assert sum(int(p["count"]) for p in points) == len(calls)
+    for point in points:
+        assert [float(b) for b in point["explicitBounds"]] == list(DURATION_BUCKETS)
+        assert _attrs(point)["gen_ai.provider.name"] == "anthropic"
+        assert _attrs(point)["gen_ai.operation.name"] == "chat"
+        assert "gen_ai.request.model" not in _attrs(point)  # the scenario names none
+    errors = {_attrs(p).get("error.type"): int(p["count"]) for p in points}
+    assert errors == {"rate_limited": 10, None: 1}
+    assert by_name["turnstate.cost"]["unit"] == "{USD}"
 
 
-@pytest.mark.requirement("ER-121", "ER-122")
-def test_an_engine_that_records_the_error_lights_up_the_wait(otel: Otel) -> None:
-    """The trace records hold no ModelError for a wait or a fallback (the engine does
-    not record it yet): a record that carries ``error`` and a Wait that carries
-    ``retry_after`` (what the engine is asked to add) put the HTTP status and the
-    retry-after honoured on the chat span and the wait event."""
-    import attrs
-
-    @attrs.frozen
-    class RecordWithError(sm.TraceRecord):
-        error: sm.ModelError | None = None
-
-    @attrs.frozen
-    class WaitWithRetryAfter(sm.Wait):
-        retry_after: float | None = None
-
+@pytest.mark.requirement("ER-121", "ER-122", "ER-153")
+def test_a_retried_failure_carries_its_status_and_the_wait_its_retry_after(otel: Otel) -> None:
+    """A 429 with retry-after 2 s that is retried: its chat span has the HTTP status and
+    the retry-after, and the wait event the retry-after the engine honoured."""
     clock = Clock()
-    seen: list[sm.TraceRecord] = []
-    session = sm.Session(sm.Settings(), seed=3, clock=clock, observers=[seen.append])
+    telemetry = otel.telemetry(clock_offset=0.0)
+    session = sm.Session(sm.Settings(), seed=3, clock=clock, observers=[telemetry])
     turn = session.new_turn()
     turn.start()
     turn.send(sm.Assembled(request={}, size=1))
     error = sm.ModelError("rate_limited", retry_after_seconds=2, status=429)
-    turn.send(sm.ModelFailed(error))
-    telemetry = otel.telemetry(clock_offset=0.0)
-    for record in seen:
-        fed = record
-        if isinstance(record.action, sm.Wait):
-            wait = WaitWithRetryAfter(
-                record.action.seconds, record.action.category, record.action.attempt, 2.0
-            )
-            fields = {**attrs.asdict(record, recurse=False), "action": wait}
-            fed = RecordWithError(**fields, error=error)
-        telemetry.observe(fed)
+    wait = turn.send(sm.ModelFailed(error))
+    assert isinstance(wait, sm.Wait)
+    assert wait.seconds >= 2
     telemetry.end()
     (chat,) = [s for s in otel.spans() if s.name == "chat"]
     assert (chat.attributes or {})["http.response.status_code"] == 429
+    assert (chat.attributes or {})["error.type"] == "rate_limited"
+    assert (chat.attributes or {})["turnstate.retry_after_s"] == 2.0
     (turn_span,) = [s for s in otel.spans() if s.name.startswith("invoke_agent")]
     (event,) = [e for e in turn_span.events if e.name == "turnstate.wait"]
     assert (event.attributes or {})["turnstate.retry_after_s"] == 2.0
+    assert (event.attributes or {})["turnstate.wait.seconds"] == wait.seconds
 
 
 @pytest.mark.requirement("ER-123")
@@ -707,7 +771,7 @@ def test_a_bound_session_ends_its_span_when_a_limit_ends_it(otel: Otel) -> None:
         clock.now += 1
         turn.send(sm.ModelReplied())
     assert session.status is sm.SessionStatus.ERROR_MAX_TURNS
-    (span,) = [s for s in otel.spans() if s.name == "session"]
+    (span,) = [s for s in otel.spans() if s.name == SESSION]
     assert span.end_time == int(clock.now * 1e9)
     assert [(e.name, e.timestamp) for e in span.events] == [
         ("turnstate.limit", int(102e9)),

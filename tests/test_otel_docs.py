@@ -36,7 +36,13 @@ def test_the_pages_show_a_real_run_and_a_drawn_incident() -> None:
     files = documents()
     telemetry = files["docs/telemetry.md"]
     assert span_tree_block() in telemetry
-    for needle in ("session  [", "invoke_agent turnstate", "chat primary", "turnstate.fallback"):
+    for needle in (
+        "invoke_workflow turnstate  [",
+        "invoke_agent turnstate",
+        "chat primary",
+        "turnstate.fallback",
+        "http.response.status_code=529",
+    ):
         assert needle in telemetry
     incident = files["docs/incident.md"]
     assert "![the incident drawn on the machine](incident.svg)" in incident

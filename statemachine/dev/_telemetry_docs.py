@@ -20,8 +20,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ..core._trace import TraceRecord
-from ..io._otel import Telemetry
+from ..io._otel import (
+    DURATION_BUCKETS,
+    SCHEMA_URL,
+    SEMCONV_VERSION,
+    TOKEN_BUCKETS,
+    Telemetry,
+    _content_attributes,
+    output_messages,
+)
 from ._scenarios import Scenario, builtin
 from ._simulate import EPOCH, StepRecord, run, step_json
 
@@ -132,6 +141,7 @@ def _short(value: object) -> str:
 _TREE_ATTRIBUTES = (
     "turnstate.turn.index",
     "gen_ai.request.model",
+    "http.response.status_code",
     "turnstate.turn.status",
     "turnstate.session.status",
 )
@@ -146,9 +156,8 @@ def _scenario(name: str) -> Scenario:
     return builtin(name)
 
 
-def run_span_tree(scenario: str) -> str:
-    """The span tree of a scenario's run (a built-in's name or a file of the
-    repository), on the SDK's in-memory exporter."""
+def _in_memory() -> tuple[Any, Any]:
+    """An SDK tracer provider exporting to memory, and its exporter."""
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - dev dependency
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: PLC0415
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: PLC0415
@@ -158,10 +167,109 @@ def run_span_tree(scenario: str) -> str:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def run_span_tree(scenario: str) -> str:
+    """The span tree of a scenario's run (a built-in's name or a file of the
+    repository), on the SDK's in-memory exporter."""
+    provider, exporter = _in_memory()
     telemetry = Telemetry(tracer_provider=provider, clock_offset=EPOCH, provider_name="demo")
     scenario_telemetry(_scenario(scenario), telemetry)
     provider.shutdown()
     return span_tree(exporter.get_finished_spans(), attributes=_TREE_ATTRIBUTES)
+
+
+DEMO_REQUEST = {
+    "model": "gpt-4o",
+    "messages": [
+        {"role": "system", "content": "You answer in one line."},
+        {"role": "user", "content": "What is in notes.md?"},
+    ],
+    "max_tokens": 256,
+    "temperature": 0.2,
+}
+"""The request of the provider demo (an OpenAI chat completion's create arguments)."""
+
+
+def _provider_events() -> list[Any]:
+    """The events an ``OpenAIModel`` reports for a 429 and then a reply (what
+    tests/test_otel_provider.py gets from the real SDK against a loopback server)."""
+    import statemachine as sm  # noqa: PLC0415
+
+    where = {"provider_name": "openai", "server_address": "api.openai.com", "server_port": 443}
+    reply = {
+        "object": "chat.completion",
+        "id": "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
+        "model": "gpt-4o-2024-08-06",
+        "system_fingerprint": "fp_f33640a400",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "A shopping list."},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    usage = sm.Usage(
+        input_tokens=1200,
+        output_tokens=85,
+        cached_tokens=1024,
+        model="gpt-4o-2024-08-06",
+        response_id="chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
+        finish_reason="stop",
+        **where,  # type: ignore[arg-type]
+    )
+    rate_limited = sm.ModelError("rate_limited", "Rate limit reached", status=429)
+    return [
+        sm.ModelFailed(rate_limited, usage=sm.Usage(**where)),  # type: ignore[arg-type]
+        sm.ModelReplied(cost=0.00428, reply=reply, usage=usage),
+    ]
+
+
+def provider_demo_spans(*, capture_content: bool = False) -> list[Any]:
+    """The finished spans of one turn whose model calls an OpenAI provider answered: a
+    429, then a reply (on a clock that moves by hand)."""
+    import statemachine as sm  # noqa: PLC0415
+
+    provider, exporter = _in_memory()
+    now = [0.0]
+    telemetry = Telemetry(
+        tracer_provider=provider, clock_offset=EPOCH, capture_content=capture_content
+    )
+    session = sm.Session(
+        sm.Settings(model="gpt-4o"),
+        seed=0,
+        clock=lambda: now[0],
+        observers=[telemetry],
+        session_id="chat-42",
+    )
+    telemetry.bind(session)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(DEMO_REQUEST, 1200))
+    for event in _provider_events():
+        now[0] += 0.4
+        action = turn.send(event)
+        if isinstance(action, sm.Wait):
+            now[0] += action.seconds
+            turn.send(sm.WaitDone())
+    session.end("completed")
+    telemetry.end()
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+def _attribute_lines(span: Any) -> str:
+    """A span's attributes, one per line, sorted by name."""
+    attrs = span.attributes or {}
+
+    def shown(value: object) -> str:
+        if isinstance(value, tuple | list):
+            return json.dumps(list(value))
+        return json.dumps(value) if isinstance(value, str) else repr(value)
+
+    return "".join(f"{key} = {shown(attrs[key])}\n" for key in sorted(attrs))
 
 
 def span_tree_block() -> str:
@@ -204,16 +312,123 @@ def documents() -> dict[str, str]:
 USAGE = (
     "import statemachine as sm\n"
     "from statemachine.otel import Telemetry\n\n"
-    'telemetry = Telemetry(provider_name="anthropic", session_id="chat-42")\n'
-    "session = sm.Session(sm.Settings(), observers=[telemetry])\n"
-    "telemetry.bind(session)  # the session's limits and status, as they happen\n"
+    "telemetry = Telemetry()\n"
+    'session = sm.Session(sm.Settings(), observers=[telemetry], session_id="chat-42")\n'
+    "telemetry.bind(session)  # its id, limits and status, as they happen\n"
     "# ... run the session's turns: each becomes a span tree ...\n"
     "telemetry.end()  # after the last turn (a limit ends it by itself)\n"
 )
 """How a host attaches the observer (runs as written: tests/test_docs.py)."""
 
 
+def _values(enum: Any, *aside: str) -> str:
+    return ", ".join(f"`{member.value}`" for member in enum if member.value not in aside)
+
+
+_SPANS = (
+    "| span | kind | attributes of the conventions | `turnstate.*` attributes and events |\n"
+    "|---|---|---|---|\n"
+    "| `invoke_workflow {agent}` (the session) | internal | `gen_ai.operation.name`="
+    "`invoke_workflow`, `gen_ai.workflow.name` (the agent's name), "
+    "`gen_ai.conversation.id`, `error.type` (the session's status, unless `completed` or "
+    "`cancelled`) | `turnstate.session.status`; events `turnstate.breaker_open`, "
+    "`turnstate.limit`, `turnstate.session_end` |\n"
+    "| `invoke_agent {agent}` (one per turn) | internal | `gen_ai.operation.name`="
+    "`invoke_agent`, `gen_ai.agent.name`, `gen_ai.provider.name`, "
+    "`gen_ai.conversation.id`, `gen_ai.request.model` (the turn's first call's), "
+    "`gen_ai.response.model` and `gen_ai.response.finish_reasons` (its last reply's), "
+    "`gen_ai.usage.*` (the sums over its calls), `error.type` (the turn's status, unless "
+    "`completed`) | `turnstate.turn.index`, `turnstate.turn.status`, "
+    "`turnstate.turn.final_answer`, `turnstate.cost_usd`, `turnstate.session_retries`; "
+    "events `turnstate.wait` (seconds, `error.type`, attempt, "
+    "`turnstate.retry_after_s`: the retry-after honoured), `turnstate.fallback` (from, "
+    "to, `error.type`), `turnstate.context_reduction` |\n"
+    "| `chat {model}` (one per model call attempt) | client | `gen_ai.operation.name`="
+    "`chat`, `gen_ai.provider.name`, `server.address`, `server.port`, "
+    "`gen_ai.request.model`, `gen_ai.conversation.id`, `gen_ai.response.model` (the name "
+    "the server answered with), `gen_ai.response.id`, `gen_ai.response.finish_reasons`, "
+    "`gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, "
+    "`gen_ai.usage.cache_read.input_tokens`, `gen_ai.usage.cache_creation.input_tokens`, "
+    "`gen_ai.usage.reasoning.output_tokens`, `gen_ai.request.stream`, the request's "
+    "`gen_ai.request.max_tokens`, `temperature`, `top_p`, `top_k`, `stop_sequences`, "
+    "`frequency_penalty`, `presence_penalty`, `seed`, `choice.count` and "
+    "`gen_ai.output.type`; for OpenAI `openai.api.type`, `openai.request.service_tier`, "
+    "`openai.response.service_tier`, `openai.response.system_fingerprint`; "
+    "`error.type` and `http.response.status_code` | `turnstate.attempt`, "
+    "`turnstate.step`, `turnstate.retry_after_s`, `turnstate.cost_usd`, "
+    "`turnstate.withhold_tools` |\n"
+    "| `execute_tool {name}` (one per tool call) | internal | `gen_ai.operation.name`="
+    "`execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `gen_ai.tool.type`="
+    "`function`, `error.type` | `turnstate.tool.provider`, `turnstate.step` |\n"
+)
+
+_METRICS = (
+    "| metric | instrument | unit | attributes | buckets |\n|---|---|---|---|---|\n"
+    "| `gen_ai.client.operation.duration` (every model call attempt) | histogram | `s` | "
+    "`gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`, "
+    "`gen_ai.response.model`, `server.address`, `server.port`, `error.type` | "
+    + ", ".join(f"{b:g}" for b in DURATION_BUCKETS)
+    + " |\n"
+    "| `gen_ai.client.token.usage` (every reported count) | histogram | `{token}` | the "
+    "same but `error.type`, and `gen_ai.token.type` (`input`, `output`) | "
+    + ", ".join(f"{b:,}" for b in TOKEN_BUCKETS)
+    + " |\n"
+    "| `turnstate.retries` | counter | `{retry}` | `error.type`, `turnstate.retry.kind` "
+    "(`wait`, `fallback`, `tool_wait`) | |\n"
+    "| `turnstate.wait.duration` | histogram | `s` | `error.type` | as the duration's |\n"
+    "| `turnstate.turns` | counter | `{turn}` | `turnstate.turn.status` | |\n"
+    "| `turnstate.sessions` | counter | `{session}` | `turnstate.session.status` | |\n"
+    "| `turnstate.breaker.trips`, `turnstate.breaker.open` | counter, up-down counter | "
+    "`{trip}`, `{breaker}` | `turnstate.tool.provider` | |\n"
+    "| `turnstate.cost` | counter | `{USD}` | `gen_ai.request.model`, "
+    "`gen_ai.provider.name` | |\n"
+)
+
+
+CONTENT_REQUEST = {
+    "model": "claude-sonnet-4-5",
+    "system": "You answer in one line.",
+    "messages": [
+        {"role": "user", "content": "What is in notes.md?"},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "read_file",
+                    "input": {"path": "notes.md"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": "milk, eggs"}
+            ],
+        },
+    ],
+    "tools": [
+        {"name": "read_file", "description": "Read a file", "input_schema": {"type": "object"}}
+    ],
+}
+"""An Anthropic request with a system prompt and a tool round, for the content example."""
+
+
+def _content_example() -> str:
+    """An Anthropic request and an OpenAI reply in the conventions' form."""
+    from ..core._events import ModelReplied  # noqa: PLC0415
+
+    found: dict[str, Any] = {}
+    _content_attributes(found, CONTENT_REQUEST)
+    replied = next(e for e in _provider_events() if isinstance(e, ModelReplied))
+    found["gen_ai.output.messages"] = json.dumps(output_messages(replied, "stop"))
+    return "".join(f"{key} = {found[key]}\n" for key in sorted(found))
+
+
 def _telemetry_page() -> str:
+    chats = [s for s in provider_demo_spans() if s.name.startswith("chat")]
+    failed, replied = sorted(chats, key=lambda s: s.start_time)
     out = io.StringIO()
     out.write(
         "# Telemetry: OpenTelemetry spans and metrics\n\n"
@@ -221,34 +436,71 @@ def _telemetry_page() -> str:
         "tests/test_otel_docs.py checks it -->\n\n"
         "`statemachine.otel.Telemetry` is a session observer (`pip install "
         "'turnstate[otel]'`, which needs `opentelemetry-api` only). It turns the trace "
-        "into spans that follow the OpenTelemetry GenAI semantic conventions, on the "
-        "session's injected clock:\n\n"
+        "into spans and metrics on the session's injected clock, following the "
+        f"OpenTelemetry GenAI semantic conventions of release **v{SEMCONV_VERSION}** "
+        "(`docs/gen-ai/gen-ai-spans.md`, `gen-ai-agent-spans.md`, `gen-ai-metrics.md` "
+        "and the message JSON schemas of open-telemetry/semantic-conventions; the "
+        "scope's schema URL is "
+        f"`{SCHEMA_URL}`). That is the last release to carry them (v1.41.1 changed none "
+        "of them): they have since moved to open-telemetry/semantic-conventions-genai, "
+        "which has made no release yet.\n\n"
         f"```python\n{USAGE}```\n\n"
-        "| span | kind | attributes |\n|---|---|---|\n"
-        "| `session` | internal | `gen_ai.agent.name`, `gen_ai.conversation.id`, "
-        "`turnstate.session.status`; events `turnstate.breaker_open`, `turnstate.limit`, "
-        "`turnstate.session_end` |\n"
-        "| `invoke_agent {agent}` (one per turn) | internal | `gen_ai.operation.name="
-        "invoke_agent`, `turnstate.turn.index`, `turnstate.turn.status`, `error.type` (the "
-        "status, unless `completed`), `turnstate.cost_usd`; events `turnstate.wait` "
-        "(seconds, `error.type`, attempt), `turnstate.fallback` (from, to, `error.type`), "
-        "`turnstate.context_reduction` |\n"
-        "| `chat {model}` (one per model call attempt) | client | `gen_ai.operation.name=chat`, "
-        "`gen_ai.request.model`, `gen_ai.response.model`, `gen_ai.provider.name`, "
-        "`turnstate.attempt`, `error.type` (the error category), "
-        "`http.response.status_code`, `turnstate.retry_after_s` |\n"
-        "| `execute_tool {name}` (one per tool call) | internal | "
-        "`gen_ai.operation.name=execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, "
-        "`gen_ai.tool.type`, `turnstate.tool.provider`, `error.type` (the tool error "
-        "category) |\n\n"
-        "Metrics: `turnstate.retries` (by `error.type` and `turnstate.retry.kind`: "
-        "`wait`, `fallback`, `tool_wait`), `turnstate.wait.duration` (histogram, s), "
-        "`turnstate.turns` (by `turnstate.turn.status`), `turnstate.sessions` (by "
-        "`turnstate.session.status`), `turnstate.breaker.trips` and "
-        "`turnstate.breaker.open` (by `turnstate.tool.provider`), `turnstate.cost` (USD, by "
-        "`gen_ai.request.model`), `gen_ai.client.operation.duration` (s).\n\n"
-        "No request, reply, tool argument, tool result or error message is recorded "
-        "unless `Telemetry(capture_content=True)`.\n\n"
+        "Every item comes from the data that crossed the engine's boundary: each trace "
+        "record carries the event that fired it (a failure's `ModelError`: category, "
+        "HTTP status, retry-after) and the call's `sm.Usage` (tokens, the model that "
+        "answered, response id, finish reason, and where the call went: provider name, "
+        "server address and port, streamed). The ready-made providers of "
+        "`statemachine.providers` fill that usage on every event, a failure the SDK "
+        "raised included; a host's own provider may fill what it knows. What a span "
+        "needs when it starts (`gen_ai.provider.name`, `server.*`: the conventions ask "
+        "for them at creation, for sampling) comes from the last usage of the same "
+        "requested model, else from `Telemetry(provider_name=...)`. A bound session's "
+        "`session_id` is `gen_ai.conversation.id` (unless `Telemetry(session_id=...)` "
+        "names another).\n\n"
+        "## Spans\n\n" + _SPANS + "\n"
+        "`error.type` (each span's status is ERROR when it is set): on a chat span the "
+        f"model error category ({_values(ErrorCategory)}), or `cancelled`, or "
+        "`unfinished` (the host stopped observing mid-call); on a tool span the tool "
+        f"error category ({_values(ToolErrorCategory)}) or `unfinished`; on a turn span "
+        f"its status ({_values(TurnStatus, 'completed')}) or `unfinished`; on the "
+        f"session span its status ({_values(SessionStatus, 'completed', 'cancelled')}). "
+        "`http.response.status_code` is on every failed attempt whose error had "
+        "a status, the retried ones included.\n\n"
+        "## One model call, every attribute\n\n"
+        "A turn whose `OpenAIModel` got a 429 and then a reply (the events the "
+        "provider reports: `tests/test_otel_provider.py` gets the same from the real "
+        "SDK against a loopback server). The failed attempt:\n\n"
+        f"```text\n{_attribute_lines(failed)}```\n\n"
+        "and the reply, with the dated model name the server answered with:\n\n"
+        f"```text\n{_attribute_lines(replied)}```\n\n"
+        "## Metrics\n\n" + _METRICS + "\n"
+        "`gen_ai.request.model` and `gen_ai.response.model` are left out when unknown, "
+        "never invented. UCUM has no currency unit, so the cost counter's unit is the "
+        "annotation `{USD}` (the conventions' form for a count of something, like "
+        "`{token}`); the figure counted is US dollars.\n\n"
+        "## Content, only when asked\n\n"
+        "No request, reply, tool definition, tool argument or result, or error message "
+        "is recorded unless `Telemetry(capture_content=True)`. Then the chat span (and "
+        "the turn span, for the turn's first request and last reply) carries "
+        "`gen_ai.input.messages`, `gen_ai.system_instructions`, `gen_ai.tool.definitions` "
+        "(type and name) and `gen_ai.output.messages` in the conventions' structured "
+        "form, as JSON text (the Python SDK has no structured span attributes yet); tool "
+        "spans `gen_ai.tool.call.arguments` and, for a success, `gen_ai.tool.call.result` "
+        "(JSON text that holds an object is decoded first); a failure's message is "
+        "`turnstate.error.message`. OpenAI chat and responses requests, Anthropic "
+        "messages and plain strings are converted part by part (text, tool calls and "
+        "their results, images, audio, files, reasoning); a part of another shape is "
+        "kept as a generic part, a request of another shape as one text part holding its "
+        "JSON. An Anthropic request with a system prompt and a tool round, and the OpenAI "
+        "reply above:\n\n"
+        f"```text\n{_content_example()}```\n\n"
+        "## Not emitted\n\n"
+        "`gen_ai.response.time_to_first_chunk` and the streaming metrics "
+        "(`gen_ai.client.operation.time_to_first_chunk`, `time_per_output_chunk`): the "
+        "providers report no chunk times. `gen_ai.agent.id`, `gen_ai.agent.description`, "
+        "`gen_ai.agent.version`, `gen_ai.data_source.id` and `gen_ai.tool.description`: "
+        "the engine knows none of them. The opt-in event "
+        "`gen_ai.client.inference.operation.details`: content goes on the spans.\n\n"
         f"## A real run: `{SPAN_TREE_SCENARIO}`\n\n"
     )
     out.write(span_tree_block() + "\n\n")

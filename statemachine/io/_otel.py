@@ -1,53 +1,60 @@
 """The trace as OpenTelemetry spans and metrics (``statemachine.otel``).
 
 :class:`Telemetry` is a session observer: it sees each :class:`TraceRecord` as the
-transition is taken and derives, from the records alone, the spans the GenAI
-semantic conventions describe:
+transition is taken and derives, from the records alone (each carries the event that
+fired it and the model call's :class:`~statemachine.Usage`), what the OpenTelemetry
+GenAI semantic conventions (:data:`SEMCONV_VERSION`) describe:
 
-* a ``session`` span for the session (parent: the host's current span, or
-  ``parent``), with the breaker trips, the limits that fired and the session's end as
-  events;
+* an ``invoke_workflow {agent}`` span for the session (parent: the host's current
+  span, or ``parent``), with the breaker trips, the limits that fired and the
+  session's end as events;
 * under it one ``invoke_agent {agent}`` span per turn, from ``idle -start->`` to its
   ``Finish`` (``turnstate.turn.status``; ``error.type`` = the status when it is not
-  ``completed``), with every wait (``turnstate.wait``: seconds, category, attempt),
-  fallback (``turnstate.fallback``: from and to model, the error) and context
-  reduction as events;
+  ``completed``; the tokens its calls used), with every wait (``turnstate.wait``:
+  seconds, category, attempt, the retry-after honoured), fallback
+  (``turnstate.fallback``) and context reduction as events;
 * under each turn one ``chat {model}`` span (kind ``CLIENT``) per model call attempt,
   from its ``CallModel`` to the ``ModelReplied``, ``ModelFailed`` or ``Cancelled``
-  that answers it, with ``error.type`` = the error category of a failure, and one
-  ``execute_tool {name}`` span per tool call of an ``InvokeTools`` until its
-  ``ToolsDone`` (``error.type`` = the tool error category of a failed outcome).
+  that answers it, and one ``execute_tool {name}`` span per tool call of an
+  ``InvokeTools`` until its ``ToolsDone``.
+
+A chat span carries what the attempt's event says: the usage's tokens, response id,
+finish reason and answered model, where the call went (``gen_ai.provider.name``,
+``server.address``, ``server.port``: a ready-made provider reports them on every
+event, failures included), and for a failure its category (``error.type``) and HTTP
+status. What a span needs when it starts (the provider, the server) comes from the
+last usage of the same requested model, else from ``provider_name``.
 
 Span times are the records' ``at`` (the session's injected clock) plus
 ``clock_offset`` (default: measured once, at the first record, so that a
 ``time.monotonic`` clock reads as Unix time), so a simulated or replayed turn has its
-true durations. A failure whose category the record cannot say yet (one that moved
-to a fallback model: the ``Finish`` carries it) ends its span when the turn ends,
-with the end time it had.
+true durations. A failure whose category the record cannot say yet (one read from a
+trace without its event that moved to a fallback model: the ``Finish`` carries it)
+ends its span when the turn ends, with the end time it had.
 
-Metrics (instruments of ``meter_provider``): ``turnstate.retries`` (by ``error.type``
-and ``turnstate.retry.kind``: ``wait``, ``fallback``, ``tool_wait``),
-``turnstate.wait.duration`` (histogram, s), ``turnstate.turns`` (by
-``turnstate.turn.status``), ``turnstate.sessions`` (by
-``turnstate.session.status``), ``turnstate.breaker.trips`` and
-``turnstate.breaker.open`` (by ``turnstate.tool.provider``: open breakers of live
-sessions), ``turnstate.cost`` (USD, by ``gen_ai.request.model``) and the GenAI
-``gen_ai.client.operation.duration`` (s) of every model call.
+Metrics: the GenAI client metrics ``gen_ai.client.operation.duration`` (s) and
+``gen_ai.client.token.usage`` (``{token}``), each with the conventions' advised
+buckets, and ``turnstate.retries`` (by ``error.type`` and ``turnstate.retry.kind``:
+``wait``, ``fallback``, ``tool_wait``), ``turnstate.wait.duration`` (s),
+``turnstate.turns``, ``turnstate.sessions``, ``turnstate.breaker.trips``,
+``turnstate.breaker.open`` and ``turnstate.cost`` (``{USD}``).
 
 No content leaves the process unless ``capture_content`` is set: requests, replies,
-tool arguments, tool results and error messages are then recorded
-(``gen_ai.input.messages``, ``gen_ai.output.messages``, ``gen_ai.tool.call.arguments``,
-``gen_ai.tool.call.result``, ``turnstate.error.message``) as JSON text.
+tool definitions, arguments and results, and error messages are then recorded in the
+conventions' structured form (``[{"role": ..., "parts": [...]}]``) as JSON text.
 
-Only ``opentelemetry-api`` is imported: without an SDK configured every span and
-instrument is a no-op, and with no observer attached the engine builds no record.
+Only ``opentelemetry-api`` is imported. At the session's first record the observer
+asks whether anything records (the session span, the meter provider); when nothing
+does (the API's no-op providers, no SDK configured) it does nothing more for that
+session. With no observer attached the engine builds no record at all.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -56,7 +63,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .._version import __version__
 from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._events import ModelFailed
+from ..core._events import ModelFailed, ModelReplied
 from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall
 from ..core._trace import TraceRecord
@@ -65,57 +72,223 @@ from ..core._usage import Usage
 SCOPE = "turnstate"
 """The instrumentation scope of every span and instrument."""
 
+SEMCONV_VERSION = "1.41.0"
+"""The OpenTelemetry semantic conventions release whose GenAI pages the spans and
+metrics follow (the last release to carry them; 1.41.1 changed none of them)."""
+SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+
+# fmt: off
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)
+"""Seconds: the advised boundaries of ``gen_ai.client.operation.duration``."""
+TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)
+# fmt: on
+"""Tokens: the advised boundaries of ``gen_ai.client.token.usage``."""
+
 _NS = 1_000_000_000
 
-# attribute names (the GenAI conventions' where they have one)
+# attribute names (the conventions' where they have one)
 OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
-PROVIDER = "gen_ai.provider.name"
+RESPONSE_ID = "gen_ai.response.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
 AGENT = "gen_ai.agent.name"
+WORKFLOW = "gen_ai.workflow.name"
 CONVERSATION = "gen_ai.conversation.id"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+TOKEN_TYPE = "gen_ai.token.type"  # noqa: S105 - an attribute name, not a secret
+STREAM = "gen_ai.request.stream"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
+TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
+TOOL_RESULT = "gen_ai.tool.call.result"
+TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 ERROR_TYPE = "error.type"
 HTTP_STATUS = "http.response.status_code"
+ERROR_MESSAGE = "turnstate.error.message"
+
+_USAGE_COUNTS = (
+    ("input_tokens", INPUT_TOKENS),
+    ("output_tokens", OUTPUT_TOKENS),
+    ("cached_tokens", CACHE_READ_TOKENS),
+    ("cache_creation_tokens", CACHE_CREATION_TOKENS),
+    ("reasoning_tokens", REASONING_TOKENS),
+)
+"""A usage's token counts and their span attributes."""
+
+_Where = tuple[str | None, str | None, int | None]
+"""Where a call went: (provider name, server address, server port)."""
+_NOWHERE: _Where = (None, None, None)
+
+
+class _Instruments:
+    """The instruments of one meter provider, made once and shared by every
+    :class:`Telemetry` of it (a proxy meter remembers each instrument made on it)."""
+
+    __slots__ = (
+        "cost",
+        "duration",
+        "open",
+        "retries",
+        "sessions",
+        "tokens",
+        "trips",
+        "turns",
+        "waits",
+    )
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self.duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            "s",
+            "GenAI operation duration",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            "{token}",
+            "Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.retries = meter.create_counter(
+            "turnstate.retries", "{retry}", "Retries taken: waits, fallbacks, tool re-invocations"
+        )
+        self.waits = meter.create_histogram(
+            "turnstate.wait.duration",
+            "s",
+            "Backoff waits the engine asked for",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.turns = meter.create_counter("turnstate.turns", "{turn}", "Turns ended, by status")
+        self.sessions = meter.create_counter(
+            "turnstate.sessions", "{session}", "Sessions ended, by status"
+        )
+        self.trips = meter.create_counter(
+            "turnstate.breaker.trips", "{trip}", "Circuit breakers tripped, by tool provider"
+        )
+        self.open = meter.create_up_down_counter(
+            "turnstate.breaker.open", "{breaker}", "Open breakers of live sessions, by provider"
+        )
+        # UCUM has no currency unit: an annotation names what is counted
+        self.cost = meter.create_counter(
+            "turnstate.cost", "{USD}", "Cost charged in US dollars, by model"
+        )
+
+
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_GLOBAL_INSTRUMENTS: list[_Instruments] = []
+
+
+def _instruments(provider: metrics.MeterProvider | None) -> _Instruments:
+    if provider is None:  # the global provider: a proxy until one is set, then forwarded
+        if not _GLOBAL_INSTRUMENTS:
+            meter = metrics.get_meter(SCOPE, __version__, schema_url=SCHEMA_URL)
+            _GLOBAL_INSTRUMENTS.append(_Instruments(meter))
+        return _GLOBAL_INSTRUMENTS[0]
+    try:
+        return _INSTRUMENTS[provider]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referenceable: not shared
+        return _Instruments(metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL))
+    made = _Instruments(metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL))
+    _INSTRUMENTS[provider] = made
+    return made
+
+
+def _meter_records(provider: metrics.MeterProvider | None) -> bool:
+    """Whether instruments of ``provider`` (``None``: the global one, as it stands)
+    record anything: not the API's no-op provider, nor the proxy the API hands out
+    while no SDK is set (a name check: were it renamed, this answers yes, which is
+    only slower)."""
+    chosen = metrics.get_meter_provider() if provider is None else provider
+    if isinstance(chosen, metrics.NoOpMeterProvider):
+        return False
+    return type(chosen).__name__ != "_ProxyMeterProvider"
 
 
 def _json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+    """``value`` as JSON text; never raises (what JSON cannot hold is written as text)."""
+    try:
+        return json.dumps(value, default=_text, ensure_ascii=False)
+    except Exception:  # a cycle, keys that are not text
+        return json.dumps(_text(value), ensure_ascii=False)
+
+
+def _text(value: object) -> str:
+    """``str(value)``, or its type's name when that raises."""
+    try:
+        return value if isinstance(value, str) else str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+_JSON_NATIVE = (dict, list, tuple, int, float, bool, type(None))
+
+
+class _Chat:
+    """One model call attempt in flight: its span and what its metrics need."""
+
+    __slots__ = ("model", "span", "start", "usage", "where")
+
+    def __init__(self, span: Span, start: int, model: str | None, where: _Where) -> None:
+        self.span = span
+        self.start = start
+        self.model = model
+        """The model requested."""
+        self.where = where
+        """Where the call went, as far as known."""
+        self.usage: Usage | None = None
+        """What its event reported."""
 
 
 class _TurnSpans:
     """The spans of one running turn, and what the next record closes."""
 
     __slots__ = (
-        "call_model",
         "calls",
         "chat",
-        "chat_attrs",
-        "chat_start",
         "cost",
         "deferred_chats",
         "deferred_tools",
         "events",
         "fallback_events",
+        "first_call",
         "index",
+        "last_call",
+        "replied",
         "span",
         "tools",
+        "usages",
+        "where",
     )
 
     def __init__(self, index: int, span: Span) -> None:
         self.index = index
         self.span = span
-        self.chat: Span | None = None
-        self.chat_start = 0
-        self.chat_attrs: dict[str, Any] = {}
-        self.call_model: CallModel | None = None
-        self.deferred_chats: list[tuple[Span, int, int, dict[str, Any]]] = []
-        """Failed attempts whose category the Finish will say (fallbacks), in order:
-        (span, end, start, attributes)."""
+        self.chat: _Chat | None = None
+        self.first_call: CallModel | None = None
+        self.last_call: CallModel | None = None
+        self.deferred_chats: list[tuple[_Chat, int]] = []
+        """Failed attempts whose category the Finish will say (fallbacks read from a
+        trace without their events), in order: (chat, end)."""
         self.fallback_events: list[dict[str, Any]] = []
-        """The attributes of the turn's fallback events (their error comes last)."""
+        """The attributes of those fallbacks' events (their error comes last)."""
         self.tools: dict[str, tuple[Span, ToolCall]] = {}
         """Tool calls in flight, by call id."""
         self.deferred_tools: dict[str, tuple[Span, int, ToolCall]] = {}
@@ -125,6 +298,12 @@ class _TurnSpans:
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         """The turn span's events, added in time order when it ends."""
         self.cost = 0.0
+        self.usages: list[Usage] = []
+        """The usage of every model call outcome of the turn, in order."""
+        self.replied: ModelReplied | None = None
+        """The turn's last reply."""
+        self.where: _Where = _NOWHERE
+        """Where the turn's last call went, as far as known."""
 
 
 class Telemetry:
@@ -134,16 +313,22 @@ class Telemetry:
     ``tracer_provider`` and ``meter_provider`` default to the global ones;
     ``parent`` is the context the session span is a child of (default: the current
     context when the first record arrives). ``agent_name`` names the turn spans
-    (``invoke_agent {agent_name}``), ``provider_name`` is ``gen_ai.provider.name``
-    (``anthropic``, ``openai``...), ``session_id`` is ``gen_ai.conversation.id``.
+    (``invoke_agent {agent_name}``) and the session's (``invoke_workflow
+    {agent_name}``). ``provider_name`` is the ``gen_ai.provider.name`` of calls whose
+    usage does not say (the ready-made providers' always does). ``session_id`` is
+    ``gen_ai.conversation.id`` (default: the bound session's ``session_id``).
     ``clock_offset`` is added to the session clock's readings to make Unix time
-    (``None``: ``time.time() - at`` of the first record). ``capture_content``
-    records requests, replies, tool arguments and results, and error messages.
+    (``None``: ``time.time() - at`` of the first record). ``capture_content`` records
+    requests, replies, tool definitions, arguments and results, and error messages.
 
-    :meth:`bind` lets it read the session's limit and status after each record
-    (the limit and session-end events and the session metrics need it);
-    :meth:`end` ends the session span (a session ended by a limit or by
-    ``Session.end`` during a turn ends it by itself once bound).
+    :meth:`bind` lets it read the session's id, limit and status (the conversation id,
+    the limit and session-end events and the session metrics need it); :meth:`end`
+    ends the session span (a session ended by a limit or by ``Session.end`` during a
+    turn ends it by itself once bound).
+
+    Whether anything records is decided once, at the session's first record: with
+    neither a recording session span nor a recording meter provider (no SDK
+    configured), every later record costs one attribute read.
     """
 
     def __init__(
@@ -158,37 +343,20 @@ class Telemetry:
         clock_offset: float | None = None,
         capture_content: bool = False,
     ) -> None:
-        self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider)
-        meter = metrics.get_meter(SCOPE, __version__, meter_provider)
-        self._retries = meter.create_counter(
-            "turnstate.retries", "{retry}", "Retries taken: waits, fallbacks, tool re-invocations"
-        )
-        self._waits = meter.create_histogram(
-            "turnstate.wait.duration", "s", "Backoff waits the engine asked for"
-        )
-        self._turns = meter.create_counter("turnstate.turns", "{turn}", "Turns ended, by status")
-        self._sessions = meter.create_counter(
-            "turnstate.sessions", "{session}", "Sessions ended, by status"
-        )
-        self._trips = meter.create_counter(
-            "turnstate.breaker.trips", "{trip}", "Circuit breakers tripped, by tool provider"
-        )
-        self._open = meter.create_up_down_counter(
-            "turnstate.breaker.open", "{breaker}", "Open breakers of live sessions, by provider"
-        )
-        self._cost = meter.create_counter("turnstate.cost", "USD", "Cost charged, by model")
-        self._duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", "s", "GenAI operation duration"
-        )
+        self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider, SCHEMA_URL)
+        self._meter_provider = meter_provider
+        self._m = _instruments(meter_provider)
         self._parent = parent
         self._agent = agent_name
+        self._provider = provider_name
+        self._session_id = session_id
         self._base: dict[str, Any] = {}
-        if provider_name is not None:
-            self._base[PROVIDER] = provider_name
-        if session_id is not None:
-            self._base[CONVERSATION] = session_id
+        """Attributes of every span: the conversation id, once known."""
+        self._known: dict[str | None, _Where] = {}
+        """Where the last call to each requested model went."""
         self._offset = clock_offset
         self._capture = capture_content
+        self._off = False
         self._session_span: Span | None = None
         self._session_context: otel_context.Context | None = None
         self._turn: _TurnSpans | None = None
@@ -201,15 +369,23 @@ class Telemetry:
     # -- the host's side -------------------------------------------------------
 
     def bind(self, session: Any) -> None:
-        """Read ``session`` (a :class:`~statemachine.Session`) after every record:
-        its limit (``turnstate.limit`` events) and status (the session span's end)."""
+        """Read ``session`` (a :class:`~statemachine.Session`): its ``session_id`` (the
+        conversation id, when none was given) when the first record arrives, and its
+        limit (``turnstate.limit`` events) and status (the session span's end) after
+        every record."""
         self._bound = session
 
     def __call__(self, record: TraceRecord) -> None:
+        if self._off:
+            return
         session = self._bound
         if session is None:
             self.observe(record)
             return
+        if self._session_span is None:
+            self._open_session(record)
+            if self._off:
+                return
         limit = session.limit_reached
         status = session.status
         self.observe(
@@ -225,6 +401,8 @@ class Telemetry:
         if self._ended:
             return
         self._ended = True
+        if self._off:
+            return
         now = self._last_ns if at is None else self._ns(at)
         turn = self._turn
         if turn is not None:
@@ -237,12 +415,12 @@ class Telemetry:
         if status is not None:
             span.set_attribute("turnstate.session.status", status)
             span.add_event("turnstate.session_end", {"turnstate.session.status": status}, now)
-            self._sessions.add(1, {"turnstate.session.status": status})
+            self._m.sessions.add(1, {"turnstate.session.status": status})
             if status not in ("completed", "cancelled"):
                 span.set_status(Status(StatusCode.ERROR, status))
                 span.set_attribute(ERROR_TYPE, status)
         for provider in self._tripped:
-            self._open.add(-1, {"turnstate.tool.provider": provider})
+            self._m.open.add(-1, {"turnstate.tool.provider": provider})
         span.end(now)
 
     # -- the records -----------------------------------------------------------
@@ -264,12 +442,14 @@ class Telemetry:
         """Take one record, with the session's limit and status as they stood after
         it (what :meth:`__call__` reads from a bound session; a replay passes what
         its source recorded)."""
-        if self._ended:
+        if self._ended or self._off:
             return
+        if self._session_span is None:
+            self._open_session(record)
+            if self._off:
+                return
         now = self._ns(record.at)
         self._last_ns = now
-        if self._session_span is None:
-            self._open_session(now)
         turn = self._turn
         if record.step == 0 or turn is None or turn.index != record.turn:
             if turn is not None:
@@ -287,15 +467,36 @@ class Telemetry:
         if finished and session_status is not None:
             self.end(session_status, at=record.at)
 
-    def _open_session(self, now: int) -> None:
+    def _open_session(self, record: TraceRecord) -> None:
+        """Start the session span at the first record, and decide whether anything
+        records (else the observer is off for the rest of the session)."""
+        now = self._ns(record.at)
         parent = self._parent if self._parent is not None else otel_context.get_current()
-        attributes = dict(self._base)
-        attributes[AGENT] = self._agent
+        conversation = self._session_id
+        if conversation is None and self._bound is not None:
+            conversation = self._bound.session_id
+        if conversation is not None:
+            self._base[CONVERSATION] = conversation
+        attributes = {
+            **self._base,
+            OPERATION: "invoke_workflow",
+            WORKFLOW: self._agent,
+        }
         span = self._tracer.start_span(
-            "session", parent, SpanKind.INTERNAL, attributes, start_time=now
+            f"invoke_workflow {self._agent}", parent, SpanKind.INTERNAL, attributes, start_time=now
         )
         self._session_span = span
+        if not span.is_recording() and not _meter_records(self._meter_provider):
+            self._off = True
+            return
         self._session_context = trace.set_span_in_context(span, parent)
+
+    def _where_of(self, model: str | None) -> _Where:
+        """Where a call to ``model`` goes, as far as known before it is made."""
+        known = self._known.get(model)
+        if known is not None:
+            return known
+        return (self._provider, None, None)
 
     def _open_turn(self, record: TraceRecord, now: int) -> _TurnSpans:
         attributes: dict[str, Any] = {
@@ -304,6 +505,9 @@ class Telemetry:
             AGENT: self._agent,
             "turnstate.turn.index": record.turn,
         }
+        provider = self._last_provider()
+        if provider is not None:
+            attributes[PROVIDER] = provider
         action = record.action
         if type(action) is Assemble:
             attributes["turnstate.turn.final_answer"] = action.withhold_tools
@@ -315,50 +519,35 @@ class Telemetry:
             start_time=now,
         )
         turn = _TurnSpans(record.turn, span)
+        if provider is not None:
+            turn.where = (provider, None, None)
         self._turn = turn
         return turn
+
+    def _last_provider(self) -> str | None:
+        for where in reversed(self._known.values()):
+            if where[0] is not None:
+                return where[0]
+        return self._provider
 
     def _close_pending(self, turn: _TurnSpans, record: TraceRecord, now: int) -> None:
         """End what ``record``'s event answers: the model call in flight, the tools."""
         event = record.event
         action = record.action
+        chat = turn.chat
         if record.cost_usd:
             turn.cost += record.cost_usd
-            model = turn.call_model.model if turn.call_model is not None else None
-            self._cost.add(record.cost_usd, {REQUEST_MODEL: model or "default"})
-        chat = turn.chat
+            cost_point: dict[str, Any] = {}
+            if chat is not None:
+                if chat.model is not None:
+                    cost_point[REQUEST_MODEL] = chat.model
+                provider = (record.usage and record.usage.provider_name) or chat.where[0]
+                if provider is not None:
+                    cost_point[PROVIDER] = provider
+            self._m.cost.add(record.cost_usd, cost_point)
         if chat is not None and event in ("ModelReplied", "ModelFailed", "Cancelled"):
             turn.chat = None
-            attrs = turn.chat_attrs
-            if record.cost_usd:
-                chat.set_attribute("turnstate.cost_usd", record.cost_usd)
-            usage = record.usage
-            if usage is not None:
-                _usage_attributes(chat, usage)
-            if event == "ModelReplied":
-                if usage is not None and usage.model is not None:
-                    chat.set_attribute(RESPONSE_MODEL, usage.model)
-                elif type(action) is Finish and action.model is not None:
-                    chat.set_attribute(RESPONSE_MODEL, action.model)
-                if self._capture and type(action) is Finish and action.reply is not None:
-                    chat.set_attribute("gen_ai.output.messages", _json(action.reply))
-                self._end_chat(chat, turn.chat_start, now, attrs, None)
-            elif event == "Cancelled":
-                self._end_chat(chat, turn.chat_start, now, attrs, "cancelled")
-            else:
-                # the error itself: the event the record carries; a record read from a
-                # trace without it has the Finish's (a fallback's comes with the Finish)
-                cause = record.caused_by
-                error = cause.error if type(cause) is ModelFailed else None
-                if error is None and type(action) is Finish:
-                    error = action.error
-                category = _failure_category(action) if error is None else error.category.value
-                if error is not None:
-                    self._error_details(chat, error)
-                if category is None:  # a fallback: the Finish will say which error
-                    turn.deferred_chats.append((chat, now, turn.chat_start, attrs))
-                else:
-                    self._end_chat(chat, turn.chat_start, now, attrs, category)
+            self._answer_chat(turn, chat, record, now)
         if event == "ToolsDone" or (event == "Cancelled" and turn.tools):
             if type(action) is Finish:
                 return  # the Finish ends them with their results
@@ -372,62 +561,105 @@ class Telemetry:
                     span, end, _ = deferred
                     _end_error(span, ToolErrorCategory.CONCURRENCY_CONFLICT.value, end)
 
-    def _end_chat(
-        self, span: Span, start: int, end: int, attrs: dict[str, Any], error: str | None
-    ) -> None:
-        point = {OPERATION: "chat", REQUEST_MODEL: attrs.get(REQUEST_MODEL, "default")}
+    def _answer_chat(self, turn: _TurnSpans, chat: _Chat, record: TraceRecord, now: int) -> None:
+        """End a model call attempt's span with what its event says."""
+        span = chat.span
+        usage = record.usage
+        cause = record.caused_by
+        action = record.action
+        found: dict[str, Any] = {}
+        if record.cost_usd:
+            found["turnstate.cost_usd"] = record.cost_usd
+        if usage is not None:
+            chat.usage = usage
+            turn.usages.append(usage)
+            _usage_attributes(found, usage)
+            if usage.provider_name is not None or usage.server_address is not None:
+                provider, address, port = chat.where
+                if usage.server_address is not None:
+                    address, port = usage.server_address, usage.server_port
+                chat.where = (usage.provider_name or provider, address, port)
+                self._known[chat.model] = chat.where
+        turn.where = chat.where
+        if record.event == "ModelReplied":
+            replied = cause if type(cause) is ModelReplied else None
+            if replied is not None:
+                turn.replied = replied
+                reply = replied.reply
+                if isinstance(reply, Mapping) and chat.where[0] == "openai":
+                    _openai_attributes(found, reply)
+                if self._capture:
+                    reason = usage.finish_reason if usage is not None else None
+                    found[OUTPUT_MESSAGES] = _json(output_messages(replied, reason))
+            elif self._capture and type(action) is Finish and action.reply is not None:
+                found[OUTPUT_MESSAGES] = _json(
+                    output_messages(ModelReplied(reply=action.reply), None)
+                )
+            if found:
+                span.set_attributes(found)
+            self._end_chat(chat, now, None)
+            return
+        if record.event == "Cancelled":
+            if found:
+                span.set_attributes(found)
+            self._end_chat(chat, now, "cancelled")
+            return
+        # the error itself: the event the record carries; a record read from a trace
+        # without it has the Finish's (a fallback's comes with the Finish)
+        error = cause.error if type(cause) is ModelFailed else None
+        if error is None and type(action) is Finish:
+            error = action.error
+        category = _failure_category(action) if error is None else error.category.value
+        if error is not None:
+            self._error_details(found, error)
+        if found:
+            span.set_attributes(found)
+        if category is None:  # a fallback: the Finish will say which error
+            turn.deferred_chats.append((chat, now))
+        else:
+            self._end_chat(chat, now, category)
+
+    def _end_chat(self, chat: _Chat, end: int, error: str | None) -> None:
+        """End the span and record the call's duration and tokens."""
+        usage = chat.usage
+        if error is not None:
+            _end_error(chat.span, error, end)
+        else:
+            chat.span.end(end)
+        point: dict[str, Any] = {OPERATION: "chat"}
+        provider, address, port = chat.where
+        if provider is not None:
+            point[PROVIDER] = provider
+        if chat.model is not None:
+            point[REQUEST_MODEL] = chat.model
+        if usage is not None and usage.model is not None:
+            point[RESPONSE_MODEL] = usage.model
+        if address is not None:
+            point[SERVER_ADDRESS] = address
+            if port is not None:
+                point[SERVER_PORT] = port
+        if usage is not None:
+            if usage.input_tokens is not None:
+                self._m.tokens.record(usage.input_tokens, {**point, TOKEN_TYPE: "input"})
+            if usage.output_tokens is not None:
+                self._m.tokens.record(usage.output_tokens, {**point, TOKEN_TYPE: "output"})
         if error is not None:
             point[ERROR_TYPE] = error
-            _end_error(span, error, end)
-        else:
-            span.end(end)
-        self._duration.record((end - start) / _NS, point)
+        self._m.duration.record((end - chat.start) / _NS, point)
 
-    def _error_details(self, span: Span, error: Any) -> None:
+    def _error_details(self, found: dict[str, Any], error: Any) -> None:
         if error.status is not None:
-            span.set_attribute(HTTP_STATUS, error.status)
-        if error.retry_after_seconds is not None:
-            span.set_attribute("turnstate.retry_after_s", error.retry_after_seconds)
+            found[HTTP_STATUS] = error.status
+        if error.retry_after_seconds is not None and type(error.retry_after_seconds) is float:
+            found["turnstate.retry_after_s"] = error.retry_after_seconds
         if self._capture and error.message:
-            span.set_attribute("turnstate.error.message", error.message)
+            found[ERROR_MESSAGE] = error.message
 
     def _open_next(self, turn: _TurnSpans, record: TraceRecord, now: int) -> None:
         """Start what ``record``'s action begins: a model call, tool calls; note waits."""
         action = record.action
         if isinstance(action, CallModel):
-            if "fallback_left" in record.guard:
-                moved = {
-                    "turnstate.fallback.from_model": _model_name(turn.call_model),
-                    "turnstate.fallback.to_model": action.model or "default",
-                }
-                turn.events.append((now, "turnstate.fallback", moved))
-                cause = record.caused_by
-                if type(cause) is ModelFailed:  # the error that moved it is the record's
-                    category = cause.error.category.value
-                    moved[ERROR_TYPE] = category
-                    self._retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
-                else:  # a record read without its event: the Finish will say
-                    turn.fallback_events.append(moved)
-            attrs: dict[str, Any] = {
-                **self._base,
-                OPERATION: "chat",
-                "turnstate.attempt": action.attempt,
-                "turnstate.step": record.step,
-            }
-            if action.model is not None:
-                attrs[REQUEST_MODEL] = action.model
-            if action.withhold_tools:
-                attrs["turnstate.withhold_tools"] = True
-            if self._capture:
-                attrs["gen_ai.input.messages"] = _json(action.request)
-            parent = trace.set_span_in_context(turn.span)
-            name = f"chat {action.model}" if action.model else "chat"
-            turn.chat = self._tracer.start_span(
-                name, parent, SpanKind.CLIENT, attrs, start_time=now
-            )
-            turn.chat_start = now
-            turn.chat_attrs = attrs
-            turn.call_model = action
+            self._open_chat(turn, record, action, now)
         elif isinstance(action, Wait):
             category = action.category.value
             tool = isinstance(action.category, ToolErrorCategory)
@@ -436,14 +668,13 @@ class Telemetry:
                 ERROR_TYPE: category,
                 "turnstate.attempt": action.attempt,
             }
-            server = getattr(action, "retry_after", None)
-            if server is not None:
-                attributes["turnstate.retry_after_s"] = server
+            if action.retry_after is not None:
+                attributes["turnstate.retry_after_s"] = action.retry_after
             turn.events.append((now, "turnstate.wait", attributes))
-            self._retries.add(
+            self._m.retries.add(
                 1, {ERROR_TYPE: category, "turnstate.retry.kind": "tool_wait" if tool else "wait"}
             )
-            self._waits.record(action.seconds, {ERROR_TYPE: category})
+            self._m.waits.record(action.seconds, {ERROR_TYPE: category})
         elif isinstance(action, Assemble):
             if action.reduce:
                 turn.events.append(
@@ -454,28 +685,92 @@ class Telemetry:
                     )
                 )
         elif isinstance(action, InvokeTools):
-            parent = trace.set_span_in_context(turn.span)
-            for call in action.calls:
-                turn.calls[call.id] = call
-                attributes = {
-                    **self._base,
-                    OPERATION: "execute_tool",
-                    TOOL_NAME: call.name,
-                    TOOL_CALL_ID: call.id,
-                    TOOL_TYPE: "function",
-                    "turnstate.tool.provider": call.provider,
-                    "turnstate.step": record.step,
-                }
-                if self._capture:
-                    attributes["gen_ai.tool.call.arguments"] = _json(call.arguments)
-                span = self._tracer.start_span(
-                    f"execute_tool {call.name}",
-                    parent,
-                    SpanKind.INTERNAL,
-                    attributes,
-                    start_time=now,
-                )
-                turn.tools[call.id] = (span, call)
+            self._open_tools(turn, record, action, now)
+
+    def _open_chat(
+        self, turn: _TurnSpans, record: TraceRecord, action: CallModel, now: int
+    ) -> None:
+        request = action.request
+        model = action.model
+        if model is None and isinstance(request, Mapping):
+            named = request.get("model")
+            model = named if isinstance(named, str) and named else None
+        if "fallback_left" in record.guard:
+            moved: dict[str, Any] = {}
+            previous = turn.last_call.model if turn.last_call is not None else None
+            if previous is not None:
+                moved["turnstate.fallback.from_model"] = previous
+            if action.model is not None:
+                moved["turnstate.fallback.to_model"] = action.model
+            turn.events.append((now, "turnstate.fallback", moved))
+            cause = record.caused_by
+            if type(cause) is ModelFailed:  # the error that moved it is the record's
+                category = cause.error.category.value
+                moved[ERROR_TYPE] = category
+                self._m.retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
+            else:  # a record read without its event: the Finish will say
+                turn.fallback_events.append(moved)
+        where = self._where_of(model)
+        attrs: dict[str, Any] = {
+            **self._base,
+            OPERATION: "chat",
+            "turnstate.attempt": action.attempt,
+            "turnstate.step": record.step,
+        }
+        provider, address, port = where
+        if provider is not None:
+            attrs[PROVIDER] = provider
+        if model is not None:
+            attrs[REQUEST_MODEL] = model
+        if address is not None:
+            attrs[SERVER_ADDRESS] = address
+            if port is not None:
+                attrs[SERVER_PORT] = port
+        if action.withhold_tools:
+            attrs["turnstate.withhold_tools"] = True
+        if isinstance(request, Mapping):
+            _request_attributes(attrs, request, provider)
+        if self._capture:
+            _content_attributes(attrs, request)
+        if turn.first_call is None:
+            turn.first_call = action
+            if model is not None:
+                turn.span.set_attribute(REQUEST_MODEL, model)
+        turn.last_call = action
+        span = self._tracer.start_span(
+            f"chat {model}" if model else "chat",
+            trace.set_span_in_context(turn.span),
+            SpanKind.CLIENT,
+            attrs,
+            start_time=now,
+        )
+        turn.chat = _Chat(span, now, model, where)
+
+    def _open_tools(
+        self, turn: _TurnSpans, record: TraceRecord, action: InvokeTools, now: int
+    ) -> None:
+        parent = trace.set_span_in_context(turn.span)
+        for call in action.calls:
+            turn.calls[call.id] = call
+            attributes = {
+                **self._base,
+                OPERATION: "execute_tool",
+                TOOL_NAME: call.name,
+                TOOL_CALL_ID: call.id,
+                TOOL_TYPE: "function",
+                "turnstate.tool.provider": call.provider,
+                "turnstate.step": record.step,
+            }
+            if self._capture:
+                attributes[TOOL_ARGUMENTS] = _json(_as_object(call.arguments))
+            span = self._tracer.start_span(
+                f"execute_tool {call.name}",
+                parent,
+                SpanKind.INTERNAL,
+                attributes,
+                start_time=now,
+            )
+            turn.tools[call.id] = (span, call)
 
     def _end_turn(self, turn: _TurnSpans, record: TraceRecord | None, now: int) -> None:
         """End the turn's spans: with its Finish (``record``), or as they stand."""
@@ -484,50 +779,77 @@ class Telemetry:
         fallbacks = finish.fallbacks if type(finish) is Finish else ()
         # the moves this observer saw are the last ones (it may have joined mid-turn)
         seen = fallbacks[len(fallbacks) - len(turn.deferred_chats) :] if fallbacks else ()
-        for i, (span, end, start, attrs) in enumerate(turn.deferred_chats):
+        for i, (chat, end) in enumerate(turn.deferred_chats):
             error = seen[i].error if i < len(seen) else None
             category = error.category.value if error is not None else "transient"
             if error is not None:
-                self._error_details(span, error)
+                found: dict[str, Any] = {}
+                self._error_details(found, error)
+                if found:
+                    chat.span.set_attributes(found)
             if i < len(turn.fallback_events):
                 turn.fallback_events[i][ERROR_TYPE] = category
-            self._retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
-            self._end_chat(span, start, end, attrs, category)
+            self._m.retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
+            self._end_chat(chat, end, category)
         if turn.chat is not None:
-            self._end_chat(turn.chat, turn.chat_start, now, turn.chat_attrs, "unfinished")
+            self._end_chat(turn.chat, now, "unfinished")
         results = {r.call_id: r for r in finish.tool_results} if type(finish) is Finish else {}
         ending = [(s, now, c) for s, c in turn.tools.values()]
         ending.extend(turn.deferred_tools.values())
         for span, end, call in ending:
             result = results.get(call.id)
-            if result is not None and self._capture:
-                span.set_attribute("gen_ai.tool.call.result", _json(result.content))
             if result is None:
                 _end_error(span, "unfinished", end)
             elif result.is_error:
+                if self._capture:
+                    span.set_attribute(ERROR_MESSAGE, _text_of(result.content))
                 category = result.category.value if result.category is not None else "unknown"
                 _end_error(span, category, end)
             else:
+                if self._capture:
+                    span.set_attribute(TOOL_RESULT, _json(_as_object(result.content)))
                 span.end(end)
         span = turn.span
         for at, name, attributes in sorted(turn.events, key=lambda e: e[0]):
             span.add_event(name, attributes, at)
-        span.set_attribute("turnstate.cost_usd", turn.cost)
+        span.set_attributes(self._turn_attributes(turn))
         if type(finish) is not Finish or record is None:
             _end_error(span, "unfinished", now)
             return
         status = finish.status.value
         span.set_attribute("turnstate.turn.status", status)
         span.set_attribute("turnstate.session_retries", record.session_retries)
-        if finish.model is not None:
-            span.set_attribute(RESPONSE_MODEL, finish.model)
-        self._turns.add(1, {"turnstate.turn.status": status})
+        self._m.turns.add(1, {"turnstate.turn.status": status})
         if record.guard in ("trips_breaker", "trips_denial_breaker"):
             self._breaker(turn, finish, record.guard, now)
         if finish.status is TurnStatus.COMPLETED:
             span.end(now)
         else:
             _end_error(span, status, now)
+
+    def _turn_attributes(self, turn: _TurnSpans) -> dict[str, Any]:
+        """What the turn span says at its end: its calls' provider, tokens, last reply."""
+        found: dict[str, Any] = {"turnstate.cost_usd": turn.cost}
+        if turn.where[0] is not None:
+            found[PROVIDER] = turn.where[0]
+        for field, key in _USAGE_COUNTS:
+            counts = [getattr(u, field) for u in turn.usages if getattr(u, field) is not None]
+            if counts:
+                found[key] = sum(counts)
+        replied = turn.replied
+        last = replied.usage if replied is not None else None
+        if last is not None:
+            if last.model is not None:
+                found[RESPONSE_MODEL] = last.model
+            if last.finish_reason is not None:
+                found[FINISH_REASONS] = (last.finish_reason,)
+        if self._capture:
+            if turn.first_call is not None:
+                _content_attributes(found, turn.first_call.request)
+            if replied is not None:
+                reason = last.finish_reason if last is not None else None
+                found[OUTPUT_MESSAGES] = _json(output_messages(replied, reason))
+        return found
 
     def _breaker(self, turn: _TurnSpans, finish: Finish, guard: str, now: int) -> None:
         if guard == "trips_denial_breaker":
@@ -547,16 +869,12 @@ class Telemetry:
             now,
         )
         for provider in providers:
-            self._trips.add(1, {"turnstate.tool.provider": provider})
-            self._open.add(1, {"turnstate.tool.provider": provider})
+            self._m.trips.add(1, {"turnstate.tool.provider": provider})
+            self._m.open.add(1, {"turnstate.tool.provider": provider})
             self._tripped.append(provider)
 
 
 _CRASHED = ToolErrorCategory.PROCESS_CRASHED
-
-
-def _model_name(call: CallModel | None) -> str:
-    return (call.model if call is not None else None) or "default"
 
 
 def _failure_category(action: object) -> str | None:
@@ -573,26 +891,408 @@ def _failure_category(action: object) -> str | None:
     return None
 
 
-def _usage_attributes(span: Span, usage: Usage) -> None:
+def _usage_attributes(found: dict[str, Any], usage: Usage) -> None:
     """A model call's usage as the GenAI conventions' attributes."""
-    if usage.input_tokens is not None:
-        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-    if usage.output_tokens is not None:
-        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-    if usage.cached_tokens is not None:
-        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
-    if usage.response_id is not None:
-        span.set_attribute("gen_ai.response.id", usage.response_id)
-    if usage.finish_reason is not None:
-        span.set_attribute("gen_ai.response.finish_reasons", [usage.finish_reason])
+    for field, key in _USAGE_COUNTS:
+        count = getattr(usage, field)
+        if count is not None:
+            found[key] = count
     if usage.model is not None:
-        span.set_attribute(RESPONSE_MODEL, usage.model)
+        found[RESPONSE_MODEL] = usage.model
+    if usage.response_id is not None:
+        found[RESPONSE_ID] = usage.response_id
+    if usage.finish_reason is not None:
+        found[FINISH_REASONS] = (usage.finish_reason,)
+    if usage.provider_name is not None:
+        found[PROVIDER] = usage.provider_name
+    if usage.server_address is not None:
+        found[SERVER_ADDRESS] = usage.server_address
+        if usage.server_port is not None:
+            found[SERVER_PORT] = usage.server_port
+    if usage.streamed:
+        found[STREAM] = True
 
 
 def _end_error(span: Span, error: str, end: int) -> None:
     span.set_attribute(ERROR_TYPE, error)
     span.set_status(Status(StatusCode.ERROR, error))
     span.end(end)
+
+
+# -- the request's parameters ---------------------------------------------------------
+
+
+_NUMBERS = (
+    ("max_tokens", "gen_ai.request.max_tokens", int),
+    ("max_completion_tokens", "gen_ai.request.max_tokens", int),
+    ("max_output_tokens", "gen_ai.request.max_tokens", int),
+    ("temperature", "gen_ai.request.temperature", float),
+    ("top_p", "gen_ai.request.top_p", float),
+    ("top_k", "gen_ai.request.top_k", float),
+    ("frequency_penalty", "gen_ai.request.frequency_penalty", float),
+    ("presence_penalty", "gen_ai.request.presence_penalty", float),
+    ("seed", "gen_ai.request.seed", int),
+)
+"""A create argument, its attribute and the attribute's type (an int must be whole)."""
+
+
+def _request_attributes(found: dict[str, Any], request: Mapping[Any, Any], provider: Any) -> None:
+    """The request's sampling parameters, as far as the mapping of create arguments
+    the host assembled holds them (what a provider adds of its own is not seen)."""
+    for name, key, kind in _NUMBERS:
+        value = request.get(name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                continue
+            found[key] = int(value)
+        else:
+            found[key] = float(value)
+    stop = request.get("stop", request.get("stop_sequences"))
+    if isinstance(stop, str):
+        found["gen_ai.request.stop_sequences"] = (stop,)
+    elif isinstance(stop, list | tuple) and stop and all(isinstance(s, str) for s in stop):
+        found["gen_ai.request.stop_sequences"] = tuple(stop)
+    count = request.get("n")
+    if type(count) is int and count != 1:
+        found["gen_ai.request.choice.count"] = count
+    if request.get("stream") is True:
+        found[STREAM] = True
+    form = request.get("response_format")
+    kind_of = form.get("type") if isinstance(form, Mapping) else form
+    if kind_of in ("json_object", "json_schema", "json"):
+        found["gen_ai.output.type"] = "json"
+    elif kind_of == "text":
+        found["gen_ai.output.type"] = "text"
+    tier = request.get("service_tier")
+    if provider == "openai" and isinstance(tier, str) and tier != "auto":
+        found["openai.request.service_tier"] = tier
+
+
+def _openai_attributes(found: dict[str, Any], reply: Mapping[Any, Any]) -> None:
+    """The OpenAI conventions' response attributes, from a reply's JSON form."""
+    kind = reply.get("object")
+    if kind in ("chat.completion", "chat.completion.chunk"):
+        found["openai.api.type"] = "chat_completions"
+    elif kind == "response":
+        found["openai.api.type"] = "responses"
+    tier = reply.get("service_tier")
+    if isinstance(tier, str):
+        found["openai.response.service_tier"] = tier
+    fingerprint = reply.get("system_fingerprint")
+    if isinstance(fingerprint, str):
+        found["openai.response.system_fingerprint"] = fingerprint
+
+
+# -- content, in the conventions' structured form ---------------------------------------
+#
+# Requests and replies are the host's data, of any shape. The common shapes (OpenAI chat
+# and responses, Anthropic messages, plain text) are converted part by part; anything
+# else becomes a text part holding its JSON, so the result always has the conventions'
+# form. Nothing here raises: a converter that fails falls back to that text part.
+
+
+def _content_attributes(found: dict[str, Any], request: Any) -> None:
+    """``gen_ai.input.messages``, ``gen_ai.system_instructions`` and
+    ``gen_ai.tool.definitions`` of ``request``."""
+    try:
+        messages, system = input_messages(request)
+    except Exception:
+        messages, system = [_message("user", [_text_part(request)])], None
+    found[INPUT_MESSAGES] = _json(messages)
+    if system:
+        found[SYSTEM_INSTRUCTIONS] = _json(system)
+    if isinstance(request, Mapping):
+        try:
+            tools = tool_definitions(request.get("tools"))
+        except Exception:
+            tools = []
+        if tools:
+            found[TOOL_DEFINITIONS] = _json(tools)
+
+
+def _message(role: Any, parts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"role": role if isinstance(role, str) and role else "user", "parts": parts, **extra}
+
+
+def _text_part(content: Any) -> dict[str, Any]:
+    return {"type": "text", "content": _text_of(content)}
+
+
+def _as_object(value: Any) -> Any:
+    """A tool's arguments or result as an object: JSON text is decoded (the conventions
+    expect the object, not its serialization); anything else is kept."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _text_of(content: Any) -> str:
+    """Text as it is, JSON data as its JSON, anything else as its text."""
+    if isinstance(content, str):
+        return content
+    return _json(content) if isinstance(content, _JSON_NATIVE) else _text(content)
+
+
+def input_messages(request: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """``request`` (a ``CallModel.request``) as the conventions' input messages and
+    system instructions: a mapping's ``messages`` (OpenAI chat, Anthropic), ``input``
+    (OpenAI responses) or ``prompt``, its ``system`` or ``instructions``; a list of
+    messages; a string (one user message). Anything else is one user message holding
+    its JSON."""
+    system = None
+    if isinstance(request, Mapping):
+        system = _system(request.get("system", request.get("instructions")))
+        if "messages" in request:
+            body = request["messages"]
+        elif "input" in request:
+            body = request["input"]
+        elif "prompt" in request:
+            body = request["prompt"]
+        else:
+            return [_message("user", [_text_part(request)])], system
+    else:
+        body = request
+    if isinstance(body, str):
+        return [_message("user", [_text_part(body)])], system
+    if isinstance(body, list | tuple):
+        return [_input_message(item) for item in body], system
+    return [_message("user", [_text_part(body)])], system
+
+
+def _system(raw: Any) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return [_text_part(raw)]
+    if isinstance(raw, list | tuple):
+        return [_part(block) for block in raw]
+    return [_text_part(raw)]
+
+
+def _input_message(item: Any) -> dict[str, Any]:
+    if isinstance(item, str):
+        return _message("user", [_text_part(item)])
+    if not isinstance(item, Mapping):
+        return _message("user", [_text_part(item)])
+    kind = item.get("type")
+    if kind == "function_call":  # an OpenAI responses item: the model's call
+        return _message("assistant", [_tool_call(item.get("call_id"), item)])
+    if kind == "function_call_output":
+        response = {"type": "tool_call_response", "id": item.get("call_id")}
+        response["response"] = _as_object(item.get("output"))
+        return _message("tool", [response])
+    role = item.get("role")
+    extra = {"name": item["name"]} if isinstance(item.get("name"), str) else {}
+    if role == "tool":  # OpenAI chat: a tool's result
+        response = {"type": "tool_call_response", "id": item.get("tool_call_id")}
+        response["response"] = _as_object(item.get("content"))
+        return _message("tool", [response], **extra)
+    parts = _parts(item.get("content"))
+    for call in item.get("tool_calls") or ():
+        if isinstance(call, Mapping):
+            parts.append(_tool_call(call.get("id"), call.get("function") or call))
+    legacy = item.get("function_call")
+    if isinstance(legacy, Mapping):
+        parts.append(_tool_call(None, legacy))
+    return _message(role, parts, **extra)
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [_text_part(content)]
+    if isinstance(content, list | tuple):
+        return [_part(block) for block in content]
+    return [_text_part(content)]
+
+
+def _tool_call(call_id: Any, function: Mapping[Any, Any]) -> dict[str, Any]:
+    name = function.get("name")
+    arguments = function.get("arguments", function.get("input"))
+    return {
+        "type": "tool_call",
+        "id": call_id if isinstance(call_id, str) else None,
+        "name": name if isinstance(name, str) else "",
+        "arguments": _as_object(arguments),
+    }
+
+
+_TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
+
+
+def _part(block: Any) -> dict[str, Any]:
+    """One content block (OpenAI's or Anthropic's) as a conventions part."""
+    if isinstance(block, str):
+        return _text_part(block)
+    if not isinstance(block, Mapping):
+        return _text_part(block)
+    kind = block.get("type")
+    if kind in _TEXT_BLOCKS and isinstance(block.get("text"), str):
+        return _text_part(block["text"])
+    if kind == "text" and isinstance(block.get("content"), str):  # the conventions' own
+        return _text_part(block["content"])
+    if kind == "tool_use":  # Anthropic: the model's call
+        return _tool_call(block.get("id"), block)
+    if kind == "tool_result":
+        return {
+            "type": "tool_call_response",
+            "id": block.get("tool_use_id"),
+            "response": _as_object(block.get("content")),
+        }
+    if kind == "thinking" and isinstance(block.get("thinking"), str):
+        return {"type": "reasoning", "content": block["thinking"]}
+    if kind in ("image_url", "input_image"):
+        url = block.get("image_url")
+        url = url.get("url") if isinstance(url, Mapping) else url
+        if isinstance(url, str):
+            return {"type": "uri", "modality": "image", "uri": url}
+        if isinstance(block.get("file_id"), str):
+            return {"type": "file", "modality": "image", "file_id": block["file_id"]}
+    if kind in ("image", "document"):
+        source = block.get("source")
+        modality = "image" if kind == "image" else "document"
+        if isinstance(source, Mapping):
+            if source.get("type") == "base64" and isinstance(source.get("data"), str):
+                part = {"type": "blob", "modality": modality, "content": source["data"]}
+                if isinstance(source.get("media_type"), str):
+                    part["mime_type"] = source["media_type"]
+                return part
+            if source.get("type") == "url" and isinstance(source.get("url"), str):
+                return {"type": "uri", "modality": modality, "uri": source["url"]}
+    if kind == "input_audio":
+        audio = block.get("input_audio")
+        if isinstance(audio, Mapping) and isinstance(audio.get("data"), str):
+            part = {"type": "blob", "modality": "audio", "content": audio["data"]}
+            if isinstance(audio.get("format"), str):
+                part["mime_type"] = f"audio/{audio['format']}"
+            return part
+    if kind == "file":
+        file = block.get("file")
+        if isinstance(file, Mapping) and isinstance(file.get("file_id"), str):
+            return {"type": "file", "modality": "document", "file_id": file["file_id"]}
+    # a part this converter does not know: kept as the conventions' generic part
+    generic = {str(k): v for k, v in block.items() if k != "type"}
+    return {**generic, "type": kind if isinstance(kind, str) and kind else "unknown"}
+
+
+_FINISH = {
+    "stop": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "tool_calls": "tool_call",
+    "tool_use": "tool_call",
+    "function_call": "tool_call",
+    "content_filter": "content_filter",
+    "refusal": "content_filter",
+}
+"""The providers' finish reasons, as the output messages schema names them."""
+
+
+def _finish(reason: Any, calls: bool) -> str:
+    if isinstance(reason, str) and reason:
+        return _FINISH.get(reason, reason)
+    return "tool_call" if calls else "stop"
+
+
+def output_messages(event: ModelReplied, finish_reason: str | None) -> list[dict[str, Any]]:
+    """A reply as the conventions' output messages (one per choice): an OpenAI chat
+    completion's choices, an Anthropic message's content blocks, a text; else the
+    event's tool calls, with the reply's JSON as a text part."""
+    try:
+        return _output_messages(event, finish_reason)
+    except Exception:
+        return [
+            {
+                "role": "assistant",
+                "parts": [_text_part(event.reply)],
+                "finish_reason": _finish(finish_reason, False),
+            }
+        ]
+
+
+def _output_messages(event: ModelReplied, finish_reason: str | None) -> list[dict[str, Any]]:
+    reply = event.reply
+    dump = getattr(reply, "model_dump", None)
+    if not isinstance(reply, Mapping | str) and reply is not None and callable(dump):
+        reply = dump(mode="json")  # an SDK object the host kept as it came
+    if isinstance(reply, Mapping):
+        choices = reply.get("choices")
+        if isinstance(choices, list | tuple) and choices:
+            return [_choice(choice) for choice in choices]
+        if isinstance(reply.get("content"), list | tuple):  # an Anthropic message
+            parts = _parts(reply["content"])
+            reason = reply.get("stop_reason", finish_reason)
+            has_calls = any(p["type"] == "tool_call" for p in parts)
+            role = reply.get("role")
+            return [
+                {
+                    "role": role if isinstance(role, str) and role else "assistant",
+                    "parts": parts,
+                    "finish_reason": _finish(reason, has_calls),
+                }
+            ]
+    parts = [] if reply is None else [_text_part(_text_of(reply))]
+    parts.extend(
+        {"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments}
+        for call in event.tool_calls
+    )
+    return [
+        {
+            "role": "assistant",
+            "parts": parts,
+            "finish_reason": _finish(finish_reason, bool(event.tool_calls)),
+        }
+    ]
+
+
+def _choice(choice: Any) -> dict[str, Any]:
+    """An OpenAI chat completion's choice as an output message."""
+    if not isinstance(choice, Mapping):
+        return {"role": "assistant", "parts": [_text_part(choice)], "finish_reason": "stop"}
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        message = {}
+    parts = _input_message({**message, "role": "assistant"})["parts"]
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal:
+        parts.append(_text_part(refusal))
+    role = message.get("role")
+    has_calls = any(part["type"] == "tool_call" for part in parts)
+    return {
+        "role": role if isinstance(role, str) and role else "assistant",
+        "parts": parts,
+        "finish_reason": _finish(choice.get("finish_reason"), has_calls),
+    }
+
+
+def tool_definitions(tools: Any) -> list[dict[str, Any]]:
+    """A request's ``tools`` as the conventions' tool definitions: their type and name
+    only (the conventions advise against the optional description and parameters by
+    default: they are large)."""
+    if not isinstance(tools, list | tuple):
+        return []
+    out = []
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        name = tool.get("name")
+        if name is None and isinstance(function, Mapping):
+            name = function.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        kind = tool.get("type")
+        out.append({"type": kind if isinstance(kind, str) and kind else "function", "name": name})
+    return out
 
 
 def replay(
