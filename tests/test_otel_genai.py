@@ -890,11 +890,12 @@ def _explode(*_args: Any, **_kwargs: Any) -> Any:
 def test_with_nothing_recording_the_observer_stops_at_the_first_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No-op tracer and meter providers: after the session's first record the observer
-    builds nothing (no turn span, no attributes), and the session runs as without it."""
+    """No-op tracer and meter providers: the observer is off from the start and builds
+    nothing (no turn span, no attributes); the session runs as without it."""
     telemetry = Telemetry(
         tracer_provider=trace.NoOpTracerProvider(), meter_provider=metrics.NoOpMeterProvider()
     )
+    assert telemetry._off  # known when it is made: no record has to be looked at
     clock = ManualClock()
     session = sm.Session(sm.Settings(), seed=1, clock=clock, observers=[telemetry])
     telemetry.bind(session)

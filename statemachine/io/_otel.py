@@ -43,10 +43,11 @@ No content leaves the process unless ``capture_content`` is set: requests, repli
 tool definitions, arguments and results, and error messages are then recorded in the
 conventions' structured form (``[{"role": ..., "parts": [...]}]``) as JSON text.
 
-Only ``opentelemetry-api`` is imported. At the session's first record the observer
-asks whether anything records (the session span, the meter provider); when nothing
-does (the API's no-op providers, no SDK configured) it does nothing more for that
-session. With no observer attached the engine builds no record at all.
+Only ``opentelemetry-api`` is imported. When it is made, and again at the session's
+first record, the observer asks whether anything records (the providers, the session
+span); when nothing does (the API's no-op providers, no SDK configured) it does
+nothing with the session's records. With no observer attached the engine builds no
+record at all.
 """
 
 from __future__ import annotations
@@ -211,11 +212,19 @@ def _instruments(provider: metrics.MeterProvider | None) -> _Instruments:
     return made
 
 
+def _tracer_records(provider: trace.TracerProvider | None) -> bool:
+    """Whether spans of ``provider`` (``None``: the global one, as it stands) may be
+    recorded: not the API's no-op provider, nor its proxy while no SDK is set."""
+    if provider is None or isinstance(provider, trace.ProxyTracerProvider):
+        provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.NoOpTracerProvider | trace.ProxyTracerProvider)
+
+
 def _meter_records(provider: metrics.MeterProvider | None) -> bool:
     """Whether instruments of ``provider`` (``None``: the global one, as it stands)
     record anything: not the API's no-op provider, nor the proxy the API hands out
-    while no SDK is set (a name check: were it renamed, this answers yes, which is
-    only slower)."""
+    while no SDK is set (a name check: the proxy's class is private; were it renamed,
+    this answers yes, which is only slower)."""
     chosen = metrics.get_meter_provider() if provider is None else provider
     if isinstance(chosen, metrics.NoOpMeterProvider):
         return False
@@ -326,9 +335,10 @@ class Telemetry:
     ends the session span (a session ended by a limit or by ``Session.end`` during a
     turn ends it by itself once bound).
 
-    Whether anything records is decided once, at the session's first record: with
-    neither a recording session span nor a recording meter provider (no SDK
-    configured), every later record costs one attribute read.
+    Whether anything records is decided when the observer is made (the providers, the
+    global ones as they stand then) and again at the session's first record (whether
+    its span records): with neither spans nor metrics recording (no SDK configured),
+    a record costs one attribute read.
     """
 
     def __init__(
@@ -356,7 +366,7 @@ class Telemetry:
         """Where the last call to each requested model went."""
         self._offset = clock_offset
         self._capture = capture_content
-        self._off = False
+        self._off = not (_tracer_records(tracer_provider) or _meter_records(meter_provider))
         self._session_span: Span | None = None
         self._session_context: otel_context.Context | None = None
         self._turn: _TurnSpans | None = None
