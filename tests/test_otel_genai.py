@@ -15,7 +15,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -249,14 +248,23 @@ def test_parameters_of_the_wrong_kind_are_left_out(otel: Otel) -> None:
 @pytest.mark.requirement("ER-152")
 def test_the_provider_and_server_are_known_when_a_span_starts(otel: Otel) -> None:
     """The first call's span starts with the provider_name given (no server yet); its
-    usage teaches the observer where calls to that model go, so the next call's span
-    starts with the provider and server the usage said, which win over provider_name."""
+    usage teaches the observer where calls to that model go, so the next calls' spans
+    (and the next turn's) start with the provider and server the usage said, which win
+    over provider_name."""
     clock = ManualClock()
     telemetry = otel.telemetry(provider_name="azure.ai.openai")
     session = sm.Session(sm.Settings(model="gpt-4o"), seed=1, clock=clock, observers=[telemetry])
     storm_turn(session, clock, failures=1, failed_usage=sm.Usage(**OPENAI))  # type: ignore[arg-type]
+    storm_turn(session, clock, failures=0)
     telemetry.end()
-    first, second = otel.spans("chat")
+    first, second, third = otel.spans("chat")
+    assert otel.at_start(third)["server.address"] == "api.openai.com"
+    # the next turn's span starts with the provider the last usage named
+    agents = otel.spans("invoke_agent")
+    assert [otel.at_start(a)["gen_ai.provider.name"] for a in agents] == [
+        "azure.ai.openai",
+        "openai",
+    ]
     assert otel.at_start(first)["gen_ai.provider.name"] == "azure.ai.openai"
     assert "server.address" not in otel.at_start(first)
     assert attrs_of(first)["gen_ai.provider.name"] == "openai"  # the usage said
@@ -654,8 +662,8 @@ def test_content_that_cannot_be_converted_falls_back_and_never_raises() -> None:
         def __str__(self) -> str:
             return "a broken reply"
 
-    # the engine refuses such a reply at its door: a stand-in carries it here
-    out = output_messages(SimpleNamespace(reply=Broken(), tool_calls=()), "end_turn")  # type: ignore[arg-type]
+    # the engine refuses such a reply at its door (ModelReplied dumps it): given here
+    out = output_messages(Broken(), (), "end_turn")
     jsonschema.validate(out, SCHEMAS["output_messages"])
     assert out == [
         {
@@ -799,7 +807,8 @@ def test_a_reply_of_each_shape_becomes_the_conventions_output_messages(
     """An OpenAI completion (one message per choice), an Anthropic message, a string, a
     reply of tool calls alone and an SDK object convert with the schema's finish
     reasons; each validates against the output messages schema."""
-    got = output_messages(sm.ModelReplied(calls, reply=reply), None)
+    event = sm.ModelReplied(calls, reply=reply)  # what the engine keeps of the reply
+    got = output_messages(event.reply, event.tool_calls)
     assert got == expected
     jsonschema.validate(got, SCHEMAS["output_messages"])
 

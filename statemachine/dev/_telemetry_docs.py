@@ -422,7 +422,7 @@ def _content_example() -> str:
     found: dict[str, Any] = {}
     _content_attributes(found, CONTENT_REQUEST)
     replied = next(e for e in _provider_events() if isinstance(e, ModelReplied))
-    found["gen_ai.output.messages"] = json.dumps(output_messages(replied, "stop"))
+    found["gen_ai.output.messages"] = json.dumps(output_messages(replied.reply, (), "stop"))
     return "".join(f"{key} = {found[key]}\n" for key in sorted(found))
 
 

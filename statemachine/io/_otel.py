@@ -364,6 +364,8 @@ class Telemetry:
         """Attributes of every span: the conversation id, once known."""
         self._known: dict[str | None, _Where] = {}
         """Where the last call to each requested model went."""
+        self._latest: str | None = provider_name
+        """The provider of the last call whose usage named one (else ``provider_name``)."""
         self._offset = clock_offset
         self._capture = capture_content
         self._off = not (_tracer_records(tracer_provider) or _meter_records(meter_provider))
@@ -515,7 +517,7 @@ class Telemetry:
             AGENT: self._agent,
             "turnstate.turn.index": record.turn,
         }
-        provider = self._last_provider()
+        provider = self._latest
         if provider is not None:
             attributes[PROVIDER] = provider
         action = record.action
@@ -533,12 +535,6 @@ class Telemetry:
             turn.where = (provider, None, None)
         self._turn = turn
         return turn
-
-    def _last_provider(self) -> str | None:
-        for where in reversed(self._known.values()):
-            if where[0] is not None:
-                return where[0]
-        return self._provider
 
     def _close_pending(self, turn: _TurnSpans, record: TraceRecord, now: int) -> None:
         """End what ``record``'s event answers: the model call in flight, the tools."""
@@ -584,27 +580,19 @@ class Telemetry:
             chat.usage = usage
             turn.usages.append(usage)
             _usage_attributes(found, usage)
-            if usage.provider_name is not None or usage.server_address is not None:
-                provider, address, port = chat.where
-                if usage.server_address is not None:
-                    address, port = usage.server_address, usage.server_port
-                chat.where = (usage.provider_name or provider, address, port)
-                self._known[chat.model] = chat.where
+            self._learn(chat, usage)
         turn.where = chat.where
         if record.event == "ModelReplied":
-            replied = cause if type(cause) is ModelReplied else None
-            if replied is not None:
-                turn.replied = replied
-                reply = replied.reply
+            reason = usage.finish_reason if usage is not None else None
+            if type(cause) is ModelReplied:
+                turn.replied = cause
+                reply = cause.reply
                 if isinstance(reply, Mapping) and chat.where[0] == "openai":
                     _openai_attributes(found, reply)
                 if self._capture:
-                    reason = usage.finish_reason if usage is not None else None
-                    found[OUTPUT_MESSAGES] = _json(output_messages(replied, reason))
+                    found[OUTPUT_MESSAGES] = _json(output_messages(reply, cause.tool_calls, reason))
             elif self._capture and type(action) is Finish and action.reply is not None:
-                found[OUTPUT_MESSAGES] = _json(
-                    output_messages(ModelReplied(reply=action.reply), None)
-                )
+                found[OUTPUT_MESSAGES] = _json(output_messages(action.reply, (), reason))
             if found:
                 span.set_attributes(found)
             self._end_chat(chat, now, None)
@@ -628,6 +616,19 @@ class Telemetry:
             turn.deferred_chats.append((chat, now))
         else:
             self._end_chat(chat, now, category)
+
+    def _learn(self, chat: _Chat, usage: Usage) -> None:
+        """Take where the call went from its usage, and remember it for the next call
+        to the same model."""
+        if usage.provider_name is None and usage.server_address is None:
+            return
+        provider, address, port = chat.where
+        if usage.server_address is not None:
+            address, port = usage.server_address, usage.server_port
+        chat.where = (usage.provider_name or provider, address, port)
+        self._known[chat.model] = chat.where
+        if usage.provider_name is not None:
+            self._latest = usage.provider_name
 
     def _end_chat(self, chat: _Chat, end: int, error: str | None) -> None:
         """End the span and record the call's duration and tokens."""
@@ -858,7 +859,9 @@ class Telemetry:
                 _content_attributes(found, turn.first_call.request)
             if replied is not None:
                 reason = last.finish_reason if last is not None else None
-                found[OUTPUT_MESSAGES] = _json(output_messages(replied, reason))
+                found[OUTPUT_MESSAGES] = _json(
+                    output_messages(replied.reply, replied.tool_calls, reason)
+                )
         return found
 
     def _breaker(self, turn: _TurnSpans, finish: Finish, guard: str, now: int) -> None:
@@ -1213,24 +1216,28 @@ def _finish(reason: Any, calls: bool) -> str:
     return "tool_call" if calls else "stop"
 
 
-def output_messages(event: ModelReplied, finish_reason: str | None) -> list[dict[str, Any]]:
-    """A reply as the conventions' output messages (one per choice): an OpenAI chat
-    completion's choices, an Anthropic message's content blocks, a text; else the
-    event's tool calls, with the reply's JSON as a text part."""
+def output_messages(
+    reply: Any, tool_calls: Sequence[ToolCall] = (), finish_reason: str | None = None
+) -> list[dict[str, Any]]:
+    """A ``ModelReplied``'s ``reply`` (and ``tool_calls``) as the conventions' output
+    messages, one per choice: an OpenAI chat completion's choices, an Anthropic
+    message's content blocks, a text; else the tool calls, with the reply's text as a
+    text part. ``finish_reason`` is the usage's, for a reply that holds none."""
     try:
-        return _output_messages(event, finish_reason)
+        return _output_messages(reply, tool_calls, finish_reason)
     except Exception:
         return [
             {
                 "role": "assistant",
-                "parts": [_text_part(event.reply)],
+                "parts": [_text_part(reply)],
                 "finish_reason": _finish(finish_reason, False),
             }
         ]
 
 
-def _output_messages(event: ModelReplied, finish_reason: str | None) -> list[dict[str, Any]]:
-    reply = event.reply
+def _output_messages(
+    reply: Any, tool_calls: Sequence[ToolCall], finish_reason: str | None
+) -> list[dict[str, Any]]:
     dump = getattr(reply, "model_dump", None)
     if not isinstance(reply, Mapping | str) and reply is not None and callable(dump):
         reply = dump(mode="json")  # an SDK object the host kept as it came
@@ -1253,13 +1260,13 @@ def _output_messages(event: ModelReplied, finish_reason: str | None) -> list[dic
     parts = [] if reply is None else [_text_part(_text_of(reply))]
     parts.extend(
         {"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments}
-        for call in event.tool_calls
+        for call in tool_calls
     )
     return [
         {
             "role": "assistant",
             "parts": parts,
-            "finish_reason": _finish(finish_reason, bool(event.tool_calls)),
+            "finish_reason": _finish(finish_reason, bool(tool_calls)),
         }
     ]
 
