@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import json
+import textwrap
 from collections.abc import Sequence
 
 import attrs
@@ -244,7 +245,7 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
     lines = [
         "digraph trace {",
         f"  graph [rankdir=TB, nodesep=0.3, ranksep=0.45, fontname=Helvetica, "
-        f"fontsize=16, labelloc=t, label={_quote(title)}];",
+        f"fontsize=16, labelloc=t, label={_quote(chr(10).join(textwrap.wrap(title, 64)))}];",
         '  node [shape=rectangle, style="rounded,filled", fontname=Helvetica, fontsize=12];',
         "  edge [fontname=Helvetica, fontsize=11];",
         '  __start [label="", shape=point, width=0.15];',

@@ -50,8 +50,8 @@ The vendor's code (or error type), HTTP status and body are kept on the
 copied onto ``retry_after_seconds``, and without one the body's own delay (Gemini's
 ``RetryInfo.retryDelay``, ``specs/retry-after.md``); an HTTP-date is measured against
 the ``wall`` time ``classify`` is given (``None``: left in the headers, for the engine
-to measure against the wall time of the step that takes the error). Nothing here raises: input
-that matches no shape is ``unknown``, carrying its ``repr``.
+to measure against the wall time of the step that takes the error). Nothing here
+raises: input that matches no shape is ``unknown``, carrying its ``repr``.
 """
 
 from __future__ import annotations
@@ -523,6 +523,7 @@ class _Fields:
     """Its code: ``error.code`` as text, Gemini's ``status``, Anthropic's
     ``details.error_code``."""
     message: str | None = None
+    """What the server says, when it says it in text."""
     problems: Any = None
     """A ``message`` or ``detail`` that is an object or a list (a validator's problems:
     FastAPI's 422, Mistral's), shown but never read."""
