@@ -216,10 +216,11 @@ def _embedded() -> list[Path]:
 @pytest.mark.requirement("ER-163")
 def test_the_docs_diagrams_read_at_page_width() -> None:
     """Each SVG the docs show is at most 1,200 px wide at 96 dpi with labels of at
-    least 9 px: the machine, every category view and the drawn incident."""
+    least 9 px: the machine, every category view and the drawn incident (its timeline and
+    its machine drawing)."""
     shown = _embedded()
     names = {p.name for p in shown}
-    assert {"turn.svg", "incident.svg"} <= names
+    assert {"turn.svg", "incident.svg", "incident-timeline.svg"} <= names
     assert {f"{v.name}.svg" for v in views() if v.name.startswith("category-")} <= names
     for path in shown:
         width, smallest, texts = measure(path.read_text(encoding="utf-8"))

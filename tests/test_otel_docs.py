@@ -46,6 +46,9 @@ def test_the_pages_show_a_real_run_and_a_drawn_incident() -> None:
         assert needle in telemetry
     incident = files["docs/incident.md"]
     assert "![the incident drawn on the machine](incident.svg)" in incident
+    assert "![the incident as a timeline](incident-timeline.svg)" in incident
+    assert files["docs/incident-timeline.svg"].startswith("<svg")
+    assert "retries_exhausted" in files["docs/incident-timeline.svg"]
     assert "13: ModelFailed [transient] / Finish(retries_exhausted)" in incident
 
 

@@ -176,7 +176,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/io/_router.py": _DRIVERS,
     "statemachine/io/_mcp.py": ("tests/test_mcp_crash.py",),
     "statemachine/io/_procwatch.py": ("tests/test_mcp_crash.py",),
-    "statemachine/io/_otel.py": ("tests/test_otel.py", "tests/test_otel_docs.py"),
+    "statemachine/io/_otel.py": (
+        "tests/test_otel.py",
+        "tests/test_otel_docs.py",
+        "tests/test_otel_genai.py",
+        "tests/test_otel_provider.py",
+    ),
     "statemachine/io/_trace_file.py": (
         "tests/test_trace_draw.py",
         "tests/test_simulate.py",
@@ -594,11 +599,13 @@ def select(
 
 
 def default_tests(module: str) -> tuple[str, ...]:
-    """The fast tests for ``module``, plus its ``tests/test_mutation_<name>.py`` if any."""
+    """The fast tests for ``module``, after its ``tests/test_mutation_<name>.py`` if any
+    (first: its tests are aimed at the module's mutants, so a kill comes sooner under
+    ``-x``)."""
     tests = DEFAULT_TESTS.get(module, FALLBACK_TESTS)
     extra = REPO / "tests" / f"test_mutation_{Path(module).stem.lstrip('_')}.py"
     if extra.exists():
-        tests = (*tests, f"tests/{extra.name}")
+        tests = (f"tests/{extra.name}", *(t for t in tests if t != f"tests/{extra.name}"))
     return tests
 
 
