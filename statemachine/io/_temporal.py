@@ -687,6 +687,44 @@ async def session_loop(
     return report(session, data.runs, holder.reply)
 
 
+_COUNTS = {"sleep_through_deferred": 0, "turns_per_run": 1, "runs": 0, "deferred": 0}
+"""The input's count fields and the least value each may take."""
+
+
+def check_input(data: SessionInput) -> SessionInput:
+    """``data`` if its fields hold what the workflow can run with, else
+    ``ConfigError`` naming the first field that does not (a bug error: it fails the
+    workflow, where a failing workflow task would be retried forever)."""
+    for name, least in _COUNTS.items():
+        value = getattr(data, name)
+        # a bool is an int here: the first release's sleep_through_deferred was a bool
+        if not isinstance(value, int) or value < least:
+            raise ConfigError(f"SessionInput.{name}: must be an int >= {least}, got {value!r:.60}")
+    if not isinstance(data.settings, dict):
+        raise ConfigError(f"SessionInput.settings: must be a table, got {data.settings!r:.60}")
+    if data.snapshot is not None and not isinstance(data.snapshot, dict):
+        raise ConfigError(f"SessionInput.snapshot: must be a table, got {data.snapshot!r:.60}")
+    if not isinstance(data.turns, list):
+        raise ConfigError(f"SessionInput.turns: must be a list, got {data.turns!r:.60}")
+    if data.seed is not None and type(data.seed) is not int:
+        raise ConfigError(f"SessionInput.seed: must be an int or None, got {data.seed!r:.60}")
+    for name in ("session_id", "task_queue"):
+        value = getattr(data, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(
+                f"SessionInput.{name}: must be a non-empty str or None, got {value!r:.60}"
+            )
+    timeout = data.activity_timeout_s
+    if timeout is not None and (
+        type(timeout) not in (int, float) or not 0 < timeout < float("inf")
+    ):
+        raise ConfigError(
+            "SessionInput.activity_timeout_s: must be a finite number > 0 or None, "
+            f"got {timeout!r:.60}"
+        )
+    return data
+
+
 def activity_options(data: SessionInput) -> ActivityOptions:
     """The activity options the ready-made workflow uses for ``data``."""
     return ActivityOptions(
@@ -722,6 +760,7 @@ class SessionWorkflow:
     @workflow.run
     async def run(self, data: SessionInput) -> Report:
         """Run the session (see the class docstring)."""
+        data = check_input(data)
         self._runs = data.runs
         io = _Activities(activity_options(data), settings_of(data))
         outcome = await session_loop(data, io, workflow.info().workflow_id, self._holder)

@@ -35,6 +35,7 @@ from temporalio.converter import DataConverter
 from ..core._actions import Assemble, CallModel
 from ..core._codec import decode, encode
 from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied
+from ..core._exceptions import ConfigError, InvalidValue
 from ..core._settings import Settings
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ._temporal import (
@@ -44,10 +45,12 @@ from ._temporal import (
     INVOKE,
     MODEL_TIMED_OUT,
     TOOL_TIMED_OUT,
+    WORKFLOW,
     Continue,
     Conversation,
     Holder,
     SessionInput,
+    check_input,
     context_event,
     model_event,
     session_loop,
@@ -275,9 +278,23 @@ class _History:
         """The event that closed the run, if it is closed."""
         return next((e for e in reversed(self._events) if e.event_type in _ENDS), None)
 
-    def input_of(self, event: HistoryEvent, field: str) -> Any:
+    def input_of(self, event: HistoryEvent, field: str) -> SessionInput:
+        """The :class:`SessionInput` an event carries, or ``ValueError`` saying what
+        is wrong with it."""
+        what = "the start event" if event.event_id == 1 else f"event {event.event_id}"
         payloads = list(getattr(event, field).input.payloads)
-        return self._converter.from_payloads(payloads, [SessionInput])[0]
+        if len(payloads) != 1:
+            raise ValueError(
+                f"history: {what} carries {len(payloads)} inputs, not one SessionInput"
+            )
+        try:
+            (data,) = self._converter.from_payloads(payloads, [SessionInput])
+        except Exception as exc:  # the converter's TypeError, or a codec's own error
+            raise ValueError(f"history: {what}'s input is not a SessionInput ({exc})") from None
+        try:
+            return check_input(data)
+        except ConfigError as exc:
+            raise ValueError(f"history: {what}'s input: {exc}") from None
 
     def result_of(self, event: HistoryEvent) -> Any:
         return self._payload(event.workflow_execution_completed_event_attributes)
@@ -303,12 +320,42 @@ def _described(event: HistoryEvent) -> str:
     return EventType.Name(event.event_type)
 
 
-def _history(history: WorkflowHistory | str | Mapping[str, Any]) -> list[HistoryEvent]:
+def _history(history: object) -> list[HistoryEvent]:
+    """The events of ``history``, or ``ValueError`` saying why it is not a history."""
     if isinstance(history, WorkflowHistory):
         return list(history.events)
-    if isinstance(history, Mapping):
-        history = dict(history)
-    return list(WorkflowHistory.from_json("", history).events)
+    if isinstance(history, str):
+        try:
+            history = json.loads(history)
+        except ValueError as exc:
+            raise ValueError(f"history: the text is not JSON ({exc})") from None
+    elif not isinstance(history, Mapping):
+        raise InvalidValue(
+            "history: expected a WorkflowHistory or its JSON (text or parsed), "
+            f"got {type(history).__name__}"
+        )
+    if not isinstance(history, Mapping):
+        raise InvalidValue(
+            f"history: the JSON must be an object holding 'events', got {type(history).__name__}"
+        )
+    try:
+        return list(WorkflowHistory.from_json("", dict(history)).events)
+    except Exception as exc:  # protobuf's ParseError and the SDK's own checks alike
+        raise ValueError(f"history: not a Temporal history ({exc})") from None
+
+
+def _start(events: list[HistoryEvent]) -> HistoryEvent:
+    """The run's start event, if it starts a :data:`WORKFLOW` run."""
+    if not events or events[0].event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        raise ValueError("history: the first event must be WorkflowExecutionStarted")
+    start = events[0]
+    kind = start.workflow_execution_started_event_attributes.workflow_type.name
+    if kind != WORKFLOW:
+        raise ValueError(
+            f"history: a {kind!r} workflow's; check_replay replays {WORKFLOW!r} "
+            "(SessionWorkflow) histories only"
+        )
+    return start
 
 
 def _run(coro: Any) -> Any:
@@ -340,12 +387,19 @@ def check_replay(
     the history (a ``WorkflowHistory``'s, or the start event's); pass ``workflow_id``
     for a JSON history from a server that does not record it. ``data_converter`` must
     be the one the workflow ran with.
+
+    Raises ``ValueError`` naming what is wrong when ``history`` is not a Temporal
+    history, is another workflow type's, or its start (or continue-as-new) event
+    does not carry one valid :class:`SessionInput` (none, several, a string...).
     """
     events = _history(history)
-    if not events or events[0].event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-        raise ValueError("history: the first event must be WorkflowExecutionStarted")
+    start = _start(events)
+    if settings is not None and not isinstance(settings, Settings):
+        raise InvalidValue(f"settings: must be a Settings or None, got {settings!r:.60}")
+    if seed is not None and type(seed) is not int:
+        raise InvalidValue(f"seed: must be an int or None, got {seed!r:.60}")
     recorded = _History(events, data_converter or DataConverter.default)
-    data: SessionInput = recorded.input_of(events[0], "workflow_execution_started_event_attributes")
+    data = recorded.input_of(start, "workflow_execution_started_event_attributes")
     data = _override(data, settings, seed)
     if workflow_id is None:
         workflow_id = events[0].workflow_execution_started_event_attributes.workflow_id
