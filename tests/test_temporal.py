@@ -234,10 +234,58 @@ def test_each_error_category_reacts_as_the_engine_does_in_process(
         assert timers_s(events) == pytest.approx(waits, abs=1e-9)
         calls = len(scheduled(events, smt.COMPLETE))
         assert calls == 1 + retries + (category == "context_length_exceeded")
-        assert result.status == ("completed" if status == "completed" else None)
+        assert result.status == ("completed" if status == "completed" else "failed")
 
     async def body() -> None:
         await asyncio.gather(*(one(*case) for case in CATEGORIES))
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-191")
+def test_a_session_that_ended_failed_can_fail_the_workflow(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """An auth error ends the conversation: by default the workflow completes with a
+    report whose status is ``failed`` (never ``None``, which means "can go on"); with
+    ``fail_workflow`` the workflow fails (``SessionFailed``, the report as details),
+    so an operator can filter it, and a limit's ending fails it too. Both histories
+    check clean; a completed session completes the workflow either way."""
+    auth = {"fail": "auth_error"}
+
+    async def body() -> None:
+        plain = await start(skipping, support.session_input(auth), "auth-plain")
+        failing = await start(
+            skipping, support.session_input(auth, fail_workflow=True), "auth-fail"
+        )
+        limited = await start(
+            skipping,
+            support.session_input({"tool_turns": 9}, sm.Settings(max_turns=2), fail_workflow=True),
+            "limit-fail",
+        )
+        fine = await start(skipping, support.session_input({}, fail_workflow=True), "ok-fail")
+        report = await plain.result()
+        assert (report.status, report.last_turn) == ("failed", "auth_error")
+        assert (await plain.describe()).status.name == "COMPLETED"
+        for handle, status in ((failing, "failed"), (limited, "error_max_turns")):
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            cause = failure.value.cause
+            assert isinstance(cause, ApplicationError)
+            assert (cause.type, cause.non_retryable) == ("SessionFailed", True)
+            assert cause.details[0]["status"] == status
+            assert (await handle.describe()).status.name == "FAILED"
+            queried = await handle.query("status", result_type=smt.Report)
+            assert queried.status == status
+            assert smt.check_replay(await handle.fetch_history()) is None
+        assert (await fine.result()).status == "completed"
+        assert smt.check_replay(await plain.fetch_history()) is None
+        bad = await start(skipping, smt.SessionInput(turns_per_run=0), "bad-input")
+        with pytest.raises(WorkflowFailureError) as failure:
+            await bad.result()
+        assert isinstance(failure.value.cause, ApplicationError)
+        assert failure.value.cause.type == "ConfigError"
+        assert "SessionInput.turns_per_run" in str(failure.value.cause)
 
     run(runner, body())
 
@@ -304,7 +352,7 @@ def test_a_deferred_retry_can_sleep_durably_until_retry_at(
             skipping, support.session_input(prompt, sleep_through_deferred=2), "durable"
         )
         ended, slept = await plain.result(), await durable.result()
-        assert (ended.last_turn, ended.turns, ended.status) == ("retry_deferred", 1, None)
+        assert (ended.last_turn, ended.turns, ended.status) == ("retry_deferred", 1, "failed")
         assert (slept.last_turn, slept.turns, slept.status) == ("completed", 2, "completed")
         events = await support.history_events(skipping, durable.id)
         (timer,) = timers_s(events)
@@ -401,6 +449,7 @@ def test_cancelling_the_workflow_cancels_the_turn_and_the_query_shows_it(
         assert isinstance(failure.value.cause, CancelledError)
         after = await handle.query("status", result_type=smt.Report)
         assert (after.last_turn, after.state, after.retries) == ("cancelled", "failed", 1)
+        assert after.status == "cancelled"
         assert smt.check_replay(await handle.fetch_history()) is None
 
     run(runner, body())

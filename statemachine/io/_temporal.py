@@ -537,8 +537,13 @@ class SessionInput:
     durable sleep until their ``retry_at`` and a new turn, instead of ending the
     workflow (0: none; the count bounds a server that keeps deferring).
     ``turns_per_run``: continue-as-new after this many turns in one run (Temporal's
-    own suggestion is followed too). ``snapshot``, ``turns`` and ``runs`` are what
-    continue-as-new carries; leave them out.
+    own suggestion is followed too). ``fail_workflow``: a session that ends with any
+    status but ``completed`` (``failed``, or a limit's ``error_*``) fails the
+    workflow (``ApplicationError`` of type ``SessionFailed``, the :class:`Report` as
+    its details) instead of completing it with the report; off by default, because
+    a failed workflow has no result: every host reading ``handle.result()`` would
+    have to change. ``snapshot``, ``turns`` and ``runs`` are what continue-as-new
+    carries; leave them out.
     """
 
     prompt: Any = None
@@ -549,6 +554,7 @@ class SessionInput:
     turns_per_run: int = 50
     task_queue: str | None = None
     activity_timeout_s: float | None = None
+    fail_workflow: bool = False
     snapshot: dict[str, Any] | None = None
     turns: list[Any] = dataclasses.field(default_factory=list)
     runs: int = 0
@@ -562,10 +568,14 @@ class Report:
     """The session's counters and state: the ``status`` query's answer and the
     workflow's result.
 
-    ``status`` is the session's status (``completed`` once the model answered, a
-    limit's status, ``None`` while it can go on); ``last_turn`` the last finished
-    turn's status; ``state`` the current turn's state; ``runs`` how many times the
-    workflow continued as new. ``reply`` is the last turn's reply.
+    ``status`` is the session's status: ``completed`` once the model answered, a
+    limit's status after its final-answer turn, ``failed`` once a turn ended the
+    conversation (``auth_error``, ``retries_exhausted``, a ``retry_deferred`` the
+    workflow does not sleep through...: ``last_turn`` says which), ``cancelled``
+    once the workflow was cancelled, and ``None`` only while it can go on;
+    ``last_turn`` the last finished turn's status; ``state`` the current turn's
+    state; ``runs`` how many times the workflow continued as new. ``reply`` is the
+    last turn's reply.
     """
 
     status: str | None
@@ -669,7 +679,12 @@ async def session_loop(
         turn = session.current_turn
         if turn is None or turn.done:
             turn = session.new_turn()
-        finish = await drive(turn, io, Conversation(data.prompt, tuple(turns)))
+        try:
+            finish = await drive(turn, io, Conversation(data.prompt, tuple(turns)))
+        except asyncio.CancelledError:
+            if session.status is None:
+                session.end(SessionStatus.CANCELLED, reason="the workflow was cancelled")
+            raise
         turns.append(turn_record(finish, turn.index))
         holder.reply = finish.reply
         ran += 1
@@ -681,6 +696,8 @@ async def session_loop(
             retry_at = finish.retry_at if finish.retry_at is not None else io.now()
             await io.sleep(max(0.0, retry_at - io.now()))
         elif finish.status not in _GOES_ON:
+            if session.status is None:  # the conversation cannot go on: Report.status says so
+                session.end(SessionStatus.FAILED, reason=f"a turn ended {finish.status.value}")
             break
         if session.status is None and (ran >= data.turns_per_run or io.continue_as_new_suggested()):
             return Continue(session.snapshot(), turns, deferred)
@@ -700,6 +717,10 @@ def check_input(data: SessionInput) -> SessionInput:
         # a bool is an int here: the first release's sleep_through_deferred was a bool
         if not isinstance(value, int) or value < least:
             raise ConfigError(f"SessionInput.{name}: must be an int >= {least}, got {value!r:.60}")
+    if not isinstance(data.fail_workflow, bool):
+        raise ConfigError(
+            f"SessionInput.fail_workflow: must be a bool, got {data.fail_workflow!r:.60}"
+        )
     if not isinstance(data.settings, dict):
         raise ConfigError(f"SessionInput.settings: must be a table, got {data.settings!r:.60}")
     if data.snapshot is not None and not isinstance(data.snapshot, dict):
@@ -723,6 +744,26 @@ def check_input(data: SessionInput) -> SessionInput:
             f"got {timeout!r:.60}"
         )
     return data
+
+
+FAILED_SESSION = "SessionFailed"
+"""The type of the ``ApplicationError`` a session that ended failed fails the
+workflow with (``SessionInput.fail_workflow``)."""
+
+
+def fails_workflow(data: SessionInput, outcome: Report) -> bool:
+    """Whether the run of ``data`` that ended with ``outcome`` fails the workflow."""
+    return data.fail_workflow and outcome.status not in (None, SessionStatus.COMPLETED.value)
+
+
+def session_failed(outcome: Report) -> ApplicationError:
+    """The error a session that ended failed fails the workflow with."""
+    return ApplicationError(
+        f"the session ended {outcome.status} (its last turn: {outcome.last_turn})",
+        dataclasses.asdict(outcome),
+        type=FAILED_SESSION,
+        non_retryable=True,
+    )
 
 
 def activity_options(data: SessionInput) -> ActivityOptions:
@@ -774,6 +815,8 @@ class SessionWorkflow:
                     deferred=outcome.deferred,
                 )
             )
+        if fails_workflow(data, outcome):
+            raise session_failed(outcome)
         return outcome
 
     @workflow.query(name="status")

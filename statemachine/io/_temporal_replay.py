@@ -42,6 +42,7 @@ from ._temporal import (
     ASSEMBLE,
     BUG_ERRORS,
     COMPLETE,
+    FAILED_SESSION,
     INVOKE,
     MODEL_TIMED_OUT,
     TOOL_TIMED_OUT,
@@ -52,6 +53,7 @@ from ._temporal import (
     SessionInput,
     check_input,
     context_event,
+    fails_workflow,
     model_event,
     session_loop,
     timed_out_model,
@@ -422,11 +424,23 @@ def check_replay(
         return Drift(recorded.index, extra[0].event_id, "no more commands", _described(extra[0]))
     if end is None:
         return None
-    return _compare_end(recorded, end, outcome)
+    return _compare_end(recorded, end, outcome, data)
 
 
-def _compare_end(recorded: _History, end: HistoryEvent, outcome: Any) -> Drift | None:
+def _compare_end(
+    recorded: _History, end: HistoryEvent, outcome: Any, data: SessionInput
+) -> Drift | None:
     index = recorded.index
+    if not isinstance(outcome, Continue) and fails_workflow(data, outcome):
+        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            return Drift(
+                index, end.event_id, f"the run to fail ({FAILED_SESSION})", _described(end)
+            )
+        failure = end.workflow_execution_failed_event_attributes.failure
+        kind = failure.application_failure_info.type
+        if kind != FAILED_SESSION:
+            return Drift(index, end.event_id, f"a {FAILED_SESSION} failure", f"a {kind!r} failure")
+        return None
     if isinstance(outcome, Continue):
         if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
             return Drift(index, end.event_id, "continue-as-new", _described(end))
