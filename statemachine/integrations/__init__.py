@@ -1,0 +1,17 @@
+"""Drop-in integrations: the engine where an agent framework calls its model.
+
+* :mod:`statemachine.integrations.pydantic_ai`: ``EngineModel``, a pydantic-ai model
+  (``pip install 'turnstate[pydantic-ai]'``);
+* :mod:`statemachine.integrations.openai_agents`: ``EngineModel`` and
+  ``EngineModelProvider`` for the OpenAI Agents SDK (``pip install
+  'turnstate[openai-agents]'``).
+
+Each framework request is one engine turn: the engine decides the retries, the waits,
+the fallbacks and the context reductions, and a turn it ends without a reply reaches
+the caller as :class:`TurnFailed` naming the status. Importing this package imports
+no framework. See ``docs/integrations.md``.
+"""
+
+from ._bridge import TurnFailed
+
+__all__ = ["TurnFailed"]
