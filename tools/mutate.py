@@ -169,6 +169,7 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/store/_bytes.py": _STORE,
     "statemachine/store/_core.py": _STORE,
     "statemachine/store/_errors.py": _STORE,
+    "statemachine/store/_ending.py": ("tests/test_store_ending.py",),
     "statemachine/store/_redis.py": ("tests/test_store_redis.py",),
     "statemachine/io/_drivers.py": _DRIVERS,
     "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py"),

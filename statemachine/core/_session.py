@@ -41,7 +41,7 @@ from ._engine import (
     trace_record,
     wall_reading,
 )
-from ._exceptions import ConfigError, IllegalEvent, SessionEnded
+from ._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ._json_data import finite, json_problem
 from ._reachable import check_reachable
 from ._settings import Settings
@@ -55,7 +55,7 @@ from ._state import (
     shift_fits,
     shift_state,
 )
-from ._table import TERMINAL_STATES
+from ._table import IDLE, TERMINAL_STATES
 from ._taxonomy import END_STATUSES, SessionStatus, TurnStatus
 from ._trace import TraceRecord
 
@@ -255,8 +255,10 @@ class Session:
 
         For ``cancelled`` and ``failed`` a running turn is cancelled first (its
         :class:`Finish`, ``cancelled``, is returned) and every live child session
-        (:meth:`spawn`) ends ``cancelled`` too. ``completed`` with a turn running
-        raises :class:`TurnInProgress`. Afterwards ``status`` is the given one and
+        (:meth:`spawn`) ends ``cancelled`` too. ``completed`` with a turn running, or
+        while a live child's (or any descendant's) turn runs, raises
+        :class:`TurnInProgress` and changes nothing: a finished parent would still be
+        charged by it. Afterwards ``status`` is the given one and
         ``new_turn()`` raises :class:`SessionEnded`; ending an ended session raises it.
         ``at`` is when (default: the clock's reading).
         """
@@ -272,7 +274,30 @@ class Session:
             )
         if not isinstance(reason, str) or json_problem(reason) is not None:
             raise ValueError(f"reason: must be valid text, got {reason!r:.60}")
+        if chosen is SessionStatus.COMPLETED and self._core.state.status is None:
+            running = self._running_child()
+            if running is not None:
+                raise TurnInProgress(
+                    f"child session {running.session_id!r} is running a turn (state "
+                    f"{running.current_turn.state!r}): a session completes when no child's "  # type: ignore[union-attr]
+                    "turn runs; end it cancelled or failed to abandon its children's turns"
+                )
         return self._core.end(chosen, reason, self._now(at, "end()"))
+
+    def _running_child(self, depth: int = 0) -> Session | None:
+        """A live descendant whose turn is running, if any."""
+        for ref in self._core.children or ():
+            child: Session | None = ref()
+            if child is None or child.status is not None:
+                continue
+            turn = child.current_turn
+            if turn is not None and turn.state != IDLE and not turn.done:
+                return child
+            # the tree is this class's own: a child is walked as this session is
+            found = child._running_child(depth + 1) if depth < 64 else None  # noqa: SLF001
+            if found is not None:
+                return found
+        return None
 
     def spawn(
         self,

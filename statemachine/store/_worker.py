@@ -29,7 +29,7 @@ from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInPr
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
 from ..core._state_text import TextCache
-from ..core._taxonomy import ToolErrorCategory
+from ..core._taxonomy import SessionStatus, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ._bytes import BytesStore
@@ -310,7 +310,8 @@ class Advanced:
     the host owes an event for: the action the event produced (``APPLIED``) or the
     stored turn's pending one; a :class:`~statemachine.Finish` (or ``None``
     before the first turn) means the next call starts a turn. ``interrupted``
-    holds the outcomes a ``resume`` synthesized for calls lost with a worker.
+    holds the outcomes a ``resume`` synthesized for calls lost with a worker;
+    ``ended`` the ids of the child sessions an :meth:`Worker.end` ended with it.
     """
 
     status: AdvanceStatus
@@ -318,6 +319,7 @@ class Advanced:
     version: int
     action: Action | None
     interrupted: tuple[ToolOutcome, ...] = ()
+    ended: tuple[str, ...] = ()
 
     @property
     def session(self) -> Session:
@@ -1152,6 +1154,35 @@ class Worker:
         handout = self._handout(session_id, done)
         self._remember(session_id, done)
         return Advanced(AdvanceStatus.APPLIED, handout, version, action, interrupted)
+
+    def end(
+        self,
+        session_id: str,
+        status: SessionStatus | str,
+        *,
+        expected_version: int,
+        reason: str = "",
+        key: str | None = None,
+    ) -> Advanced:
+        """End the session on purpose, as ``Session.end`` does in one process:
+        ``completed``, ``cancelled`` or ``failed``, written over ``expected_version``
+        (compare-and-set; ``CONFLICT`` / ``DUPLICATE`` as :meth:`advance`).
+
+        ``cancelled`` / ``failed`` cancel a running turn (the result's action is its
+        ``Finish``; a claim on its tool calls is dropped) and end every live child
+        session in the store ``cancelled``, down the tree, whichever worker holds it
+        (each by its own compare-and-set, retried on a conflict; the ids are in
+        ``ended``); a worker stepping such a child gets ``CONFLICT`` with the child
+        ended. ``completed`` raises ``TurnInProgress`` and writes nothing while the
+        session's turn or any descendant's runs. Ending an ended session again with
+        the same status is ``UNCHANGED`` and finishes a cascade a dead worker left
+        half done; with another status it raises ``SessionEnded``.
+        """
+        from ._ending import end  # noqa: PLC0415 - it builds on this module
+
+        return end(
+            self, session_id, status, expected_version=expected_version, reason=reason, key=key
+        )
 
     def delete(self, session_id: str) -> bool:
         """Remove the session's record; whether there was one."""
