@@ -216,3 +216,415 @@ def test_the_final_answer_turn_of_a_limit_restores_and_its_flags_are_checked() -
     retried["turn"]["attempt"] = 1
     with pytest.raises(sm.SnapshotError):
         sm.Session.restore(retried, clock=ManualClock())
+
+
+def _snap(session: sm.Session) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(session.snapshot()))
+    return data
+
+
+def _fresh() -> dict[str, Any]:
+    """A session with no turn yet."""
+    return _snap(sm.Session(sm.Settings(), seed=1, clock=ManualClock()))
+
+
+def _running() -> dict[str, Any]:
+    """A turn waiting for the model's reply."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    return _snap(session)
+
+
+def _ended_by_max_turns() -> dict[str, Any]:
+    """``max_turns=1``: a turn, then the final-answer turn, finished: the session's
+    status is the limit."""
+    session = sm.Session(sm.Settings(max_turns=1), seed=1, clock=ManualClock())
+    for request in ({"m": 1}, {"m": 2}):
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled(request, 5))
+        turn.send(sm.ModelReplied())
+    assert session.status is sm.SessionStatus.ERROR_MAX_TURNS
+    return _snap(session)
+
+
+def _doomed() -> dict[str, Any]:
+    """Three turns asking for the same tool call: the doom loop fired (threshold 3),
+    the final-answer turn not started yet."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), session_id="d")
+    for i in range(3):
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled({"m": i}, 5))
+        turn.send(sm.ModelReplied(tool_calls=[sm.ToolCall(f"c{i}", "fs", "read", {"p": 1})]))
+        turn.send(sm.ToolsDone((sm.ToolOutcome(f"c{i}", True, "ok"),)))
+    assert session.limit_reached is sm.SessionStatus.ERROR_DOOM_LOOP
+    return _snap(session)
+
+
+def _two_doomed_calls() -> dict[str, Any]:
+    """Two turns asking for the same tool call: a doom run of 2, under the threshold."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), session_id="d")
+    for i in range(2):
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled({"m": i}, 5))
+        turn.send(sm.ModelReplied(tool_calls=[sm.ToolCall(f"c{i}", "fs", "read", {"p": 1})]))
+        turn.send(sm.ToolsDone((sm.ToolOutcome(f"c{i}", True, "ok"),)))
+    return _snap(session)
+
+
+def _child() -> dict[str, Any]:
+    """A child of a parent with ``max_cost_usd=10``: it spent 1.0, and read its
+    ancestors' budget (9.0 left) at that spend."""
+    parent = sm.Session(sm.Settings(max_cost_usd=10), seed=1, clock=ManualClock(), session_id="p")
+    child = parent.spawn()
+    turn = child.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied(cost=1.0))
+    return _snap(child)
+
+
+def _doom_checked() -> dict[str, Any]:
+    """A host's doom check over windows of 3 calls (never fired): one turn asked for
+    two different calls, so the window holds 2 and the check is 1 call away."""
+    session = sm.Session(
+        sm.Settings(doom_check_window=3, doom_loop_threshold=50),
+        seed=1,
+        clock=ManualClock(),
+        doom_check=lambda window: False,
+    )
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    calls = [sm.ToolCall("c1", "fs", "read", {"p": 1}), sm.ToolCall("c2", "fs", "read", {"p": 2})]
+    turn.send(sm.ModelReplied(tool_calls=calls))
+    turn.send(sm.ToolsDone(tuple(sm.ToolOutcome(c.id, True, "ok") for c in calls)))
+    data = _snap(session)
+    assert (len(data["doom_window"]), data["doom_since"]) == (2, 2)
+    return data
+
+
+def _idle() -> dict[str, Any]:
+    """A turn made but not started."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    session.new_turn()
+    return _snap(session)
+
+
+def _conflicted(reinvoked: bool = False) -> dict[str, Any]:
+    """A tool round where ``c1`` conflicted and ``c2`` succeeded: backing off before
+    re-invoking ``c1`` (or, ``reinvoked``, invoking it again alone)."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    calls = [sm.ToolCall("c1", "fs", "write", {"p": 1}), sm.ToolCall("c2", "fs", "read", {"p": 2})]
+    turn.send(sm.ModelReplied(tool_calls=calls))
+    conflict = sm.ToolErrorCategory.CONCURRENCY_CONFLICT
+    turn.send(
+        sm.ToolsDone(
+            (
+                sm.ToolOutcome("c1", False, "busy", category=conflict),
+                sm.ToolOutcome("c2", True, "ok"),
+            )
+        )
+    )
+    if reinvoked:
+        turn.send(sm.WaitDone())
+    data = _snap(session)
+    assert data["turn"]["pending"] == ["c1"]
+    assert data["turn"]["state"] == ("invoking_tools" if reinvoked else "backing_off_tools")
+    return data
+
+
+def _reinvoked() -> dict[str, Any]:
+    return _conflicted(reinvoked=True)
+
+
+def _in_turn(**fields: Any) -> Forgery:
+    return lambda d: d["turn"].update(fields)
+
+
+def _set(**fields: Any) -> Forgery:
+    return lambda d: d.update(fields)
+
+
+def _set_settings(**fields: Any) -> Forgery:
+    return lambda d: d["settings"].update(fields)
+
+
+def _both(first: Forgery, second: Forgery) -> Forgery:
+    def forge(d: dict[str, Any]) -> None:
+        first(d)
+        second(d)
+
+    return forge
+
+
+SESSION_FORGED: dict[str, tuple[Callable[[], dict[str, Any]], Forgery, str]] = {
+    "a limit that is no limit's status": (
+        _ended_by_max_turns,
+        _set(limit="completed"),
+        r"^limit: completed is not a limit's status$",
+    ),
+    "a host's end over a final-answer turn that ended with its limit": (
+        _ended_by_max_turns,
+        _set(status="completed"),
+        r"^status: completed, but the final-answer turn ended it with its limit$",
+    ),
+    "a host's end while a turn still runs": (
+        _running,
+        _set(status="cancelled"),
+        r"^status: cancelled, but turn 1 is still calling$",
+    ),
+    "max_turns fired with max_turns unset": (
+        _ended_by_max_turns,
+        _set_settings(max_turns=None),
+        r"^limit: error_max_turns fired but settings\.max_turns is unset$",
+    ),
+    "a wall-clock limit fired with no wall-clock bound, in a child with a budget above": (
+        _child,
+        _set(limit="error_max_wall_clock"),
+        r"^limit: error_max_wall_clock fired but settings\.max_wall_clock_s is unset$",
+    ),
+    "a budget limit fired below the budget": (
+        _child,
+        _set(limit="error_max_budget_usd"),
+        r"^limit: error_max_budget_usd fired at a spend of 1\.0$",
+    ),
+    "a doom run at the threshold, no limit": (
+        _doomed,
+        _set(limit=None),
+        r"^doom_run: 3 identical calls in a row, but no limit has fired$",
+    ),
+    "a limit's status with no final-answer turn run": (
+        _doomed,
+        _set(status="error_doom_loop"),
+        r"^status: the session ended, but not with a finished final-answer turn$",
+    ),
+    "denials over the threshold": (
+        _snapshot,
+        _set(denials=6, limit="error_denial_breaker"),
+        r"^denials: 6 is over denial_threshold$",
+    ),
+    "a denial log with no denial window": (
+        _snapshot,
+        _set(denial_log="0"),
+        r"^denial_log: longer than denial_window \(None\)$",
+    ),
+    "a denial breaker fired under its count": (
+        _snapshot,
+        _set(limit="error_denial_breaker"),
+        r"^limit: error_denial_breaker fired, but the denials do not reach it$",
+    ),
+    "a doom window longer than doom_check_window": (
+        _doom_checked,
+        lambda d: d.__setitem__("doom_window", d["doom_window"] * 2),
+        r"^doom_window: longer than doom_check_window$",
+    ),
+    "a second-tier check overdue": (
+        _doom_checked,
+        _set(doom_since=3),
+        r"^doom_since: the second-tier check is overdue$",
+    ),
+    "an idle turn holding an attempt": (
+        _idle,
+        lambda d: d["turn"].__setitem__("attempt", 1),
+        r"^turn\.attempt: an idle turn holds nothing yet, got 1$",
+    ),
+    "a fallback count that is not the model index": (
+        _snapshot,
+        _in_turn(model_index=0),
+        r"^turn\.fallbacks: not one fallback per move down fallback_models$",
+    ),
+    "a final-answer turn that retried": (
+        _ended_by_max_turns,
+        _in_turn(attempt=1),
+        r"^turn\.attempt: the final-answer turn makes one attempt only$",
+    ),
+    "two calls of a reply sharing an id": (
+        _snapshot,
+        lambda d: d["turn"].__setitem__("calls", d["turn"]["calls"] * 2),
+        r"^turn\.calls: two calls in flight share an id$",
+    ),
+    "a call in flight that is not the reply's": (
+        _reinvoked,
+        lambda d: d["turn"]["in_flight"][0]["arguments"].__setitem__("p", 9),
+        r"^turn\.in_flight: a call that is not one of the reply's$",
+    ),
+    "an outcome for a call the reply did not ask for": (
+        _conflicted,
+        lambda d: d["turn"]["outcomes"][1].__setitem__("call_id", "c9"),
+        r"^turn\.outcomes: not one outcome per call of the reply$",
+    ),
+    "two outcomes for one call": (
+        _conflicted,
+        lambda d: d["turn"]["outcomes"][1].__setitem__("call_id", "c1"),
+        r"^turn\.outcomes: not one outcome per call of the reply$",
+    ),
+    "a pending call twice": (
+        _conflicted,
+        _in_turn(pending=["c1", "c1"]),
+        r"^turn\.pending: not distinct calls of the reply$",
+    ),
+    "a pending call the reply did not ask for": (
+        _conflicted,
+        _in_turn(pending=["c9"]),
+        r"^turn\.pending: not distinct calls of the reply$",
+    ),
+    "a pending call that did not conflict": (
+        _conflicted,
+        _in_turn(pending=["c1", "c2"]),
+        r"^turn\.pending: a call waits to be re-invoked, but did not conflict$",
+    ),
+    "backing off with nothing pending": (
+        _conflicted,
+        _in_turn(pending=[], conflict_attempt=0),
+        r"^turn\.pending: backing off with no conflicting call to re-invoke$",
+    ),
+    "backing off with no re-invocation counted": (
+        _conflicted,
+        _in_turn(conflict_attempt=0),
+        r"^turn\.pending: backing off with no conflicting call to re-invoke$",
+    ),
+    "re-invocations over max_conflict_retries": (
+        _conflicted,
+        _in_turn(conflict_attempt=4),
+        r"^turn\.conflict_attempt: 4 is over max_conflict_retries$",
+    ),
+    "re-invocations counted with nothing pending": (
+        _snapshot,
+        _in_turn(conflict_attempt=1),
+        r"^turn\.conflict_attempt: counts re-invocations, but no call is pending$",
+    ),
+    "a first tool round with an outcome already": (
+        _reinvoked,
+        _in_turn(pending=[], conflict_attempt=0),
+        r"^turn\.in_flight: a first tool round has every call in flight, no outcome yet$",
+    ),
+    "a re-invocation that is not the first pending call alone": (
+        _reinvoked,
+        lambda d: d["turn"].__setitem__("in_flight", d["turn"]["calls"]),
+        r"^turn\.in_flight: a re-invocation is the first pending call alone$",
+    ),
+    "a re-invocation before every call has an outcome": (
+        _reinvoked,
+        lambda d: d["turn"].__setitem__("outcomes", d["turn"]["outcomes"][:1]),
+        r"^turn\.in_flight: a re-invocation is the first pending call alone$",
+    ),
+    "a re-invocation with none counted": (
+        _reinvoked,
+        _in_turn(conflict_attempt=0),
+        r"^turn\.in_flight: a re-invocation is the first pending call alone$",
+    ),
+    "backing off before every call has an outcome": (
+        _conflicted,
+        lambda d: d["turn"].__setitem__("outcomes", d["turn"]["outcomes"][:1]),
+        r"^turn\.outcomes: backing off before every call has an outcome$",
+    ),
+    "calls pending in a finished turn": (
+        _conflicted,
+        _in_turn(state="completed"),
+        r"^turn\.pending: calls wait to be re-invoked in state 'completed'$",
+    ),
+    "reductions over max_context_reductions": (
+        _snapshot,
+        _in_turn(reductions=4),
+        r"^turn\.reductions: 4 is over max_context_reductions$",
+    ),
+    "a model index past the fallback chain": (
+        _snapshot,
+        _in_turn(model_index=1),
+        r"^turn\.model_index: 1 is out of range$",
+    ),
+    "a model index before the primary": (
+        _snapshot,
+        _in_turn(model_index=-2),
+        r"^turn\.model_index: -2 is out of range$",
+    ),
+    "an action missing": (
+        _snapshot,
+        lambda d: d["turn"]["actions"].pop(),
+        r"^turn\.actions: not one action per transition of turn\.path$",
+    ),
+    "a time missing": (
+        _snapshot,
+        lambda d: d["turn"]["times"].pop(),
+        r"^turn\.times: not one time per transition of turn\.path$",
+    ),
+    "a transition taken before the one it follows": (
+        _snapshot,
+        lambda d: d["turn"]["times"].__setitem__(0, 5.0),
+        r"^turn\.times: a transition was taken before the one it follows$",
+    ),
+    "a doom loop fired before any turn": (
+        _fresh,
+        _set(limit="error_doom_loop"),
+        r"^limit: error_doom_loop fired before any turn$",
+    ),
+    "waits taken with no jitter drawn": (
+        _snapshot,
+        _set(draws=0),
+        r"^waited_s: waits were taken, but no jitter was drawn$",
+    ),
+    "a doom run without its fingerprint": (
+        _two_doomed_calls,
+        _set(doom_last=None),
+        r"^doom_run: a run of identical calls needs its fingerprint, and only then$",
+    ),
+    "a fingerprint without a doom run": (
+        _running,
+        _set(doom_last="40d62018d8c48257259682e2"),
+        r"^doom_run: a run of identical calls needs its fingerprint, and only then$",
+    ),
+}
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize("name", sorted(SESSION_FORGED))
+def test_a_forged_session_field_is_refused_by_the_rule_it_breaks(name: str) -> None:
+    """The session-wide rules, each broken alone on a snapshot the engine wrote: the
+    rule's own message (so a rule skipped, whose state a later rule or nothing then
+    refuses, fails here), the snapshot left as it was."""
+    build, forge, message = SESSION_FORGED[name]
+    data = build()
+    assert _restores(copy.deepcopy(data))
+    forge(data)
+    before = copy.deepcopy(data)
+    with pytest.raises(sm.SnapshotError, match=message):
+        sm.Session.restore(data, clock=ManualClock())
+    assert data == before
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_doom_loop_that_fired_restores_and_a_run_under_the_threshold_needs_no_limit() -> None:
+    """The states either side of the doom rules: the loop fired after three turns (a
+    limit with turns behind it), and a run of two with no limit."""
+    doomed = sm.Session.restore(_doomed(), clock=ManualClock())
+    assert doomed.limit_reached is sm.SessionStatus.ERROR_DOOM_LOOP
+    assert doomed.turns == 3
+    assert sm.Session.restore(_two_doomed_calls(), clock=ManualClock()).limit_reached is None
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_restored_childs_ancestors_budget_is_less_only_the_spend_since_it_was_read() -> None:
+    """A child read its ancestors' budget (9.0) when it had spent 1.0: restored with
+    no live parent, 9.0 is still left (the spend before the reading is in it), and a
+    further 2.0 leaves 7.0."""
+    data = _child()
+    assert (data["ancestor_budget_usd"], data["ancestor_mark_usd"], data["cost_usd"]) == (
+        9.0,
+        1.0,
+        1.0,
+    )
+    child = sm.Session.restore(data, clock=ManualClock())
+    assert child.remaining_budget_usd == 9.0
+    turn = child.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 2}, 5))
+    turn.send(sm.ModelReplied(cost=2.0))
+    assert child.remaining_budget_usd == 7.0
