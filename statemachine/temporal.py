@@ -12,7 +12,8 @@ Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
   your own workflow (every ``CallModel`` one activity attempt, every ``Wait`` a
   durable timer, both clocks on workflow time).
 * :func:`sandbox_runner` / :func:`sandbox_restrictions`: the sandbox settings that
-  pass the engine through.
+  pass the engine through; :data:`STICKY_QUEUE_TIMEOUT_S` the sticky-queue timeout to
+  give a worker, :data:`DEFAULT_HEARTBEAT_TIMEOUT_S` the activities' heartbeat timeout.
 * :func:`check_replay`: replays a recorded history through the engine and reports
   the first :class:`Drift` between the engine's actions and the history's timers and
   activities (Temporal's replayer does not compare timer durations).
@@ -24,8 +25,10 @@ from .io._temporal import (
     ASSEMBLE,
     BUG_ERRORS,
     COMPLETE,
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
     INVOKE,
     PASSTHROUGH_MODULES,
+    STICKY_QUEUE_TIMEOUT_S,
     WORKFLOW,
     Activities,
     ActivityOptions,
@@ -48,8 +51,10 @@ __all__ = [
     "ASSEMBLE",
     "BUG_ERRORS",
     "COMPLETE",
+    "DEFAULT_HEARTBEAT_TIMEOUT_S",
     "INVOKE",
     "PASSTHROUGH_MODULES",
+    "STICKY_QUEUE_TIMEOUT_S",
     "WORKFLOW",
     "Activities",
     "ActivityOptions",

@@ -134,8 +134,8 @@ class Model:
         self.calls += 1
         request = action.request
         script = request["prompt"] or {}
-        if script.get("hang"):  # a slow provider: the call is in flight for this long
-            await asyncio.sleep(script["hang"])
+        if script.get("hang") and action.attempt < script.get("hang_attempts", 1 << 30):
+            await asyncio.sleep(script["hang"])  # a slow provider: in flight for this long
         failure = script.get("fail")
         if failure is not None and request["turn"] <= script.get("fail_turns", 1 << 30):
             fails = script.get("fails", 1)
@@ -318,11 +318,15 @@ def _is_pytest_main() -> bool:
     return name.startswith("pytest") or Path(sys.argv[0]).name in {"pytest", "py.test"}
 
 
-def start_worker_process(address: str, task_queue: str) -> subprocess.Popen[str]:
+def start_worker_process(
+    address: str, task_queue: str, *, sticky: bool = False
+) -> subprocess.Popen[str]:
     """``tests/temporal_worker.py`` in a fresh interpreter, polling ``task_queue``;
-    it prints ``ready`` once it polls."""
+    it prints ``ready`` once it polls. ``sticky``: with a workflow cache, and
+    ``smt.STICKY_QUEUE_TIMEOUT_S`` as its sticky queue's timeout."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.temporal_worker", address, task_queue],
+        [sys.executable, "-m", "tests.temporal_worker", address, task_queue]
+        + (["sticky"] if sticky else []),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

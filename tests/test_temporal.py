@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -414,6 +415,81 @@ def test_a_worker_killed_during_a_backoff_wait_loses_nothing(
         reference = await (await start(client, data, "unkilled")).result()
         assert support.counters(result) == support.counters(reference)
         assert (result.status, result.retries) == ("completed", 2)
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-192")
+def test_a_worker_killed_mid_call_is_noticed_within_the_heartbeat_timeout(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """The model activity heartbeats while the provider's call is in flight; its worker
+    (with a workflow cache, so a sticky queue) is SIGKILLed mid-call. The server times
+    the activity out for its missed heartbeat within the heartbeat timeout of the kill
+    (2 s here, not the 300 s start-to-close), the engine counts an
+    ``overloaded``/``timeout`` failure and retries on a fresh worker, which gets the
+    workflow's next task once the dead worker's sticky queue times out
+    (``STICKY_QUEUE_TIMEOUT_S``). Prints the measured delays."""
+    heartbeat = 2.0
+    prompt = {"hang": 120, "hang_attempts": 1}
+    data = support.session_input(
+        prompt, sm.Settings(base_delay_ms=50), heartbeat_timeout_s=heartbeat
+    )
+    queue = support.new_id("lost")
+    client = env.client
+
+    async def body() -> None:
+        address = client.service_client.config.target_host
+        proc = support.start_worker_process(address, queue, sticky=True)
+        try:
+            assert proc.stdout is not None
+            ready = await asyncio.to_thread(proc.stdout.readline)
+            assert ready.strip() == "ready"
+            handle = await client.start_workflow(
+                smt.SessionWorkflow.run, data, id=support.new_id("lost"), task_queue=queue
+            )
+
+            async def beating() -> bool:
+                pending = (await handle.describe()).raw_description.pending_activities
+                return any(
+                    p.activity_type.name == smt.COMPLETE and p.HasField("last_heartbeat_time")
+                    for p in pending
+                )
+
+            await support.wait_for(beating)
+            killed_at = time.time()
+            proc.send_signal(signal.SIGKILL)
+            assert await asyncio.to_thread(proc.wait, 10) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        fresh = Worker(
+            client,
+            task_queue=queue,
+            workflows=[smt.SessionWorkflow],
+            activities=support.activities().all,
+            workflow_runner=smt.sandbox_runner(),
+        )
+        async with fresh:
+            result = await handle.result()
+        assert (result.status, result.retries) == ("completed", 1)
+        events = await support.history_events(client, handle.id)
+        (timed_out,) = of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
+        failure = timed_out.activity_task_timed_out_event_attributes.failure
+        assert failure.timeout_failure_info.timeout_type == 4  # TIMEOUT_TYPE_HEARTBEAT
+        noticed = timed_out.event_time.ToNanoseconds() / 1e9 - killed_at
+        assert 0 < noticed <= heartbeat + 1.0  # the dev server's timer precision is 1 ms
+        after = [e for e in events if e.event_id > timed_out.event_id]
+        sticky_missed = of_type(after, E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
+        assert sticky_missed  # the next task waited on the dead worker's sticky queue...
+        taken = of_type(after, E.EVENT_TYPE_WORKFLOW_TASK_STARTED)[0]
+        handed = (taken.event_time.ToNanoseconds() - timed_out.event_time.ToNanoseconds()) / 1e9
+        assert handed <= smt.STICKY_QUEUE_TIMEOUT_S + 1.0  # ...for at most that long
+        print(f"lost worker noticed after {noticed:.2f} s, its workflow moved after {handed:.2f} s")
         assert smt.check_replay(await handle.fetch_history()) is None
 
     run(runner, body())

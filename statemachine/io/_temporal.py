@@ -37,7 +37,7 @@ from typing import Any, NoReturn, Protocol
 import attrs
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelled
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -102,6 +102,20 @@ DEFAULT_ACTIVITY_TIMEOUT_S = 300.0
 """``start_to_close_timeout`` of a model or tool activity when the settings give no
 ``model_timeout_s`` / ``tool_timeout_s``; running out is a timeout the engine sees
 (``overloaded``/``timeout`` for a model call, a ``timeout`` outcome for a tool)."""
+
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+"""``heartbeat_timeout`` of a model or tool activity unless set: the activity
+heartbeats every third of it while the provider's call runs (waiting on the vendor or
+streaming), so a worker that dies mid-call is noticed within it, not after the whole
+``start_to_close_timeout``; the call counts as an ``overloaded``/``timeout`` failure
+(a ``timeout`` tool outcome) and the engine retries it by its rules."""
+
+STICKY_QUEUE_TIMEOUT_S = 3.0
+"""What to give a worker as ``sticky_queue_schedule_to_start_timeout`` (Temporal's
+default is 10 s): after a worker dies, its workflows' next tasks wait this long on its
+sticky queue before any other worker may take them. Shorter sends a merely busy
+worker's workflows to another worker sooner, which then replays their histories."""
 
 
 def sandbox_restrictions() -> SandboxRestrictions:
@@ -192,6 +206,8 @@ def context_event(data: Any) -> Assembled | CannotShrink:
 
 MODEL_TIMED_OUT = "the model activity timed out (start_to_close_timeout)"
 TOOL_TIMED_OUT = "the tool activity timed out (start_to_close_timeout)"
+MODEL_LOST = "the model activity missed its heartbeat (its worker died or hung)"
+TOOL_LOST = "the tool activity missed its heartbeat (its worker died or hung)"
 
 
 def timed_out_model(message: str) -> ModelFailed:
@@ -245,6 +261,26 @@ async def _call(method: Callable[[Any], Any], argument: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+async def _beat(every: float) -> None:
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(every)
+
+
+async def _heartbeating(method: Callable[[Any], Any], argument: Any) -> Any:
+    """:func:`_call`, heartbeating every third of the activity's heartbeat timeout
+    while it runs (a sync method runs on a thread: the event loop beats for it).
+    Cancelling the activity cancels the call (an async provider's await)."""
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        return await _call(method, argument)
+    beat = asyncio.create_task(_beat(timeout.total_seconds() / 3))
+    try:
+        return await _call(method, argument)
+    finally:
+        beat.cancel()
 
 
 def _contract(message: str) -> ApplicationError:
@@ -305,7 +341,7 @@ class Activities:
         error is classified here and returned, never raised."""
         action = _value(data, CallModel, "CallModel")
         try:
-            event = await _call(self._model.complete, action)  # type: ignore[attr-defined]
+            event = await _heartbeating(self._model.complete, action)  # type: ignore[attr-defined]
         except InvalidValue as exc:  # the provider's bug, not the model's failure
             raise _contract(str(provider_bug(action, exc))) from exc
         except Exception as exc:
@@ -322,7 +358,7 @@ class Activities:
         outcome (``timeout`` for a timeout, else ``unknown``), as in the drivers."""
         call = _value(data, ToolCall, "ToolCall")
         try:
-            outcome = await _call(self._tools.invoke, call)  # type: ignore[attr-defined]
+            outcome = await _heartbeating(self._tools.invoke, call)  # type: ignore[attr-defined]
         except Exception as exc:
             outcome = tool_failure(call, exc)
         result: dict[str, Any] = encode(tool_outcome(call, outcome))
@@ -402,6 +438,8 @@ class ActivityOptions:
     model_timeout_s: float | None = None
     tool_timeout_s: float | None = None
     context_timeout_s: float = 60.0
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    """The model and tool activities' ``heartbeat_timeout``."""
 
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
@@ -417,15 +455,19 @@ class _Activities:
         self._model = timedelta(seconds=model)
         self._tool = timedelta(seconds=tool)
         self._context = timedelta(seconds=options.context_timeout_s)
+        self._heartbeat = timedelta(seconds=options.heartbeat_timeout_s)
 
     def now(self) -> float:
         return workflow.time()
 
-    async def _run(self, name: str, data: Any, timeout: timedelta) -> Any:
+    async def _run(
+        self, name: str, data: Any, timeout: timedelta, heartbeat: timedelta | None = None
+    ) -> Any:
         return await workflow.execute_activity(
             name,
             data,
             start_to_close_timeout=timeout,
+            heartbeat_timeout=heartbeat,
             retry_policy=_ONE_ATTEMPT,
             task_queue=self._queue,
             result_type=dict,
@@ -440,21 +482,24 @@ class _Activities:
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         try:
-            return model_event(await self._run(COMPLETE, encode(action), self._model))
+            data = await self._run(COMPLETE, encode(action), self._model, self._heartbeat)
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
-                return timed_out_model(MODEL_TIMED_OUT)
+                lost = err.cause.type is TimeoutType.HEARTBEAT
+                return timed_out_model(MODEL_LOST if lost else MODEL_TIMED_OUT)
             raise _failed("model", err) from err
+        return model_event(data)
 
     async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
         return tuple(await asyncio.gather(*(self._invoke(call) for call in calls)))
 
     async def _invoke(self, call: ToolCall) -> ToolOutcome:
         try:
-            data = await self._run(INVOKE, encode(call), self._tool)
+            data = await self._run(INVOKE, encode(call), self._tool, self._heartbeat)
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
-                return timed_out_tool(call, TOOL_TIMED_OUT)
+                lost = err.cause.type is TimeoutType.HEARTBEAT
+                return timed_out_tool(call, TOOL_LOST if lost else TOOL_TIMED_OUT)
             raise _failed("tool", err) from err
         return _value(data, ToolOutcome, "ToolOutcome")  # type: ignore[no-any-return]
 
@@ -554,6 +599,9 @@ class SessionInput:
     turns_per_run: int = 50
     task_queue: str | None = None
     activity_timeout_s: float | None = None
+    heartbeat_timeout_s: float | None = None
+    """The model and tool activities' ``heartbeat_timeout`` (``None``:
+    :data:`DEFAULT_HEARTBEAT_TIMEOUT_S`)."""
     fail_workflow: bool = False
     snapshot: dict[str, Any] | None = None
     turns: list[Any] = dataclasses.field(default_factory=list)
@@ -735,15 +783,18 @@ def check_input(data: SessionInput) -> SessionInput:
             raise ConfigError(
                 f"SessionInput.{name}: must be a non-empty str or None, got {value!r:.60}"
             )
-    timeout = data.activity_timeout_s
+    for name in ("activity_timeout_s", "heartbeat_timeout_s"):
+        _check_seconds(name, getattr(data, name))
+    return data
+
+
+def _check_seconds(name: str, timeout: object) -> None:
     if timeout is not None and (
-        type(timeout) not in (int, float) or not 0 < timeout < float("inf")
+        type(timeout) not in (int, float) or not 0 < timeout < float("inf")  # type: ignore[operator]
     ):
         raise ConfigError(
-            "SessionInput.activity_timeout_s: must be a finite number > 0 or None, "
-            f"got {timeout!r:.60}"
+            f"SessionInput.{name}: must be a finite number > 0 or None, got {timeout!r:.60}"
         )
-    return data
 
 
 FAILED_SESSION = "SessionFailed"
@@ -768,10 +819,12 @@ def session_failed(outcome: Report) -> ApplicationError:
 
 def activity_options(data: SessionInput) -> ActivityOptions:
     """The activity options the ready-made workflow uses for ``data``."""
+    heartbeat = data.heartbeat_timeout_s
     return ActivityOptions(
         task_queue=data.task_queue,
         model_timeout_s=data.activity_timeout_s,
         tool_timeout_s=data.activity_timeout_s,
+        heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S if heartbeat is None else heartbeat,
     )
 
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
@@ -44,7 +44,9 @@ from ._temporal import (
     COMPLETE,
     FAILED_SESSION,
     INVOKE,
+    MODEL_LOST,
     MODEL_TIMED_OUT,
+    TOOL_LOST,
     TOOL_TIMED_OUT,
     WORKFLOW,
     Continue,
@@ -181,7 +183,7 @@ class _History:
         result = self._result(event)
         self._advance(result.event_id)
         if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-            return timed_out_model(MODEL_TIMED_OUT)
+            return timed_out_model(MODEL_LOST if _heartbeat(result) else MODEL_TIMED_OUT)
         if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             raise _Found(None)
         return model_event(self._payload(result.activity_task_completed_event_attributes))
@@ -193,7 +195,8 @@ class _History:
         outcomes = []
         for call, result in zip(calls, results, strict=True):
             if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-                outcomes.append(timed_out_tool(call, TOOL_TIMED_OUT))
+                lost = _heartbeat(result)
+                outcomes.append(timed_out_tool(call, TOOL_LOST if lost else TOOL_TIMED_OUT))
             elif result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 data = self._payload(result.activity_task_completed_event_attributes)
                 outcomes.append(_outcome(data))
@@ -304,6 +307,12 @@ class _History:
     @property
     def left(self) -> list[HistoryEvent]:
         return self._commands[self.index :]
+
+
+def _heartbeat(timed_out: HistoryEvent) -> bool:
+    """Whether an activity timed out for a missed heartbeat (its worker was lost)."""
+    failure = timed_out.activity_task_timed_out_event_attributes.failure
+    return bool(failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_HEARTBEAT)
 
 
 def _outcome(data: Any) -> ToolOutcome:
