@@ -819,6 +819,52 @@ def test_a_model_provider_with_sdk_retries_is_refused() -> None:
     assert smt.Activities(model=Model(client.with_options(max_retries=0))).all
 
 
+@pytest.mark.requirement("ER-192")
+def test_a_retrying_client_is_found_wherever_the_provider_keeps_it() -> None:
+    """The refusal does not look only at an attribute named ``client``: a client in a
+    slot, under another attribute's object, in a dict or a list, behind a bound method
+    or a closure is found (and named); one with ``max_retries=0`` passes."""
+    anthropic = pytest.importorskip("anthropic")
+    openai = pytest.importorskip("openai")
+    retrying = anthropic.AsyncAnthropic(api_key="test-key")
+    quiet = retrying.with_options(max_retries=0)
+
+    class Slotted:
+        __slots__ = ("sdk",)
+
+        def __init__(self, sdk: Any) -> None:
+            self.sdk = sdk
+
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            return sm.ModelReplied()
+
+    class Holder:
+        def __init__(self, **held: Any) -> None:
+            self.__dict__.update(held)
+
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            return sm.ModelReplied()
+
+    def closing_over(sdk: Any) -> Holder:
+        async def call(action: sm.CallModel) -> Any:
+            return sdk
+
+        return Holder(call=call)
+
+    cases = {
+        "model.sdk": Slotted(retrying),
+        "model.inner.transport": Holder(inner=Holder(transport=retrying)),
+        "model.pool['main']": Holder(pool={"main": retrying}),
+        "model.fallbacks[1]": Holder(fallbacks=[quiet, openai.AsyncOpenAI(api_key="k")]),
+        "model.run.__self__.api": Holder(run=Holder(api=retrying).complete),
+        "model.call.<closure>": closing_over(retrying),
+    }
+    for where, provider in cases.items():
+        with pytest.raises(sm.ConfigError, match=re.escape(where) + ": .*max_retries=2"):
+            smt.Activities(model=provider)
+    assert smt.Activities(model=Holder(inner=Holder(transport=quiet), pool={"a": quiet})).all
+
+
 @pytest.mark.requirement("ER-117")
 def test_the_documented_example_runs_against_a_dev_server(
     runner: asyncio.Runner,

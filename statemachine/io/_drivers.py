@@ -45,7 +45,8 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
@@ -107,15 +108,11 @@ class AsyncToolProvider(Protocol):
 
 
 def check_retry_owner(model: object) -> None:
-    """Refuse a model provider that is or holds an SDK client retrying on its own."""
-    candidates: list[tuple[str, object]] = [("model", model)]
-    try:
-        attributes = dict(vars(model))
-    except TypeError:  # no __dict__ (slots, builtins): look at the usual names only
-        attributes = {name: getattr(model, name, None) for name in ("client", "_client")}
-    candidates += [(f"model.{name}", value) for name, value in attributes.items()]
-    for where, candidate in candidates:
-        if candidate is None or not _is_sdk_client(candidate):
+    """Refuse a model provider that is or holds an SDK client retrying on its own: in
+    any attribute or slot, in a container, behind a bound method or a closure, a few
+    levels deep (not only an attribute named ``client``)."""
+    for where, candidate in _held(model, "model", _HELD_DEPTH, set()):
+        if not _is_sdk_client(candidate):
             continue
         retries = getattr(candidate, "max_retries", None)
         if isinstance(retries, int) and retries != 0:
@@ -128,9 +125,68 @@ def check_retry_owner(model: object) -> None:
             )
 
 
+_HELD_DEPTH = 4
+"""How many links from the provider a client is looked for."""
+_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type, type(None), types.ModuleType)
+
+
+def _held(obj: object, where: str, depth: int, seen: set[int]) -> Iterator[tuple[str, object]]:
+    """``obj`` and what it holds, with where: attributes and slots, the items of a
+    container (64 at most), a bound method's object, a function's closure."""
+    yield where, obj
+    if depth == 0 or isinstance(obj, _LEAVES) or id(obj) in seen or _is_sdk_client(obj):
+        return
+    seen.add(id(obj))
+    children: list[tuple[str, object]] = []
+    if isinstance(obj, dict):
+        children = [(f"{where}[{k!r:.40}]", v) for k, v in list(obj.items())[:64]]
+    elif isinstance(obj, list | tuple | set | frozenset):
+        children = [(f"{where}[{i}]", v) for i, v in enumerate(list(obj)[:64])]
+    elif inspect.ismethod(obj):
+        children = [(f"{where}.__self__", obj.__self__)]
+    elif inspect.isfunction(obj):
+        cells = obj.__closure__ or ()
+        children = [(f"{where}.<closure>", c.cell_contents) for c in cells if _filled(c)]
+    else:
+        children = [(f"{where}.{name}", value) for name, value in _attributes(obj)]
+    for place, child in children:
+        yield from _held(child, place, depth - 1, seen)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _attributes(obj: object) -> list[tuple[str, object]]:
+    """``obj``'s instance attributes and filled slots (no properties: nothing runs)."""
+    try:
+        found = dict(vars(obj))
+    except TypeError:
+        found = {}
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in found and name not in ("__dict__", "__weakref__"):
+                try:
+                    found[name] = object.__getattribute__(obj, name)
+                except AttributeError:
+                    continue
+    return list(found.items())[:64]
+
+
 def _is_sdk_client(obj: object) -> bool:
+    """An OpenAI or Anthropic client, or any client the same generator made (the
+    Stainless SDKs: Groq, Together, Cerebras...), whose ``max_retries`` retries."""
     root = type(obj).__module__.split(".")[0]
-    return root in {"anthropic", "openai"} and hasattr(obj, "max_retries")
+    if root in {"anthropic", "openai"} and hasattr(obj, "max_retries"):
+        return True
+    return hasattr(obj, "max_retries") and any(
+        cls.__module__.endswith("._base_client") for cls in type(obj).__mro__
+    )
 
 
 def _context_event(action: Assemble, event: object) -> Assembled | CannotShrink:
