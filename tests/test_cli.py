@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import json
 import re
 import subprocess
 import sys
 import types
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 
 import statemachine as sm
 from statemachine import __main__ as entry
+from statemachine.dev import _vendor
 from statemachine.dev._cli import main
 from statemachine.dev._scenarios import builtin, builtin_names, parse
 from statemachine.dev._simulate import run
@@ -262,14 +267,19 @@ def test_readme_mermaid_block_is_the_generated_diagram() -> None:
 
 @pytest.mark.requirement("ER-69")
 def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
-    """The README opens with its two set-up commands; CI runs the second verbatim (give or
-    take pip's ``-q``)."""
+    """The README opens with its set-up commands: the first creates and activates a
+    virtual environment (the name clash cannot reach it), the next installs and runs
+    simulate, then the test command, which CI runs verbatim (give or take pip's
+    ``-q``), and the fast lane."""
     (commands,) = _blocks("sh")[:1]
-    first, second = (line.split("#")[0].strip() for line in commands.splitlines()[:2])
-    assert first == "pip install -e . && python -m statemachine simulate"
-    assert second == "pip install -e '.[dev,anthropic,openai,mcp,redis,temporal,otel]' && python -m pytest"
+    lines = [line.split("#")[0].strip() for line in commands.splitlines()]
+    assert lines[0] == "python3 -m venv .venv && . .venv/bin/activate"
+    assert lines[1] == "pip install -e . && python -m statemachine simulate"
+    (tests,) = [line for line in lines if line.endswith("&& python -m pytest")]
+    assert tests.startswith("pip install -e '.[dev,")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" -q ", " ")
-    assert second in ci.splitlines()
+    assert tests in ci.splitlines()
+    assert 'python -m pytest -m "not slow"' in lines
 
 
 @pytest.mark.requirement("ER-69")
@@ -297,3 +307,90 @@ def test_readme_settings_table_lists_every_field_with_its_default() -> None:
         assert field.name in rows, field.name
         value = getattr(defaults, field.name)
         assert rows[field.name] == ("()" if value == () else str(value)), field.name
+
+
+# -- vendor ---------------------------------------------------------------------------
+
+
+def _post(url: str, path: str) -> tuple[int, dict[str, Any], str | None]:
+    request = urllib.request.Request(url + path, data=b"{}", method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+            return response.status, json.load(response), response.headers.get("retry-after")
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error), error.headers.get("retry-after")
+
+
+@pytest.mark.requirement("ER-68")
+def test_the_default_vendor_script_answers_each_vendor_and_starts_over() -> None:
+    """The built-in script: for Anthropic a 429 with retry-after 1, a 529, a tool call
+    and an answer, in the vendors' wire formats (OpenAI: 429, 503, tool call, answer);
+    a used-up script starts over with repeat, and answers 418 without."""
+    script = _vendor.parse_script(_vendor.DEFAULT_SCRIPT, "default")
+    with _vendor.LoopbackVendor(repeat=True) as vendor:
+        for path, responses in script.items():
+            vendor.script(path, *responses)
+        anthropic = [_post(vendor.url, _vendor.ANTHROPIC) for _ in range(5)]
+        openai = [_post(vendor.url, _vendor.OPENAI) for _ in range(4)]
+    assert [status for status, _, _ in anthropic] == [429, 529, 200, 200, 429]
+    assert anthropic[0][1]["error"]["type"] == "rate_limit_error"
+    assert anthropic[0][2] == "1"
+    assert anthropic[1][1]["error"]["type"] == "overloaded_error"
+    tool_use = anthropic[2][1]["content"][1]
+    assert (tool_use["type"], tool_use["name"], tool_use["input"]) == (
+        "tool_use",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert anthropic[3][1]["stop_reason"] == "end_turn"
+    assert [status for status, _, _ in openai] == [429, 503, 200, 200]
+    (call,) = openai[2][1]["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    with _vendor.LoopbackVendor() as once:
+        once.script(_vendor.ANTHROPIC, *script[_vendor.ANTHROPIC][:1])
+        assert [_post(once.url, _vendor.ANTHROPIC)[0] for _ in range(2)] == [429, 418]
+
+
+@pytest.mark.requirement("ER-68")
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[[anthropic]]\nstatus = 429\nretry_after = -1\n", "anthropic[1]: retry_after: expected"),
+        ("[[openai]]\ntext = 'a'\n[[openai]]\nstatuss = 500\n", "openai[2]: unknown key 'statuss'"),
+        ("[[gemini]]\nstatus = 200\n", "unknown table 'gemini'"),
+        ("[[anthropic]]\nstatus = 302\n", "anthropic[1]: status: expected 200 or an error"),
+        ("[[anthropic]]\nstatus = 500\ntool = 'x'\n", "anthropic[1]: tool: only a reply"),
+        ("[[anthropic]]\ntext = 'a'\nretry_after = 1\n", "retry_after: only an error"),
+        ("[[anthropic]]\narguments = {a = 1}\n", "arguments: given without a tool"),
+        ("anthropic = 3\n", "anthropic: expected an array of tables"),
+        ("# nothing\n", "nothing to serve"),
+        ("[[anthropic]\n", "invalid TOML"),
+    ],
+)
+def test_a_bad_vendor_script_is_refused_naming_the_table_and_key(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    """A script with a wrong key, value or table is refused (exit 2) naming the file,
+    the table (counted from 1) and the key, and nothing is served."""
+    path = tmp_path / "script.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(sm.ConfigError, match=re.escape(problem)):
+        _vendor.load_script(path)
+    code, out, err = _run("vendor", "--script", str(path), "--port", "0")
+    assert code == 2
+    assert out == ""
+    assert str(path) in err
+    assert problem in err
+
+
+@pytest.mark.requirement("ER-68")
+def test_the_vendor_command_refuses_a_port_in_use_and_a_missing_script(tmp_path: Path) -> None:
+    """A port another server holds and a script file that is not there: exit 2, saying which."""
+    with _vendor.LoopbackVendor() as busy:
+        port = busy.url.rsplit(":", 1)[1]
+        code, _, err = _run("vendor", "--port", port)
+    assert code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    code, _, err = _run("vendor", "--script", str(tmp_path / "missing.toml"))
+    assert code == 2
+    assert "missing.toml: cannot read the script" in err

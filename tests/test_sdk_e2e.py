@@ -1,5 +1,6 @@
 """End to end: the real ``anthropic`` and ``openai`` clients, driven by ``arun_turn``,
-against a loopback server (tests/servers/fake_llm.py) replaying scripted responses.
+against a loopback server (statemachine/dev/_vendor.py, the `vendor` command's)
+replaying scripted responses.
 
 Nothing is mocked between the engine and the socket: the SDKs build real HTTP
 requests, the server answers with the vendors' wire formats, the SDKs raise their
@@ -25,7 +26,6 @@ from statemachine.providers import (
     OpenAIModel,
 )
 
-from .servers import readme_example
 from .servers.fake_llm import (
     ANTHROPIC,
     OPENAI,
@@ -407,26 +407,6 @@ def test_in_stream_overloaded_error_is_retried_unless_text_was_delivered(server:
     assert two.error.status == 200
     assert server.count(ANTHROPIC) == 3
     assert len(fake_time.waits) == 1
-
-
-@pytest.mark.requirement("ER-53")
-def test_readme_example_runs_against_the_loopback_server(
-    server: FakeLLM, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The README's embedding example (tests/servers/readme_example.py), pointed at
-    the loopback server: a 429 is waited out, the tool runs, the turn completes."""
-    server.script(
-        ANTHROPIC,
-        anthropic_error(429, "rate_limit_error", "Rate limited", retry_after="1"),
-        anthropic_message("checking", tool_uses=(("toolu_9", "weather", {"city": "Paris"}),)),
-    )
-    fake_time = FakeTime()
-    finish = _run(readme_example.main(server.url, api_key="test", sleep=fake_time.sleep))
-    assert finish.status is sm.TurnStatus.COMPLETED
-    assert finish.tool_results == (sm.ToolResult("toolu_9", "weather: sunny"),)
-    assert server.count(ANTHROPIC) == 2
-    assert fake_time.waits[0] >= 1.0
-    assert "completed" in capsys.readouterr().out
 
 
 @pytest.mark.requirement("ER-52", "ER-53", "ER-16")

@@ -9,6 +9,8 @@ Subcommands:
 * ``trace FILE``: draw a recorded turn (``simulate --json`` output, or a
   ``TraceWriter`` file) as a timeline and on the machine: SVG, mermaid, and with
   ``--html`` one page.
+* ``vendor [--script FILE] [--port N]``: a loopback model vendor answering like
+  Anthropic and OpenAI from a script, for running SDK examples offline.
 
 Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
 (``diagram --check``), or the SVGs could not be drawn under ``--require-svg``
@@ -144,6 +146,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     traced.add_argument("--no-svg", action="store_true", help="write the .dot and .mmd only")
 
+    vendor = commands.add_parser(
+        "vendor",
+        help="serve a loopback model vendor (Anthropic and OpenAI wire formats) from a script",
+        description=(
+            "Answer the Anthropic Messages API (POST /v1/messages) and the OpenAI Chat "
+            "Completions API (POST /v1/chat/completions) on 127.0.0.1 from a script, one "
+            "scripted response per request, starting over when the script is used up; "
+            "each answer is logged. Point the official SDKs at it with ANTHROPIC_BASE_URL "
+            "and OPENAI_BASE_URL (the command prints both) to run an example offline."
+        ),
+        epilog=(
+            "The default script answers each vendor with a 429 (retry-after: 1), an "
+            "overload (529 / 503), a tool call (get_weather) and a final text. The "
+            "script file format: docs/drivers.md (section 'Offline: the loopback "
+            "vendor'). Exit status: 0 when interrupted, 2 for a bad script or a port "
+            "that cannot be bound."
+        ),
+    )
+    vendor.add_argument(
+        "--script", type=Path, metavar="FILE", help="a TOML script (default: the built-in one)"
+    )
+    vendor.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        metavar="N",
+        help="the port on 127.0.0.1 (default: 8765; 0 picks a free one)",
+    )
+
     commands.add_parser(
         "check",
         help="exhaustive model check of the machine (see `statemachine check --help`)",
@@ -175,6 +206,8 @@ def main(
         return _diagram(options, out, err)
     if options.command == "trace":
         return _trace(options, out, err)
+    if options.command == "vendor":
+        return _vendor(options, out, err)
     parser.print_help(out)
     return EXIT_USAGE
 
@@ -193,6 +226,35 @@ def _check(argv: list[str], err: IO[str]) -> int:
         return EXIT_USAGE
     code: int = module.main(argv)
     return code
+
+
+# -- vendor --------------------------------------------------------------------------
+
+
+def _vendor(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from . import _vendor as vendor  # noqa: PLC0415 - http.server only for this command
+
+    try:
+        script = (
+            vendor.parse_script(vendor.DEFAULT_SCRIPT, "the built-in script")
+            if options.script is None
+            else vendor.load_script(options.script)
+        )
+    except ConfigError as exc:
+        print(f"statemachine vendor: {exc}", file=err)
+        return EXIT_USAGE
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    try:
+        vendor.serve(script, port=options.port, out=say)
+    except OSError as exc:
+        print(f"statemachine vendor: cannot listen on 127.0.0.1:{options.port}: {exc}", file=err)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        say("stopped")
+    return EXIT_OK
 
 
 # -- diagram -------------------------------------------------------------------------

@@ -1,0 +1,472 @@
+"""A loopback model vendor: ``python -m statemachine vendor``.
+
+:class:`LoopbackVendor` is a threaded ``http.server`` on 127.0.0.1 that answers
+``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/chat/completions`` (OpenAI
+Chat Completions) from a script: a queue of canned responses per path, each replayed
+once, in order. The official SDKs talk to it unchanged once their base URL points at
+it (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``), so an example written for the real
+service runs offline as written. Every request is recorded (path, headers, JSON body).
+
+An exhausted script answers 418, or, with ``repeat``, starts over: the command line
+repeats, so every run of an example sees the same story.
+
+A script file is TOML: an ``[[anthropic]]`` and an ``[[openai]]`` array of tables,
+one table per response, in order (:data:`DEFAULT_SCRIPT` is the one the command
+serves without ``--script``). A table's keys: ``status`` (default 200), for an error
+``retry_after`` (seconds, sent as the ``retry-after`` header) and ``message``; for a
+reply ``text`` and a tool call ``tool`` with its ``arguments`` (a table).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import tomllib
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from ..core._exceptions import ConfigError
+
+ANTHROPIC = "/v1/messages"
+OPENAI = "/v1/chat/completions"
+VENDORS = {"anthropic": ANTHROPIC, "openai": OPENAI}
+"""A script's table name -> the path its responses answer."""
+
+DEFAULT_SCRIPT = """\
+# Each [[anthropic]] / [[openai]] table answers one request, in order; the list starts
+# over when it is used up, so every run of an example sees the same story.
+
+[[anthropic]]
+status = 429                # rate limited: the engine waits out the retry-after
+retry_after = 1
+[[anthropic]]
+status = 529                # overloaded: the engine backs off and retries
+[[anthropic]]
+text = "Let me look that up."
+tool = "get_weather"        # the model asks for a tool
+arguments = { city = "Paris" }
+[[anthropic]]
+text = "It is sunny in Paris, 21 °C."
+
+[[openai]]
+status = 429
+retry_after = 1
+[[openai]]
+status = 503                # OpenAI's overloaded
+[[openai]]
+tool = "get_weather"
+arguments = { city = "Paris" }
+[[openai]]
+text = "It is sunny in Paris, 21 °C."
+"""
+
+
+@dataclass(frozen=True)
+class Canned:
+    """One scripted response: status, headers and a body (JSON data or raw bytes)."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
+    cut: bool = False
+    """Announce more bytes than are sent, then close: a connection lost mid-body."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request the server received."""
+
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+class LoopbackVendor:
+    """The server; use as a context manager. ``url`` is its base URL.
+
+    ``port`` 0 picks a free one; ``repeat`` restarts a used-up script; ``log`` (if
+    given) receives one line per request answered.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        repeat: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.scripts: dict[str, deque[Canned]] = {ANTHROPIC: deque(), OPENAI: deque()}
+        self.seen: list[Seen] = []
+        self.repeat = repeat
+        self._played: dict[str, list[Canned]] = {ANTHROPIC: [], OPENAI: []}
+        self._lock = threading.Lock()
+        self._log = log
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``: the Anthropic SDK's base URL (OpenAI's adds ``/v1``)."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def script(self, path: str, *responses: Canned) -> None:
+        """Queue ``responses`` for ``path``."""
+        with self._lock:
+            self.scripts[path].extend(responses)
+
+    def count(self, path: str) -> int:
+        """How many requests ``path`` received."""
+        with self._lock:
+            return sum(1 for seen in self.seen if seen.path == path)
+
+    def requests(self, path: str) -> list[Seen]:
+        """The requests ``path`` received, in order."""
+        with self._lock:
+            return [seen for seen in self.seen if seen.path == path]
+
+    def answer(self, path: str, headers: dict[str, str], body: Any) -> Canned:
+        """Record a request and take its response off the script (the handler's call)."""
+        with self._lock:
+            self.seen.append(Seen(path, headers, body))
+            script = self.scripts.get(path)
+            if script is not None and not script and self.repeat:
+                script.extend(self._played[path])
+                self._played[path].clear()
+            canned = script.popleft() if script else None
+            if canned is not None:
+                self._played[path].append(canned)
+        if canned is None:
+            canned = Canned(418, {"error": {"message": f"script exhausted for {path}"}})
+        if self._log is not None:
+            retry_after = canned.headers.get("retry-after")
+            self._log(
+                f"POST {path} -> {canned.status}"
+                + (f" (retry-after: {retry_after})" if retry_after else "")
+                + _summary(canned)
+            )
+        return canned
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until interrupted."""
+        self._server.serve_forever(poll_interval=0.1)
+
+    def close(self) -> None:
+        """Close the listening socket."""
+        self._server.server_close()
+
+    def __enter__(self) -> LoopbackVendor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def _summary(canned: Canned) -> str:
+    """What a log line says of a reply: its tool calls."""
+    body = canned.body
+    if canned.status != 200 or not isinstance(body, Mapping):
+        return ""
+    names = [b.get("name") for b in body.get("content") or () if b.get("type") == "tool_use"]
+    for choice in body.get("choices") or ():
+        calls = choice.get("message", {}).get("tool_calls") or ()
+        names += [call["function"]["name"] for call in calls]
+    return f" tool call: {', '.join(map(str, names))}" if names else ""
+
+
+def _handler(owner: LoopbackVendor) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                body: Any = json.loads(raw)
+            except ValueError:
+                body = raw
+            canned = owner.answer(self.path.split("?")[0], dict(self.headers.items()), body)
+            payload = (
+                canned.body if isinstance(canned.body, bytes) else json.dumps(canned.body).encode()
+            )
+            self.send_response(canned.status)
+            self.send_header("content-type", canned.content_type)
+            self.send_header("content-length", str(len(payload) + (4096 if canned.cut else 0)))
+            if canned.cut:
+                self.close_connection = True
+            for name, value in canned.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: the vendor's own ``log`` says what was answered."""
+
+    return Handler
+
+
+# -- Anthropic Messages wire format ---------------------------------------------------
+
+
+def anthropic_error(status: int, etype: str, message: str, **headers: str) -> Canned:
+    """An Anthropic error response (``etype``: ``rate_limit_error``, ``overloaded_error``...)."""
+    return Canned(
+        status,
+        {"type": "error", "error": {"type": etype, "message": message}},
+        {k.replace("_", "-"): v for k, v in headers.items()},
+    )
+
+
+def anthropic_message(
+    text: str = "done",
+    *,
+    tool_uses: tuple[tuple[str, str, Any], ...] = (),
+    stop_reason: str | None = None,
+    tokens: tuple[int, int] = (10, 5),
+) -> Canned:
+    """An Anthropic message: ``text``, then a ``tool_use`` block per ``(id, name, input)``."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    content += [
+        {"type": "tool_use", "id": call_id, "name": name, "input": args}
+        for call_id, name, args in tool_uses
+    ]
+    return Canned(
+        200,
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-test",
+            "content": content,
+            "stop_reason": stop_reason or ("tool_use" if tool_uses else "end_turn"),
+            "stop_sequence": None,
+            "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
+        },
+    )
+
+
+def anthropic_stream(*events: tuple[str, dict[str, Any]], cut: bool = False) -> Canned:
+    """A server-sent-events reply with HTTP 200: ``(event name, data)`` pairs; with
+    ``cut`` the connection drops after them."""
+    text = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+    return Canned(200, text.encode(), content_type="text/event-stream", cut=cut)
+
+
+# -- OpenAI Chat Completions wire format ----------------------------------------------
+
+
+def openai_error(
+    status: int, message: str, etype: str, code: str | None = None, **headers: str
+) -> Canned:
+    """An OpenAI error response."""
+    return Canned(
+        status,
+        {"error": {"message": message, "type": etype, "param": None, "code": code}},
+        {k.replace("_", "-"): v for k, v in headers.items()},
+    )
+
+
+def openai_completion(
+    text: str | None = "done",
+    *,
+    tool_calls: tuple[tuple[str, str, Any], ...] = (),
+    finish_reason: str | None = None,
+    tokens: tuple[int, int] = (10, 5),
+) -> Canned:
+    """An OpenAI chat completion: ``text`` and a tool call per ``(id, name, arguments)``."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for call_id, name, args in tool_calls
+        ]
+    return Canned(
+        200,
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-test",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": tokens[0],
+                "completion_tokens": tokens[1],
+                "total_tokens": sum(tokens),
+            },
+        },
+    )
+
+
+def openai_stream(
+    *deltas: dict[str, Any], finish_reason: str | None = "stop", cut: bool = False
+) -> Canned:
+    """A streamed chat completion: one chunk per delta, then the finish chunk and
+    ``[DONE]``; with ``cut`` the connection drops after the deltas instead."""
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> str:
+        body = {
+            "id": "chatcmpl-s",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "gpt-test",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+        return f"data: {json.dumps(body)}\n\n"
+
+    text = "".join(chunk(delta, None) for delta in deltas)
+    if not cut:
+        text += chunk({}, finish_reason) + "data: [DONE]\n\n"
+    return Canned(200, text.encode(), content_type="text/event-stream", cut=cut)
+
+
+# -- script files ---------------------------------------------------------------------
+
+_KEYS = ("status", "retry_after", "message", "text", "tool", "arguments")
+_ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+_OPENAI_ERRORS = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+def parse_script(text: str, source: str) -> dict[str, list[Canned]]:
+    """The responses per path of script ``text`` (read from ``source``); a
+    :class:`~statemachine.ConfigError` naming the file, the table and the key for
+    anything else, and nothing is served."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(VENDORS))
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown table {unknown[0]!r}; expected [[anthropic]] or [[openai]]"
+        )
+    if not data:
+        raise ConfigError(f"{source}: no [[anthropic]] or [[openai]] table: nothing to serve")
+    scripts: dict[str, list[Canned]] = {}
+    ids = itertools.count(1)
+    for vendor, entries in data.items():
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ConfigError(
+                f"{source}: {vendor}: expected an array of tables ([[{vendor}]]), got {entries!r}"
+            )
+        scripts[VENDORS[vendor]] = [
+            _canned(vendor, entry, f"{source}: {vendor}[{index}]", next(ids))
+            for index, entry in enumerate(entries, 1)
+        ]
+    return scripts
+
+
+def load_script(path: str | Path) -> dict[str, list[Canned]]:
+    """:func:`parse_script` of the file at ``path`` (a missing file: ConfigError)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the script: {exc}") from None
+    return parse_script(text, str(path))
+
+
+def _canned(vendor: str, entry: dict[str, Any], where: str, number: int) -> Canned:
+    for key in entry:
+        if key not in _KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r}; expected one of {', '.join(_KEYS)}")
+    status = entry.get("status", 200)
+    if not isinstance(status, int) or isinstance(status, bool) or not 200 <= status <= 599:
+        raise ConfigError(f"{where}: status: expected an HTTP status 200..599, got {status!r}")
+    for key in ("message", "text", "tool"):
+        if key in entry and not isinstance(entry[key], str):
+            raise ConfigError(f"{where}: {key}: expected a string, got {entry[key]!r}")
+    if "arguments" in entry and not isinstance(entry["arguments"], dict):
+        raise ConfigError(f"{where}: arguments: expected a table, got {entry['arguments']!r}")
+    if "arguments" in entry and "tool" not in entry:
+        raise ConfigError(f"{where}: arguments: given without a tool")
+    if status == 200:
+        for key in ("retry_after", "message"):
+            if key in entry:
+                raise ConfigError(f"{where}: {key}: only an error (status >= 400) has one")
+        tool = entry.get("tool")
+        calls = () if tool is None else ((f"call_{number}", tool, entry.get("arguments", {})),)
+        if vendor == "anthropic":
+            ids = tuple((f"toolu_{n}", name, args) for n, name, args in calls)
+            return anthropic_message(entry.get("text", ""), tool_uses=ids)
+        return openai_completion(entry.get("text"), tool_calls=calls)
+    if status < 400:
+        raise ConfigError(f"{where}: status: expected 200 or an error (400..599), got {status}")
+    for key in ("text", "tool", "arguments"):
+        if key in entry:
+            raise ConfigError(f"{where}: {key}: only a reply (status 200) has one")
+    headers: dict[str, str] = {}
+    if "retry_after" in entry:
+        seconds = entry["retry_after"]
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+            raise ConfigError(
+                f"{where}: retry_after: expected seconds (a number >= 0), got {seconds!r}"
+            )
+        headers["retry_after"] = f"{seconds:g}"
+    message = entry.get("message", f"scripted {status}")
+    if vendor == "anthropic":
+        return anthropic_error(
+            status, _ANTHROPIC_ERRORS.get(status, "api_error"), message, **headers
+        )
+    return openai_error(status, message, _OPENAI_ERRORS.get(status, "server_error"), **headers)
+
+
+def serve(
+    script: Mapping[str, list[Canned]],
+    *,
+    port: int,
+    out: Callable[[str], None],
+    ready: Callable[[LoopbackVendor], None] | None = None,
+) -> None:
+    """Serve ``script`` (repeating) on ``port`` until interrupted, logging each answer
+    to ``out``; ``ready`` is called once the socket listens."""
+    vendor = LoopbackVendor(port=port, repeat=True, log=out)
+    for path, responses in script.items():
+        vendor.script(path, *responses)
+    url = vendor.url
+    out(f"loopback vendor on {url}: Anthropic {ANTHROPIC}, OpenAI {OPENAI} (Ctrl-C stops it)")
+    out("point the SDKs at it (in another shell):")
+    out(f"  export ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=loopback")
+    out(f"  export OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=loopback")
+    if ready is not None:
+        ready(vendor)
+    try:
+        vendor.serve_forever()
+    finally:
+        vendor.close()
