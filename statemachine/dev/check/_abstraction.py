@@ -3,13 +3,23 @@ explorer steps from, counter acceleration and the ranking function."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import attrs
 
+from ...core._engine import Core
 from ...core._session import Session, Turn
 from ...core._settings import Settings
-from ...core._state import SessionState, TurnState, key_fields, make_step, traced_counters
+from ...core._state import (
+    SessionState,
+    TurnState,
+    copy_session_state,
+    key_fields,
+    make_step,
+    traced_counters,
+)
 from ...core._table import (
     BACKING_OFF,
     BACKING_OFF_TOOLS,
@@ -36,11 +46,8 @@ class _Node:
 
     @property
     def ts(self) -> TurnState:
-        """The current turn's declared state."""
-        turn = self.state.turn
-        if turn is None:  # pragma: no cover - every node is made after new_turn()
-            raise RuntimeError("a node without a turn")
-        return turn
+        """The current turn's declared state (every node is made after new_turn())."""
+        return self.state.turn  # type: ignore[return-value]
 
 
 def _node(
@@ -57,7 +64,16 @@ def _node(
 
 
 def _clone(ctx: _Ctx, node: _Node) -> _Node:
-    return _node(ctx, node.session.state, _Clock(node.clock.now), node.poisoned, node.fatal)
+    """A copy of ``node`` to step from: what :func:`_node` makes of a copy of its state,
+    without the checks a state from outside needs (the checker's hottest path)."""
+    state = copy_session_state(node.state)
+    clock = _Clock(node.clock.now)
+    core = Core(ctx.settings, state, (), ctx.dispatch)
+    session = Session._over(core, clock, _wall_clock)  # noqa: SLF001 - the checker's own copy
+    turn = session.current_turn
+    if turn is None:  # pragma: no cover - every node is made after new_turn()
+        raise RuntimeError("a node without a turn")
+    return _Node(session, turn, state, clock, node.poisoned, node.fatal)
 
 
 def _canon(value: int, cap: int, saturation: int | None) -> int:
@@ -113,6 +129,40 @@ def _field_key(value: Any, mode: str) -> Any:
     return value
 
 
+def _key_reader(cls: type, skip: frozenset[str] = frozenset()) -> Callable[[Any], tuple[Any, ...]]:
+    """The values of ``cls``'s key fields (nested ones and ``skip`` aside) as
+    :func:`_field_key` sees them: one C getter for all, then the few fields whose value
+    is not its own key (calls, dictionaries)."""
+    fields = [
+        f
+        for f in attrs.fields(cls)
+        if f.metadata["key"] not in ("omit", "nested") and f.name not in skip
+    ]
+    get = attrgetter(*(f.name for f in fields))
+    fix = tuple(
+        (i, f.metadata["key"])
+        for i, f in enumerate(fields)
+        if f.metadata["key"] == "providers" or "dict" in str(f.type)
+    )
+
+    def read(obj: Any) -> tuple[Any, ...]:
+        got: tuple[Any, ...] = get(obj)
+        if not fix:
+            return got
+        values = list(got)
+        for i, mode in fix:
+            if values[i]:
+                values[i] = _field_key(values[i], mode)
+        return tuple(values)
+
+    return read
+
+
+_read_turn = _key_reader(TurnState)
+_read_session = _key_reader(SessionState, frozenset({"turns"}))
+_read_session_turns = _key_reader(SessionState)
+
+
 def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     """The abstract state: the declared fields the key reads (``key_fields``), the
     turn's reduced to what its future reads once that is little, plus what the checker
@@ -120,15 +170,16 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     state, turn = node.state, node.ts
     limit = ctx.settings.max_wall_clock_s
     late = limit is not None and node.clock.now - state.started >= limit
-    if turn.state in TERMINAL_STATES:
+    where = turn.state
+    if where in TERMINAL_STATES:
         # a finished turn's future (the next turn) depends on the session alone
-        turn_part: tuple[Any, ...] = (turn.state, turn.status, turn.final_answer)
-    elif turn.state in _TOOL_STATES:
+        turn_part: tuple[Any, ...] = (where, turn.status, turn.final_answer)
+    elif where in _TOOL_STATES:
         # a tool round's future reads its calls, where the round is and the session:
         # not the model call's counters (no model call follows in this turn)
         position = {call.id: i for i, call in enumerate(turn.calls)}
         turn_part = (
-            turn.state,
+            where,
             turn.final_answer,
             _field_key(turn.calls, "providers"),
             tuple(position[c.id] for c in turn.in_flight),
@@ -136,22 +187,19 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
             turn.conflict_attempt,
             tuple((position[o.call_id], o.ok, o.category) for o in turn.outcomes),
         )
-    elif turn.state in ctx.last_steps:
+    elif where in ctx.last_steps:
         # every row out of this state finishes the turn: only what its events read
         # (the calls in flight) and the session matter
-        turn_part = (turn.state, turn.final_answer, _field_key(turn.calls, "providers"))
+        turn_part = (where, turn.final_answer, _field_key(turn.calls, "providers"))
     else:
+        poisoned = node.poisoned
         turn_part = (
             turn.status,
-            *(_field_key(getattr(turn, name), mode) for name, mode in _TURN_KEY),
-            turn.request in node.poisoned if node.poisoned else False,
+            *_read_turn(turn),
+            turn.request in poisoned if poisoned else False,
             node.fatal,
         )
-    session_part = tuple(
-        _field_key(getattr(state, name), mode)
-        for name, mode in _SESSION_KEY
-        if mode != "nested" and (name != "turns" or ctx.tracks_turns)
-    )
+    session_part = (_read_session_turns if ctx.tracks_turns else _read_session)(state)
     return (*turn_part, *session_part, late)
 
 

@@ -4,6 +4,7 @@ built for the node they are sent to."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import attrs
 
@@ -104,14 +105,34 @@ class _Ctx:
     """The representative ModelErrors, built once (they are immutable)."""
     replies: dict[tuple[str, int], ModelReplied] = attrs.field(factory=dict, eq=False)
     """The representative replies by (variant, turn), built once."""
+    failures: dict[str, ModelFailed] = attrs.field(factory=dict, eq=False)
+    """The representative failures by variant (but ``late``), built once."""
+    steps: dict[tuple[object, ...], tuple[Step, ...]] = attrs.field(factory=dict, eq=False)
+    """The steps of a node, by what they depend on (:func:`_steps`), built once."""
 
     @property
     def server_too_long(self) -> float:
         return self.settings.max_server_wait_s + 1.0
 
 
-def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
-    """The representative steps available at a node."""
+def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> tuple[Step, ...]:
+    """The representative steps available at a node (the same for every node that
+    agrees on what they depend on: built once per such class)."""
+    state = turn.state
+    k = ctx.saturation
+    by = (
+        state,
+        session.status is None,
+        state == "invoking_tools" and any(call.provider == "p" for call in turn.in_flight),
+        k is not None and session.retries == k + 1 < ctx.settings.session_retry_ceiling - k,
+    )
+    steps = ctx.steps.get(by)
+    if steps is None:
+        steps = ctx.steps[by] = tuple(_new_steps(ctx, session, turn))
+    return steps
+
+
+def _new_steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
     state = turn.state
     settings = ctx.settings
     if state in TERMINAL_STATES:
@@ -199,8 +220,16 @@ def _new_model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float |
 def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""
     kind, variant = step.kind, step.variant
-    request = f"t{turn.index}s{len(turn.actions)}"
+    if kind == "ModelFailed":
+        if variant.endswith(":late"):
+            _run_out(ctx, session, clock)
+        failure = ctx.failures.get(variant)
+        if failure is None:
+            error, partial, _ = _model_error(ctx, variant)
+            failure = ctx.failures[variant] = ModelFailed(error, partial=partial)
+        return failure
     if kind == "Assembled":
+        request = f"t{turn.index}s{len(turn.actions)}"
         overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
         if variant == "shrunk":
             return Assembled(request, max(overflowed - 1, 0))
@@ -211,11 +240,6 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
         return Assembled(request, _SIZE)
     if kind == "CannotShrink":
         return CannotShrink()
-    if kind == "ModelFailed":
-        if variant.endswith(":late"):
-            _run_out(ctx, session, clock)
-        error, partial, _ = _model_error(ctx, variant)
-        return ModelFailed(error, partial=partial)
     if kind == "ModelReplied" and variant not in ("late", "costly"):
         key = (variant, turn.index)
         reply = ctx.replies.get(key)
@@ -308,9 +332,9 @@ def _run_out(ctx: _Ctx, session: SessionState, clock: _Clock) -> None:
         clock.now = max(clock.now, session.started + limit)
 
 
-@attrs.frozen
-class _At:
-    """Where a finding is: a node, and the step taken from it (resolved lazily)."""
+class _At(NamedTuple):
+    """Where a finding is: a node, and the step taken from it (resolved lazily; one is
+    made per edge, so a tuple)."""
 
-    index: int
+    node: int
     step: Step | None = None

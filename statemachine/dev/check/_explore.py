@@ -77,7 +77,7 @@ class _Explorer(Properties):
     def resolve(self, at: _At | None) -> tuple[Step, ...]:
         if at is None:
             return ()
-        steps = self.path(at.index)
+        steps = self.path(at.node)
         return steps if at.step is None else (*steps, at.step)
 
     def violate(self, requirement: str, message: str, at: _At | None) -> None:

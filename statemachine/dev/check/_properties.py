@@ -25,6 +25,14 @@ from ...core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ._abstraction import _clone, _key, _Node, _rank
 from ._events import RECOVERY_STATES, Step, _At, _Ctx, _model_error
 
+_FIXED = {
+    ErrorCategory.AUTH_ERROR: ("ER-9", TurnStatus.AUTH_ERROR, "failed"),
+    ErrorCategory.INVALID_REQUEST: ("ER-9", TurnStatus.INVALID_REQUEST, "failed"),
+    ErrorCategory.CONTENT_FILTERED: ("ER-11", TurnStatus.CONTENT_FILTERED, "filtered"),
+    ErrorCategory.UNKNOWN: ("ER-24", TurnStatus.UNKNOWN_ERROR, "failed"),
+}
+"""The categories whose every failure ends the turn one way: (requirement, status, state)."""
+
 
 class Properties:
     """The properties checked on every edge and node (a base of the explorer, which
@@ -174,14 +182,9 @@ class Properties:
             if status is not TurnStatus.STREAM_INTERRUPTED:
                 v("ER-31", f"partial {category} failure gave {action!r}", path)
             return
-        fixed = {
-            ErrorCategory.AUTH_ERROR: ("ER-9", TurnStatus.AUTH_ERROR, "failed"),
-            ErrorCategory.INVALID_REQUEST: ("ER-9", TurnStatus.INVALID_REQUEST, "failed"),
-            ErrorCategory.CONTENT_FILTERED: ("ER-11", TurnStatus.CONTENT_FILTERED, "filtered"),
-            ErrorCategory.UNKNOWN: ("ER-24", TurnStatus.UNKNOWN_ERROR, "failed"),
-        }
-        if category in fixed:
-            requirement, expected, dest = fixed[category]
+        fixed = _FIXED.get(category)
+        if fixed is not None:
+            requirement, expected, dest = fixed
             if status is not expected or node.ts.state != dest:
                 v(requirement, f"{category} gave {action!r} into {node.ts.state!r}", path)
             if type(action) in (CallModel, Wait):
