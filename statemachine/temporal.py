@@ -7,7 +7,9 @@ Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
   :class:`SessionInput`, query ``status`` for its :class:`Report`.
 * :class:`Activities` wraps the drivers' providers (``assemble`` / ``complete`` /
   ``invoke``) as activities; a model failure is classified in the activity and
-  returned as data, so the engine reacts per category.
+  returned as data, so the engine reacts per category. :func:`report_usage`, inside
+  the model activity, heartbeats what the vendor reported so far, so a call lost with
+  its worker is still charged.
 * :func:`run_turn`, :func:`new_session`, :func:`restore_session`: the pieces to write
   your own workflow (every ``CallModel`` one activity attempt, every ``Wait`` a
   durable timer, both clocks on workflow time).
@@ -38,6 +40,7 @@ from .io._temporal import (
     SessionWorkflow,
     conversation,
     new_session,
+    report_usage,
     restore_session,
     run_turn,
     sandbox_restrictions,
@@ -66,6 +69,7 @@ __all__ = [
     "check_replay",
     "conversation",
     "new_session",
+    "report_usage",
     "restore_session",
     "run_turn",
     "sandbox_restrictions",

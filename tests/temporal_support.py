@@ -123,6 +123,10 @@ class Context:
         return sm.Assembled(request, 500 if action.reduce else 1000)
 
 
+CANCELLED_CALLS: list[Any] = []
+"""The ``tag`` of each hanging model call that was cancelled in this process."""
+
+
 class Model:
     """Fails as the prompt's script says, else replies (with tool calls for the first
     ``tool_turns`` turns)."""
@@ -134,8 +138,15 @@ class Model:
         self.calls += 1
         request = action.request
         script = request["prompt"] or {}
+        if script.get("report_cost") is not None and action.attempt == 0:
+            usage = sm.Usage(input_tokens=1200, cost_usd=script["report_cost"])
+            smt.report_usage(script["report_cost"], usage)  # the vendor's first usage event
         if script.get("hang") and action.attempt < script.get("hang_attempts", 1 << 30):
-            await asyncio.sleep(script["hang"])  # a slow provider: in flight for this long
+            try:
+                await asyncio.sleep(script["hang"])  # a slow provider: in flight this long
+            except asyncio.CancelledError:
+                CANCELLED_CALLS.append(script.get("tag"))
+                raise
         failure = script.get("fail")
         if failure is not None and request["turn"] <= script.get("fail_turns", 1 << 30):
             fails = script.get("fails", 1)

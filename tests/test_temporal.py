@@ -420,7 +420,7 @@ def test_a_worker_killed_during_a_backoff_wait_loses_nothing(
     run(runner, body())
 
 
-@pytest.mark.requirement("ER-192")
+@pytest.mark.requirement("ER-192", "ER-193")
 def test_a_worker_killed_mid_call_is_noticed_within_the_heartbeat_timeout(
     runner: asyncio.Runner, env: WorkflowEnvironment
 ) -> None:
@@ -428,11 +428,12 @@ def test_a_worker_killed_mid_call_is_noticed_within_the_heartbeat_timeout(
     (with a workflow cache, so a sticky queue) is SIGKILLed mid-call. The server times
     the activity out for its missed heartbeat within the heartbeat timeout of the kill
     (2 s here, not the 300 s start-to-close), the engine counts an
-    ``overloaded``/``timeout`` failure and retries on a fresh worker, which gets the
+    ``overloaded``/``timeout`` failure, charged the cost the vendor had reported
+    (``smt.report_usage``, heartbeated), and retries on a fresh worker, which gets the
     workflow's next task once the dead worker's sticky queue times out
     (``STICKY_QUEUE_TIMEOUT_S``). Prints the measured delays."""
     heartbeat = 2.0
-    prompt = {"hang": 120, "hang_attempts": 1}
+    prompt = {"hang": 120, "hang_attempts": 1, "report_cost": 0.03}
     data = support.session_input(
         prompt, sm.Settings(base_delay_ms=50), heartbeat_timeout_s=heartbeat
     )
@@ -477,6 +478,8 @@ def test_a_worker_killed_mid_call_is_noticed_within_the_heartbeat_timeout(
         async with fresh:
             result = await handle.result()
         assert (result.status, result.retries) == ("completed", 1)
+        # the lost call's cost, reported by the vendor before the worker died, is charged
+        assert result.cost_usd == pytest.approx(0.03 + 0.002)
         events = await support.history_events(client, handle.id)
         (timed_out,) = of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
         failure = timed_out.activity_task_timed_out_event_attributes.failure
@@ -531,17 +534,21 @@ def test_cancelling_the_workflow_cancels_the_turn_and_the_query_shows_it(
     run(runner, body())
 
 
-@pytest.mark.requirement("ER-107")
+@pytest.mark.requirement("ER-107", "ER-194")
 def test_cancelling_the_workflow_during_a_model_call_ends_it_cancelled(
     runner: asyncio.Runner, env: WorkflowEnvironment
 ) -> None:
     """Cancelled while the model activity is in flight (not during a timer): the
-    activity's cancellation is the workflow's, not a bug error; the turn finishes
-    ``cancelled`` and the workflow ends cancelled."""
+    cancellation reaches the provider's call inside the activity (its await is
+    cancelled, long before its 60 s), the workflow waits until the activity has
+    confirmed it, the turn finishes ``cancelled`` and the workflow ends cancelled."""
     client = env.client
+    tag = support.new_id("tag")
 
     async def body() -> None:
-        handle = await start(client, support.session_input({"hang": 3}), "cancel-call")
+        prompt = {"hang": 60, "tag": tag}
+        data = support.session_input(prompt, heartbeat_timeout_s=1.0)
+        handle = await start(client, data, "cancel-call")
 
         async def calling() -> bool:
             status = await handle.query("status", result_type=smt.Report)
@@ -557,6 +564,14 @@ def test_cancelling_the_workflow_during_a_model_call_ends_it_cancelled(
         assert described.status.name == "CANCELED"
         after = await handle.query("status", result_type=smt.Report)
         assert after.last_turn == "cancelled"
+        assert after.status == "cancelled"
+        assert tag in support.CANCELLED_CALLS  # the provider's own call was cancelled
+        events = await support.history_events(client, handle.id)
+        kinds = [e.event_type for e in events]
+        confirmed = kinds.index(E.EVENT_TYPE_ACTIVITY_TASK_CANCELED)
+        assert kinds.index(E.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED) < confirmed
+        assert confirmed < kinds.index(E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED)
+        assert smt.check_replay(await handle.fetch_history()) is None
 
     run(runner, body())
 
@@ -817,6 +832,21 @@ def test_a_model_provider_with_sdk_retries_is_refused() -> None:
     with pytest.raises(sm.ConfigError, match="max_retries"):
         smt.Activities(model=Model(client))
     assert smt.Activities(model=Model(client.with_options(max_retries=0))).all
+
+
+@pytest.mark.requirement("ER-193")
+def test_report_usage_is_checked_and_read_back_from_heartbeat_details() -> None:
+    """``report_usage`` outside the model activity is a ``LookupError``; the failure a
+    lost call stands for carries the last heartbeat's cost and usage, and nothing (not
+    a guess) when there was no report or it was not one."""
+    with pytest.raises(LookupError, match="only available inside the model activity"):
+        smt.report_usage(0.1)
+    usage = sm.Usage(input_tokens=10, cost_usd=0.5)
+    failed = _temporal.lost_model("lost", [{"cost": 0.5, "usage": _temporal.encode(usage)}])
+    assert (failed.cost, failed.usage, failed.error.code) == (0.5, usage, "timeout")
+    assert failed.error.category is sm.ErrorCategory.OVERLOADED
+    for details in ([], ["text"], [{"cost": -1}], [{"cost": float("nan")}]):
+        assert _temporal.lost_model("lost", details).cost == 0.0
 
 
 @pytest.mark.requirement("ER-192")

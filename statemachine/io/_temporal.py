@@ -41,6 +41,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import CancelledError as TemporalCancelled
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.workflow import ActivityCancellationType
 
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ..core._codec import decode, encode
@@ -263,24 +264,68 @@ async def _call(method: Callable[[Any], Any], argument: Any) -> Any:
     return result
 
 
-async def _beat(every: float) -> None:
+_REPORTED: contextvars.ContextVar[list[dict[str, Any]]] = contextvars.ContextVar(
+    "statemachine.temporal.reported"
+)
+
+
+def report_usage(cost: float = 0.0, usage: Usage | None = None) -> None:
+    """Say, inside the model activity, what the vendor has reported so far for the call
+    in flight (a stream's first usage event, say): the activity heartbeats it at once
+    and with every heartbeat after, so if its worker dies mid-call the workflow still
+    charges ``cost`` (and keeps ``usage``) on the failure it counts. Without a report,
+    a lost call's cost is unknown and counted as 0. ``LookupError`` outside the
+    model activity; ``ValueError`` for a cost that is not a finite number >= 0."""
+    box = _REPORTED.get(None)
+    if box is None:
+        raise LookupError(
+            "statemachine.temporal.report_usage() is only available inside the model "
+            "activity (a model provider's complete())"
+        )
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < float("inf"):
+        raise ValueError(f"cost: must be a finite number >= 0, got {cost!r:.60}")
+    if usage is not None and not isinstance(usage, Usage):
+        raise InvalidValue(f"usage: must be a Usage or None, got {usage!r:.60}")
+    box[:] = [{"cost": float(cost), "usage": None if usage is None else encode(usage)}]
+    activity.heartbeat(*box)
+
+
+async def _beat(every: float, box: list[dict[str, Any]]) -> None:
     while True:
-        activity.heartbeat()
+        activity.heartbeat(*box)
         await asyncio.sleep(every)
 
 
 async def _heartbeating(method: Callable[[Any], Any], argument: Any) -> Any:
     """:func:`_call`, heartbeating every third of the activity's heartbeat timeout
-    while it runs (a sync method runs on a thread: the event loop beats for it).
-    Cancelling the activity cancels the call (an async provider's await)."""
+    while it runs (a sync method runs on a thread: the event loop beats for it), with
+    what :func:`report_usage` said last. Cancelling the activity cancels the call
+    (an async provider's await)."""
+    box: list[dict[str, Any]] = []
+    token = _REPORTED.set(box)
     timeout = activity.info().heartbeat_timeout
-    if not timeout:
-        return await _call(method, argument)
-    beat = asyncio.create_task(_beat(timeout.total_seconds() / 3))
+    beat = asyncio.create_task(_beat(timeout.total_seconds() / 3, box)) if timeout else None
     try:
         return await _call(method, argument)
     finally:
-        beat.cancel()
+        if beat is not None:
+            beat.cancel()
+        _REPORTED.reset(token)
+
+
+def lost_model(message: str, details: Sequence[Any]) -> ModelFailed:
+    """What a model activity whose worker was lost stands for: ``overloaded`` with
+    ``code="timeout"``, charged what the vendor had reported (the last heartbeat's
+    details, from :func:`report_usage`; nothing when it reported nothing)."""
+    reported = details[-1] if details else None
+    if not isinstance(reported, dict):
+        return timed_out_model(message)
+    cost = reported.get("cost", 0.0)
+    cost = cost if type(cost) in (int, float) and 0 <= cost < float("inf") else 0.0
+    raw = reported.get("usage")
+    usage = _value(raw, Usage, "heartbeat.usage") if raw is not None else None
+    error = ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
+    return ModelFailed(error, cost=float(cost), usage=usage)
 
 
 def _contract(message: str) -> ApplicationError:
@@ -443,6 +488,12 @@ class ActivityOptions:
 
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+_TRY_CANCEL = ActivityCancellationType.TRY_CANCEL
+
+WAIT_CANCELLATION_PATCH = "turnstate-wait-cancellation"
+"""The ``workflow.patched`` id under which a cancelled workflow waits for its model
+and tool activities to confirm their cancellation (the provider's call stopped)
+before it ends: histories recorded before it replay as they ran."""
 
 
 class _Activities:
@@ -456,6 +507,9 @@ class _Activities:
         self._tool = timedelta(seconds=tool)
         self._context = timedelta(seconds=options.context_timeout_s)
         self._heartbeat = timedelta(seconds=options.heartbeat_timeout_s)
+        self._cancellation = ActivityCancellationType.TRY_CANCEL
+        if workflow.patched(WAIT_CANCELLATION_PATCH):
+            self._cancellation = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 
     def now(self) -> float:
         return workflow.time()
@@ -471,6 +525,8 @@ class _Activities:
             retry_policy=_ONE_ATTEMPT,
             task_queue=self._queue,
             result_type=dict,
+            # a model or tool call: wait until it has stopped (the context one is quick)
+            cancellation_type=self._cancellation if heartbeat else _TRY_CANCEL,
         )
 
     async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink:
@@ -485,8 +541,8 @@ class _Activities:
             data = await self._run(COMPLETE, encode(action), self._model, self._heartbeat)
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
-                lost = err.cause.type is TimeoutType.HEARTBEAT
-                return timed_out_model(MODEL_LOST if lost else MODEL_TIMED_OUT)
+                message = MODEL_LOST if err.cause.type is TimeoutType.HEARTBEAT else MODEL_TIMED_OUT
+                return lost_model(message, err.cause.last_heartbeat_details)
             raise _failed("model", err) from err
         return model_event(data)
 

@@ -56,9 +56,9 @@ from ._temporal import (
     check_input,
     context_event,
     fails_workflow,
+    lost_model,
     model_event,
     session_loop,
-    timed_out_model,
     timed_out_tool,
 )
 
@@ -183,7 +183,11 @@ class _History:
         result = self._result(event)
         self._advance(result.event_id)
         if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-            return timed_out_model(MODEL_LOST if _heartbeat(result) else MODEL_TIMED_OUT)
+            message = MODEL_LOST if _heartbeat(result) else MODEL_TIMED_OUT
+            info = result.activity_task_timed_out_event_attributes.failure.timeout_failure_info
+            payloads = list(info.last_heartbeat_details.payloads)
+            details = self._converter.from_payloads(payloads) if payloads else []
+            return lost_model(message, details)
         if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             raise _Found(None)
         return model_event(self._payload(result.activity_task_completed_event_attributes))
