@@ -14,7 +14,9 @@ event), ``driver`` (events/s through ``sm.arun_turn`` at 10,000 concurrent
 turns), ``classify`` (µs per ``sm.classify`` on a small and on 10 MB bodies), ``otel``
 (what an observer costs per event: records, a trace file, telemetry), ``temporal``
 (the engine's share of a session inside a Temporal workflow, sessions/s),
-``check`` (the model check of default settings), ``hypothesis`` (examples/s
+``frameworks`` (an agent run through pydantic-ai's and the Agents SDK's ``EngineModel``
+against the framework alone, zero-latency fake models), ``check`` (the model check of
+default settings), ``hypothesis`` (examples/s
 of the stateful suite), ``crash`` (crash-detection latency of real plugin processes)
 and ``redis`` (the Redis session store), the last two when their modules and
 prerequisites are present. A measurement that cannot run says why and is skipped.
@@ -62,6 +64,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "classify": {"n": 5, "big_n": 2, "repeats": 1, "size": 100_000},
     "otel": {"n": 50, "repeats": 2},
     "temporal": {"sessions": 3, "levels": (1, 2), "repeats": 1},
+    "frameworks": {"n": 5, "repeats": 1},
 }
 
 ALL = (
@@ -74,6 +77,7 @@ ALL = (
     "driver",
     "classify",
     "otel",
+    "frameworks",
     "check",
     "hypothesis",
     "crash",
@@ -156,6 +160,8 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
         return _optional("redis_store", _needs_redis)
     if name == "temporal":  # its run() says "skipped" itself without the temporal CLI
         return _optional("temporal", _nothing)
+    if name == "frameworks":  # its run() skips a framework that is not installed
+        return _optional("frameworks", _nothing)
     module = {
         "check": "model_check",
         "hypothesis": "hypothesis_rate",
@@ -402,6 +408,7 @@ TITLES = {
     "crash": "crash-detection latency (real plugin processes)",
     "redis": "Redis session store",
     "temporal": "Temporal: engine share of a session, sessions/s against no engine",
+    "frameworks": "10. a model call through an integration over the framework alone",
 }
 
 

@@ -650,12 +650,15 @@ async def _batch(make: Callable[[], Any], n: int) -> float:
 def run(n: int = 300, repeats: int = 7) -> dict[str, Any]:
     """µs per agent run of one model call, each framework alone and through its
     ``EngineModel``, interleaved; the ratio is the median of per-round ratios."""
-    rows: dict[str, Any] = {}
+    rows: dict[str, float] = {}
+    ratios: dict[str, float] = {}
+    added: dict[str, float] = {}
+    skipped: dict[str, str] = {}
     for framework, pair in (("pydantic-ai", _pydantic_pair), ("openai-agents", _agents_pair)):
         try:
             bare, engine = pair()
         except ImportError as exc:
-            rows[framework] = {"skipped": f"not installed: {exc}"}
+            skipped[framework] = f"not installed: {exc}"
             continue
 
         async def rounds(bare: Any = bare, engine: Any = engine) -> tuple[list[float], ...]:
@@ -669,14 +672,22 @@ def run(n: int = 300, repeats: int = 7) -> dict[str, Any]:
             return bares, engines
 
         bares, engines = asyncio.run(rounds())
-        ratios = [e / b for b, e in zip(bares, engines, strict=True)]
-        rows[framework] = {
-            "alone_us": statistics.median(bares),
-            "engine_us": statistics.median(engines),
-            "added_us": statistics.median(engines) - statistics.median(bares),
-            "ratio": statistics.median(ratios),
-        }
-    return {"rows": rows, "n": n, "repeats": repeats}
+        rows[f"{framework} alone"] = statistics.median(bares)
+        rows[f"{framework} + EngineModel"] = statistics.median(engines)
+        added[framework] = statistics.median(engines) - statistics.median(bares)
+        ratios[f"{framework}: EngineModel / alone"] = statistics.median(
+            e / b for b, e in zip(bares, engines, strict=True)
+        )
+    result: dict[str, Any] = {
+        "rows": rows,
+        "ratios": ratios,
+        "added_us": added,
+        "n": n,
+        "repeats": repeats,
+    }
+    if skipped:
+        result["skipped_frameworks"] = skipped
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,3 +79,18 @@ def test_correct_judges_each_scenario_by_its_own_rule() -> None:
     assert not frameworks.correct(by_key["stream-broken"], twice)
     with pytest.raises(ValueError, match="no such scenario"):
         frameworks.correct(frameworks.Scenario("nope", "nope", ()), frameworks.Outcome())
+
+
+def test_overhead_benchmark_reports_both_frameworks_as_ratios() -> None:
+    """``benchmarks.frameworks.run`` (tiny counts; timings are never asserted) measures
+    each framework alone and through its integration, and reports the ratio."""
+    result = frameworks.run(n=2, repeats=1)
+    assert set(result["rows"]) == {
+        f"{framework} {mode}"
+        for framework in frameworks.FRAMEWORKS
+        for mode in ("alone", "+ EngineModel")
+    }
+    assert all(value > 0 for value in result["rows"].values())
+    assert set(result["ratios"]) == {
+        f"{framework}: EngineModel / alone" for framework in frameworks.FRAMEWORKS
+    }
