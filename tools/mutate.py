@@ -198,6 +198,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_corpus.py",
         "tests/test_classification_rows.py",
     ),
+    "statemachine/integrations/_bridge.py": (
+        "tests/test_integration_pydantic_ai.py",
+        "tests/test_integration_openai_agents.py",
+    ),
+    "statemachine/integrations/pydantic_ai.py": ("tests/test_integration_pydantic_ai.py",),
+    "statemachine/integrations/openai_agents.py": ("tests/test_integration_openai_agents.py",),
 }
 """The fast tests (files or node IDs) that exercise each module of the engine, the
 store and the I/O layer; the slow suites (stateful, SDK end-to-end, the whole model
