@@ -196,8 +196,53 @@ class Tools:
 
 
 def activities() -> smt.Activities:
-    """The scripted providers as activities."""
-    return smt.Activities(model=Model(), tools=Tools(), context=Context())
+    """The scripted providers as activities (the conversations kept in this process:
+    each worker that runs a ``store_conversation`` session is alone on its queue)."""
+    return smt.Activities(
+        model=Model(), tools=Tools(), context=Context(), conversations=smt.InMemoryConversations()
+    )
+
+
+async def chain_bytes(client: Any, workflow_id: str, first_run_id: str) -> tuple[int, int]:
+    """The bytes of a workflow's history over all its runs (each event's protobuf
+    size, as the server stores and sends it) and the number of runs."""
+    total, runs, run_id = 0, 0, first_run_id
+    while run_id:
+        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+        events = [event async for event in handle.fetch_history_events()]
+        total += sum(event.ByteSize() for event in events)
+        runs += 1
+        last = events[-1]
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return total, runs
+
+
+async def history_per_turn(
+    client: Any, task_queue: str, turns: int, *, store: bool, turns_per_run: int = 50
+) -> dict[str, Any]:
+    """Run a session of ``turns`` turns (each but the last with one tool call) and
+    measure its history: bytes in all, per turn, runs, the largest assemble input."""
+    data = session_input(
+        {"tool_turns": turns - 1},
+        sm.Settings(max_turns=turns + 1),
+        store_conversation=store,
+        turns_per_run=turns_per_run,
+    )
+    handle = await client.start_workflow(
+        smt.SessionWorkflow.run, data, id=new_id(f"size-{turns}"), task_queue=task_queue
+    )
+    report = await handle.result()
+    assert report.turns == turns, report
+    total, runs = await chain_bytes(client, handle.id, handle.first_execution_run_id)
+    return {
+        "turns": turns,
+        "store": store,
+        "bytes": total,
+        "per_turn": total / turns,
+        "runs": runs,
+        "report": report,
+        "handle": handle,
+    }
 
 
 # -- running ------------------------------------------------------------------------

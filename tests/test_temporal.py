@@ -291,6 +291,49 @@ def test_a_session_that_ended_failed_can_fail_the_workflow(
     run(runner, body())
 
 
+@pytest.mark.requirement("ER-195")
+def test_history_per_turn_is_flat_when_the_activities_keep_the_conversation(
+    runner: asyncio.Runner, skipping: Client
+) -> None:
+    """With ``store_conversation`` each turn's record crosses the history once (to the
+    context activity, which keeps it), and continue-as-new carries none: bytes per turn
+    at 30 turns are those at 2 (and each run's start, amortized), where the
+    workflow-held conversation's grow with the conversation. The sessions end alike; each run's history checks clean. Prints
+    the bytes per turn."""
+
+    async def body() -> None:
+        cases = [(n, store) for n in (2, 30) for store in (False, True)]
+        measured = await asyncio.gather(
+            *(
+                support.history_per_turn(skipping, QUEUE, n, store=store, turns_per_run=10)
+                for n, store in cases
+            )
+        )
+        per = {(m["turns"], m["store"]): m for m in measured}
+        for m in measured:
+            print(f"turns={m['turns']} store={m['store']}: {m['per_turn']:.0f} B/turn")
+        # flat: only each run's start (the snapshot, ~3 KB) is added every 10 turns
+        assert per[30, True]["per_turn"] <= 1.15 * per[2, True]["per_turn"]
+        assert per[30, False]["per_turn"] > 1.5 * per[2, False]["per_turn"]
+        assert per[30, True]["runs"] == per[30, False]["runs"] == 3
+        for n in (2, 30):
+            plain, kept = per[n, False]["report"], per[n, True]["report"]
+            assert support.counters(plain) == support.counters(kept)
+        handle = per[30, True]["handle"]
+        run_id = handle.first_execution_run_id
+        while run_id:
+            history = await skipping.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+            assert smt.check_replay(history) is None
+            events = list(history.events)
+            for event in scheduled(events, smt.ASSEMBLE):
+                payload = event.activity_task_scheduled_event_attributes.input.payloads[0]
+                assert len(json.loads(payload.data)["turns"]) <= 1  # each record sent once
+            last = events[-1].workflow_execution_continued_as_new_event_attributes
+            run_id = last.new_execution_run_id
+
+    run(runner, body())
+
+
 @pytest.mark.requirement("ER-103")
 def test_a_raised_tool_error_is_a_failed_outcome_the_model_reads(
     runner: asyncio.Runner, skipping: Client

@@ -30,6 +30,7 @@ import contextvars
 import dataclasses
 import hashlib
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
@@ -236,6 +237,86 @@ class Conversation:
     turns: tuple[Any, ...]
 
 
+class ConversationStore(Protocol):
+    """Where the context activities keep a session's turn records when the workflow
+    sends each one only once (``SessionInput.store_conversation``): shared by every
+    worker that runs the context activity (Redis, a database...). Methods may be sync
+    or async."""
+
+    def append(self, key: str, start: int, records: list[Any]) -> Any:
+        """Keep ``records`` as the records from index ``start`` of conversation ``key``
+        (a repeat overwrites the same records); ``LookupError`` if it holds fewer than
+        ``start`` (some were lost: the store is not shared, or was emptied)."""
+        ...
+
+    def load(self, key: str) -> Any:
+        """All of conversation ``key``'s records, oldest first (a list)."""
+        ...
+
+
+class InMemoryConversations:
+    """A :class:`ConversationStore` in this process's memory: for one worker process
+    (tests, development). Workers in several processes need a shared one."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, key: str, start: int, records: list[Any]) -> None:
+        """See :meth:`ConversationStore.append`."""
+        with self._lock:
+            held = self._data.setdefault(key, [])
+            if start > len(held):
+                raise LookupError(
+                    f"conversation {key!r}: holds {len(held)} records, the next are sent "
+                    f"from {start}: the ones between were kept elsewhere (a store every "
+                    "worker of the context activity shares is needed)"
+                )
+            held[start : start + len(records)] = records
+
+    def load(self, key: str) -> list[Any]:
+        """See :meth:`ConversationStore.load`."""
+        with self._lock:
+            return list(self._data.get(key, ()))
+
+
+class Talk:
+    """The conversation as the session loop sends it to the context activity: every
+    record each time (``key`` ``None``: the workflow holds it), or only the records not
+    sent yet, the first of them record number ``sent`` of conversation ``key`` (the
+    context activities' :class:`ConversationStore` holds the rest)."""
+
+    def __init__(
+        self, prompt: Any, records: Sequence[Any], key: str | None = None, sent: int = 0
+    ) -> None:
+        self.prompt = prompt
+        self.records = list(records)
+        self.key = key
+        self.sent = sent
+
+    def data(self, action: Assemble) -> dict[str, Any]:
+        """The context activity's input for ``action``."""
+        data = {"action": encode(action), "prompt": self.prompt, "turns": list(self.records)}
+        if self.key is not None:
+            data["conversation"] = {"key": self.key, "from": self.sent}
+        return data
+
+    def delivered(self) -> None:
+        """The context activity took the records: with a store, they are sent."""
+        if self.key is not None:
+            self.sent += len(self.records)
+            self.records = []
+
+
+async def _call_with(method: Callable[..., Any], *arguments: Any) -> Any:
+    if inspect.iscoroutinefunction(method):
+        return await method(*arguments)
+    result = await asyncio.to_thread(method, *arguments)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
 _CONVERSATION: contextvars.ContextVar[Conversation] = contextvars.ContextVar(
     "statemachine.temporal.conversation"
 )
@@ -345,13 +426,19 @@ class Activities:
     """
 
     def __init__(
-        self, *, model: object = None, tools: object = None, context: object = None
+        self,
+        *,
+        model: object = None,
+        tools: object = None,
+        context: object = None,
+        conversations: ConversationStore | None = None,
     ) -> None:
         if model is not None:
             check_retry_owner(model)
         self._model = model
         self._tools = tools
         self._context = context
+        self._conversations = conversations
 
     @property
     def all(self) -> list[Callable[..., Any]]:
@@ -369,6 +456,15 @@ class Activities:
         :func:`conversation` set."""
         action = _value(data.get("action"), Assemble, "action")
         turns = data.get("turns") or []
+        kept = data.get("conversation")
+        if isinstance(kept, dict):  # the workflow sends each record once: the store has the rest
+            if self._conversations is None:
+                raise _contract(
+                    "the workflow keeps its conversation in the context activities' store "
+                    "(SessionInput.store_conversation), but Activities got no conversations="
+                )
+            await _call_with(self._conversations.append, kept["key"], kept["from"], turns)
+            turns = await _call_with(self._conversations.load, kept["key"])
         token = _CONVERSATION.set(Conversation(data.get("prompt"), tuple(turns)))
         try:
             event = await _call(self._context.assemble, action)  # type: ignore[attr-defined]
@@ -419,7 +515,7 @@ class TurnIO(Protocol):
 
     def now(self) -> float: ...
 
-    async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink: ...
+    async def assemble(self, action: Assemble, talk: Talk) -> Assembled | CannotShrink: ...
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
 
@@ -529,10 +625,9 @@ class _Activities:
             cancellation_type=self._cancellation if heartbeat else _TRY_CANCEL,
         )
 
-    async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink:
-        data = {"action": encode(action), "prompt": talk.prompt, "turns": list(talk.turns)}
+    async def assemble(self, action: Assemble, talk: Talk) -> Assembled | CannotShrink:
         try:
-            return context_event(await self._run(ASSEMBLE, data, self._context))
+            return context_event(await self._run(ASSEMBLE, talk.data(action), self._context))
         except ActivityError as err:
             raise _failed("context", err) from err
 
@@ -597,20 +692,22 @@ async def run_turn(
     ``Cancelled()`` to the turn (which finishes ``cancelled``) and re-raises.
     """
     io = _Activities(options or ActivityOptions(), turn.session.settings)
-    return await drive(turn, io, Conversation(prompt, tuple(turns)))
+    return await drive(turn, io, Talk(prompt, turns))
 
 
 def _unexpected(action: object) -> NoReturn:
     raise TypeError(f"unexpected action {action!r}")
 
 
-async def drive(turn: Turn, io: TurnIO, talk: Conversation) -> Finish:
+async def drive(turn: Turn, io: TurnIO, talk: Talk) -> Finish:
     """Run ``turn`` to its ``Finish`` with ``io``: the loop both the workflow and the
     replay check run (the drivers' loop, ``_loop.adrive``, with ``io`` performing)."""
 
     async def perform(action: Action) -> object:
         if isinstance(action, Assemble):
-            return await io.assemble(action, talk)
+            event = await io.assemble(action, talk)
+            talk.delivered()
+            return event
         if isinstance(action, CallModel):
             return await io.complete(action)
         if isinstance(action, Wait):
@@ -659,8 +756,16 @@ class SessionInput:
     """The model and tool activities' ``heartbeat_timeout`` (``None``:
     :data:`DEFAULT_HEARTBEAT_TIMEOUT_S`)."""
     fail_workflow: bool = False
+    store_conversation: bool = False
+    """Send each turn's record to the context activity once, instead of the whole
+    conversation with every assemble and continue-as-new: the context activities
+    keep it (``Activities(conversations=...)``, a store every worker of theirs
+    shares), so the history grows by the same bytes every turn."""
     snapshot: dict[str, Any] | None = None
     turns: list[Any] = dataclasses.field(default_factory=list)
+    sent: int = 0
+    """With ``store_conversation``: how many records the store held when the last run
+    continued as new (``turns`` holds the ones after)."""
     runs: int = 0
     deferred: int = 0
     """How many turns in a row had ended ``retry_deferred`` when the last run continued
@@ -733,6 +838,8 @@ class Continue:
     turns: list[Any]
     deferred: int = 0
     """The run of ``retry_deferred`` turns so far (carried, so it stays a bound)."""
+    sent: int = 0
+    """The records the context activities' store holds (``store_conversation``)."""
 
 
 class Holder:
@@ -770,26 +877,36 @@ def open_session(data: SessionInput, io: TurnIO, workflow_id: str) -> Session:
     )
 
 
+def conversation_key(workflow_id: str, first_run_id: str) -> str:
+    """The key of a session's conversation in a :class:`ConversationStore`: the same
+    across continue-as-new, another for a new workflow under a reused id."""
+    return f"{workflow_id}/{first_run_id}"
+
+
 async def session_loop(
-    data: SessionInput, io: TurnIO, workflow_id: str, holder: Holder
+    data: SessionInput, io: TurnIO, workflow_id: str, holder: Holder, key: str | None = None
 ) -> Report | Continue:
     """Run the session's turns: the ready-made workflow's body, also run by the
-    replay check. Returns the final report, or a :class:`Continue`."""
+    replay check. Returns the final report, or a :class:`Continue`. ``key`` names the
+    conversation in the context activities' store (``store_conversation``)."""
     session = open_session(data, io, workflow_id)
     holder.session = session
-    turns = list(data.turns)
+    kept = key if data.store_conversation else None
+    if data.store_conversation and key is None:
+        raise ConfigError("store_conversation: the session loop needs the conversation's key")
+    talk = Talk(data.prompt, data.turns, kept, data.sent)
     ran, deferred = 0, data.deferred
     while session.status is None:
         turn = session.current_turn
         if turn is None or turn.done:
             turn = session.new_turn()
         try:
-            finish = await drive(turn, io, Conversation(data.prompt, tuple(turns)))
+            finish = await drive(turn, io, talk)
         except asyncio.CancelledError:
             if session.status is None:
                 session.end(SessionStatus.CANCELLED, reason="the workflow was cancelled")
             raise
-        turns.append(turn_record(finish, turn.index))
+        talk.records.append(turn_record(finish, turn.index))
         holder.reply = finish.reply
         ran += 1
         if finish.done and session.status is None:
@@ -804,11 +921,17 @@ async def session_loop(
                 session.end(SessionStatus.FAILED, reason=f"a turn ended {finish.status.value}")
             break
         if session.status is None and (ran >= data.turns_per_run or io.continue_as_new_suggested()):
-            return Continue(session.snapshot(), turns, deferred)
+            return Continue(session.snapshot(), talk.records, deferred, talk.sent)
     return report(session, data.runs, holder.reply)
 
 
-_COUNTS = {"sleep_through_deferred": 0, "turns_per_run": 1, "runs": 0, "deferred": 0}
+_COUNTS = {
+    "sleep_through_deferred": 0,
+    "turns_per_run": 1,
+    "runs": 0,
+    "deferred": 0,
+    "sent": 0,
+}
 """The input's count fields and the least value each may take."""
 
 
@@ -821,6 +944,10 @@ def check_input(data: SessionInput) -> SessionInput:
         # a bool is an int here: the first release's sleep_through_deferred was a bool
         if not isinstance(value, int) or value < least:
             raise ConfigError(f"SessionInput.{name}: must be an int >= {least}, got {value!r:.60}")
+    if not isinstance(data.store_conversation, bool):
+        raise ConfigError(
+            f"SessionInput.store_conversation: must be a bool, got {data.store_conversation!r:.60}"
+        )
     if not isinstance(data.fail_workflow, bool):
         raise ConfigError(
             f"SessionInput.fail_workflow: must be a bool, got {data.fail_workflow!r:.60}"
@@ -913,7 +1040,9 @@ class SessionWorkflow:
         data = check_input(data)
         self._runs = data.runs
         io = _Activities(activity_options(data), settings_of(data))
-        outcome = await session_loop(data, io, workflow.info().workflow_id, self._holder)
+        info = workflow.info()
+        key = conversation_key(info.workflow_id, info.first_execution_run_id)
+        outcome = await session_loop(data, io, info.workflow_id, self._holder, key)
         if isinstance(outcome, Continue):
             workflow.continue_as_new(
                 dataclasses.replace(
@@ -922,6 +1051,7 @@ class SessionWorkflow:
                     turns=outcome.turns,
                     runs=data.runs + 1,
                     deferred=outcome.deferred,
+                    sent=outcome.sent,
                 )
             )
         if fails_workflow(data, outcome):

@@ -50,11 +50,12 @@ from ._temporal import (
     TOOL_TIMED_OUT,
     WORKFLOW,
     Continue,
-    Conversation,
     Holder,
     SessionInput,
+    Talk,
     check_input,
     context_event,
+    conversation_key,
     fails_workflow,
     lost_model,
     model_event,
@@ -169,9 +170,8 @@ class _History:
     def continue_as_new_suggested(self) -> bool:
         return False  # the end of the run is compared instead (see check_replay)
 
-    async def assemble(self, action: Assemble, talk: Conversation) -> Assembled | CannotShrink:
-        data = {"action": encode(action), "prompt": talk.prompt, "turns": list(talk.turns)}
-        event = self._activity(ASSEMBLE, data, f"{action!r:.200}")
+    async def assemble(self, action: Assemble, talk: Talk) -> Assembled | CannotShrink:
+        event = self._activity(ASSEMBLE, talk.data(action), f"{action!r:.200}")
         result = self._result(event)
         if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             raise _Found(None)  # the workflow failed there (a context activity bug)
@@ -420,8 +420,10 @@ def check_replay(
         workflow_id = events[0].workflow_execution_started_event_attributes.workflow_id
         workflow_id = workflow_id or _workflow_id(history)
     end = recorded.end()
+    first_run = start.workflow_execution_started_event_attributes.first_execution_run_id
+    key = conversation_key(workflow_id, first_run)
     try:
-        outcome = _run(session_loop(data, recorded, workflow_id, Holder()))
+        outcome = _run(session_loop(data, recorded, workflow_id, Holder(), key))
     except _Found as found:
         return found.drift
     except BUG_ERRORS as error:
