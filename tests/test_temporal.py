@@ -334,6 +334,44 @@ def test_history_per_turn_is_flat_when_the_activities_keep_the_conversation(
     run(runner, body())
 
 
+@pytest.mark.requirement("ER-195")
+def test_the_context_activity_keeps_the_conversation_and_refuses_gaps() -> None:
+    """The context activity appends the records it is sent and gives the provider the
+    whole conversation; a repeat is harmless; records missing before ``from`` (a store
+    not shared), or no store at all, fail loudly instead of shortening it."""
+    seen: list[int] = []
+
+    class Counting:
+        async def assemble(self, action: sm.Assemble) -> sm.Assembled:
+            seen.append(len(smt.conversation().turns))
+            return sm.Assembled("req", 1)
+
+    store = smt.InMemoryConversations()
+    acts = smt.Activities(context=Counting(), conversations=store)
+    action = _temporal.encode(sm.Assemble(reduce=False))
+
+    def send(start: int, records: list[Any], key: str = "wf/run") -> Any:
+        data = {"action": action, "prompt": "p", "turns": records}
+        data["conversation"] = {"key": key, "from": start}
+        return asyncio.run(acts.assemble(data))
+
+    send(0, [])
+    send(0, [{"turn": 1}])
+    send(1, [{"turn": 2}])
+    send(1, [{"turn": 2}])  # a repeat of the same records
+    send(2, [])
+    assert seen == [0, 1, 2, 2, 2]
+    assert store.load("wf/run") == [{"turn": 1}, {"turn": 2}]
+    with pytest.raises(LookupError, match="holds 2 records, the next are sent from 5"):
+        send(5, [{"turn": 6}])
+    assert store.load("other/run") == []
+    bare = smt.Activities(context=Counting())
+    with pytest.raises(ApplicationError, match="conversations="):
+        asyncio.run(
+            bare.assemble({"action": action, "turns": [], "conversation": {"key": "k", "from": 0}})
+        )
+
+
 @pytest.mark.requirement("ER-103")
 def test_a_raised_tool_error_is_a_failed_outcome_the_model_reads(
     runner: asyncio.Runner, skipping: Client
