@@ -199,6 +199,7 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_classification_rows.py",
     ),
     "statemachine/integrations/_bridge.py": (
+        "tests/test_integration_bridge.py",
         "tests/test_integration_pydantic_ai.py",
         "tests/test_integration_openai_agents.py",
     ),

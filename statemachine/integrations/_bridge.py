@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import attrs
@@ -52,7 +52,16 @@ from ..core._tool_calls import ToolCall, ToolOutcome
 from ..io._classify import classify
 from ..io._loop import cancel, text_of
 
-__all__ = ["Bridge", "TurnFailed", "classify_raised", "model_names", "settings_for"]
+__all__ = [
+    "Bridge",
+    "CallResult",
+    "TurnFailed",
+    "classify_raised",
+    "model_names",
+    "no_outcome",
+    "outcome",
+    "settings_for",
+]
 
 _V = TypeVar("_V")
 
@@ -284,8 +293,7 @@ class Bridge:
         cancel(turn, exc)
 
     def _open(self) -> Turn:
-        pending = self._pending
-        if pending is not None and pending.current and not pending.done:
+        if self._pending is not None:  # the last reply's tools, with no results brought
             self.settle_tools(no_outcome)
         try:
             return self.session.new_turn()
@@ -297,11 +305,11 @@ class Bridge:
         if isinstance(action, InvokeTools):
             self._pending = turn
             return value  # type: ignore[return-value]
-        if isinstance(action, Finish) and action.status is TurnStatus.COMPLETED:
+        if not isinstance(action, Finish):  # pragma: no cover - a reply's step ends here
+            raise RuntimeError(f"unexpected action {action!r} at the end of a model call")
+        if action.status is TurnStatus.COMPLETED:
             return value  # type: ignore[return-value]
-        if isinstance(action, Finish):
-            raise self._failure(action.status, action)
-        raise RuntimeError(f"unexpected action {action!r} at the end of a model call")
+        raise self._failure(action.status, action)
 
 
 def no_outcome(call: ToolCall) -> None:
@@ -313,8 +321,3 @@ def outcome(
 ) -> ToolOutcome:
     """The outcome of ``call`` the framework reported, as the engine takes it."""
     return ToolOutcome(call.id, ok=ok, content=tool_text(content), category=category)
-
-
-def usage_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Keep the usage fields that are known (``None`` dropped)."""
-    return {key: value for key, value in values.items() if value is not None}
