@@ -106,9 +106,12 @@ def test_a_frameworks_exception_is_classified_by_what_it_wraps() -> None:
     request = httpx.Request("POST", "http://127.0.0.1/v1")
     response = httpx.Response(401, request=request, json={"error": {"message": "bad key"}})
 
+    def sdk_error() -> None:
+        raise httpx.HTTPStatusError("401", request=request, response=response)
+
     def wrapped_sdk_error() -> None:
         try:
-            raise httpx.HTTPStatusError("401", request=request, response=response)
+            sdk_error()
         except httpx.HTTPStatusError as inner:
             raise _Wrapped(500, None) from inner
 
