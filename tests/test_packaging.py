@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import statemachine as sm
 
@@ -100,7 +103,6 @@ def _copy_with(tmp_path: Path, *, module: str | None = None, dist_info: bool = F
 
 
 def _run(path: Path, *args: str) -> Any:
-    import os
     import subprocess
     import sys
 
@@ -127,7 +129,7 @@ def test_the_import_name_clash_is_an_error_naming_both_distributions(tmp_path: P
     assert clashed.returncode != 0
     assert "ImportError: two distributions install the import name 'statemachine'" in clashed.stderr
     assert "turnstate" in clashed.stderr and "python-statemachine" in clashed.stderr
-    assert "pip uninstall -y python-statemachine turnstate" in clashed.stderr
+    assert "pip uninstall -y python-statemachine`, then reinstall turnstate" in clashed.stderr
 
 
 def test_the_cli_reports_the_clash_and_exits_2(tmp_path: Path) -> None:
@@ -137,3 +139,119 @@ def test_the_cli_reports_the_clash_and_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("statemachine: error: two distributions")
     assert "python-statemachine 2.5.0" in done.stderr
+
+
+def test_a_shadowing_package_is_refused_by_the_start_up_check(tmp_path: Path) -> None:
+    """The check a wheel installs (statemachine/_clash_hook.py as _turnstate_clash, run
+    from its .pth) refuses ``import statemachine`` when the directory Python would
+    import holds python-statemachine's modules, whoever's ``__init__`` is there (ours,
+    as in a shared site-packages, or the other's, as when it shadows an editable
+    install); a clean directory imports; other imports are not touched."""
+    import shutil
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    shutil.copy(ROOT / "statemachine" / "_clash_hook.py", hook / "_turnstate_clash.py")
+    other = tmp_path / "other" / "statemachine"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("from .statemachine import StateMachine\n")
+    (other / "statemachine.py").write_text("class StateMachine: ...\n")
+    start = f"import sys; sys.path.insert(0, {str(hook)!r}); import _turnstate_clash; "
+    start += "_turnstate_clash.install(); import json, email; "
+    shadowed = _run(tmp_path / "other", "-c", start + "import statemachine")
+    assert shadowed.returncode != 0
+    assert "ImportError: two distributions install the import name 'statemachine'" in (
+        shadowed.stderr
+    )
+    assert "pip uninstall -y python-statemachine" in shadowed.stderr
+    mixed = _run(
+        _copy_with(tmp_path / "mixed", module="transition.py"), "-c", start + "import statemachine"
+    )
+    assert "ImportError: two distributions" in mixed.stderr
+    clean = _run(
+        _copy_with(tmp_path / "clean"),
+        "-c",
+        start + "import statemachine; print(statemachine.Session)",
+    )
+    assert clean.returncode == 0, clean.stderr
+    assert "Session" in clean.stdout
+
+
+def _fake_other_wheel(directory: Path) -> Path:
+    """A wheel of "python-statemachine" with its package's signature modules."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "statemachine/__init__.py": b"from .statemachine import StateMachine\n",
+        "statemachine/statemachine.py": b"class StateMachine: ...\n",
+        "statemachine/factory.py": b"",
+        "python_statemachine-2.5.0.dist-info/METADATA": (
+            b"Metadata-Version: 2.1\nName: python-statemachine\nVersion: 2.5.0\n"
+        ),
+        "python_statemachine-2.5.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = ""
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(data)}\n"
+    record += "python_statemachine-2.5.0.dist-info/RECORD,,\n"
+    wheel = directory / "python_statemachine-2.5.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("python_statemachine-2.5.0.dist-info/RECORD", record)
+    return wheel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("editable", [True, False], ids=["editable", "wheel"])
+def test_a_shadowed_install_in_a_venv_is_reported_with_the_fix(
+    tmp_path: Path, editable: bool
+) -> None:
+    """In a fresh virtual environment: this project installed (editable, as the README's
+    first command does, or from its wheel), then python-statemachine over it:
+    ``import statemachine`` and the CLI fail naming both and the fix, where the
+    editable install used to load the other package silently. The fix as told
+    (uninstall the other, force-reinstall this one) imports this project again. (pip
+    builds this project as a user's would: its build requirements come from the index.)"""
+    import subprocess
+    import sys
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    other = _fake_other_wheel(wheels)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+
+    def pip(*args: str) -> None:
+        subprocess.run(
+            [python, "-m", "pip", "-q", "--disable-pip-version-check", *args],
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )
+
+    where = "import importlib.util as u; print(u.find_spec('statemachine').origin)"
+    ours = ["-e", str(ROOT)] if editable else [str(ROOT)]
+    pip("install", "--no-deps", *ours)
+    pip("install", "--no-deps", str(other))
+    for argv in (["-c", "import statemachine"], ["-c", where], ["-m", "statemachine"]):
+        shadowed = subprocess.run(
+            [python, *argv], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path
+        )
+        assert shadowed.returncode != 0, argv
+        assert "two distributions install the import name 'statemachine'" in shadowed.stderr
+        assert "python-statemachine 2.5.0" in shadowed.stderr
+        assert "pip uninstall -y python-statemachine" in shadowed.stderr
+    pip("uninstall", "-y", "python-statemachine")
+    pip("install", "--no-deps", "--force-reinstall", *ours)
+    fixed = subprocess.run(
+        [python, "-c", where], capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path
+    )
+    expected = ROOT / "statemachine" if editable else venv / "lib"
+    assert Path(fixed.stdout.strip()).is_relative_to(expected), fixed.stdout
