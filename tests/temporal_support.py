@@ -6,7 +6,13 @@ turns so far) and its attempt number, so a subprocess worker and an in-process o
 answer alike, and a session can be replayed.
 
 Run ``python -m tests.temporal_support record`` to re-record the committed histories
-of ``tests/data/temporal/`` (the replay-check tests read them).
+of ``tests/data/temporal/`` (the replay-check tests read them). They were recorded by
+the previous release, and ``previous-release-defaults.json`` is one more on purpose:
+``git worktree add /tmp/base ff854a5``, then in ``/tmp/base`` with
+``PYTHONPATH=/tmp/base``, that release's ``SessionWorkflow`` and scripted providers
+ran ``SessionInput(prompt={"fail": "overloaded", "fails": 2}, settings={})`` as workflow
+id ``recorded-previous-release-defaults`` on a dev server with ``PRECISE_TIMERS`` (the
+upgrade test replays it).
 """
 
 from __future__ import annotations

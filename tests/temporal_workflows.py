@@ -7,6 +7,7 @@ This module is imported inside the workflow sandbox, so it imports only
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from temporalio import workflow
@@ -70,3 +71,37 @@ class OneTurnWorkflow:
         session = smt.new_session(sm.Settings(base_delay_ms=50), seed=3)
         finish = await smt.run_turn(session.new_turn(), prompt=prompt)
         return finish.status.value
+
+
+OLD_DEFAULTS: dict[str, Any] = {"base_delay_ms": 500}
+"""What the previous release's ``Settings()`` said for the setting the upgrade changes."""
+NEW_DEFAULTS: dict[str, Any] = {"base_delay_ms": 300}
+"""The upgrade's new default (emulated: this release's engine still says 500)."""
+UPGRADE = "tests-base-delay-300"
+"""The ``workflow.patched`` id of the upgrade."""
+
+
+@workflow.defn(name=smt.WORKFLOW, failure_exception_types=list(smt.BUG_ERRORS))
+class UpgradedSession(smt.SessionWorkflow):
+    """The versioning recipe of docs/temporal.md: an upgrade that changes a default
+    pins the old one for the histories recorded before it (no patch marker)."""
+
+    @workflow.run
+    async def run(self, data: smt.SessionInput) -> smt.Report:
+        """``SessionWorkflow.run`` with the defaults of the release that started it."""
+        defaults = NEW_DEFAULTS if workflow.patched(UPGRADE) else OLD_DEFAULTS
+        if data.snapshot is None:  # a continued run carries its settings in its snapshot
+            data = dataclasses.replace(data, settings={**defaults, **data.settings})
+        return await super().run(data)
+
+
+@workflow.defn(name=smt.WORKFLOW, failure_exception_types=list(smt.BUG_ERRORS))
+class NaiveUpgrade(smt.SessionWorkflow):
+    """The same upgrade without the recipe: the new default for every history."""
+
+    @workflow.run
+    async def run(self, data: smt.SessionInput) -> smt.Report:
+        """``SessionWorkflow.run`` with the new defaults, always."""
+        if data.snapshot is None:
+            data = dataclasses.replace(data, settings={**NEW_DEFAULTS, **data.settings})
+        return await super().run(data)

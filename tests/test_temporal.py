@@ -9,6 +9,7 @@ Skipped locally without the ``temporal`` CLI; a failure when ``CI`` is set.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import os
@@ -803,6 +804,64 @@ def test_temporals_own_replayer_passes_the_histories_but_misses_a_changed_timer(
         result = await replayer.replay_workflow(WorkflowHistory.from_json("x", changed))
         assert result.replay_failure is None
         assert smt.check_replay(changed) is not None
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-196")
+def test_a_previous_release_history_replays_after_an_upgrade_that_changes_a_default(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """A history the previous release (ff854a5) recorded with implicit defaults replays
+    on an upgraded worker whose new default is behind ``workflow.patched``: Temporal's
+    replayer finds no nondeterminism and the engine's check finds no drift with the old
+    default pinned. The same upgrade without the patch replays "fine" in Temporal's
+    replayer too, but the check shows the backoff timer it would have changed. A new
+    session on the upgraded worker gets the patch marker and the new default."""
+    from .temporal_workflows import NEW_DEFAULTS, UPGRADE, NaiveUpgrade, UpgradedSession
+
+    text = committed("previous-release-defaults")
+    recorded = WorkflowHistory.from_json("recorded-previous-release-defaults", text)
+    start_input = json.loads(
+        base64.b64decode(
+            json.loads(text)["events"][0]["workflowExecutionStartedEventAttributes"]["input"][
+                "payloads"
+            ][0]["data"]
+        )
+    )
+    assert start_input["settings"] == {}  # the defaults were implicit
+
+    async def body() -> None:
+        for upgraded in (UpgradedSession, NaiveUpgrade):
+            replayer = Replayer(workflows=[upgraded], workflow_runner=smt.sandbox_runner())
+            result = await replayer.replay_workflow(recorded)
+            assert result.replay_failure is None, upgraded
+        assert smt.check_replay(text) is None  # the old default, pinned
+        naive = smt.check_replay(text, settings=sm.Settings(**NEW_DEFAULTS))
+        assert naive is not None
+        assert (naive.index, "timer" in naive.expected) == (2, True)
+
+        queue = support.new_id("upgraded")
+        worker = Worker(
+            env.client,
+            task_queue=queue,
+            workflows=[UpgradedSession],
+            activities=support.activities().all,
+            workflow_runner=smt.sandbox_runner(),
+        )
+        async with worker:
+            handle = await env.client.start_workflow(
+                UpgradedSession.run,
+                smt.SessionInput(prompt={"fail": "overloaded", "fails": 2}, settings={}),
+                id=support.new_id("upgraded"),
+                task_queue=queue,
+            )
+            assert (await handle.result()).status == "completed"
+        history = await handle.fetch_history()
+        markers = of_type(list(history.events), E.EVENT_TYPE_MARKER_RECORDED)
+        assert any(UPGRADE.encode() in m.SerializeToString() for m in markers)
+        assert smt.check_replay(history, settings=sm.Settings(**NEW_DEFAULTS)) is None
+        assert smt.check_replay(history) is not None  # it did not wait as the old default
 
     run(runner, body())
 
