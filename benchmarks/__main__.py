@@ -58,7 +58,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "check": {"repeats": 1},
     "hypothesis": {},
     "crash": {"kills": 2},
-    "redis": {"workers": (1,), "steps": 50, "sessions": 4},
+    "redis": {"workers": (1,), "steps": 50, "sessions": 4, "rounds": 1},
     "copy": {"n": 10, "repeats": 1},
     "tools": {"turns": 5, "repeats": 1},
     "classify": {"n": 5, "big_n": 2, "repeats": 1, "size": 100_000},

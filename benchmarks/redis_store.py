@@ -18,7 +18,12 @@ applied advances per second of wall time, from the moment all workers pass a Red
 barrier to the moment the last one finishes. The conflict rate is conflicts /
 attempts. Records are 1-3 KB of JSON (settings, counters, the current turn's trace).
 
+Each worker count runs ``rounds`` times, alternating with the floor (the same two Lua
+scripts with a record of the same size, no engine): figures are medians over rounds,
+the ratio ``of_floor`` the median of per-round ratios.
+
     python -m benchmarks.redis_store [--workers 1,4,16] [--steps 4000] [--sessions 32]
+        [--rounds 3]
 """
 
 from __future__ import annotations
@@ -87,8 +92,10 @@ def _worker(url: str, round_: str, parties: int, index: int, sessions: int, atte
     """One worker process: wait at the barrier, make ``attempts`` attempts, report."""
     import redis
 
+    # the barrier and the report on a client of their own: the store sets its
+    # 2-second reply timeout on its client's pool, and the barrier may wait longer
     client = redis.Redis.from_url(url)
-    worker = Worker(RedisStore(client, prefix=PREFIX), owner=f"w{index}")
+    worker = Worker(RedisStore(redis.Redis.from_url(url), prefix=PREFIX), owner=f"w{index}")
     rng = random.Random(index)
     counts, start = _barrier(client, round_, parties)
     for _ in range(attempts):
@@ -232,7 +239,8 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()
-        setup = Worker(RedisStore(client, prefix=PREFIX), owner="setup")
+        # the store on a client of its own (it sets a 2 s reply timeout on its pool)
+        setup = Worker(RedisStore(redis.Redis.from_url(url), prefix=PREFIX), owner="setup")
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
         round_ = f"round{workers}"
@@ -267,37 +275,72 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
         client.close()
 
 
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def run(
     workers: Sequence[int] = (1, 4, 16),
     steps: int = 4000,
     sessions: int = 32,
     url: str | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """Sessions advanced per second and CAS conflict rate for each worker count."""
+    """Sessions advanced per second and CAS conflict rate for each worker count, beside
+    the floor: interleaved (for each worker count, our round then the floor's, and
+    ``rounds`` times over), medians over rounds, the ratio the median of per-round
+    ratios."""
     url = url or os.environ.get("STATEMACHINE_REDIS_URL")
-    rounds: dict[str, dict[str, Any]] = {}
-    floors: dict[str, dict[str, Any]] = {}
+    ours: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
+    floors: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
     with _server(url) as (server_url, server):
-        for count in workers:
-            rounds[str(count)] = ours = _round(server_url, count, steps, sessions)
-            floors[str(count)] = _floor_round(
-                server_url, count, steps, sessions, ours["record_bytes"]
-            )
+        for _ in range(rounds):
+            for count in workers:
+                mine = _round(server_url, count, steps, sessions)
+                ours[str(count)].append(mine)
+                floors[str(count)].append(
+                    _floor_round(server_url, count, steps, sessions, mine["record_bytes"])
+                )
+
+    def median(rows: dict[str, list[dict[str, Any]]], field: str, digits: int) -> dict[str, Any]:
+        return {k: round(_median([r[field] for r in v]), digits) for k, v in rows.items()}
+
     return {
         "unit": "sessions advanced (one event applied with CAS) per second, N worker processes",
         "server": server,
         "sessions": sessions,
         "steps": steps,
+        "rounds": rounds,
         "cpus": os.cpu_count(),
-        "sessions_per_s": {k: round(v["sessions_per_s"], 1) for k, v in rounds.items()},
-        "conflict_rate": {k: round(v["conflict_rate"], 4) for k, v in rounds.items()},
-        "applied": {k: v["applied"] for k, v in rounds.items()},
-        "conflicts": {k: v["conflicts"] for k, v in rounds.items()},
-        "mean_record_bytes": {k: v["record_bytes"] for k, v in rounds.items()},
-        "floor_sessions_per_s": {k: round(v["sessions_per_s"], 1) for k, v in floors.items()},
-        "floor_conflict_rate": {k: round(v["conflict_rate"], 4) for k, v in floors.items()},
+        "sessions_per_s": median(ours, "sessions_per_s", 1),
+        "conflict_rate": median(ours, "conflict_rate", 4),
+        "applied": median(ours, "applied", 0),
+        "conflicts": median(ours, "conflicts", 0),
+        "mean_record_bytes": median(ours, "record_bytes", 0),
+        "floor_sessions_per_s": median(floors, "sessions_per_s", 1),
+        "floor_conflict_rate": median(floors, "conflict_rate", 4),
         "of_floor": {
-            k: round(rounds[k]["sessions_per_s"] / floors[k]["sessions_per_s"], 3) for k in rounds
+            k: round(
+                _median(
+                    [
+                        a["sessions_per_s"] / f["sessions_per_s"]
+                        for a, f in zip(ours[k], floors[k], strict=True)
+                    ]
+                ),
+                3,
+            )
+            for k in ours
+        },
+        "of_floor_rounds": {
+            k: [
+                round(a["sessions_per_s"] / f["sessions_per_s"], 3)
+                for a, f in zip(ours[k], floors[k], strict=True)
+            ]
+            for k in ours
         },
     }
 
@@ -308,9 +351,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--url", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     workers = tuple(int(w) for w in args.workers.split(","))
-    result = run(workers, args.steps, args.sessions, args.url)
+    result = run(workers, args.steps, args.sessions, args.url, args.rounds)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
