@@ -345,6 +345,60 @@ def _reinvoked() -> dict[str, Any]:
     return _conflicted(reinvoked=True)
 
 
+def _invoking() -> dict[str, Any]:
+    """A first tool round in flight: two calls."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    calls = [sm.ToolCall("c1", "fs", "write", {"p": 1}), sm.ToolCall("c2", "fs", "read", {"p": 2})]
+    turn.send(sm.ModelReplied(tool_calls=calls))
+    return _snap(session)
+
+
+def _fell_back() -> dict[str, Any]:
+    """``max_retries=1``: a failure, a wait, a retry (attempt 1), a failure, the
+    fallback (attempt 0 again), a reply."""
+    settings = sm.Settings(fallback_models=("b",), max_retries=1)
+    session = sm.Session(settings, seed=3, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 10))
+    turn.send(fail("overloaded"))
+    turn.send(sm.WaitDone())
+    turn.send(fail("overloaded"))
+    turn.send(sm.ModelReplied())
+    data = _snap(session)
+    assert data["turn"]["attempt"] == 0 and data["turn"]["path"][3][4] == 1
+    return data
+
+
+def _used() -> dict[str, Any]:
+    """A reply at step 2 that cost 0.5 and reported its usage."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    usage = sm.Usage(input_tokens=3, output_tokens=4, cost_usd=0.5)
+    turn.send(sm.ModelReplied(cost=0.5, usage=usage))
+    data = _snap(session)
+    assert [index for index, _ in data["turn"]["usages"]] == [2]
+    return data
+
+
+def _usage_at(*indexes: int, cost: float = 0.5) -> Forgery:
+    def forge(d: dict[str, Any]) -> None:
+        usage = dict(d["turn"]["usages"][0][1], cost_usd=cost)
+        d["turn"]["usages"] = [[index, usage] for index in indexes]
+
+    return forge
+
+
+def _swap_first_steps(d: dict[str, Any]) -> None:
+    path = d["turn"]["path"]
+    path[0], path[1] = path[1], path[0]
+
+
 def _in_turn(**fields: Any) -> Forgery:
     return lambda d: d["turn"].update(fields)
 
@@ -561,6 +615,96 @@ SESSION_FORGED: dict[str, tuple[Callable[[], dict[str, Any]], Forgery, str]] = {
         lambda d: d["turn"]["times"].__setitem__(0, 5.0),
         r"^turn\.times: a transition was taken before the one it follows$",
     ),
+    "a path that does not start idle": (
+        _snapshot,
+        _swap_first_steps,
+        r"^turn\.path\[0\]: starts in 'assembling', but the turn was in 'idle'$",
+    ),
+    "a state that is not where the path ends": (
+        _snapshot,
+        _both(_set(finished_at=None), _in_turn(state="calling")),
+        r"^turn\.state: 'calling' is not where the turn's path ends \('completed'\)$",
+    ),
+    "an attempt the last step does not record": (
+        _snapshot,
+        _in_turn(attempt=0),
+        r"^turn\.path: its last counters \(1, 0, 1\) are not the turn's \(0, 0, 1\)$",
+    ),
+    "a request that is not the last CallModel's": (
+        _snapshot,
+        _in_turn(request={"m": 2}),
+        r"^turn\.request: not the request of the turn's last CallModel$",
+    ),
+    "calls in flight that are not the last InvokeTools'": (
+        _invoking,
+        lambda d: d["turn"]["actions"][-1].__setitem__("calls", d["turn"]["calls"][:1]),
+        r"^turn\.in_flight: the calls in flight are not those of the last InvokeTools$",
+    ),
+    "a step's attempt over max_retries, the turn's within": (
+        _fell_back,
+        _set_settings(max_retries=0),
+        r"^turn\.path\[3\]: attempt 1 is over max_retries$",
+    ),
+    "a tool round's wait for another category": (
+        _conflicted,
+        lambda d: d["turn"]["actions"][-1].__setitem__("category", "process_crashed"),
+        r"^turn\.actions\[3\]: a tool round's Wait for process_crashed$",
+    ),
+    "a tool round's wait at max_conflict_retries": (
+        _conflicted,
+        lambda d: d["turn"]["actions"][-1].__setitem__("attempt", 3),
+        r"^turn\.actions\[3\]: Wait attempt 3 beyond max_conflict_retries$",
+    ),
+    "a tool round's wait naming a retry-after": (
+        _conflicted,
+        lambda d: d["turn"]["actions"][-1].__setitem__("retry_after", 0.1),
+        r"^turn\.actions\[3\]: a tool round's Wait names a server's retry-after$",
+    ),
+    "a tool round's wait longer than any the settings ask for": (
+        _conflicted,
+        lambda d: d["turn"]["actions"][-1].__setitem__("seconds", 300.5),
+        r"^turn\.actions\[3\]: a wait of 300\.5 s the settings cannot ask for$",
+    ),
+    "two costs kept for one step": (
+        _snapshot,
+        _in_turn(costs=[[4, 0.25], [4, 0.25]]),
+        r"^turn\.costs\[1\]: step 4 is not a later step of the turn$",
+    ),
+    "a cost kept past the path": (
+        _snapshot,
+        _in_turn(costs=[[6, 0.5]]),
+        r"^turn\.costs\[0\]: step 6 is not a later step of the turn$",
+    ),
+    "two usages kept for one step": (
+        _used,
+        _usage_at(2, 2),
+        r"^turn\.usages\[1\]: step 2 is not a later step of the turn$",
+    ),
+    "a usage kept past the path": (
+        _used,
+        _usage_at(3),
+        r"^turn\.usages\[0\]: step 3 is not a later step of the turn$",
+    ),
+    "a usage kept for a step that is no model call's outcome": (
+        _used,
+        _usage_at(1),
+        r"^turn\.usages\[0\]: step 1 is no model call's outcome$",
+    ),
+    "a usage whose cost is not what its step charged": (
+        _used,
+        _usage_at(2, cost=0.25),
+        r"^turn\.usages\[0\]: a cost of 0\.25 where the step charged another$",
+    ),
+    "a re-invocation of two calls": (
+        _reinvoked,
+        lambda d: d["turn"]["actions"][-1].__setitem__("calls", d["turn"]["calls"]),
+        r"^turn\.actions\[4\]: a re-invocation is one call of the reply$",
+    ),
+    "a re-invocation of a call the reply did not ask for": (
+        _reinvoked,
+        lambda d: d["turn"]["actions"][-1]["calls"][0].__setitem__("id", "c9"),
+        r"^turn\.actions\[4\]: a re-invocation is one call of the reply$",
+    ),
     "a doom loop fired before any turn": (
         _fresh,
         _set(limit="error_doom_loop"),
@@ -628,3 +772,35 @@ def test_a_restored_childs_ancestors_budget_is_less_only_the_spend_since_it_was_
     turn.send(sm.Assembled({"m": 2}, 5))
     turn.send(sm.ModelReplied(cost=2.0))
     assert child.remaining_budget_usd == 7.0
+
+
+@pytest.mark.requirement("ER-38")
+def test_the_longest_wait_is_the_jittered_cap_when_it_exceeds_max_server_wait_s() -> None:
+    """With ``max_delay_ms`` 100 s and ``max_server_wait_s`` 10 s a backoff may wait up
+    to 150 s (the cap times the largest jitter, 1.5): a real wait of 106.7 s and one
+    of exactly 150 s restore, one just over is refused."""
+    settings = sm.Settings(base_delay_ms=100_000, max_delay_ms=100_000, max_server_wait_s=10)
+    session = sm.Session(settings, seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    wait = turn.send(fail("overloaded"))
+    assert isinstance(wait, sm.Wait) and 100 < wait.seconds < 150
+    data = _snap(session)
+    assert _restores(copy.deepcopy(data))
+    data["turn"]["actions"][2]["seconds"] = 150.0
+    assert _restores(copy.deepcopy(data))
+    data["turn"]["actions"][2]["seconds"] = 150.001
+    with pytest.raises(sm.SnapshotError, match=r"^turn\.actions\[2\]: a wait of 150\.001 s"):
+        sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(("attempt", "seconds"), [(2, 0.0), (0, 300.0)])
+def test_a_tool_rounds_wait_at_its_bounds_restores(attempt: int, seconds: float) -> None:
+    """A conflict's wait may be the last one ``max_conflict_retries`` allows (attempt
+    2 of 3), and as short as 0 s or as long as the longest wait (here
+    ``max_server_wait_s``, 300 s)."""
+    data = _conflicted()
+    data["turn"]["actions"][-1].update(attempt=attempt, seconds=seconds)
+    assert _restores(data)

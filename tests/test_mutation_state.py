@@ -268,3 +268,131 @@ def test_a_second_compaction_in_a_turn_whose_costs_stopped_growing_writes_valid_
     fresh = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, remember=0)
     assert fresh.load("s").session.snapshot() == r.session.snapshot()
     assert steps > 2 * COMPACT_EVERY
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(("seed", "shown"), [(-1, "-1"), (1 << 64, "an int of 65 bits")])
+def test_a_seed_outside_64_unsigned_bits_is_refused(seed: int, shown: str) -> None:
+    """-1 and 2**64 are refused by name; 0 and 2**64 - 1, the ends of the range, restore."""
+    data = _snapshot()
+    data["seed"] = seed
+    _refused(data, rf"^seed: must be a 64-bit unsigned int, got {shown}$")
+    for edge in (0, (1 << 64) - 1):
+        data["seed"] = edge
+        assert sm.Session.restore(data, clock=ManualClock()).seed == edge
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(("value", "shown"), [(5, "int"), ("\ud800", "str")])
+def test_a_text_field_must_be_valid_text(value: object, shown: str) -> None:
+    """A text field (here the doom run's fingerprint) holding a number, or a string
+    that is not valid Unicode (a lone surrogate, which no JSON writer can encode), is
+    refused by name."""
+    data = _snapshot()
+    data["doom_last"] = value
+    _refused(data, rf"^doom_last: must be str or null, got {shown}$")
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("breakers", "message"),
+    [
+        ([], r"^breakers: must be dict of provider: count, got list$"),
+        ("fs", r"^breakers: must be dict of provider: count, got str$"),
+        ({"": 1}, r"^breakers: provider names must be non-empty str, got ''$"),
+        ({"fs": 1.0}, r"^breakers\.fs: must be int, got float$"),
+    ],
+)
+def test_crash_counts_must_map_provider_names_to_counts(breakers: object, message: str) -> None:
+    """The breakers' crash counts: an object of non-empty provider names to ints, each
+    refusal naming the key."""
+    data = _snapshot()
+    data["breakers"] = breakers
+    _refused(data, message)
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize("value", ["5", float("inf"), float("nan"), True])
+def test_a_signed_number_must_be_finite(value: object) -> None:
+    """The ancestors' budget last read (which may be negative: overspent) must be a
+    finite number or null."""
+    data = _snapshot()
+    data["ancestor_budget_usd"] = value
+    _refused(data, r"^ancestor_budget_usd: must be a finite number or null, got ")
+
+
+def _crash_window_snapshot() -> dict[str, Any]:
+    """A tool's provider crashed once with a crash window kept (``breaker_window``)."""
+    settings = sm.Settings(breaker_window=5, breaker_window_threshold=3)
+    session = sm.Session(settings, seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied(tool_calls=[sm.ToolCall("c1", "fs", "read", {})]))
+    crashed = sm.ToolOutcome("c1", False, "x", category=sm.ToolErrorCategory.PROCESS_CRASHED)
+    turn.send(sm.ToolsDone((crashed,)))
+    data: dict[str, Any] = json.loads(json.dumps(session.snapshot()))
+    assert data["crash_logs"] == {"fs": "1"}
+    return data
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("logs", "message"),
+    [
+        ({"fs": "012"}, r"^crash_logs\.fs: must be a str of 0s and 1s, got '012'$"),
+        ({"fs": 1}, r"^crash_logs\.fs: must be a str of 0s and 1s, got 1$"),
+        ({"": "1"}, r"^crash_logs: provider names must be non-empty str, got ''$"),
+        ([], r"^crash_logs: must be dict of provider: window, got list$"),
+    ],
+)
+def test_crash_windows_must_map_provider_names_to_windows(logs: object, message: str) -> None:
+    """A crash window is a text of 0s and 1s per provider: the engine's restores, a
+    forged one is refused naming the key."""
+    data = _crash_window_snapshot()
+    assert sm.Session.restore(copy.deepcopy(data), clock=ManualClock()).snapshot() == data
+    data["crash_logs"] = logs
+    _refused(data, message)
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize("child", ["", "\ud800"])
+def test_a_child_id_must_be_valid_non_empty_text(child: str) -> None:
+    data = _snapshot()
+    data["child_costs"] = {child: 0.0}
+    _refused(data, r"^child_costs: session ids must be non-empty str, got ")
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_usage_entry_is_a_step_and_a_usage() -> None:
+    """A usage kept per model call: the engine's ``[step, usage]`` restores; an entry
+    of three items is refused naming it."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied(cost=0.5, usage=sm.Usage(input_tokens=3, cost_usd=0.5)))
+    data: dict[str, Any] = json.loads(json.dumps(session.snapshot()))
+    assert sm.Session.restore(copy.deepcopy(data), clock=ManualClock()).snapshot() == data
+    data["turn"]["usages"][0].append(1)
+    _refused(data, r"^turn\.usages\[0\]: must be \[step, usage\], got ")
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize("pending", ["c1", [""], [1], {}])
+def test_pending_calls_must_be_a_list_of_call_ids(pending: object) -> None:
+    data = _snapshot()
+    data["turn"]["pending"] = pending
+    _refused(data, r"^turn\.pending: must be a list of call ids, got ")
+
+
+@pytest.mark.requirement("ER-38")
+def test_an_action_count_is_read_up_to_the_largest_count() -> None:
+    """An action's attempt is a count up to 2**63 - 1: that is read (and then refused by
+    the reachable-state rule, which compares it with its step), one more is refused
+    while decoding."""
+    data = _snapshot()
+    data["turn"]["actions"][1]["attempt"] = (1 << 63) - 1
+    _refused(copy.deepcopy(data), r"^turn\.actions\[1\]: CallModel attempt 9223372036854775807, ")
+    data["turn"]["actions"][1]["attempt"] = 1 << 63
+    _refused(data, r"^turn\.actions\[1\]: CallModel\.attempt: 9223372036854775808 is not what")
