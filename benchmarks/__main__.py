@@ -254,7 +254,7 @@ def _print_retry(r: dict[str, Any]) -> list[str]:
     lines += _table([(k, _fmt(v, " µs")) for k, v in r["rows"].items()])
     lines.append("  ratios:")
     lines += _table([(k, f"{v:.3f}x") for k, v in r["ratios"].items()], "    ")
-    lines.append(f"  target: ours / tenacity <= {r['target']['ours / tenacity']}")
+    lines += [f"  target: {k} <= {v}" for k, v in r["target"].items()]
     return lines
 
 
