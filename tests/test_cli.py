@@ -137,9 +137,38 @@ def test_text_trace_shows_steps_counters_and_statuses() -> None:
 _STEP_ROW = re.compile(r"^  +\d+ +\d+\.\d{3}  ")
 
 
+_ROW_CELL = re.compile(r"  +(\d+)(?: \[([^]]*)\])?$")
+
+
 def _step_rows(out: str) -> list[str]:
-    """The trace's transition rows, without their guard column (the last, unpadded)."""
-    return [line.split("  [")[0] for line in out.splitlines() if _STEP_ROW.match(line)]
+    """The trace's transition rows, without their row column (the last: the table row's
+    number, then its guards, unpadded)."""
+    return [_ROW_CELL.sub("", line) for line in out.splitlines() if _STEP_ROW.match(line)]
+
+
+@pytest.mark.requirement("ER-63")
+def test_the_row_column_is_the_number_of_the_table_row_that_fired() -> None:
+    """Each step's row column holds the number of its row in the transition table (as
+    the table under the diagram numbers them), then that row's guards: the
+    row of that number has the step's states, and its guards are the ones printed."""
+    from statemachine.core._table import ROWS
+    from statemachine.dev._diagrams import ROW_NUMBERS, row_key
+
+    code, out, _ = _run("simulate")
+    assert code == 0
+    seen = set()
+    for line in out.splitlines():
+        if not _STEP_ROW.match(line):
+            continue
+        cell = _ROW_CELL.search(line)
+        assert cell, line
+        number = int(cell.group(1))
+        row = ROWS[number - 1]
+        assert ROW_NUMBERS[row_key(row)] == number
+        assert f" {row.source} -> {row.dest} " in line, (number, line)
+        assert (cell.group(2) or "") == row.label, (number, line)
+        seen.add(number)
+    assert len(seen) > 20  # the built-ins fire most of the table
 
 
 @pytest.mark.requirement("ER-63")

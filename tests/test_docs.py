@@ -146,6 +146,23 @@ def test_the_readme_agent_loop_runs_offline_as_written(
     assert result["tool_use_id"] == last[1]["content"][1]["id"]
 
 
+@pytest.mark.requirement("ER-69", "ER-63")
+def test_the_readme_simulate_sample_is_what_simulate_prints() -> None:
+    """The README's sample is the first turn of `simulate rate-limit-storm`, as it
+    prints now (columns, the start step, the row numbers and guards)."""
+    import io
+
+    out = io.StringIO()
+    assert _cli.main(["simulate", "rate-limit-storm"], stdout=out) == 0
+    lines = out.getvalue().splitlines()
+    start = lines.index("  turn 1")
+    end = next(i for i, line in enumerate(lines) if line.startswith("  => turn 1"))
+    expected = "\n".join(lines[start : end + 1]) + "\n"
+    assert _marked(ROOT / "README.md", "simulate-sample") == expected, (
+        "regenerate the README's simulate-sample block"
+    )
+
+
 DRIVER_EXAMPLES = [
     code for _, code in blocks(ROOT / "docs" / "drivers.md", "python") if "def main" in code
 ]

@@ -42,10 +42,12 @@ A SCENARIO is a built-in name (see --list) or a path to a .toml file; with none,
 every built-in runs. Each transition prints as a row: step, virtual time, state ->
 next state, the event (with "(auto)" for the WaitDone the simulator sends after a
 Wait), the engine's action, the counters (att: attempt of the current call, ret:
-session retries used, red: context reductions) and the guards of the table row
-that fired; a cell too long for its column is cut and ends in "..." (--json has it
+session retries used, red: context reductions) and the row: the number of the
+transition-table row that fired, as the table under the diagram numbers it
+(diagrams/turn.svg, docs/machine.md), then that row's guards, the conditions that
+chose it; a cell too long for its column is cut and ends in "..." (--json has it
 whole). Under each turn: its status, its own cost and retries, and the session's
-totals. Scenario file schema: see statemachine/dev/_scenarios.py or the README.
+totals. The scenario file format and the built-ins: docs/simulate.md.
 Exit status: 0 when every expectation held, 1 when one did not, 2 for a bad file.
 """
 

@@ -482,6 +482,18 @@ def _action_text(action: Action | None) -> str:
     return repr(action)
 
 
+ROW_NUMBERS: dict[tuple[str, str, str, str], int] = {
+    row.key: number for number, row in enumerate(ROWS, 1)
+}
+"""Each table row's number, as the table under the diagram (``diagrams/turn.svg``)
+numbers it: its place in the table, from 1."""
+
+
+def row_number(record: StepRecord) -> int:
+    """The number of the table row that fired for ``record``."""
+    return ROW_NUMBERS[(record.source, record.event, record.guard, record.dest)]
+
+
 ELLIPSIS = "..."
 """What ends a cell cut to its column's width (ASCII: any terminal can print it)."""
 
@@ -566,7 +578,7 @@ def format_step(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
     if record.detail:
         event += f" {record.detail}"
     move = f"{record.source} -> {record.dest}"
-    guard = f"[{record.guard}]" if record.guard else ""
+    guard = f"{row_number(record):>3}" + (f" [{record.guard}]" if record.guard else "")
     n = layout.count
     return (
         f"  {record.step:>{layout.step}} {record.t:>{layout.time}.3f}  "
