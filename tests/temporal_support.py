@@ -117,15 +117,18 @@ class Context:
     async def assemble(self, action: sm.Assemble) -> sm.Assembled:
         try:
             talk = smt.conversation()
-            prompt, turns = talk.prompt, len(talk.turns)
+            prompt, records = talk.prompt, list(talk.turns)
         except LookupError:
-            prompt, turns = self.prompt, len(self.turns)
+            prompt, records = self.prompt, list(self.turns)
         request = {
             "prompt": prompt,
-            "turn": turns + 1,
+            "turn": len(records) + 1,
             "reduced": action.reduce,
             "final": action.withhold_tools,
         }
+        human = [r for r in records if isinstance(r, dict) and "human" in r]
+        if human:  # a person's input (new credentials, a raised bound) for the providers
+            request["human"] = human
         return sm.Assembled(request, 500 if action.reduce else 1000)
 
 

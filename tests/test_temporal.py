@@ -28,7 +28,12 @@ import statemachine as sm
 
 try:
     from temporalio.api.enums.v1 import EventType
-    from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
+    from temporalio.client import (
+        Client,
+        WorkflowFailureError,
+        WorkflowHistory,
+        WorkflowUpdateFailedError,
+    )
     from temporalio.exceptions import ApplicationError, CancelledError
     from temporalio.testing import TimeSkipper, WorkflowEnvironment
     from temporalio.worker import Replayer, Worker
@@ -371,6 +376,140 @@ def test_the_context_activity_keeps_the_conversation_and_refuses_gaps() -> None:
         asyncio.run(
             bare.assemble({"action": action, "turns": [], "conversation": {"key": "k", "from": 0}})
         )
+
+
+async def offer(handle: Any, name: str, argument: Any, timeout: float = 30.0) -> str:
+    """Send update ``name`` as soon as the workflow waits for it (its validator refuses
+    it until then)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return str(await handle.execute_update(name, argument))
+            except WorkflowUpdateFailedError:
+                await asyncio.sleep(0.05)
+
+
+def steps(trace: list[dict[str, Any]], turn: int) -> list[tuple[str, str, str]]:
+    """(source, event, dest) of one turn's trace records."""
+    return [(r["source"], r["event"], r["dest"]) for r in trace if r["turn"] == turn]
+
+
+@pytest.mark.requirement("ER-197")
+def test_new_credentials_resume_a_session_after_an_auth_error(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """After an ``auth_error`` turn the workflow waits for a person (``await_human_s``):
+    an update of another kind is refused while it waits; ``credentials`` (a reference,
+    never the secret) resumes it with a new turn whose request carries the reference,
+    and the session completes; the engine's trace shows the failed turn and the new
+    one. Without an update in time the session ends ``failed``. Both check clean."""
+    client = env.client
+    prompt = {"fail": "auth_error", "fail_turns": 1}
+
+    async def body() -> None:
+        handle = await start(client, support.session_input(prompt, await_human_s=60), "creds")
+
+        async def stuck() -> bool:
+            status = await handle.query("status", result_type=smt.Report)
+            return status is not None and status.last_turn == "auth_error"
+
+        await support.wait_for(stuck)
+        assert (await handle.query("status", result_type=smt.Report)).status is None
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update("raise_limit", {"max_turns": 9})
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update("credentials", "")
+        assert await offer(handle, "credentials", "vault:anthropic/v2") == "accepted"
+        report = await handle.result()
+        assert (report.status, report.turns, report.last_turn) == ("completed", 2, "completed")
+        trace = await handle.query("trace")
+        assert ("calling", "ModelFailed", "failed") in steps(trace, 1)
+        assembled = [r for r in trace if r["turn"] == 2 and r["event"] == "Assembled"]
+        request = assembled[0]["caused_by"]["request"]
+        assert request["human"] == [{"human": "credentials", "ref": "vault:anthropic/v2"}]
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+        late = await start(client, support.session_input(prompt, await_human_s=1), "no-creds")
+        ended = await late.result()
+        assert (ended.status, ended.last_turn, ended.turns) == ("failed", "auth_error", 1)
+        assert smt.check_replay(await late.fetch_history()) is None
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-197")
+def test_a_person_raises_a_bound_after_its_limit_fired(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """``max_turns=2`` fires; before the final-answer turn the workflow waits (a raise
+    before then is refused: it is not waiting), a raise that would leave the limit
+    reached is refused, and an unknown setting; ``max_turns``
+    10 is accepted and the session goes on with normal turns to its answer (without it
+    the session would end ``error_max_turns``). The trace shows the turn after the raise
+    with tools offered again."""
+    client = env.client
+    settings = sm.Settings(max_turns=2)
+    prompt = {"tool_turns": 4}
+
+    async def body() -> None:
+        data = support.session_input(prompt, settings, await_human_s=60)
+        handle = await start(client, data, "raise")
+        accepted = None
+        async with asyncio.timeout(30):
+            while accepted is None:
+                try:
+                    await handle.execute_update("raise_limit", {"max_turns": 2})
+                except WorkflowUpdateFailedError as failure:
+                    if "still holds" in str(failure.cause):  # waiting now: a real refusal
+                        with pytest.raises(WorkflowUpdateFailedError, match="update failed"):
+                            await handle.execute_update("raise_limit", {"no_such": 1})
+                        accepted = await handle.execute_update("raise_limit", {"max_turns": 10})
+                    else:
+                        await asyncio.sleep(0.05)
+        assert accepted == "accepted"
+        report = await handle.result()
+        assert (report.status, report.turns) == ("completed", 4)
+        trace = await handle.query("trace")
+        third = [r for r in trace if r["turn"] == 3]
+        assert third[0]["dest"] == "assembling"
+        assert third[1]["caused_by"]["request"]["final"] is False  # not the final-answer turn
+        assert smt.check_replay(await handle.fetch_history()) is None
+        plain = await start(client, support.session_input(prompt, settings), "no-raise")
+        assert (await plain.result()).status == "error_max_turns"
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-197")
+def test_a_person_approves_or_rejects_each_gated_tool_call(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """Calls of ``approve_tools`` wait for a decision: the approved one runs, the rejected
+    one comes back to the model as a ``permission_denied`` outcome with the person's
+    note (a denial the engine counts), visible in the ``ToolsDone`` step of the trace
+    and in the next turn's conversation."""
+    client = env.client
+    prompt = {"tool_turns": 1, "calls": 2}
+
+    async def body() -> None:
+        data = support.session_input(prompt, await_human_s=60, approve_tools=["lookup"])
+        handle = await start(client, data, "approve")
+        assert await offer(handle, "decide", {"call_id": "call-1-0", "approve": True}) == "accepted"
+        reject = {"call_id": "call-1-1", "approve": False, "note": "not in production"}
+        assert await offer(handle, "decide", reject) == "accepted"
+        report = await handle.result()
+        assert (report.status, report.turns, report.denials) == ("completed", 2, 1)
+        trace = await handle.query("trace")
+        (done,) = [r for r in trace if r["turn"] == 1 and r["event"] == "ToolsDone"]
+        outcomes = {o["call_id"]: o for o in done["caused_by"]["outcomes"]}
+        assert outcomes["call-1-0"]["ok"] is True
+        assert outcomes["call-1-1"]["category"] == "permission_denied"
+        assert outcomes["call-1-1"]["content"] == "rejected by a person: not in production"
+        events = await support.history_events(client, handle.id)
+        assert len(scheduled(events, smt.INVOKE)) == 1  # the rejected call never ran
+        assert smt.check_replay(await handle.fetch_history()) is None
+
+    run(runner, body())
 
 
 @pytest.mark.requirement("ER-103")

@@ -31,7 +31,7 @@ import dataclasses
 import hashlib
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
@@ -67,6 +67,7 @@ from ..core._session import Session, Turn
 from ..core._settings import Settings
 from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall, ToolOutcome, ToolResult
+from ..core._trace import TraceRecord
 from ..core._usage import Usage
 from ._classify import classify
 from ._drivers import check_retry_owner, provider_bug, tool_failure, tool_outcome
@@ -525,6 +526,10 @@ class TurnIO(Protocol):
 
     def continue_as_new_suggested(self) -> bool: ...
 
+    async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
+        """A person's input of ``kind`` (an update), or ``None`` after ``timeout_s``."""
+        ...
+
 
 def workflow_clock() -> float:
     """The workflow's clock, in seconds (``workflow.time()``): deterministic, the same
@@ -661,6 +666,16 @@ class _Activities:
     def continue_as_new_suggested(self) -> bool:
         return workflow.info().is_continue_as_new_suggested()
 
+    async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
+        holder.waiting = kind
+        try:
+            await workflow.wait_condition(lambda: bool(holder.inbox), timeout=timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            holder.waiting = None
+        return holder.inbox.pop(0)
+
 
 def _failed(what: str, err: ActivityError) -> BaseException:
     """What an activity that did not return becomes: the workflow's own cancellation
@@ -699,9 +714,20 @@ def _unexpected(action: object) -> NoReturn:
     raise TypeError(f"unexpected action {action!r}")
 
 
-async def drive(turn: Turn, io: TurnIO, talk: Talk) -> Finish:
+Gate = Callable[[tuple[ToolCall, ...]], Awaitable[dict[str, ToolOutcome]]]
+"""What a round's tool calls go through first: the outcomes of those that must not
+run (a person rejected them), by call id."""
+
+
+async def drive(turn: Turn, io: TurnIO, talk: Talk, gate: Gate | None = None) -> Finish:
     """Run ``turn`` to its ``Finish`` with ``io``: the loop both the workflow and the
     replay check run (the drivers' loop, ``_loop.adrive``, with ``io`` performing)."""
+
+    async def tools(calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
+        stopped = {} if gate is None else await gate(calls)
+        run = tuple(call for call in calls if call.id not in stopped)
+        done = dict(zip((c.id for c in run), await io.invoke(run) if run else (), strict=True))
+        return tuple(stopped.get(call.id) or done[call.id] for call in calls)
 
     async def perform(action: Action) -> object:
         if isinstance(action, Assemble):
@@ -714,7 +740,7 @@ async def drive(turn: Turn, io: TurnIO, talk: Talk) -> Finish:
             await io.sleep(action.seconds)
             return WaitDone()
         if isinstance(action, InvokeTools):
-            return ToolsDone(await io.invoke(action.calls))
+            return ToolsDone(await tools(action.calls))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
     return await adrive(turn, perform)
@@ -756,6 +782,15 @@ class SessionInput:
     """The model and tool activities' ``heartbeat_timeout`` (``None``:
     :data:`DEFAULT_HEARTBEAT_TIMEOUT_S`)."""
     fail_workflow: bool = False
+    await_human_s: float = 0.0
+    """How long the workflow waits for a person (an update) where one can let the
+    session go on: after an ``auth_error`` turn (``credentials``), after a limit fired
+    (``raise_limit``, before the final-answer turn), and for each call of an
+    ``approve_tools`` tool (``decide``). 0: it never waits, as before."""
+    approve_tools: list[str] = dataclasses.field(default_factory=list)
+    """Tools whose calls run only once a person approved them (``decide``); a call
+    rejected, or not decided within ``await_human_s``, comes back to the model as a
+    ``permission_denied`` outcome."""
     store_conversation: bool = False
     """Send each turn's record to the context activity once, instead of the whole
     conversation with every assemble and continue-as-new: the context activities
@@ -843,10 +878,94 @@ class Continue:
 
 
 class Holder:
-    """Where the session loop leaves its session, for the status query."""
+    """Where the session loop leaves its session, for the status query, and where
+    the workflow's updates leave a person's input for it (``inbox``) while it waits
+    for one of kind ``waiting``."""
 
-    session: Session | None = None
-    reply: Any = None
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self.reply: Any = None
+        self.waiting: str | None = None
+        self.inbox: list[dict[str, Any]] = []
+        self.log: list[TraceRecord] = []
+
+    def observe(self, record: TraceRecord) -> None:
+        """A session observer: the run's last :data:`TRACE_KEPT` trace records."""
+        self.log.append(record)
+        if len(self.log) > TRACE_KEPT:
+            del self.log[: len(self.log) - TRACE_KEPT]
+
+
+TRACE_KEPT = 256
+"""How many trace records the ``trace`` query gives (the run's latest)."""
+
+
+CREDENTIALS = "credentials"
+"""The update that resumes a session after ``auth_error``: a reference to the new
+credentials (never the secret: updates are kept in the history)."""
+RAISE_LIMIT = "raise_limit"
+"""The update that raises a bound after its limit fired: settings to change."""
+DECIDE = "decide"
+"""The update that approves or rejects a tool call waiting for a person:
+``{"call_id", "approve", "note"}``."""
+
+
+def human_input(name: str, argument: Any) -> dict[str, Any]:
+    """The inbox entry an update's argument stands for (the workflow's update handler
+    and the replay check build it alike), or ``ValueError`` saying what is wrong."""
+    if name == CREDENTIALS:
+        if not isinstance(argument, str) or not argument:
+            raise ValueError("credentials: a non-empty reference to the new credentials")
+        return {"kind": CREDENTIALS, "ref": argument}
+    if name == RAISE_LIMIT:
+        if not isinstance(argument, dict) or not argument:
+            raise ValueError("raise_limit: a table of the settings to change")
+        return {"kind": RAISE_LIMIT, "settings": dict(argument)}
+    if name == DECIDE:
+        if not isinstance(argument, dict) or not isinstance(argument.get("call_id"), str):
+            raise ValueError('decide: {"call_id": str, "approve": bool, "note": str}')
+        if not isinstance(argument.get("approve"), bool):
+            raise ValueError("decide: approve must be true or false")
+        note = argument.get("note", "")
+        if not isinstance(note, str):
+            raise ValueError("decide: note must be text")
+        call_id = argument["call_id"]
+        return {"kind": f"{DECIDE}:{call_id}", "approve": argument["approve"], "note": note}
+    raise ValueError(f"no human input named {name!r}")
+
+
+def raised(
+    session: Session,
+    changes: dict[str, Any],
+    clock: Callable[[], float],
+    observers: Sequence[Callable[[TraceRecord], None]] = (),
+) -> Session:
+    """``session`` with ``changes`` to its settings and the limit that fired cleared,
+    checked as a restore checks it: ``ConfigError`` for an unknown or bad setting or
+    when the limit still holds under the new settings, ``SnapshotError`` when the
+    state could not be reached under them."""
+    snapshot = session.snapshot()
+    settings = Settings.from_dict({**snapshot["settings"], **changes}, source="raise_limit")
+    snapshot["settings"] = settings.to_dict()
+    snapshot["limit"] = None
+    probe = Session.restore(snapshot, clock, wall_clock=clock)
+    if probe.new_turn().final_answer:  # the bound still holds: the next turn is the last
+        fired = session.limit_reached
+        raise ConfigError(
+            f"raise_limit: {fired.value if fired else 'the limit'} still holds under "
+            f"{changes!r:.100}"
+        )
+    return Session.restore(snapshot, clock, wall_clock=clock, observers=observers)
+
+
+def rejected(call: ToolCall, note: str) -> ToolOutcome:
+    """A tool call a person rejected (or did not approve in time)."""
+    return ToolOutcome(
+        call.id,
+        ok=False,
+        content=f"rejected by a person: {note}" if note else "rejected by a person",
+        category=ToolErrorCategory.PERMISSION_DENIED,
+    )
 
 
 def turn_record(finish: Finish, index: int) -> dict[str, Any]:
@@ -862,10 +981,15 @@ def turn_record(finish: Finish, index: int) -> dict[str, Any]:
     }
 
 
-def open_session(data: SessionInput, io: TurnIO, workflow_id: str) -> Session:
+def open_session(
+    data: SessionInput,
+    io: TurnIO,
+    workflow_id: str,
+    observers: Sequence[Callable[[TraceRecord], None]] = (),
+) -> Session:
     """The session a run starts with: restored from the carried snapshot, or new."""
     if data.snapshot is not None:
-        return Session.restore(data.snapshot, io.now, wall_clock=io.now)
+        return Session.restore(data.snapshot, io.now, wall_clock=io.now, observers=observers)
     settings = Settings.from_dict(data.settings)
     seed = seed_of(workflow_id) if data.seed is None else data.seed
     return Session(
@@ -874,6 +998,7 @@ def open_session(data: SessionInput, io: TurnIO, workflow_id: str) -> Session:
         io.now,
         wall_clock=io.now,
         session_id=data.session_id or workflow_id,
+        observers=observers,
     )
 
 
@@ -889,19 +1014,27 @@ async def session_loop(
     """Run the session's turns: the ready-made workflow's body, also run by the
     replay check. Returns the final report, or a :class:`Continue`. ``key`` names the
     conversation in the context activities' store (``store_conversation``)."""
-    session = open_session(data, io, workflow_id)
+    session = open_session(data, io, workflow_id, [holder.observe])
     holder.session = session
     kept = key if data.store_conversation else None
     if data.store_conversation and key is None:
         raise ConfigError("store_conversation: the session loop needs the conversation's key")
     talk = Talk(data.prompt, data.turns, kept, data.sent)
     ran, deferred = 0, data.deferred
+    wait = float(data.await_human_s)
+    gate = _approval(data, io, holder) if data.approve_tools else None
     while session.status is None:
         turn = session.current_turn
         if turn is None or turn.done:
+            if wait and session.limit_reached is not None:
+                given = await io.human(holder, RAISE_LIMIT, wait)
+                if given is not None:  # checked by the update's validator
+                    session = raised(session, given["settings"], io.now, [holder.observe])
+                    holder.session = session
+                    talk.records.append({"human": RAISE_LIMIT, "settings": given["settings"]})
             turn = session.new_turn()
         try:
-            finish = await drive(turn, io, talk)
+            finish = await drive(turn, io, talk, gate)
         except asyncio.CancelledError:
             if session.status is None:
                 session.end(SessionStatus.CANCELLED, reason="the workflow was cancelled")
@@ -916,6 +1049,12 @@ async def session_loop(
         if deferred and deferred <= data.sleep_through_deferred:
             retry_at = finish.retry_at if finish.retry_at is not None else io.now()
             await io.sleep(max(0.0, retry_at - io.now()))
+        elif finish.status is TurnStatus.AUTH_ERROR and wait:
+            given = await io.human(holder, CREDENTIALS, wait)
+            if given is None:
+                session.end(SessionStatus.FAILED, reason="no new credentials in time")
+                break
+            talk.records.append({"human": CREDENTIALS, "ref": given["ref"]})
         elif finish.status not in _GOES_ON:
             if session.status is None:  # the conversation cannot go on: Report.status says so
                 session.end(SessionStatus.FAILED, reason=f"a turn ended {finish.status.value}")
@@ -944,6 +1083,16 @@ def check_input(data: SessionInput) -> SessionInput:
         # a bool is an int here: the first release's sleep_through_deferred was a bool
         if not isinstance(value, int) or value < least:
             raise ConfigError(f"SessionInput.{name}: must be an int >= {least}, got {value!r:.60}")
+    _check_seconds("await_human_s", data.await_human_s or None)
+    tools = data.approve_tools
+    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+        raise ConfigError(
+            f"SessionInput.approve_tools: must be a list of tool names, got {tools!r:.60}"
+        )
+    if tools and not data.await_human_s:
+        raise ConfigError(
+            "SessionInput.approve_tools: needs await_human_s > 0 to wait for a decision"
+        )
     if not isinstance(data.store_conversation, bool):
         raise ConfigError(
             f"SessionInput.store_conversation: must be a bool, got {data.store_conversation!r:.60}"
@@ -998,6 +1147,25 @@ def session_failed(outcome: Report) -> ApplicationError:
         type=FAILED_SESSION,
         non_retryable=True,
     )
+
+
+def _approval(data: SessionInput, io: TurnIO, holder: Holder) -> Gate:
+    """The gate of ``approve_tools``: each such call waits for a person's decision."""
+    names = frozenset(data.approve_tools)
+
+    async def gate(calls: tuple[ToolCall, ...]) -> dict[str, ToolOutcome]:
+        stopped: dict[str, ToolOutcome] = {}
+        for call in calls:
+            if call.name not in names:
+                continue
+            given = await io.human(holder, f"{DECIDE}:{call.id}", float(data.await_human_s))
+            if given is None:
+                stopped[call.id] = rejected(call, "no decision in time")
+            elif not given["approve"]:
+                stopped[call.id] = rejected(call, given["note"])
+        return stopped
+
+    return gate
 
 
 def activity_options(data: SessionInput) -> ActivityOptions:
@@ -1057,6 +1225,69 @@ class SessionWorkflow:
         if fails_workflow(data, outcome):
             raise session_failed(outcome)
         return outcome
+
+    def _check(self, kind: str, name: str, argument: Any) -> dict[str, Any]:
+        entry = human_input(name, argument)
+        if self._holder.waiting != kind or self._holder.inbox:
+            waiting = self._holder.waiting or "nothing"
+            raise ValueError(f"{name}: the session is not waiting for it (it waits for {waiting})")
+        return entry
+
+    @workflow.update(name=CREDENTIALS)
+    def credentials(self, ref: str) -> str:
+        """After an ``auth_error`` turn: the new credentials are in place (``ref``
+        names them for the providers, through the conversation's records); the
+        session goes on with a new turn."""
+        self._holder.inbox.append(human_input(CREDENTIALS, ref))
+        return "accepted"
+
+    @credentials.validator
+    def _credentials_ok(self, ref: str) -> None:
+        self._check(CREDENTIALS, CREDENTIALS, ref)
+
+    @workflow.update(name=RAISE_LIMIT)
+    def raise_limit(self, settings: dict[str, Any]) -> str:
+        """After a limit fired, before the final-answer turn: change these settings
+        so that it no longer holds, and go on with a normal turn."""
+        self._holder.inbox.append(human_input(RAISE_LIMIT, settings))
+        return "accepted"
+
+    @raise_limit.validator
+    def _raise_limit_ok(self, settings: dict[str, Any]) -> None:
+        self._check(RAISE_LIMIT, RAISE_LIMIT, settings)
+        session = self._holder.session
+        assert session is not None  # noqa: S101 - it waits for this only with a session
+        raised(session, settings, workflow_clock)  # ConfigError, SnapshotError: rejected
+
+    @workflow.update(name=DECIDE)
+    def decide(self, decision: dict[str, Any]) -> str:
+        """Approve or reject a tool call of ``approve_tools`` waiting for a person."""
+        self._holder.inbox.append(human_input(DECIDE, decision))
+        return "accepted"
+
+    @decide.validator
+    def _decide_ok(self, decision: dict[str, Any]) -> None:
+        call_id = decision.get("call_id") if isinstance(decision, dict) else None
+        self._check(f"{DECIDE}:{call_id}", DECIDE, decision)
+
+    @workflow.query(name="trace")
+    def trace(self) -> list[dict[str, Any]]:
+        """This run's latest trace records (:data:`TRACE_KEPT`), as data: each step's
+        turn, source, event, guard, destination and the event that caused it. A
+        person's input shows in the steps it led to: the turn after new credentials
+        or a raised bound, a rejected call's outcome in its ``ToolsDone``."""
+        return [
+            {
+                "turn": r.turn,
+                "step": r.step,
+                "source": r.source,
+                "event": r.event,
+                "guard": r.guard,
+                "dest": r.dest,
+                "caused_by": None if r.caused_by is None else encode(r.caused_by),
+            }
+            for r in self._holder.log
+        ]
 
     @workflow.query(name="status")
     def status(self) -> Report | None:

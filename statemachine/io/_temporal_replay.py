@@ -57,6 +57,7 @@ from ._temporal import (
     context_event,
     conversation_key,
     fails_workflow,
+    human_input,
     lost_model,
     model_event,
     session_loop,
@@ -148,6 +149,10 @@ class _History:
             if e.event_type == _E.EVENT_TYPE_WORKFLOW_TASK_STARTED and e.event_id in completed
         ]
         self._cancel: int | None = None
+        self._updates = [
+            e for e in events if e.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        ]
+        self._used: set[int] = set()
         for e in events:
             field = _RESULTS.get(e.event_type)
             if field is not None:
@@ -226,6 +231,47 @@ class _History:
         if fired is None:
             raise _Found(None)
         self._advance(fired.event_id)
+
+    async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
+        """The wait for a person: the timer of ``wait_condition``'s timeout, and the
+        first update accepted before it fired (its input), else ``None``. (The
+        updates' inbox, ``holder``, is the live workflow's: here the history is.)"""
+        del holder
+        expected = f"a wait for {kind} of {_nanos(timeout_s)} ns ({timeout_s!r} s)"
+        event = self._next(expected)
+        if event.event_type != _E.EVENT_TYPE_TIMER_STARTED:
+            self._drift(event, expected, _described(event))
+        attributes = event.timer_started_event_attributes
+        found = attributes.start_to_fire_timeout.ToNanoseconds()
+        if found != _nanos(timeout_s):
+            self._drift(event, expected, f"a timer of {found} ns ({found / 1e9!r} s)")
+        self.index += 1
+        fired = self._fired.get(attributes.timer_id)
+        limit = fired.event_id if fired is not None else 1 << 62
+        update = next(
+            (
+                e
+                for e in self._updates
+                if event.event_id < e.event_id < limit and e.event_id not in self._used
+            ),
+            None,
+        )
+        if update is not None:
+            self._used.add(update.event_id)
+            request = update.workflow_execution_update_accepted_event_attributes.accepted_request
+            payloads = list(request.input.args.payloads)
+            argument = self._converter.from_payloads(payloads)[0] if payloads else None
+            self._advance(update.event_id)
+            try:
+                return human_input(request.input.name, argument)
+            except ValueError as exc:
+                self._drift(update, f"an input for {kind}", f"an update {exc}")
+        if self._cancelled_before(fired):
+            raise asyncio.CancelledError
+        if fired is None:
+            raise _Found(None)
+        self._advance(fired.event_id)
+        return None
 
     # -- reading the history -------------------------------------------------------
 
