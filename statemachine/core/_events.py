@@ -7,7 +7,15 @@ from typing import Any
 import attrs
 
 from ._exceptions import InvalidValue
-from ._json_data import MAX_COUNT, finite, instance_of, json_form, json_validator, owned_json
+from ._json_data import (
+    MAX_COUNT,
+    finite,
+    instance_of,
+    json_form,
+    json_validator,
+    owned_json,
+    short_repr,
+)
 from ._model_error import HIDDEN, OPAQUE, REPLY, ModelError
 from ._tool_calls import ToolCall, ToolOutcome
 from ._usage import Usage
@@ -131,13 +139,29 @@ class ModelFailed:
     that is left out).
     """
 
-    error: ModelError = attrs.field(validator=instance_of(ModelError))
+    error: ModelError = attrs.field(validator=lambda _i, _a, value: _model_error(value))
     partial: bool = attrs.field(default=False, validator=instance_of(bool))
     cost: float = attrs.field(default=0.0, kw_only=True, validator=_cost)
     usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage)
 
     def __attrs_post_init__(self) -> None:
         _charge(self)
+
+
+def _model_error(value: object) -> None:
+    """``ModelFailed.error`` holds a :class:`ModelError`; a category name or an SDK
+    exception is refused with the line that builds one."""
+    if isinstance(value, ModelError):
+        return
+    if isinstance(value, str):
+        hint = f"sm.ModelFailed(sm.ModelError({value[:60]!r}, ...))"
+    elif isinstance(value, BaseException):
+        hint = "sm.ModelFailed(sm.classify(exc)), which reads an SDK's exception"
+    else:
+        hint = 'sm.ModelFailed(sm.ModelError("rate_limited", ...))'
+    raise InvalidValue(
+        f"ModelFailed.error: must be a ModelError, got {short_repr(value)}; write {hint}"
+    )
 
 
 @attrs.frozen

@@ -43,6 +43,7 @@ from ._engine import (
 )
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ._json_data import finite, json_problem
+from ._model_error import ModelError
 from ._reachable import check_reachable
 from ._settings import Settings
 from ._snapshot import read_snapshot, write_snapshot
@@ -673,9 +674,14 @@ class Turn:
             self._refuse(type(event).__name__)
         trigger = TRIGGERS.get(type(event))
         if trigger is None:
+            wrap = (
+                "; a model error is sent wrapped: turn.send(sm.ModelFailed(error))"
+                if isinstance(event, ModelError)
+                else ""
+            )
             raise IllegalEvent(
                 f"{event!r:.200} is not an event (expected one of "
-                f"{', '.join(sorted(TRIGGERS.values()))}) in state {turn.state!r}",
+                f"{', '.join(sorted(TRIGGERS.values()))}) in state {turn.state!r}{wrap}",
                 event=type(event).__name__,
                 state=turn.state,
             )
