@@ -163,6 +163,25 @@ def test_the_readme_simulate_sample_is_what_simulate_prints() -> None:
     )
 
 
+@pytest.mark.requirement("ER-69")
+def test_the_pages_count_the_multiplied_retries_alike() -> None:
+    """docs/comparison.md and docs/drivers.md give the same count of requests an SDK
+    that retries on its own makes under the engine, from both defaults as they are."""
+    import anthropic
+    import openai
+
+    assert anthropic.DEFAULT_MAX_RETRIES == openai.DEFAULT_MAX_RETRIES
+    sdk = anthropic.DEFAULT_MAX_RETRIES + 1
+    engine = sm.Settings().max_retries + 1
+    claim = f"up to {sdk * engine}\nrequests for one call"
+    for name in ("comparison.md", "drivers.md"):
+        text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        assert f"SDK's {sdk} attempts" in text, name
+        assert f"engine's {engine}" in " ".join(text.split()), name
+        assert claim.replace("\n", " ") in " ".join(text.split()), name
+        assert "settings above" not in text, name
+
+
 DRIVER_EXAMPLES = [
     code for _, code in blocks(ROOT / "docs" / "drivers.md", "python") if "def main" in code
 ]
