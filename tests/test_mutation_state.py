@@ -396,3 +396,25 @@ def test_an_action_count_is_read_up_to_the_largest_count() -> None:
     _refused(copy.deepcopy(data), r"^turn\.actions\[1\]: CallModel attempt 9223372036854775807, ")
     data["turn"]["actions"][1]["attempt"] = 1 << 63
     _refused(data, r"^turn\.actions\[1\]: CallModel\.attempt: 9223372036854775808 is not what")
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("value", "shown"), [("soon", "'soon'"), (float("inf"), "inf"), (True, "True")]
+)
+def test_a_deferred_finishs_retry_at_must_be_a_finite_number(value: object, shown: str) -> None:
+    """A turn deferred by a long server wait ends with a Finish carrying ``retry_at``:
+    restored as written; a forged one that is no finite number is refused by the
+    action's check, naming the field."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelFailed(sm.ModelError("rate_limited", retry_after_seconds=10_000)))
+    data: dict[str, Any] = json.loads(json.dumps(session.snapshot()))
+    assert data["turn"]["actions"][-1]["retry_at"] == 10_000.0
+    assert sm.Session.restore(copy.deepcopy(data), clock=ManualClock()).snapshot() == data
+    data["turn"]["actions"][-1]["retry_at"] = value
+    _refused(
+        data, rf"^turn\.actions\[2\]: Finish\.retry_at: {shown} is not what the engine writes$"
+    )
