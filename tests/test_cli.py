@@ -423,3 +423,15 @@ def test_the_vendor_command_refuses_a_port_in_use_and_a_missing_script(tmp_path:
     code, _, err = _run("vendor", "--script", str(tmp_path / "missing.toml"))
     assert code == 2
     assert "missing.toml: cannot read the script" in err
+
+
+@pytest.mark.requirement("ER-68")
+def test_simulate_spans_without_the_opentelemetry_sdk_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``simulate --spans`` needs opentelemetry-sdk; without it: exit 2 and the install line."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    code, _, err = _run("simulate", "--spans", "rate-limit-storm")
+    assert code == 2
+    assert "opentelemetry.sdk.trace is missing" in err
+    assert "pip install -e '.[otel]' opentelemetry-sdk" in err

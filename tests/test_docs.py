@@ -182,6 +182,20 @@ def test_the_pages_count_the_multiplied_retries_alike() -> None:
         assert "settings above" not in text, name
 
 
+@pytest.mark.requirement("ER-69")
+def test_the_readme_span_tree_is_what_simulate_spans_prints() -> None:
+    """The README's span tree is reproduced by the command its text names."""
+    import io
+
+    block = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"`python -m statemachine (simulate --spans [^`]+)`", block)
+    assert command, "the README names no command that prints its span tree"
+    out = io.StringIO()
+    assert _cli.main(command.group(1).split(), stdout=out) == 0
+    printed = out.getvalue().split("\n", 1)[1]  # under its "== scenario" line
+    assert f"```text\n{printed}```\n<!-- /otel-span-tree -->" in block
+
+
 DRIVER_EXAMPLES = [
     code for _, code in blocks(ROOT / "docs" / "drivers.md", "python") if "def main" in code
 ]

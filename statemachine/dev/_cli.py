@@ -85,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--seed", type=int, metavar="N", help="jitter seed for every scenario (default: theirs)"
     )
+    simulate.add_argument(
+        "--spans",
+        action="store_true",
+        help=(
+            "print instead the OpenTelemetry span tree a statemachine.otel.Telemetry "
+            "observer makes of each run (needs opentelemetry-sdk)"
+        ),
+    )
 
     diagram = commands.add_parser(
         "diagram",
@@ -443,6 +451,8 @@ def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print(f"statemachine simulate: {exc}", file=err)
         return EXIT_USAGE
 
+    if options.spans:
+        return _spans(scenarios, out, err)
     progress = _Progress(err, len(scenarios))
 
     def write(line: str) -> None:
@@ -476,6 +486,25 @@ def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         verdict = "all expectations held" if not failed else f"{failed} FAILED"
         write(f"{len(scenarios)} scenario(s): {verdict}")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _spans(scenarios: Sequence[Any], out: IO[str], err: IO[str]) -> int:
+    try:
+        from ._telemetry_docs import run_span_tree  # noqa: PLC0415 - needs OpenTelemetry
+
+        for scenario in scenarios:
+            print(f"== {scenario.name}", file=out)
+            print(run_span_tree(scenario), end="", file=out)
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        print(
+            f"statemachine simulate --spans: needs the OpenTelemetry API and SDK ({exc.name} "
+            "is missing): pip install -e '.[otel]' opentelemetry-sdk",
+            file=err,
+        )
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def _text_printer(write: Callable[[str], None], layout: Any = None) -> Callable[[Any], None]:
