@@ -148,8 +148,9 @@ def test_the_readme_agent_loop_runs_offline_as_written(
 
 @pytest.mark.requirement("ER-69", "ER-63")
 def test_the_readme_simulate_sample_is_what_simulate_prints() -> None:
-    """The README's sample is the first turn of `simulate rate-limit-storm`, as it
-    prints now (columns, the start step, the row numbers and guards)."""
+    """The README's sample is the first turn of `simulate rate-limit-storm`, and
+    docs/simulate.md's excerpt that turn with the scenario's header, as it prints now
+    (columns, the start step, the row numbers and guards)."""
     import io
 
     out = io.StringIO()
@@ -160,6 +161,10 @@ def test_the_readme_simulate_sample_is_what_simulate_prints() -> None:
     expected = "\n".join(lines[start : end + 1]) + "\n"
     assert _marked(ROOT / "README.md", "simulate-sample") == expected, (
         "regenerate the README's simulate-sample block"
+    )
+    excerpt = "\n".join(lines[: end + 1]) + "\n"
+    assert _marked(ROOT / "docs" / "simulate.md", "simulate-excerpt") == excerpt, (
+        "regenerate docs/simulate.md's simulate-excerpt block"
     )
 
 
