@@ -100,13 +100,19 @@ _IDLE_FIELDS = tuple(
 """What an idle (never started) turn holds: its declared defaults."""
 
 
-def reachable_problem(state: SessionState, settings: Settings) -> str | None:
+def reachable_problem(state: SessionState, settings: Settings, *, checked: int = 0) -> str | None:
     """Why the engine could never be in ``state`` under ``settings`` (naming the key),
-    or ``None``."""
+    or ``None``.
+
+    ``checked``: how many of the current turn's first steps are known to pass their own
+    checks (the model checker steps from a state that passed; the path only grows): the
+    steps from there on are checked one by one, the whole state as always.
+    """
     problem = _session_problem(state, settings)
     if problem is not None or state.turn is None:
         return problem
-    return _turn_problem(state.turn, state, settings) or _path_problem(state.turn, state, settings)
+    turn = state.turn
+    return _turn_problem(turn, state, settings) or _path_problem(turn, state, settings, checked)
 
 
 def check_reachable(state: SessionState, settings: Settings) -> None:
@@ -369,12 +375,21 @@ def _usage_problem(turn: TurnState) -> str | None:
     return None
 
 
-def _path_problem(turn: TurnState, session: SessionState, settings: Settings) -> str | None:
+def _path_problem(
+    turn: TurnState, session: SessionState, settings: Settings, checked: int = 0
+) -> str | None:
     where = IDLE
     previous: Step | None = None
+    if 0 < checked <= len(turn.path):
+        previous = turn.path[checked - 1]
+        where = previous[0][3]
+    else:
+        checked = 0
     longest_wait = max(settings.max_delay_ms / 1000.0 * 1.5, settings.max_server_wait_s)
     models = (settings.model, *settings.fallback_models)
-    for i, (step, action) in enumerate(zip(turn.path, turn.actions, strict=True)):
+    path, actions = turn.path, turn.actions
+    for i in range(checked, len(path)):
+        step, action = path[i], actions[i]
         info = step[0]
         effect = info[4]
         if info[0] != where:

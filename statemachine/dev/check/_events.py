@@ -217,6 +217,12 @@ def _new_model_error(ctx: _Ctx, variant: str) -> tuple[ModelError, bool, float |
     return ModelError(category, f"{category} error", code=category), False, None
 
 
+_CANNOT_SHRINK = CannotShrink()
+_WAIT_DONE = WaitDone()
+_CANCELLED = Cancelled("host")
+"""Events with nothing of the node in them, built once (events are immutable)."""
+
+
 def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""
     kind, variant = step.kind, step.variant
@@ -239,7 +245,7 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
             return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
         return Assembled(request, _SIZE)
     if kind == "CannotShrink":
-        return CannotShrink()
+        return _CANNOT_SHRINK
     if kind == "ModelReplied" and variant not in ("late", "costly"):
         key = (variant, turn.index)
         reply = ctx.replies.get(key)
@@ -252,7 +258,7 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
         action = turn.actions[-1] if turn.actions else None
         if type(action) is Wait and math.isfinite(action.seconds):
             clock.now += action.seconds
-        return WaitDone()
+        return _WAIT_DONE
     if kind == "ToolsDone":
         outcomes = []
         for i, call in enumerate(turn.in_flight):
@@ -276,7 +282,7 @@ def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock:
                 outcomes.append(ToolOutcome(call.id, True, "done"))
         return ToolsDone(tuple(outcomes))
     if kind == "Cancelled":
-        return Cancelled(variant)
+        return _CANCELLED if variant == _CANCELLED.reason else Cancelled(variant)
     raise ValueError(f"step: unknown kind {kind!r}")  # pragma: no cover
 
 

@@ -64,6 +64,8 @@ class _Explorer(Properties):
         self.row_paths: dict[int, tuple[Step, ...]] = {}
         self.illegal_checked: set[str] = set()
         self.exhausted = False
+        self.before: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+        """The rank of the node whose steps are being fired."""
 
     def path(self, index: int) -> tuple[Step, ...]:
         steps: list[Step] = []
@@ -101,7 +103,12 @@ class _Explorer(Properties):
         if self.ctx.saturation is None and self.ctx.dispatch is DISPATCH:
             # restore's rules must hold in every state the engine reaches (exact counters
             # only: acceleration jumps counters without the steps that would move them)
-            problem = reachable_problem(node.state, self.ctx.settings)
+            checked = 0
+            if parent is not None:
+                above = self.nodes[parent[0]].ts
+                if above.index == node.ts.index:  # the same turn: its path only grew
+                    checked = len(above.path)
+            problem = reachable_problem(node.state, self.ctx.settings, checked=checked)
             if problem is not None:
                 self.violate(
                     "ER-38", f"restore would refuse a reachable state: {problem}", _At(index)
@@ -130,6 +137,7 @@ class _Explorer(Properties):
             if state in RUNNING_STATES and state not in self.illegal_checked:
                 self.illegal_checked.add(state)
                 self.check_illegal(index)
+            self.before = _rank(ctx.settings, node)  # each step's clone starts from it
             for step in _steps(ctx, node.state, node.ts):
                 result = self.fire(index, step)
                 if result is None:
@@ -172,7 +180,7 @@ class _Explorer(Properties):
             if running and node.ts.status is not TurnStatus.CANCELLED:
                 self.violate("ER-90", "ending a session did not cancel its running turn", path)
             return self.add(node, (index, step))
-        before = _rank(ctx.settings, node)
+        before = self.before
         event = None if step.kind == START else _event(ctx, step, node.state, node.ts, node.clock)
         try:
             action = node.turn.start() if step.kind == START else node.turn.send(event)
@@ -209,17 +217,18 @@ class _Explorer(Properties):
     def check_termination(self) -> int:
         """Acyclic turn graph, every node reaches a terminal one; the longest turn."""
         n = len(self.nodes)
+        intra = [self.intra_turn(i) for i in range(n)]  # read three times below
         # Kahn's algorithm over intra-turn edges
         indegree = [0] * n
         for i in range(n):
-            for d, _ in self.intra_turn(i):
+            for d, _ in intra[i]:
                 indegree[d] += 1
         order = [i for i in range(n) if indegree[i] == 0]
         head = 0
         while head < len(order):
             i = order[head]
             head += 1
-            for d, _ in self.intra_turn(i):
+            for d, _ in intra[i]:
                 indegree[d] -= 1
                 if indegree[d] == 0:
                     order.append(d)
@@ -236,9 +245,7 @@ class _Explorer(Properties):
         while changed:
             changed = False
             for i in reversed(order):
-                if not done[i] and any(
-                    done[d] for d, s in self.intra_turn(i) if s.kind != "Cancelled"
-                ):
+                if not done[i] and any(done[d] for d, s in intra[i] if s.kind != "Cancelled"):
                     done[i] = True
                     changed = True
         for i in range(n):
@@ -253,7 +260,7 @@ class _Explorer(Properties):
         # the longest turn: longest path from an idle node, in steps
         longest = [0] * n
         for i in reversed(order):
-            longest[i] = max((1 + longest[d] for d, _ in self.intra_turn(i)), default=0)
+            longest[i] = max((1 + longest[d] for d, _ in intra[i]), default=0)
         idle = [longest[i] for i in range(n) if self.nodes[i].turn.state == IDLE]
         return max(idle, default=0)
 
