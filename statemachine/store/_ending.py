@@ -12,11 +12,9 @@ would go on charging a finished parent.
 Each ending writes the session's snapshot anew (no journal entry): a reader of any
 version of the record format reads the ended status from its snapshot.
 
-This module is the worker's own code, kept apart from the advance path (so it reaches
-the worker's private reading and writing methods).
+The functions here are :class:`~._worker.Worker`'s own methods (their first argument
+is the worker, ``self``), kept apart from the advance path.
 """
-
-# ruff: noqa: SLF001
 
 from __future__ import annotations
 
@@ -58,7 +56,7 @@ def _pending(session: Session) -> Action | None:
 
 
 def _write_end(
-    worker: Worker,
+    self: Worker,
     session_id: str,
     live: _Live,
     status: SessionStatus,
@@ -68,13 +66,13 @@ def _write_end(
     """End ``live``'s session with ``status`` and write it over the version it was read
     at (``StaleWrite`` if that moved on; the session is then the caller's to drop)."""
     session, record = live.session, live.record
-    wall = worker._now()
-    age = worker._age(record, wall)
+    wall = self._now()
+    age = self._age(record, wall)
     session.end(status, reason=reason, at=age)
     action = _pending(session)
     record.crowded = True  # the snapshot written anew: the ending is in it, not journaled
-    new = worker._record(session_id, live, session, action, keys, age, wall)
-    version = worker._write(session_id, live.version, new, session, action)
+    new = self._record(session_id, live, session, action, keys, age, wall)
+    version = self._write(session_id, live.version, new, session, action)
     live.version, live.record = version, new
     return version
 
@@ -91,24 +89,24 @@ def _facts(session: Session) -> tuple[str | None, bool, bool, tuple[str, ...]]:
 
 
 def running_descendants(
-    worker: Worker, parent_id: str | None, children: tuple[str, ...], depth: int = 0
+    self: Worker, parent_id: str | None, children: tuple[str, ...], depth: int = 0
 ) -> list[str]:
     """The ids of the descendants in the store whose turn is running (each one's record
     naming its parent's id)."""
     found: list[str] = []
     for child_id in children:
-        facts = worker._peek(child_id, _facts)
+        facts = self._peek(child_id, _facts)
         if facts is None or facts[0] != parent_id or facts[1]:
             continue
         if facts[2]:
             found.append(child_id)
         if depth < _MAX_DEPTH:
-            found += running_descendants(worker, child_id, facts[3], depth + 1)
+            found += running_descendants(self, child_id, facts[3], depth + 1)
     return found
 
 
 def cascade(
-    worker: Worker,
+    self: Worker,
     parent_id: str | None,
     children: tuple[str, ...],
     reason: str,
@@ -123,24 +121,22 @@ def cascade(
         grandchildren: tuple[str, ...] = ()
         for _ in range(_ATTEMPTS):
             try:
-                live = worker._read(child_id)
+                live = self._read(child_id)
             except (SessionNotFound, CorruptSession, InvalidSessionId):
                 break  # gone, or not this store's: nothing left running here
             child = live.session
             if child.parent_id != parent_id:
-                worker._remember(child_id, live)
+                self._remember(child_id, live)
                 break  # not this parent's child (a re-created id)
             grandchildren = tuple(child.child_costs)
             if child.status is not None or (running_only and not _running(child)):
-                worker._remember(child_id, live)
+                self._remember(child_id, live)
                 break
             try:
-                _write_end(
-                    worker, child_id, live, SessionStatus.CANCELLED, reason, live.record.keys
-                )
+                _write_end(self, child_id, live, SessionStatus.CANCELLED, reason, live.record.keys)
             except StaleWrite:
                 continue  # its worker moved it on: read it again and end that
-            worker._remember(child_id, live)
+            self._remember(child_id, live)
             ended.append(child_id)
             break
         else:
@@ -151,12 +147,12 @@ def cascade(
                 session_id=child_id,
             )
         if grandchildren and depth < _MAX_DEPTH:
-            ended += cascade(worker, child_id, grandchildren, reason, depth + 1, running_only)
+            ended += cascade(self, child_id, grandchildren, reason, depth + 1, running_only)
     return ended
 
 
 def end(
-    worker: Worker,
+    self: Worker,
     session_id: str,
     status: object,
     *,
@@ -171,59 +167,59 @@ def end(
         raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
     if not isinstance(reason, str):
         raise TypeError(f"reason: must be a str, got {reason!r:.60}")
-    live = worker._recall(session_id, expected, key) or worker._read(session_id)
+    live = self._recall(session_id, expected, key) or self._read(session_id)
     if key is not None and any(k == key for _, k in live.record.keys):
-        return worker._answer(session_id, AdvanceStatus.DUPLICATE, live)
+        return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
     if live.version != expected:
-        return worker._answer(session_id, AdvanceStatus.CONFLICT, live)
+        return self._answer(session_id, AdvanceStatus.CONFLICT, live)
     session = live.session
     tree_reason = reason or f"parent {session_id!r} ended {chosen.value}"
     children = tuple(session.child_costs)
     if session.status is not None:
-        worker._remember(session_id, live)
+        self._remember(session_id, live)
         if session.status is not chosen:
             raise SessionEnded(
                 f"session {session_id!r} has already ended ({session.status.value})",
                 status=session.status,
             )
         # a repeat of an ending: finish a cascade its worker may have died in
-        result = worker._result(AdvanceStatus.UNCHANGED, live)
+        result = self._result(AdvanceStatus.UNCHANGED, live)
         if chosen is SessionStatus.COMPLETED:
             return result
-        ended = cascade(worker, session_id, children, tree_reason)
+        ended = cascade(self, session_id, children, tree_reason)
         return Advanced(
             result.status, result.session, result.version, result.action, ended=tuple(ended)
         )
     if chosen is SessionStatus.COMPLETED:
         own = _running(session)
-        worker._remember(session_id, live)  # put back while the children are read
-        running = running_descendants(worker, session_id, children)
+        self._remember(session_id, live)  # put back while the children are read
+        running = running_descendants(self, session_id, children)
         if running or own:
             whose = f"child session {running[0]!r}" if running else f"session {session_id!r}"
             raise TurnInProgress(
                 f"{whose} is running a turn: a session completes when no turn of its own or "
                 "of its children runs; end it cancelled or failed to abandon them"
             )
-        live = worker._recall(session_id, expected, None) or worker._read(session_id)
+        live = self._recall(session_id, expected, None) or self._read(session_id)
         if live.version != expected:
-            return worker._answer(session_id, AdvanceStatus.CONFLICT, live)
+            return self._answer(session_id, AdvanceStatus.CONFLICT, live)
         session, children = live.session, tuple(live.session.child_costs)
     keys = live.record.keys
     if key is not None:
         keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
     try:
-        version = _write_end(worker, session_id, live, chosen, reason, keys)
+        version = _write_end(self, session_id, live, chosen, reason, keys)
     except StaleWrite:
-        return worker._lost_race(session_id, key)
+        return self._lost_race(session_id, key)
     action = _pending(session)
     if action is not None:
-        action = worker._on_clock_action(action, live.record.elapsed_s)
-    handout = worker._handout(session_id, live)
-    worker._remember(session_id, live)
+        action = self._on_clock_action(action, live.record.elapsed_s)
+    handout = self._handout(session_id, live)
+    self._remember(session_id, live)
     if chosen is SessionStatus.COMPLETED:
         # a child whose turn started after the check above: it must not charge a
         # finished parent, so it is cancelled (its worker sees a CONFLICT)
-        ended = cascade(worker, session_id, children, tree_reason, running_only=True)
+        ended = cascade(self, session_id, children, tree_reason, running_only=True)
     else:
-        ended = cascade(worker, session_id, children, tree_reason)
+        ended = cascade(self, session_id, children, tree_reason)
     return Advanced(AdvanceStatus.APPLIED, handout, version, action, ended=tuple(ended))
