@@ -47,6 +47,9 @@ import statemachine as sm
 from statemachine.store import AdvanceStatus, RedisStore, Worker
 
 PREFIX = "bench"
+_TIMEOUT_S = 30.0
+"""The store's reply timeout here: a busy shared machine can hold a reply past the
+default 2 s, which would end a measurement, not describe it."""
 
 
 def _settings() -> sm.Settings:
@@ -93,9 +96,10 @@ def _worker(url: str, round_: str, parties: int, index: int, sessions: int, atte
     import redis
 
     # the barrier and the report on a client of their own: the store sets its
-    # 2-second reply timeout on its client's pool, and the barrier may wait longer
+    # reply timeout on its client's pool, and the barrier may wait longer
     client = redis.Redis.from_url(url)
-    worker = Worker(RedisStore(redis.Redis.from_url(url), prefix=PREFIX), owner=f"w{index}")
+    store = RedisStore(redis.Redis.from_url(url), prefix=PREFIX, timeout_s=_TIMEOUT_S)
+    worker = Worker(store, owner=f"w{index}")
     rng = random.Random(index)
     counts, start = _barrier(client, round_, parties)
     for _ in range(attempts):
@@ -239,8 +243,9 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()
-        # the store on a client of its own (it sets a 2 s reply timeout on its pool)
-        setup = Worker(RedisStore(redis.Redis.from_url(url), prefix=PREFIX), owner="setup")
+        # the store on a client of its own (it sets its reply timeout on its pool)
+        store = RedisStore(redis.Redis.from_url(url), prefix=PREFIX, timeout_s=_TIMEOUT_S)
+        setup = Worker(store, owner="setup")
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
         round_ = f"round{workers}"
