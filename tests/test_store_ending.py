@@ -166,7 +166,7 @@ def test_a_cascade_a_dead_worker_left_half_done_is_finished_by_a_repeat(
 ) -> None:
     """The worker that ended the root died before reaching the children (its cascade
     never ran): ending the root again with the same status is ``UNCHANGED`` and ends
-    them. A child whose worker keeps winning the race is retried, and after too many
+    them; meanwhile a child between turns starts no turn (``SessionEnded``). A child whose worker keeps winning the race is retried, and after too many
     conflicts the caller is told to call again (``StoreError``)."""
     store = backend.make()
     a, b, root_version, _ = tree(store, now)
@@ -179,6 +179,17 @@ def test_a_cascade_a_dead_worker_left_half_done_is_finished_by_a_repeat(
     assert repeat.status is AdvanceStatus.UNCHANGED
     assert repeat.ended == ("p.kid", "p.kid.g")
     assert b.load("p.kid").session.status is sm.SessionStatus.CANCELLED
+
+    store3 = backend.make(prefix="idle")
+    a3, b3, version3, child3 = tree(store3, now)
+    done = b3.advance("p.kid", sm.ModelReplied(), expected_version=child3)
+    assert isinstance(done.action, sm.Finish)  # the child is between turns
+    with monkeypatch.context() as patch:
+        patch.setattr(_ending, "cascade", lambda *args, **kwargs: [])
+        a3.end("p", "failed", expected_version=version3)  # dies before the children
+    with pytest.raises(sm.SessionEnded, match=r"its parent 'p' has ended \(failed\)"):
+        b3.advance("p.kid", None, expected_version=done.version)  # it starts no turn
+    assert b3.load("p.kid").version == done.version  # nothing written
 
     store2 = backend.make(prefix="race")
     a2, _, version2, _ = tree(store2, now)

@@ -1016,17 +1016,29 @@ class Worker:
 
     def _pulled_budget(self, session: Session) -> list[Step]:
         """Before a child's turn starts, its parent's remaining budget from the
-        parent's record (siblings' spend included), as a live parent would give it."""
+        parent's record (siblings' spend included), as a live parent would give it. A
+        parent ended ``cancelled`` or ``failed`` starts no child's turn (``SessionEnded``:
+        its :meth:`end` cascade did not reach this child yet)."""
         parent_id = session.parent_id
         if parent_id is None:
             return []
         child_id = session.session_id
         budget = self._peek(
             parent_id,
-            lambda parent: (child_id in parent.child_costs, parent.remaining_budget_usd),
+            lambda parent: (
+                child_id in parent.child_costs,
+                parent.remaining_budget_usd,
+                parent.status,
+            ),
         )
         if budget is None or not budget[0]:
             return []  # not this parent's child (a forged or re-created id): keep what it has
+        if budget[2] in (SessionStatus.CANCELLED, SessionStatus.FAILED):
+            raise SessionEnded(
+                f"session {child_id!r}: its parent {parent_id!r} has ended "
+                f"({budget[2].value}): it starts no turn; end it with Worker.end",
+                status=budget[2],
+            )
         return [(BUDGET, budget[1])]
 
     def _report_spend(
