@@ -55,10 +55,33 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 REQUIREMENT_MARKERS: dict[str, set[str]] = {}
 """requirement ID -> node IDs of the collected tests that name it."""
 
+SLOW_MODULES = frozenset(
+    {
+        "test_benchmarks_smoke.py",  # runs every benchmark once
+        "test_check.py",  # the exhaustive model check, on many settings
+        "test_diagrams.py",  # graphviz renders
+        "test_fuzz.py",
+        "test_incident.py",  # a headless browser
+        "test_integration_scenarios.py",
+        "test_mcp_crash.py",  # real MCP server processes, killed mid-call
+        "test_mutants.py",  # the model check against planted bugs
+        "test_mutation_sample.py",  # mutation runs
+        "test_stateful.py",  # hypothesis state machines
+        "test_store_redis.py",  # a redis-server
+        "test_temporal.py",  # a Temporal dev server
+    }
+)
+"""Modules whose every test is ``slow``: the fast lane (``pytest -m "not slow"``) leaves
+them out (single tests elsewhere carry ``@pytest.mark.slow`` themselves)."""
 
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects, so every test is seen
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Record which collected test names which requirement ID."""
+    """Mark the tests of :data:`SLOW_MODULES` slow, and record which collected test
+    names which requirement ID."""
     for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
         for marker in item.iter_markers("requirement"):
             for requirement in marker.args:
                 REQUIREMENT_MARKERS.setdefault(str(requirement), set()).add(item.nodeid)
