@@ -50,6 +50,15 @@ PREFIX = "bench"
 _TIMEOUT_S = 30.0
 """The store's reply timeout here: a busy shared machine can hold a reply past the
 default 2 s, which would end a measurement, not describe it."""
+_WAIT_S = 600.0
+"""The reply timeout of the clients that wait at the barrier and for the reports
+(redis-py 8 gives every client a 5 s one by default)."""
+
+
+def _client(url: str, timeout: float) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=timeout)
 
 
 def _settings() -> sm.Settings:
@@ -93,12 +102,10 @@ def _report(client: Any, round_: str, start: float, counts: dict[str, int]) -> N
 
 def _worker(url: str, round_: str, parties: int, index: int, sessions: int, attempts: int) -> None:
     """One worker process: wait at the barrier, make ``attempts`` attempts, report."""
-    import redis
-
     # the barrier and the report on a client of their own: the store sets its
     # reply timeout on its client's pool, and the barrier may wait longer
-    client = redis.Redis.from_url(url)
-    store = RedisStore(redis.Redis.from_url(url), prefix=PREFIX, timeout_s=_TIMEOUT_S)
+    client = _client(url, _WAIT_S)
+    store = RedisStore(_client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S)
     worker = Worker(store, owner=f"w{index}")
     rng = random.Random(index)
     counts, start = _barrier(client, round_, parties)
@@ -116,11 +123,10 @@ def _floor_worker(
 ) -> None:
     """The floor: the same two Lua scripts per attempt (load, then compare-and-set at
     the version read) with a fixed record of ``size`` bytes, no engine and no JSON."""
-    import redis
 
     from statemachine.store._redis import _CAS, _LOAD
 
-    client = redis.Redis.from_url(url)
+    client = _client(url, _WAIT_S)
     load, cas = client.register_script(_LOAD), client.register_script(_CAS)
     payload = b"x" * size
     rng = random.Random(index)
@@ -137,11 +143,10 @@ def _floor_worker(
 def _floor_round(url: str, workers: int, steps: int, sessions: int, size: int) -> dict[str, Any]:
     """The raw Lua compare-and-set rate with ``workers`` processes and records of
     ``size`` bytes, measured the way :func:`_round` measures the worker."""
-    import redis
 
     from statemachine.store._redis import _CAS
 
-    client = redis.Redis.from_url(url)
+    client = _client(url, _WAIT_S)
     try:
         cas = client.register_script(_CAS)
         for i in range(sessions):
@@ -238,13 +243,12 @@ def _server(url: str | None) -> Iterator[tuple[str, str]]:
 
 
 def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
-    import redis
 
-    client = redis.Redis.from_url(url)
+    client = _client(url, _WAIT_S)
     try:
         client.flushdb()
         # the store on a client of its own (it sets its reply timeout on its pool)
-        store = RedisStore(redis.Redis.from_url(url), prefix=PREFIX, timeout_s=_TIMEOUT_S)
+        store = RedisStore(_client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S)
         setup = Worker(store, owner="setup")
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
