@@ -45,9 +45,13 @@ def _run(*argv: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--help"], ["simulate", "diagram", "check"]),
-        (["simulate", "--help"], ["--json", "--real-time", "--seed", "--list", "SCENARIO"]),
+        (["--help"], ["simulate", "diagram", "check", "vendor"]),
+        (
+            ["simulate", "--help"],
+            ["--json", "--real-time", "--seed", "--list", "--spans", "SCENARIO", "docs/simulate.md"],
+        ),
         (["diagram", "--help"], ["--out", "--check", "--require-svg"]),
+        (["vendor", "--help"], ["--script", "--port", "ANTHROPIC_BASE_URL", "docs/drivers.md"]),
     ],
 )
 def test_help_for_the_program_and_each_subcommand(
