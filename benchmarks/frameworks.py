@@ -21,7 +21,9 @@ default model (+ to the fallback)``, then what the caller got.
 **Overhead** (``run``): µs per model call through ``EngineModel`` against the same
 agent on the bare model, with a zero-latency fake model (pydantic-ai's
 ``FunctionModel``, an Agents SDK ``Model`` returning a canned response), one agent run
-of one call each, interleaved; reported as a ratio.
+of one call each, interleaved; reported as a ratio. Beside them, the engine's own
+part of a request (the bridge's turn with a call that replies at once), so the rest of
+what an integration adds is the framework's cost of one more model layer.
 """
 
 from __future__ import annotations
@@ -647,6 +649,33 @@ async def _batch(make: Callable[[], Any], n: int) -> float:
         gc.enable()
 
 
+def _bridge_us(n: int, repeats: int) -> float:
+    """µs of the engine's part of one request: a turn opened, assembled, called (a
+    call that replies at once) and finished, through the bridge both integrations use."""
+    import statemachine as sm
+    from statemachine.integrations._bridge import Bridge
+
+    assembled = sm.Assembled({"messages": 1}, 1)
+
+    async def call(_action: Any) -> Any:
+        return sm.ModelReplied(), None
+
+    async def rounds() -> list[float]:
+        bridge = Bridge(sm.Settings(), sleep=_no_sleep)
+        times = []
+        for _ in range(repeats + 1):
+            gc.collect()
+            gc.disable()
+            start = time.perf_counter()
+            for _ in range(n * 10):
+                await bridge.request(lambda _action: assembled, call)
+            times.append((time.perf_counter() - start) / (n * 10) * 1e6)
+            gc.enable()
+        return times[1:]  # the first round warms up
+
+    return statistics.median(asyncio.run(rounds()))
+
+
 def run(n: int = 300, repeats: int = 7) -> dict[str, Any]:
     """µs per agent run of one model call, each framework alone and through its
     ``EngineModel``, interleaved; the ratio is the median of per-round ratios."""
@@ -678,6 +707,7 @@ def run(n: int = 300, repeats: int = 7) -> dict[str, Any]:
         ratios[f"{framework}: EngineModel / alone"] = statistics.median(
             e / b for b, e in zip(bares, engines, strict=True)
         )
+    rows["the engine's own turn per request (no framework)"] = _bridge_us(n, repeats)
     result: dict[str, Any] = {
         "rows": rows,
         "ratios": ratios,

@@ -89,7 +89,7 @@ def test_overhead_benchmark_reports_both_frameworks_as_ratios() -> None:
         f"{framework} {mode}"
         for framework in frameworks.FRAMEWORKS
         for mode in ("alone", "+ EngineModel")
-    }
+    } | {"the engine's own turn per request (no framework)"}
     assert all(value > 0 for value in result["rows"].values())
     assert set(result["ratios"]) == {
         f"{framework}: EngineModel / alone" for framework in frameworks.FRAMEWORKS

@@ -306,7 +306,7 @@ class Bridge:
             self._pending = turn
             return value  # type: ignore[return-value]
         if not isinstance(action, Finish):  # pragma: no cover - a reply's step ends here
-            raise RuntimeError(f"unexpected action {action!r} at the end of a model call")
+            raise TypeError(f"unexpected action {action!r} at the end of a model call")
         if action.status is TurnStatus.COMPLETED:
             return value  # type: ignore[return-value]
         raise self._failure(action.status, action)
