@@ -556,3 +556,21 @@ def test_idle_time_is_what_passed_between_finish_and_start_never_less_than_zero(
     clock.advance(-2.0)  # a clock that went backwards counts no idle time
     session.new_turn().start()
     assert session.snapshot()["idle_s"] == 0.25
+
+
+@pytest.mark.requirement("ER-32")
+def test_a_conflicts_waits_add_up_in_waited_s() -> None:
+    """A conflicting tool call's backoff is a wait like a model retry's: each one's
+    seconds are added to ``waited_s`` (not the saturated maximum), one jitter draw each."""
+    session = new_session()
+    turn = calling_turn(session)
+    turn.send(sm.ModelReplied(tool_calls=[_search(1)]))
+    conflict = sm.ToolErrorCategory.CONCURRENCY_CONFLICT
+    waits = []
+    for _ in range(2):
+        wait = turn.send(sm.ToolsDone((sm.ToolOutcome("c1", False, "busy", category=conflict),)))
+        assert isinstance(wait, sm.Wait) and 0 < wait.seconds < 60
+        waits.append(wait.seconds)
+        assert isinstance(turn.send(sm.WaitDone()), sm.InvokeTools)
+    assert session.waited_s == pytest.approx(sum(waits))
+    assert session.state.draws == 2
