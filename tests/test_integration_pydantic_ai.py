@@ -458,3 +458,39 @@ def test_price_counts_toward_the_budget(servers: tuple[FakeLLM, FakeLLM]) -> Non
     session = model.session(result.run_id)
     assert session is not None
     assert session.cost_usd == pytest.approx(1000 * 2.0 / 1e6 + 500 * 10.0 / 1e6)
+
+
+@pytest.mark.requirement("ER-230")
+def test_an_anthropic_model_with_its_real_client_retries_only_through_the_engine(
+    servers: tuple[FakeLLM, FakeLLM],
+) -> None:
+    """pydantic-ai's AnthropicModel over a real ``anthropic`` client (max_retries=2 by
+    default): two 529s are two engine waits and three requests in all, not nine."""
+    import anthropic
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    from .servers.fake_llm import ANTHROPIC, anthropic_error, anthropic_message
+
+    main, _ = servers
+    overloaded = anthropic_error(529, "overloaded_error", "Overloaded")
+    main.script(ANTHROPIC, overloaded, overloaded, anthropic_message("bonjour"))
+    client = anthropic.AsyncAnthropic(base_url=main.url, api_key="sk-ant-test")
+    time = FakeTime()
+    model = EngineModel(
+        AnthropicModel("claude-test", provider=AnthropicProvider(anthropic_client=client)),
+        clock=time.clock,
+        sleep=time.sleep,
+    )
+
+    async def run() -> Any:
+        try:
+            return await Agent(model).run("hi")
+        finally:
+            await client.close()
+
+    result = _run(run())
+    assert result.output == "bonjour"
+    assert main.count(ANTHROPIC) == 3 and len(time.waits) == 2
+    session = model.session(result.run_id)
+    assert session is not None and session.retries_used == 2
