@@ -574,3 +574,23 @@ def test_a_conflicts_waits_add_up_in_waited_s() -> None:
         assert isinstance(turn.send(sm.WaitDone()), sm.InvokeTools)
     assert session.waited_s == pytest.approx(sum(waits))
     assert session.state.draws == 2
+
+
+@pytest.mark.requirement("ER-92")
+def test_a_logged_failure_names_its_turn_and_attempt_each_in_its_place(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The warning of an unknown error on the third turn's second attempt says
+    ``turn=3, attempt=1`` (and the model), not the two numbers the other way round."""
+    session = new_session(model="m")
+    for _ in range(2):
+        complete_turn(session)
+    turn = calling_turn(session)
+    turn.send(fail("overloaded"))
+    turn.send(sm.WaitDone())
+    with caplog.at_level("WARNING", logger="statemachine"):
+        turn.send(fail("unknown", code="weird"))
+    [record] = [r for r in caplog.records if r.name == "statemachine"]
+    assert "unknown_error (code=weird, status=None, model=m, turn=3, attempt=1)" in (
+        record.getMessage()
+    )
