@@ -494,3 +494,53 @@ def test_an_anthropic_model_with_its_real_client_retries_only_through_the_engine
     assert main.count(ANTHROPIC) == 3 and len(time.waits) == 2
     session = model.session(result.run_id)
     assert session is not None and session.retries_used == 2
+
+
+def test_the_callers_own_error_inside_a_stream_is_not_a_model_failure() -> None:
+    """An exception the agent's caller raises while it holds the stream is its own: it
+    propagates as it is (not TurnFailed) and the turn is cancelled, not charged as a
+    broken stream; the model's next request opens a new turn."""
+    from pydantic_ai.models.function import FunctionModel
+
+    async def words(_messages: Any, _info: Any) -> Any:
+        yield "one "
+        yield "two"
+
+    model = EngineModel(FunctionModel(stream_function=words), sleep=FakeTime().sleep)
+    agent = Agent(model)
+
+    async def consume() -> None:
+        async with agent.run_stream("hi") as result:
+            async for _ in result.stream_text(delta=True, debounce_by=None):
+                raise LookupError("the caller's own bug")
+
+    with pytest.raises(LookupError, match="own bug"):
+        _run(consume())
+    (run_id,) = model._runs
+    session = model.session(run_id)
+    assert session is not None and session.current_turn is not None
+    assert session.current_turn.status == sm.TurnStatus.CANCELLED
+
+
+def test_a_model_keeps_the_sessions_of_its_latest_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions are kept per run up to MAX_RUNS; the oldest run's is let go first."""
+    from pydantic_ai.messages import ModelResponse as Response
+    from pydantic_ai.models.function import FunctionModel
+
+    from statemachine.integrations import pydantic_ai as integration
+
+    monkeypatch.setattr(integration, "MAX_RUNS", 2)
+    model = EngineModel(
+        FunctionModel(lambda _messages, _info: Response(parts=[TextPart("ok")])),
+        sleep=FakeTime().sleep,
+    )
+    agent = Agent(model)
+
+    async def three() -> list[Any]:
+        return [await agent.run(f"run {index}") for index in range(3)]
+
+    first, second, third = _run(three())
+    assert model.session(first.run_id) is None
+    assert model.session(second.run_id) is not None
+    assert model.session(third.run_id) is not None
+    assert model.session("never seen") is None
