@@ -594,3 +594,18 @@ def test_a_logged_failure_names_its_turn_and_attempt_each_in_its_place(
     assert "unknown_error (code=weird, status=None, model=m, turn=3, attempt=1)" in (
         record.getMessage()
     )
+
+
+@pytest.mark.requirement("ER-32")
+def test_an_http_date_retry_after_is_read_against_the_steps_wall_time() -> None:
+    """``send(..., wall=...)``: the Unix time a step gives is what an HTTP-date
+    ``retry-after`` is measured from (7 s before the date: a wait of 7 s)."""
+    from datetime import UTC, datetime
+    from email.utils import format_datetime
+
+    date = datetime(2026, 12, 2, 6, 0, 10, tzinfo=UTC)
+    turn = calling_turn(new_session())
+    headers = {"retry-after": format_datetime(date, usegmt=True)}
+    wait = turn.send(fail("rate_limited", headers=headers), wall=date.timestamp() - 7)
+    assert isinstance(wait, sm.Wait)
+    assert (wait.seconds, wait.retry_after) == (7.0, 7.0)

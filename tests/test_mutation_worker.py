@@ -41,3 +41,24 @@ def test_a_worker_forgets_the_session_it_used_least_recently() -> None:
     assert a.applied and store.reads == []
     b = worker.advance("b", None, expected_version=b.version)
     assert b.applied and store.reads == ["b"]
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_session_created_again_after_another_worker_deleted_it_is_the_latest_used() -> None:
+    """Worker ``a`` still remembers ``s`` when worker ``b`` deletes it; ``a`` then writes
+    ``t`` and creates ``s`` anew. The new ``s`` is ``a``'s most recent session (not kept
+    at the old one's place): a third session pushes out ``t``, and ``s`` advances
+    without reading the store."""
+    store = _CountingStore()
+    a = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0, remember=2)
+    b = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, remember=2)
+    a.create("s", _session("s"))
+    assert b.delete("s")
+    a.create("t", _session("t"))
+    s = a.create("s", _session("s"))
+    a.create("u", _session("u"))
+    store.reads.clear()
+    s = a.advance("s", None, expected_version=s.version)
+    assert s.applied and store.reads == []
+    t = a.load("t")
+    assert t.version == 1 and store.reads == ["t"]
