@@ -94,6 +94,9 @@ class _Explorer(Properties):
         key = _key(self.ctx, node)
         index = self.keys.get(key)
         if index is not None:
+            # a copy already known: its session and turn handle point at each other,
+            # and the exploration runs with the cycle collector off (see check())
+            node.session._handle = None  # noqa: SLF001
             return index, False
         index = len(self.nodes)
         self.keys[key] = index
