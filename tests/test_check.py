@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import statemachine as sm
 from statemachine import ConfigError, SessionStatus, Settings, TurnStatus
 from statemachine.core._table import BACKING_OFF, CALLING, ROWS, STATES, Row
 from statemachine.dev import check as _check
@@ -343,3 +344,35 @@ def test_every_builtin_scenarios_settings_are_checked() -> None:
         scenario = builtin(name)
         if scenario.settings_table:
             assert scenario.settings in checked, name
+
+
+@pytest.mark.requirement("ER-38")
+def test_restores_rules_from_a_known_prefix_find_what_the_full_check_finds() -> None:
+    """The checker runs restore's rules on each new node from the steps its parent's
+    path did not have (``checked``): on a state the engine reached, every prefix finds
+    nothing; with the last step's counters made wrong, every prefix short of it finds
+    the full check's problem."""
+    from statemachine.core._reachable import reachable_problem
+    from statemachine.core._state import make_step
+
+    settings = Settings()
+    session = sm.Session(settings, seed=1, clock=lambda: 0.0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"q": 1}, 10))
+    rate_limited = sm.ModelFailed(sm.ModelError("rate_limited"))
+    turn.send(rate_limited)
+    turn.send(sm.WaitDone())
+    turn.send(rate_limited)
+    state = session.state
+    steps = len(state.turn.path)
+    assert steps == 5
+    for checked in range(steps + 1):
+        assert reachable_problem(state, settings, checked=checked) is None
+    path = state.turn.path
+    info, *counters = path[-1]
+    path[-1] = make_step(info, counters[0] + 1, *counters[1:])
+    full = reachable_problem(state, settings)
+    assert full is not None and full.startswith(f"turn.path[{steps - 1}]: counters")
+    for checked in range(steps):
+        assert reachable_problem(state, settings, checked=checked) == full
