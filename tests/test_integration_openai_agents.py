@@ -296,3 +296,21 @@ def test_provider_wraps_every_model_a_run_names(servers: tuple[FakeLLM, FakeLLM]
         EngineModelProvider(object())  # type: ignore[arg-type]
     with pytest.raises(sm.ConfigError, match="models"):
         EngineModel(["gpt-main"])  # type: ignore[list-item]
+
+
+def test_price_counts_toward_the_budget_and_a_bad_price_is_refused(
+    servers: tuple[FakeLLM, FakeLLM],
+) -> None:
+    """price_per_mtok makes a reply's tokens a cost the session counts; a price that
+    is not two finite numbers >= 0 is refused at construction."""
+    main, _ = servers
+    main.script(OPENAI, openai_completion("hi", tokens=(1000, 500)))
+    model = EngineModel(_model(main), price_per_mtok=(2.0, 10.0), sleep=FakeTime().sleep)
+    _run(Runner.run(Agent(name="a", model=model), "hi"))
+    session = model.last_session
+    assert session is not None
+    assert session.cost_usd == pytest.approx(1000 * 2.0 / 1e6 + 500 * 10.0 / 1e6)
+    for bad in ((1.0,), [1.0, 2.0], (1.0, float("nan")), (1.0, -1.0)):
+        with pytest.raises(TypeError, match="price_per_mtok"):
+            EngineModel(_model(main), price_per_mtok=bad)  # type: ignore[arg-type]
+    _run(asyncio.sleep(0))  # closes the clients the refused models were given
