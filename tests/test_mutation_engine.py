@@ -609,3 +609,21 @@ def test_an_http_date_retry_after_is_read_against_the_steps_wall_time() -> None:
     wait = turn.send(fail("rate_limited", headers=headers), wall=date.timestamp() - 7)
     assert isinstance(wait, sm.Wait)
     assert (wait.seconds, wait.retry_after) == (7.0, 7.0)
+
+
+@pytest.mark.requirement("ER-144")
+def test_a_finish_hands_back_the_hosts_own_reply_object() -> None:
+    """A reply given as an SDK object (here one with ``model_dump``) comes back in the
+    turn's ``Finish`` as that very object, its JSON form beside it in ``reply_data``
+    (``test_boundary.py`` proves it per vendor; that file is not among the engine's
+    mutation tests)."""
+
+    class Reply:
+        def model_dump(self, mode: str = "json") -> dict[str, str]:
+            return {"text": "hi"}
+
+    reply = Reply()
+    finish = calling_turn(new_session()).send(sm.ModelReplied(reply=reply))
+    assert isinstance(finish, sm.Finish)
+    assert finish.reply is reply
+    assert finish.reply_data == {"text": "hi"}
