@@ -627,3 +627,36 @@ def test_a_finish_hands_back_the_hosts_own_reply_object() -> None:
     assert isinstance(finish, sm.Finish)
     assert finish.reply is reply
     assert finish.reply_data == {"text": "hi"}
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_restored_turn_takes_no_step_before_its_last_one() -> None:
+    """A snapshot whose turn's last step came 5 s after the start: restored, that step is
+    the session's last reading, and a step given an earlier moment is taken at it (the
+    times never run backwards, so the next snapshot restores too)."""
+    clock = ManualClock(0.0)
+    session = sm.Session(sm.Settings(), seed=1, clock=clock)
+    turn = session.new_turn()
+    turn.start()
+    clock.advance(5)
+    turn.send(sm.Assembled({"m": 1}, 5))
+    restored = sm.Session.restore(session.snapshot(), clock=ManualClock(100.0))
+    assert (restored.started, restored.last_at) == (95.0, 100.0)
+    current = restored.current_turn
+    assert current is not None
+    assert isinstance(current.send(sm.ModelReplied(), at=97.0), sm.Finish)
+    assert [record.at for record in current.trace] == [95.0, 100.0, 100.0]
+    assert restored.snapshot()["turn"]["times"] == [0.0, 5.0, 5.0]
+    sm.Session.restore(restored.snapshot(), clock=ManualClock(200.0))
+
+
+@pytest.mark.requirement("ER-70")
+def test_only_a_failure_with_headers_needs_the_steps_wall_time() -> None:
+    """What the store's worker journals a wall time for: a failure whose headers may hold
+    an HTTP-date ``retry-after``; not one without headers, nor any other event."""
+    from statemachine.core._engine import needs_wall
+
+    assert needs_wall(fail("rate_limited", headers={"retry-after": "5"}))
+    assert not needs_wall(fail("rate_limited"))
+    assert not needs_wall(sm.ModelReplied())
+    assert not needs_wall(sm.WaitDone())
