@@ -314,3 +314,15 @@ def test_price_counts_toward_the_budget_and_a_bad_price_is_refused(
         with pytest.raises(TypeError, match="price_per_mtok"):
             EngineModel(_model(main), price_per_mtok=bad)  # type: ignore[arg-type]
     _run(asyncio.sleep(0))  # closes the clients the refused models were given
+
+
+def test_models_of_the_wrong_type_are_refused_naming_them() -> None:
+    """A model name (the provider's job), a number or a list holding something that is
+    not a Model is refused with a ConfigError naming the value, not a TypeError from
+    inside the constructor (a name was once read as its letters: "got 'g'")."""
+    with pytest.raises(sm.ConfigError, match=r"models: .*got 'gpt-5'"):
+        EngineModel("gpt-5")  # type: ignore[arg-type]
+    with pytest.raises(sm.ConfigError, match=r"models: .*got 5"):
+        EngineModel(5)  # type: ignore[arg-type]
+    with pytest.raises(sm.ConfigError, match=r"models: .*got None"):
+        EngineModel([None])  # type: ignore[list-item]

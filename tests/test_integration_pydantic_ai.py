@@ -446,6 +446,10 @@ def test_bad_configuration_is_refused_naming_it(servers: tuple[FakeLLM, FakeLLM]
         EngineModel(_model(main), price_per_mtok=(1.0, -2.0))  # type: ignore[arg-type]
     with pytest.raises(sm.ConfigError, match="models"):
         EngineModel([])
+    with pytest.raises(sm.ConfigError, match=r"models: .*got 5"):
+        EngineModel(5)  # type: ignore[arg-type]
+    with pytest.raises(sm.ConfigError, match=r"models: .*got None"):
+        EngineModel([_model(main), None])  # type: ignore[list-item]
     assert main.count(OPENAI) == 0
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "CallResult",
     "TurnFailed",
     "classify_raised",
+    "listed",
     "model_names",
     "no_outcome",
     "outcome",
@@ -103,6 +104,14 @@ class TurnFailed(RuntimeError):
         if self.retry_at is not None:
             text += f"; the server asked to come back at {self.retry_at:.1f} on the session's clock"
         return text
+
+
+def listed(models: object) -> list[Any]:
+    """``models`` (a list or tuple of models) as a list; anything else (a string, a
+    set, one object of the wrong type) is a ``ConfigError`` naming it."""
+    if not isinstance(models, list | tuple):
+        raise ConfigError(f"models: expected a model or a list of models, got {models!r:.80}")
+    return list(models)
 
 
 def model_names(models: list[Any], name_of: Callable[[Any], str]) -> tuple[str, ...]:

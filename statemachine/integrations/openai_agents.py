@@ -76,6 +76,7 @@ from ._bridge import (
     Bridge,
     CallResult,
     classify_raised,
+    listed,
     model_names,
     no_outcome,
     outcome,
@@ -135,10 +136,10 @@ class EngineModel(Model):
         session: Session | None = None,
         price_per_mtok: tuple[float, float] | None = None,
     ) -> None:
-        chain = [models] if isinstance(models, Model) else list(models)
+        chain = [models] if isinstance(models, Model) else listed(models)
         for model in chain:
             if not isinstance(model, Model):
-                raise ConfigError(f"models: expected Agents SDK Model instances, got {model!r}")
+                raise ConfigError(f"models: expected Agents SDK Model instances, got {model!r:.80}")
         names = model_names(chain, _name)
         if price_per_mtok is not None and (
             not isinstance(price_per_mtok, tuple)

@@ -68,6 +68,7 @@ from pydantic_ai.settings import ModelSettings
 
 from ..core._actions import Assemble, CallModel
 from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied
+from ..core._exceptions import ConfigError
 from ..core._model_error import ModelError
 from ..core._session import Session, Turn
 from ..core._settings import Settings
@@ -79,6 +80,7 @@ from ._bridge import (
     Bridge,
     CallResult,
     classify_raised,
+    listed,
     model_names,
     no_outcome,
     outcome,
@@ -134,7 +136,13 @@ class EngineModel(WrapperModel):
         session: Session | None = None,
         price_per_mtok: tuple[float, float] | None = None,
     ) -> None:
-        chain = [models] if isinstance(models, Model | str) else list(models)
+        chain = [models] if isinstance(models, Model | str) else listed(models)
+        for model in chain:
+            if not isinstance(model, Model | str):
+                raise ConfigError(
+                    "models: expected pydantic-ai Model instances or model names, got "
+                    f"{model!r:.80}"
+                )
         resolved = [infer_model(model) for model in chain]
         names = model_names(resolved, lambda model: str(model.model_id))
         super().__init__(resolved[0])
