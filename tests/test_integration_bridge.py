@@ -51,6 +51,11 @@ def test_turn_failed_names_the_status_the_error_and_when_to_come_back() -> None:
     assert failed.retry_at == 3600.0
     assert "retry_deferred" in str(failed) and "rate_limited: slow down" in str(failed)
     assert "3600.0" in str(failed)
+    told = sm.ModelError("rate_limited", "slow down", retry_after_seconds=3600.0)
+    deferred = TurnFailed(finish.status, sm.Finish(finish.status, error=told, retry_at=21735.0))
+    # how long the server asked for, not only a reading of a monotonic clock
+    assert "the server asked to wait 3600 s" in str(deferred)
+    assert "max_server_wait_s" in str(deferred) and "21735.0" in str(deferred)
     ended = TurnFailed(sm.SessionStatus.ERROR_MAX_TURNS)
     assert ended.finish is None and ended.error is None and ended.retry_at is None
     assert "session has ended (error_max_turns)" in str(ended)

@@ -101,8 +101,16 @@ class TurnFailed(RuntimeError):
             if self.error.message:
                 text += f": {self.error.message[:300]}"
             text += ")"
+        asked = None if self.error is None else self.error.retry_after_seconds
+        if asked is not None and self.status == TurnStatus.RETRY_DEFERRED:
+            # retry_at alone is a reading of the session's clock (time.monotonic unless
+            # given), a number a reader cannot turn into a wait
+            text += (
+                f"; the server asked to wait {asked:g} s, longer than the engine waits "
+                "(Settings.max_server_wait_s)"
+            )
         if self.retry_at is not None:
-            text += f"; the server asked to come back at {self.retry_at:.1f} on the session's clock"
+            text += f"; come back at {self.retry_at:.1f} on the session's clock"
         return text
 
 
