@@ -266,3 +266,65 @@ def test_a_request_after_the_session_ended_raises_its_status() -> None:
         asyncio.run(bridge.request(assemble, answer))
     assert seen == [False, True]
     assert failed.value.status == sm.SessionStatus.ERROR_MAX_TURNS and failed.value.finish is None
+
+
+def test_two_requests_at_once_on_one_session_are_refused_naming_why() -> None:
+    """A session shared by two overlapping agent runs (``session=``): the second
+    request while the first waits on its model raises ``TurnInProgress`` saying that
+    two requests share one session, not the engine's advice to cancel a turn the
+    framework user never held; the first request goes on and completes."""
+    bridge = Bridge(sm.Settings(), sleep=Clock().sleep)
+
+    async def both() -> tuple[Any, BaseException | None]:
+        gate = asyncio.Event()
+
+        async def slow(action: sm.CallModel) -> Any:
+            await gate.wait()
+            return sm.ModelReplied(), "first"
+
+        first = asyncio.create_task(bridge.request(_assembled, slow))
+        await asyncio.sleep(0)  # the first request is now waiting on its model
+        refused: BaseException | None = None
+        try:
+            await bridge.request(_assembled, slow)
+        except sm.TurnInProgress as exc:
+            refused = exc
+        gate.set()
+        return await first, refused
+
+    (turn, value), refused = asyncio.run(both())
+    assert refused is not None and "another model request of this session" in str(refused)
+    assert value == "first" and turn.status == sm.TurnStatus.COMPLETED
+    assert bridge.session.turns == 1
+
+
+def test_a_request_cancelled_while_it_waits_leaves_no_turn_running() -> None:
+    """An asyncio task cancelled during the engine's wait (a 429's backoff): the
+    cancellation propagates, the turn is ended cancelled, and the session's next
+    request opens a new turn."""
+    bridge = Bridge(sm.Settings(), sleep=asyncio.sleep)
+
+    async def limited(action: sm.CallModel) -> Any:
+        return sm.ModelFailed(sm.ModelError("rate_limited", retry_after_seconds=60.0)), None
+
+    async def cancel_it() -> None:
+        task = asyncio.create_task(bridge.request(_assembled, limited))
+        for _ in range(100):  # until the engine's Wait is being slept through
+            await asyncio.sleep(0)
+            turn = bridge.session.current_turn
+            if turn is not None and isinstance(turn.action, sm.Wait):
+                break
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    turn = bridge.session.current_turn
+    assert turn is not None and turn.done and turn.status == sm.TurnStatus.CANCELLED
+
+    async def fine(action: sm.CallModel) -> Any:
+        return sm.ModelReplied(), "ok"
+
+    _, value = asyncio.run(bridge.request(_assembled, fine))
+    assert value == "ok" and bridge.session.turns == 2

@@ -43,7 +43,7 @@ from ..core._events import (
     ToolsDone,
     WaitDone,
 )
-from ..core._exceptions import ConfigError, SessionEnded
+from ..core._exceptions import ConfigError, SessionEnded, TurnInProgress
 from ..core._model_error import ModelError
 from ..core._session import Session, Turn
 from ..core._settings import Settings
@@ -314,6 +314,12 @@ class Bridge:
             self.settle_tools(no_outcome)
         try:
             return self.session.new_turn()
+        except TurnInProgress as exc:
+            raise TurnInProgress(
+                "another model request of this session is still running: a session serves "
+                "one request at a time, so agent runs that overlap (asyncio tasks, threads) "
+                "each need their own; leave session= unset for one session per run"
+            ) from exc
         except SessionEnded as exc:
             status = self.session.status
             raise self._failure(status if status is not None else "ended") from exc
