@@ -627,6 +627,14 @@ def test_a_finish_hands_back_the_hosts_own_reply_object() -> None:
     assert isinstance(finish, sm.Finish)
     assert finish.reply is reply
     assert finish.reply_data == {"text": "hi"}
+    # a tool round's Finish finds the reply that asked for the tools, kept (once the
+    # reply's step was taken) beside the wall time it was given
+    turn = calling_turn(new_session())
+    event = sm.ModelReplied(reply=reply, tool_calls=[_search(1)])
+    assert isinstance(turn.send(event, wall=1_764_633_600.0), sm.InvokeTools)
+    finish = turn.send(sm.ToolsDone((sm.ToolOutcome("c1", ok=True),)))
+    assert isinstance(finish, sm.Finish)
+    assert finish.reply is reply
 
 
 @pytest.mark.requirement("ER-38")
