@@ -326,3 +326,17 @@ def test_models_of_the_wrong_type_are_refused_naming_them() -> None:
         EngineModel(5)  # type: ignore[arg-type]
     with pytest.raises(sm.ConfigError, match=r"models: .*got None"):
         EngineModel([None])  # type: ignore[list-item]
+
+
+def test_a_providers_bad_engine_arguments_are_refused_at_construction() -> None:
+    """A misspelt keyword or settings of the wrong type is refused when the provider
+    is built, naming it, not as a TypeError at the run's first model call."""
+    from agents.models.openai_provider import OpenAIProvider
+
+    provider = OpenAIProvider(api_key="sk-test")
+    with pytest.raises(sm.ConfigError, match=r"unknown keyword argument\(s\) \['setings'\]"):
+        EngineModelProvider(provider, setings=sm.Settings())
+    with pytest.raises(sm.ConfigError, match=r"settings: must be a statemachine\.Settings"):
+        EngineModelProvider(provider, settings={"max_turns": 3})
+    built = EngineModelProvider(provider, settings=sm.Settings(max_turns=3), seed=1)
+    assert built.engine == {"settings": sm.Settings(max_turns=3), "seed": 1}

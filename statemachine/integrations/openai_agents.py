@@ -404,6 +404,12 @@ class EngineModel(Model):
         return f"EngineModel(models={list(self._by_name)!r})"
 
 
+_ENGINE_ARGS = frozenset(
+    {"settings", "seed", "clock", "wall_clock", "sleep", "session", "price_per_mtok"}
+)
+"""The keyword arguments of :class:`EngineModel` an :class:`EngineModelProvider` passes on."""
+
+
 class EngineModelProvider(ModelProvider):
     """A ``ModelProvider`` whose every model is an :class:`EngineModel`: the model a
     run names (through ``provider``), then ``fallbacks`` (names ``provider`` knows).
@@ -418,6 +424,16 @@ class EngineModelProvider(ModelProvider):
             raise ConfigError(f"provider: expected an Agents SDK ModelProvider, got {provider!r}")
         if isinstance(fallbacks, str) or not all(isinstance(name, str) for name in fallbacks):
             raise ConfigError(f"fallbacks: expected a list of model names, got {fallbacks!r}")
+        unknown = sorted(set(engine) - _ENGINE_ARGS)
+        if unknown:
+            raise ConfigError(
+                f"EngineModelProvider: unknown keyword argument(s) {unknown}; an EngineModel "
+                f"takes {sorted(_ENGINE_ARGS)}"
+            )
+        settings = engine.get("settings")
+        if settings is not None and not isinstance(settings, Settings):
+            # checked here, not at the run's first model call
+            raise ConfigError(f"settings: must be a statemachine.Settings, got {settings!r:.80}")
         self.provider = provider
         self.fallbacks = tuple(fallbacks)
         self.engine = engine
