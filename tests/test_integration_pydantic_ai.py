@@ -30,6 +30,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -450,6 +451,12 @@ def test_bad_configuration_is_refused_naming_it(servers: tuple[FakeLLM, FakeLLM]
         EngineModel(5)  # type: ignore[arg-type]
     with pytest.raises(sm.ConfigError, match=r"models: .*got None"):
         EngineModel([_model(main), None])  # type: ignore[list-item]
+    # the "before" of docs/integrations.md wrapped as it stands: its fallbacks would
+    # hide a 401 and its clients retry unseen, so it is refused, naming the fix
+    with pytest.raises(sm.ConfigError, match=r"is a FallbackModel.*EngineModel\(\[first"):
+        EngineModel(FallbackModel(_model(main), _model(backup, "gpt-backup")))
+    with pytest.raises(sm.ConfigError, match="is an EngineModel already"):
+        EngineModel([EngineModel(_model(main)), _model(backup, "gpt-backup")])
     assert main.count(OPENAI) == 0
 
 

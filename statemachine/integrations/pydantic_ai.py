@@ -144,6 +144,8 @@ class EngineModel(WrapperModel):
                     f"{model!r:.80}"
                 )
         resolved = [infer_model(model) for model in chain]
+        for model in resolved:
+            _owns_no_retries(model)
         names = model_names(resolved, lambda model: str(model.model_id))
         super().__init__(resolved[0])
         self.models = resolved
@@ -366,6 +368,28 @@ class EngineModel(WrapperModel):
 
     def __repr__(self) -> str:
         return f"EngineModel(models={[model.model_id for model in self.models]!r})"
+
+
+def _owns_no_retries(model: Model) -> None:
+    """Refuse a model that retries or falls back on its own above its SDK client: a
+    ``FallbackModel`` (it falls back on every error, a 401 included, and its models'
+    clients would retry unseen) or another :class:`EngineModel` (two engines)."""
+    from pydantic_ai.models.fallback import FallbackModel  # noqa: PLC0415
+
+    inner: Model | None = model
+    while inner is not None:
+        if isinstance(inner, FallbackModel):
+            raise ConfigError(
+                f"models: {inner!r:.80} is a FallbackModel, which falls back on every error "
+                "(a 401 included) where the engine cannot see it; give its models as the "
+                "list instead: EngineModel([first, fallback, ...])"
+            )
+        if isinstance(inner, EngineModel):
+            raise ConfigError(
+                f"models: {inner!r:.80} is an EngineModel already; wrap the models once "
+                "(two engines would multiply the retries)"
+            )
+        inner = inner.wrapped if isinstance(inner, WrapperModel) else None
 
 
 def _sdk_retries(model: Model) -> bool:
