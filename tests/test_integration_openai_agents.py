@@ -326,6 +326,9 @@ def test_models_of_the_wrong_type_are_refused_naming_them() -> None:
         EngineModel(5)  # type: ignore[arg-type]
     with pytest.raises(sm.ConfigError, match=r"models: .*got None"):
         EngineModel([None])  # type: ignore[list-item]
+    inner = EngineModel(OpenAIChatCompletionsModel("gpt-main", openai.AsyncOpenAI(api_key="k")))
+    with pytest.raises(sm.ConfigError, match="is an EngineModel already"):
+        EngineModel(inner)
 
 
 def test_a_providers_bad_engine_arguments_are_refused_at_construction() -> None:

@@ -140,6 +140,11 @@ class EngineModel(Model):
         for model in chain:
             if not isinstance(model, Model):
                 raise ConfigError(f"models: expected Agents SDK Model instances, got {model!r:.80}")
+            if isinstance(model, EngineModel):
+                raise ConfigError(
+                    f"models: {model!r:.80} is an EngineModel already; wrap the models once "
+                    "(two engines would multiply the retries)"
+                )
         names = model_names(chain, _name)
         if price_per_mtok is not None and (
             not isinstance(price_per_mtok, tuple)
