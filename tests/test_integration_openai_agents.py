@@ -341,5 +341,9 @@ def test_a_providers_bad_engine_arguments_are_refused_at_construction() -> None:
         EngineModelProvider(provider, setings=sm.Settings())
     with pytest.raises(sm.ConfigError, match=r"settings: must be a statemachine\.Settings"):
         EngineModelProvider(provider, settings={"max_turns": 3})
+    with pytest.raises(sm.ConfigError, match="seed: must be an int"):
+        EngineModelProvider(provider, seed="7")
+    with pytest.raises(sm.ConfigError, match="clock"):
+        EngineModel(OpenAIChatCompletionsModel("m", openai.AsyncOpenAI(api_key="k")), clock=3)  # type: ignore[arg-type]
     built = EngineModelProvider(provider, settings=sm.Settings(max_turns=3), seed=1)
     assert built.engine == {"settings": sm.Settings(max_turns=3), "seed": 1}

@@ -455,6 +455,11 @@ def test_bad_configuration_is_refused_naming_it(servers: tuple[FakeLLM, FakeLLM]
     # hide a 401 and its clients retry unseen, so it is refused, naming the fix
     with pytest.raises(sm.ConfigError, match=r"is a FallbackModel.*EngineModel\(\[first"):
         EngineModel(FallbackModel(_model(main), _model(backup, "gpt-backup")))
+    # refused when built, not at the agent run's first request
+    with pytest.raises(sm.ConfigError, match="seed: must be an int"):
+        EngineModel(_model(main), seed="7")  # type: ignore[arg-type]
+    with pytest.raises(sm.ConfigError, match="clock"):
+        EngineModel(_model(main), clock=3)  # type: ignore[arg-type]
     with pytest.raises(sm.ConfigError, match="is an EngineModel already"):
         EngineModel([EngineModel(_model(main)), _model(backup, "gpt-backup")])
     assert main.count(OPENAI) == 0

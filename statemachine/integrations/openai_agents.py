@@ -168,7 +168,9 @@ class EngineModel(Model):
             "session": session,
             "failure": TurnFailed,
         }
-        self._shared = _Run(self._new_bridge()) if session is not None else None
+        # built now, so a bad seed, clock or sleep is refused here, not at the first request
+        bridge = self._new_bridge()
+        self._shared = _Run(bridge) if session is not None else None
         self._weak: weakref.WeakKeyDictionary[Any, _Run] = weakref.WeakKeyDictionary()
         self._strong: collections.OrderedDict[int, _Run] = collections.OrderedDict()
         self._last: _Run | None = self._shared
@@ -439,6 +441,10 @@ class EngineModelProvider(ModelProvider):
         if settings is not None and not isinstance(settings, Settings):
             # checked here, not at the run's first model call
             raise ConfigError(f"settings: must be a statemachine.Settings, got {settings!r:.80}")
+        timing = {
+            key: engine[key] for key in ("seed", "clock", "wall_clock", "sleep") if key in engine
+        }
+        Bridge(Settings() if settings is None else settings, **timing)  # refused here, if bad
         self.provider = provider
         self.fallbacks = tuple(fallbacks)
         self.engine = engine

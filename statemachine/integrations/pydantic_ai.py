@@ -170,7 +170,9 @@ class EngineModel(WrapperModel):
             "session": session,
             "failure": TurnFailed,
         }
-        self._shared = _Run(self._new_bridge()) if session is not None else None
+        # built now, so a bad seed, clock or sleep is refused here, not at the first request
+        bridge = self._new_bridge()
+        self._shared = _Run(bridge) if session is not None else None
         self._runs: collections.OrderedDict[str | None, _Run] = collections.OrderedDict()
 
     def _new_bridge(self) -> Bridge:
