@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from statemachine.store import AdvanceStatus, InMemoryStore, StoreError, Worker, _ending
+from statemachine.store import (
+    AdvanceStatus,
+    InMemoryStore,
+    InvalidSessionId,
+    SessionNotFound,
+    StoreError,
+    Worker,
+    _ending,
+)
 
 from . import test_store as shared
 from .store_worker import Clock
@@ -234,3 +242,45 @@ def test_session_end_completed_is_refused_while_a_childs_turn_runs() -> None:
     other.end("cancelled")
     assert kid.status is sm.SessionStatus.CANCELLED
     assert running.status is sm.TurnStatus.CANCELLED
+
+
+def test_end_with_bad_input_names_it_and_writes_nothing(backend: Backend, now: Clock) -> None:
+    """A hostile caller's endings: an unknown id, an id that is not one, a version that
+    is not an int, a stale version, another status after an ending, a child ended on
+    its own and then again. Each error names what was wrong; the records (both
+    versions and statuses) are as they were."""
+    store = backend.make()
+    w = worker(store, "a", now)
+    root = sm.Session(seed=3, clock=lambda: 0.0, session_id="r")
+    w.create("r", root)
+    w.create("r.kid", root.spawn(session_id="r.kid"))
+
+    def states() -> list[tuple[int, object]]:
+        fresh = worker(store, "reader", now)
+        return [(fresh.load(i).version, fresh.load(i).session.status) for i in ("r", "r.kid")]
+
+    before = states()
+    with pytest.raises(SessionNotFound, match="session 'nosuch': no record"):
+        w.end("nosuch", "cancelled", expected_version=1)
+    for bad_id in ("", "a b", 5):
+        with pytest.raises(InvalidSessionId, match=f"session id {bad_id!r} is invalid"):
+            w.end(bad_id, "cancelled", expected_version=1)  # type: ignore[arg-type]
+    for bad_version in (True, 1.0, "1", None):
+        with pytest.raises(ValueError, match=r"session 'r': expected_version must be an int"):
+            w.end("r", "cancelled", expected_version=bad_version)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reason: must be a str"):
+        w.end("r", "cancelled", expected_version=1, reason=5)  # type: ignore[arg-type]
+    assert w.end("r", "failed", expected_version=7).status is AdvanceStatus.CONFLICT
+    assert states() == before
+
+    # a child ended directly is ended alone; ending it again otherwise is refused
+    kid = w.end("r.kid", "failed", expected_version=1)
+    assert kid.applied and kid.ended == () and kid.session.status is sm.SessionStatus.FAILED
+    with pytest.raises(sm.SessionEnded, match=r"session 'r.kid' has already ended \(failed\)"):
+        w.end("r.kid", "cancelled", expected_version=kid.version)
+    assert states() == [before[0], (kid.version, sm.SessionStatus.FAILED)]
+    # its parent completes (no child runs) and a stale repeat is a CONFLICT, not a write
+    done = w.end("r", "completed", expected_version=1)
+    assert done.applied and done.ended == ()
+    assert w.end("r", "completed", expected_version=1).status is AdvanceStatus.CONFLICT
+    assert states() == [(done.version, sm.SessionStatus.COMPLETED), (kid.version, "failed")]
