@@ -560,3 +560,46 @@ def test_a_model_keeps_the_sessions_of_its_latest_runs(monkeypatch: pytest.Monke
     assert model.session(second.run_id) is not None
     assert model.session(third.run_id) is not None
     assert model.session("never seen") is None
+
+
+def test_a_run_still_going_keeps_its_session_while_others_come_and_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With more runs than MAX_RUNS, one whose tool is still running is not the one let
+    go: its next request continues its session (both requests counted in one)."""
+    from pydantic_ai.messages import ModelResponse as Response
+    from pydantic_ai.models.function import FunctionModel
+
+    from statemachine.integrations import pydantic_ai as integration
+
+    monkeypatch.setattr(integration, "MAX_RUNS", 2)
+
+    def reply(messages: list[Any], _info: Any) -> Response:
+        prompt = messages[0].parts[-1].content
+        if prompt == "slow" and len(messages) == 1:
+            return Response(parts=[ToolCallPart("hold", {}, tool_call_id="h1")])
+        return Response(parts=[TextPart("ok")])
+
+    model = EngineModel(FunctionModel(reply), sleep=FakeTime().sleep)
+    agent = Agent(model)
+    events: list[asyncio.Event] = []  # made on the run's own loop: started, release
+
+    @agent.tool_plain
+    async def hold() -> str:
+        events[0].set()
+        await events[1].wait()
+        return "held"
+
+    async def runs() -> Any:
+        events[:] = [asyncio.Event(), asyncio.Event()]
+        slow = asyncio.create_task(agent.run("slow"))
+        await events[0].wait()  # the slow run's tool is running
+        for index in range(3):
+            await agent.run(f"quick {index}")
+        events[1].set()
+        return await slow
+
+    result = _run(runs())
+    session = model.session(result.run_id)
+    assert result.output == "ok"
+    assert session is not None and session.turns == 2

@@ -236,6 +236,12 @@ class Bridge:
     # -- the tool round the framework ran between two requests ---------------------
 
     @property
+    def busy(self) -> bool:
+        """Whether a request is out or the last reply's tools have not been reported."""
+        turn = self.session.current_turn
+        return self._pending is not None or (turn is not None and not turn.done)
+
+    @property
     def pending_calls(self) -> tuple[ToolCall, ...]:
         """The tool calls of the last reply, whose results the next request brings."""
         turn = self._pending

@@ -195,7 +195,14 @@ class EngineModel(WrapperModel):
         if run is None:
             run = self._runs[run_id] = _Run(self._new_bridge())
             while len(self._runs) > MAX_RUNS:
-                self._runs.popitem(last=False)
+                # a run still going (a request out, or its tools running) is let go only
+                # when every other is too: its next request would start a new session,
+                # its bounds counted from zero
+                idle = next((key for key, kept in self._runs.items() if not kept.bridge.busy), None)
+                if idle is None:
+                    self._runs.popitem(last=False)
+                else:
+                    del self._runs[idle]
         else:
             self._runs.move_to_end(run_id)
         return run
