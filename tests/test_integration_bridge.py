@@ -328,3 +328,19 @@ def test_a_request_cancelled_while_it_waits_leaves_no_turn_running() -> None:
 
     _, value = asyncio.run(bridge.request(_assembled, fine))
     assert value == "ok" and bridge.session.turns == 2
+
+
+def test_turn_failed_survives_pickling_as_itself() -> None:
+    """A process pool or a task queue pickles the failure it hands back: the copy has
+    the same status, error and message (it once read its message as its status and
+    said the session had ended)."""
+    import pickle
+
+    error = sm.ModelError("auth_error", "bad key")
+    failed = TurnFailed(sm.TurnStatus.AUTH_ERROR, sm.Finish(sm.TurnStatus.AUTH_ERROR, error=error))
+    ended = TurnFailed(sm.SessionStatus.CANCELLED)
+    for original in (failed, ended):
+        copy = pickle.loads(pickle.dumps(original))  # noqa: S301 - our own bytes
+        assert type(copy) is TurnFailed and str(copy) == str(original)
+        assert copy.status == original.status and copy.error == original.error
+        assert copy.finish == original.finish

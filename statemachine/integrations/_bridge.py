@@ -89,6 +89,11 @@ class TurnFailed(RuntimeError):
         self.retry_at: float | None = None if finish is None else finish.retry_at
         super().__init__(self._describe())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from what it was made of: the default (cls(*args), args being the
+        # message) would read the message as the status, "the session has ended (...)"
+        return (type(self), (self.status, self.finish), self.__dict__)
+
     def _describe(self) -> str:
         if self.finish is None:
             return (
