@@ -300,15 +300,18 @@ def test_readme_mermaid_block_is_the_generated_diagram() -> None:
 
 @pytest.mark.requirement("ER-69")
 def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
-    """The README opens with its set-up commands: the first creates and activates a
-    virtual environment (the name clash cannot reach it), the next installs and runs
-    simulate, then the test command, which CI runs verbatim (give or take pip's
-    ``-q``), and the fast lane."""
+    """The README opens with its two set-up commands: the first creates and activates a
+    virtual environment (the name clash cannot reach it), installs and runs simulate;
+    the second is the test command, which CI runs verbatim (give or take pip's
+    ``-q``); then the fast lane."""
     (commands,) = _blocks("sh")[:1]
     lines = [line.split("#")[0].strip() for line in commands.splitlines()]
-    assert lines[0] == "python3 -m venv .venv && . .venv/bin/activate"
-    assert lines[1] == "pip install -e . && python -m statemachine simulate"
-    (tests,) = [line for line in lines if line.endswith("&& python -m pytest")]
+    assert lines[0] == (
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -e . "
+        "&& python -m statemachine simulate"
+    )
+    tests = lines[1]
+    assert tests.endswith("&& python -m pytest")
     assert tests.startswith("pip install -e '.[dev,")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" -q ", " ")
     assert tests in ci.splitlines()
