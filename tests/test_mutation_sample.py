@@ -21,6 +21,9 @@ from tools import mutate
 BACKOFF = "statemachine/core/_backoff.py"
 CLASSIFY = "statemachine/io/_classify.py"
 ENGINE = "statemachine/core/_engine.py"
+JOBS = 2
+"""Mutants run two at a time: CI's machine has two cores, and these samples are the
+suite's slowest tests."""
 
 
 def _descriptions(source: str) -> list[str]:
@@ -36,6 +39,7 @@ def test_a_fixed_sample_of_backoff_mutants_is_all_killed() -> None:
         sample=5,
         seed=5,
         timeout=60,
+        jobs=JOBS,
     )
     assert report.error is None, report.error
     assert report.generated >= 80
@@ -61,6 +65,7 @@ def test_a_fixed_sample_of_classify_table_mutants_is_all_killed() -> None:
         tests=["tests/test_classification_rows.py", "tests/test_mutation_classify.py"],
         numbers=chosen,
         timeout=60,
+        jobs=JOBS,
     )
     assert report.error is None, report.error
     assert report.run == 4
@@ -102,7 +107,7 @@ def test_a_fixed_sample_of_deleted_statements_and_swapped_arguments_is_all_kille
         ]
         assert len(new) >= 15
         chosen = sorted(m.number for m in random.Random(7).sample(new, count))
-        report = mutate.run_module(module, tests=tests, numbers=chosen, timeout=60)
+        report = mutate.run_module(module, tests=tests, numbers=chosen, timeout=60, jobs=JOBS)
         assert report.error is None, report.error
         assert report.run == count
         survivors = [
