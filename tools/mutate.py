@@ -163,7 +163,7 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_engine.py",
     ),
     "statemachine/core/_machine.py": ("tests/test_table.py", "tests/test_diagrams.py"),
-    "statemachine/store/_worker.py": _STORE,
+    "statemachine/store/_worker.py": (*_STORE, "tests/test_store_ending.py"),
     "statemachine/store/_journal.py": _STORE,
     "statemachine/store/_record.py": _STORE,
     "statemachine/store/_bytes.py": _STORE,
