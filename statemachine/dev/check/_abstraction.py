@@ -9,7 +9,6 @@ from typing import Any
 
 import attrs
 
-from ...core._engine import Core
 from ...core._session import Session, Turn
 from ...core._settings import Settings
 from ...core._state import (
@@ -64,16 +63,10 @@ def _node(
 
 
 def _clone(ctx: _Ctx, node: _Node) -> _Node:
-    """A copy of ``node`` to step from: what :func:`_node` makes of a copy of its state,
-    without the checks a state from outside needs (the checker's hottest path)."""
-    state = copy_session_state(node.state)
-    clock = _Clock(node.clock.now)
-    core = Core(ctx.settings, state, (), ctx.dispatch)
-    session = Session._over(core, clock, _wall_clock)  # noqa: SLF001 - the checker's own copy
-    turn = session.current_turn
-    if turn is None:  # pragma: no cover - every node is made after new_turn()
-        raise RuntimeError("a node without a turn")
-    return _Node(session, turn, state, clock, node.poisoned, node.fatal)
+    """A copy of ``node`` to step from."""
+    return _node(
+        ctx, copy_session_state(node.state), _Clock(node.clock.now), node.poisoned, node.fatal
+    )
 
 
 def _canon(value: int, cap: int, saturation: int | None) -> int:
