@@ -295,7 +295,7 @@ class Session:
             if turn is not None and turn.state != IDLE and not turn.done:
                 return child
             # the tree is this class's own: a child is walked as this session is
-            found = child._running_child(depth + 1) if depth < 64 else None  # noqa: SLF001
+            found = Session._running_child(child, depth + 1) if depth < 64 else None
             if found is not None:
                 return found
         return None
