@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -200,6 +201,27 @@ class _Shown(Exception):
 CallResult = tuple[ModelReplied | ModelFailed | None, _V | None]
 """What a call gave: the event for the engine and the framework's value (its reply, or
 an opened stream with ``None`` as the event: handed over, settled later)."""
+
+
+class Run:
+    """One agent run: its bridge to the session and how far its history is cut."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.cut = 1
+        """Messages from this index on are sent (with the first); 1: nothing dropped."""
+
+
+def token_cost(
+    price_per_mtok: tuple[float, float] | None, tokens_in: int | None, tokens_out: int | None
+) -> float | None:
+    """What the tokens cost at ``price_per_mtok``: ``None`` without a price, without a
+    token, or past a float."""
+    if price_per_mtok is None or not (tokens_in or tokens_out):
+        return None
+    price_in, price_out = (float(price) for price in price_per_mtok)
+    cost = ((tokens_in or 0) * price_in + (tokens_out or 0) * price_out) / 1_000_000
+    return cost if math.isfinite(cost) else None
 
 
 class Bridge:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
+import functools
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -71,16 +71,18 @@ from ..core._settings import Settings
 from ..core._taxonomy import ErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._usage import Usage
-from ..io._providers import _arguments, _label, _price, _tokens
+from ..io._providers import _arguments, _label, _tokens, checked_prices
 from ._bridge import (
     Bridge,
     CallResult,
+    Run,
     classify_raised,
     listed,
     model_names,
     no_outcome,
     outcome,
     settings_for,
+    token_cost,
 )
 from ._bridge import TurnFailed as _TurnFailed
 
@@ -106,12 +108,6 @@ class _Request:
     handoffs: list[Any]
     sent: list[Any] = dataclasses.field(default_factory=list)
     withhold: bool = False
-
-
-class _Run:
-    def __init__(self, bridge: Bridge) -> None:
-        self.bridge = bridge
-        self.cut = 1
 
 
 def _name(model: Any) -> str:
@@ -146,62 +142,52 @@ class EngineModel(Model):
                     "(two engines would multiply the retries)"
                 )
         names = model_names(chain, _name)
-        if price_per_mtok is not None and (
-            not isinstance(price_per_mtok, tuple)
-            or len(price_per_mtok) != 2
-            or not all(_price(price) is not None for price in price_per_mtok)
-        ):
-            raise TypeError(
-                "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
-                f"two finite numbers >= 0, got {price_per_mtok!r}"
-            )
         self.models = chain
         self.engine_settings = settings_for(settings, names)
-        self.price_per_mtok = price_per_mtok
+        self.price_per_mtok = checked_prices(price_per_mtok)
         self._by_name = dict(zip(names, chain, strict=True))
         self._first = names[0]
-        self._bridge_args: dict[str, Any] = {
-            "seed": seed,
-            "clock": clock,
-            "wall_clock": wall_clock,
-            "sleep": sleep,
-            "session": session,
-            "failure": TurnFailed,
-        }
+        self._new_bridge: Callable[[], Bridge] = functools.partial(
+            Bridge,
+            self.engine_settings,
+            seed=seed,
+            clock=clock,
+            wall_clock=wall_clock,
+            sleep=sleep,
+            session=session,
+            failure=TurnFailed,
+        )
         # built now, so a bad seed, clock or sleep is refused here, not at the first request
         bridge = self._new_bridge()
-        self._shared = _Run(bridge) if session is not None else None
-        self._weak: weakref.WeakKeyDictionary[Any, _Run] = weakref.WeakKeyDictionary()
-        self._strong: collections.OrderedDict[int, _Run] = collections.OrderedDict()
-        self._last: _Run | None = self._shared
-
-    def _new_bridge(self) -> Bridge:
-        return Bridge(self.engine_settings, **self._bridge_args)
+        self._shared = Run(bridge) if session is not None else None
+        self._weak: weakref.WeakKeyDictionary[Any, Run] = weakref.WeakKeyDictionary()
+        self._strong: collections.OrderedDict[int, Run] = collections.OrderedDict()
+        self._last: Run | None = self._shared
 
     @property
     def last_session(self) -> Session | None:
         """The session of the latest run this model served (or the shared one)."""
         return None if self._last is None else self._last.bridge.session
 
-    def _current(self) -> _Run:
+    def _current(self) -> Run:
         if self._shared is not None:
             return self._shared
         owner = get_model_run_owner()
-        run: _Run | None
+        run: Run | None
         try:
             run = self._weak.get(owner) if owner is not None else None
             if run is None and owner is not None:
-                run = self._weak[owner] = _Run(self._new_bridge())
+                run = self._weak[owner] = Run(self._new_bridge())
         except TypeError:  # an owner that cannot be held weakly
             run = self._strong.get(id(owner))
             if run is None:
-                run = self._strong[id(owner)] = _Run(self._new_bridge())
+                run = self._strong[id(owner)] = Run(self._new_bridge())
                 while len(self._strong) > MAX_RUNS:
                     self._strong.popitem(last=False)
         if run is None:  # called outside a Runner run: one session for such calls
             run = self._strong.get(0)
             if run is None:
-                run = self._strong[0] = _Run(self._new_bridge())
+                run = self._strong[0] = Run(self._new_bridge())
         self._last = run
         return run
 
@@ -214,6 +200,21 @@ class EngineModel(Model):
             await model.close()
 
     # -- calls ------------------------------------------------------------------------
+
+    def _begin(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        handoffs: list[Any],
+    ) -> tuple[Run, _Request]:
+        """A call's run and request, the tool round before it settled."""
+        _no_runner_retries(model_settings)
+        run = self._current()
+        request = _Request(system_instructions, _items(input), tools, handoffs)
+        _settle(run.bridge, request.items)
+        return run, request
 
     async def get_response(
         self,
@@ -230,10 +231,7 @@ class EngineModel(Model):
         prompt: Any,
     ) -> ModelResponse:
         """One model call, as one engine turn."""
-        _no_runner_retries(model_settings)
-        run = self._current()
-        request = _Request(system_instructions, _items(input), tools, handoffs)
-        _settle(run.bridge, request.items)
+        run, request = self._begin(system_instructions, input, model_settings, tools, handoffs)
 
         async def call(action: CallModel) -> CallResult[ModelResponse]:
             name, model = self._model(action)
@@ -275,10 +273,7 @@ class EngineModel(Model):
     ) -> AsyncIterator[TResponseStreamEvent]:
         """One streamed model call, as one engine turn: passed through from its first
         event on; a failure after that is never resent."""
-        _no_runner_retries(model_settings)
-        run = self._current()
-        request = _Request(system_instructions, _items(input), tools, handoffs)
-        _settle(run.bridge, request.items)
+        run, request = self._begin(system_instructions, input, model_settings, tools, handoffs)
         opened: list[tuple[str, AsyncIterator[TResponseStreamEvent]]] = []
 
         async def call(action: CallModel) -> CallResult[TResponseStreamEvent]:
@@ -392,11 +387,7 @@ class EngineModel(Model):
         tokens_in = _tokens(getattr(counts, "input_tokens", None))
         tokens_out = _tokens(getattr(counts, "output_tokens", None))
         details = getattr(counts, "input_tokens_details", None)
-        cost = None
-        if self.price_per_mtok is not None and (tokens_in or tokens_out):
-            price_in, price_out = (float(price) for price in self.price_per_mtok)
-            cost = ((tokens_in or 0) * price_in + (tokens_out or 0) * price_out) / 1_000_000
-            cost = cost if math.isfinite(cost) else None
+        cost = token_cost(self.price_per_mtok, tokens_in, tokens_out)
         return Usage(
             input_tokens=tokens_in,
             output_tokens=tokens_out,
@@ -540,7 +531,7 @@ def _settle(bridge: Bridge, items: list[Any]) -> None:
     bridge.settle_tools(lambda call: seen.get(call.id))
 
 
-def _assemble(run: _Run, request: _Request, action: Assemble) -> Assembled | CannotShrink:
+def _assemble(run: Run, request: _Request, action: Assemble) -> Assembled | CannotShrink:
     """The input to send: the first item, then the items from ``run.cut`` on (moved
     further on a reduction), the engine's instruction appended."""
     items = request.items

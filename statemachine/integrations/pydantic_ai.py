@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
+import functools
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
@@ -75,16 +75,18 @@ from ..core._settings import Settings
 from ..core._taxonomy import ErrorCategory, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._usage import Usage
-from ..io._providers import _label, _price, _tokens
+from ..io._providers import _label, _tokens, checked_prices
 from ._bridge import (
     Bridge,
     CallResult,
+    Run,
     classify_raised,
     listed,
     model_names,
     no_outcome,
     outcome,
     settings_for,
+    token_cost,
 )
 from ._bridge import TurnFailed as _TurnFailed
 
@@ -108,15 +110,6 @@ class _Request:
     parameters: ModelRequestParameters
     sent: list[ModelMessage] = dataclasses.field(default_factory=list)
     withhold: bool = False
-
-
-class _Run:
-    """One agent run: its bridge to the session and how far its history is cut."""
-
-    def __init__(self, bridge: Bridge) -> None:
-        self.bridge = bridge
-        self.cut = 1
-        """Messages from this index on are sent (with the first); 1: nothing dropped."""
 
 
 class EngineModel(WrapperModel):
@@ -150,33 +143,23 @@ class EngineModel(WrapperModel):
         super().__init__(resolved[0])
         self.models = resolved
         self.engine_settings = settings_for(settings, names)
-        if price_per_mtok is not None and (
-            not isinstance(price_per_mtok, tuple)
-            or len(price_per_mtok) != 2
-            or not all(_price(price) is not None for price in price_per_mtok)
-        ):
-            raise TypeError(
-                "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
-                f"two finite numbers >= 0, got {price_per_mtok!r}"
-            )
-        self.price_per_mtok = price_per_mtok
+        self.price_per_mtok = checked_prices(price_per_mtok)
         self._by_name = dict(zip(names, resolved, strict=True))
         self._retrying = {name: _sdk_retries(model) for name, model in self._by_name.items()}
-        self._bridge_args: dict[str, Any] = {
-            "seed": seed,
-            "clock": clock,
-            "wall_clock": wall_clock,
-            "sleep": sleep,
-            "session": session,
-            "failure": TurnFailed,
-        }
+        self._new_bridge: Callable[[], Bridge] = functools.partial(
+            Bridge,
+            self.engine_settings,
+            seed=seed,
+            clock=clock,
+            wall_clock=wall_clock,
+            sleep=sleep,
+            session=session,
+            failure=TurnFailed,
+        )
         # built now, so a bad seed, clock or sleep is refused here, not at the first request
         bridge = self._new_bridge()
-        self._shared = _Run(bridge) if session is not None else None
-        self._runs: collections.OrderedDict[str | None, _Run] = collections.OrderedDict()
-
-    def _new_bridge(self) -> Bridge:
-        return Bridge(self.engine_settings, **self._bridge_args)
+        self._shared = Run(bridge) if session is not None else None
+        self._runs: collections.OrderedDict[str | None, Run] = collections.OrderedDict()
 
     # -- which session ----------------------------------------------------------------
 
@@ -188,12 +171,12 @@ class EngineModel(WrapperModel):
         run = self._runs.get(run_id)
         return None if run is None else run.bridge.session
 
-    def _run(self, run_id: str | None) -> _Run:
+    def _run(self, run_id: str | None) -> Run:
         if self._shared is not None:
             return self._shared
         run = self._runs.get(run_id)
         if run is None:
-            run = self._runs[run_id] = _Run(self._new_bridge())
+            run = self._runs[run_id] = Run(self._new_bridge())
             while len(self._runs) > MAX_RUNS:
                 # a run still going (a request out, or its tools running) is let go only
                 # when every other is too: its next request would start a new session,
@@ -207,7 +190,7 @@ class EngineModel(WrapperModel):
             self._runs.move_to_end(run_id)
         return run
 
-    def _current(self, run_context: Any = None) -> _Run:
+    def _current(self, run_context: Any = None) -> Run:
         context = run_context if run_context is not None else get_current_run_context()
         return self._run(getattr(context, "run_id", None))
 
@@ -357,11 +340,7 @@ class EngineModel(WrapperModel):
         counts = response.usage
         tokens_in = _tokens(counts.input_tokens)
         tokens_out = _tokens(counts.output_tokens)
-        cost = None
-        if self.price_per_mtok is not None and (tokens_in or tokens_out):
-            price_in, price_out = (float(price) for price in self.price_per_mtok)
-            cost = ((tokens_in or 0) * price_in + (tokens_out or 0) * price_out) / 1_000_000
-            cost = cost if math.isfinite(cost) else None
+        cost = token_cost(self.price_per_mtok, tokens_in, tokens_out)
         return Usage(
             input_tokens=tokens_in,
             output_tokens=tokens_out,
@@ -462,7 +441,7 @@ def _settle(bridge: Bridge, messages: list[ModelMessage]) -> None:
     bridge.settle_tools(lambda call: seen.get(call.id))
 
 
-def _assemble(run: _Run, request: _Request, action: Assemble) -> Assembled | CannotShrink:
+def _assemble(run: Run, request: _Request, action: Assemble) -> Assembled | CannotShrink:
     """The messages to send: the first request, then the history from ``run.cut`` on
     (moved further on a reduction), the engine's instruction appended."""
     messages = request.messages

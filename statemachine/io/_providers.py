@@ -158,6 +158,21 @@ def _reported(usage: Usage) -> bool:
     return usage.input_tokens is not None or usage.output_tokens is not None
 
 
+def checked_prices(price_per_mtok: object) -> tuple[float, float] | None:
+    """``price_per_mtok`` (input and output USD per million tokens, or ``None``), or
+    ``TypeError`` naming it."""
+    if price_per_mtok is not None and (
+        not isinstance(price_per_mtok, tuple)
+        or len(price_per_mtok) != 2
+        or not all(_price(price) is not None for price in price_per_mtok)
+    ):
+        raise TypeError(
+            "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
+            f"two finite numbers >= 0, got {price_per_mtok!r}"
+        )
+    return price_per_mtok
+
+
 def _charged(usage: Usage) -> float:
     """The ``cost`` of an event carrying ``usage`` (its ``cost_usd``, or 0.0 unknown)."""
     return usage.cost_usd or 0.0
@@ -206,15 +221,7 @@ class _Base:
         price_per_mtok: tuple[float, float] | None = None,
         **create_kwargs: Any,
     ) -> None:
-        if price_per_mtok is not None and (
-            not isinstance(price_per_mtok, tuple)
-            or len(price_per_mtok) != 2
-            or not all(_price(p) is not None for p in price_per_mtok)
-        ):
-            raise TypeError(
-                "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
-                f"two finite numbers >= 0, got {price_per_mtok!r}"
-            )
+        price_per_mtok = checked_prices(price_per_mtok)
         if not (isinstance(tool_provider, str) and tool_provider) and not callable(tool_provider):
             raise TypeError(
                 f"tool_provider: expected a provider name or a function of the tool name, "
