@@ -126,29 +126,7 @@ class ModelReplied:
         _charge(self)
 
 
-@attrs.frozen
-class ModelFailed:
-    """The model call failed with ``error``.
-
-    Set ``partial=True`` when part of a streamed reply had already been delivered:
-    such a call is never resent, whatever its category (``stream_interrupted``).
-    ``cost`` is what the failed call was billed (a stream that broke after usage was
-    reported, a content-filtered or refused reply, a timed-out call that was charged):
-    it counts toward ``max_cost_usd``. ``usage`` is what the call used, as far as the
-    provider reported it (see :class:`Usage`; its ``cost_usd`` is the ``cost`` when
-    that is left out).
-    """
-
-    error: ModelError = attrs.field(validator=lambda _i, _a, value: _model_error(value))
-    partial: bool = attrs.field(default=False, validator=instance_of(bool))
-    cost: float = attrs.field(default=0.0, kw_only=True, validator=_cost)
-    usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage)
-
-    def __attrs_post_init__(self) -> None:
-        _charge(self)
-
-
-def _model_error(value: object) -> None:
+def _model_error(_instance: object, _attribute: object, value: Any) -> None:
     """``ModelFailed.error`` holds a :class:`ModelError`; a category name or an SDK
     exception is refused with the line that builds one."""
     if isinstance(value, ModelError):
@@ -162,6 +140,28 @@ def _model_error(value: object) -> None:
     raise InvalidValue(
         f"ModelFailed.error: must be a ModelError, got {short_repr(value)}; write {hint}"
     )
+
+
+@attrs.frozen
+class ModelFailed:
+    """The model call failed with ``error``.
+
+    Set ``partial=True`` when part of a streamed reply had already been delivered:
+    such a call is never resent, whatever its category (``stream_interrupted``).
+    ``cost`` is what the failed call was billed (a stream that broke after usage was
+    reported, a content-filtered or refused reply, a timed-out call that was charged):
+    it counts toward ``max_cost_usd``. ``usage`` is what the call used, as far as the
+    provider reported it (see :class:`Usage`; its ``cost_usd`` is the ``cost`` when
+    that is left out).
+    """
+
+    error: ModelError = attrs.field(validator=_model_error)
+    partial: bool = attrs.field(default=False, validator=instance_of(bool))
+    cost: float = attrs.field(default=0.0, kw_only=True, validator=_cost)
+    usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage)
+
+    def __attrs_post_init__(self) -> None:
+        _charge(self)
 
 
 @attrs.frozen
