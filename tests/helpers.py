@@ -7,6 +7,21 @@ from typing import Any
 import statemachine as sm
 
 
+class FakeTime:
+    """A clock and an async sleep that records each wait and advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
 class ManualClock:
     """A clock the test moves by hand; ``advance`` is the only way time passes."""
 

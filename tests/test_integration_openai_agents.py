@@ -36,26 +36,12 @@ from agents.retry import ModelRetrySettings
 import statemachine as sm
 from statemachine.integrations.openai_agents import EngineModel, EngineModelProvider, TurnFailed
 
+from .helpers import FakeTime
 from .servers.fake_llm import OPENAI, FakeLLM, openai_completion, openai_error, openai_stream
 
 set_tracing_disabled(True)
 
 CLIENTS: list[openai.AsyncOpenAI] = []
-
-
-class FakeTime:
-    """A clock and an async sleep that records each wait and advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture

@@ -38,22 +38,8 @@ import statemachine as sm
 from statemachine.integrations import TurnFailed as AnyTurnFailed
 from statemachine.integrations.pydantic_ai import EngineModel, TurnFailed
 
+from .helpers import FakeTime
 from .servers.fake_llm import OPENAI, Canned, FakeLLM, openai_completion, openai_error
-
-
-class FakeTime:
-    """A clock and an async sleep that records each wait and advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from statemachine.providers import (
     OpenAIModel,
 )
 
+from .helpers import FakeTime
 from .servers.fake_llm import (
     ANTHROPIC,
     OPENAI,
@@ -37,21 +38,6 @@ from .servers.fake_llm import (
     openai_error,
     openai_stream,
 )
-
-
-class FakeTime:
-    """A clock and an async sleep that records each wait and advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
 
 
 class Context:
