@@ -213,10 +213,9 @@ class _History:
                 raise _Found(None)
         return tuple(outcomes)
 
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        expected = f"a timer of {_nanos(seconds)} ns ({seconds!r} s)"
+    def _timer(self, expected: str, seconds: float) -> HistoryEvent:
+        """The next event, a timer of ``seconds`` (a drift naming ``expected``
+        otherwise), taken."""
         event = self._next(expected)
         if event.event_type != _E.EVENT_TYPE_TIMER_STARTED:
             self._drift(event, expected, _described(event))
@@ -225,7 +224,13 @@ class _History:
         if found != _nanos(seconds):
             self._drift(event, expected, f"a timer of {found} ns ({found / 1e9!r} s)")
         self.index += 1
-        fired = self._fired.get(attributes.timer_id)
+        return event
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        event = self._timer(f"a timer of {_nanos(seconds)} ns ({seconds!r} s)", seconds)
+        fired = self._fired.get(event.timer_started_event_attributes.timer_id)
         if self._cancelled_before(fired):
             raise asyncio.CancelledError
         if fired is None:
@@ -238,15 +243,8 @@ class _History:
         updates' inbox, ``holder``, is the live workflow's: here the history is.)"""
         del holder
         expected = f"a wait for {kind} of {_nanos(timeout_s)} ns ({timeout_s!r} s)"
-        event = self._next(expected)
-        if event.event_type != _E.EVENT_TYPE_TIMER_STARTED:
-            self._drift(event, expected, _described(event))
-        attributes = event.timer_started_event_attributes
-        found = attributes.start_to_fire_timeout.ToNanoseconds()
-        if found != _nanos(timeout_s):
-            self._drift(event, expected, f"a timer of {found} ns ({found / 1e9!r} s)")
-        self.index += 1
-        fired = self._fired.get(attributes.timer_id)
+        event = self._timer(expected, timeout_s)
+        fired = self._fired.get(event.timer_started_event_attributes.timer_id)
         limit = fired.event_id if fired is not None else 1 << 62
         update = next(
             (
