@@ -26,6 +26,7 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import math
 import time
@@ -210,6 +211,33 @@ class Run:
         self.bridge = bridge
         self.cut = 1
         """Messages from this index on are sent (with the first); 1: nothing dropped."""
+
+
+def bridges(
+    settings: Settings,
+    *,
+    seed: int,
+    clock: Callable[[], float] | None,
+    wall_clock: Callable[[], float] | None,
+    sleep: Callable[[float], Any] | None,
+    session: Session | None,
+    failure: type[TurnFailed],
+) -> tuple[Callable[[], Bridge], Run | None]:
+    """What makes each run's bridge, and the one run every call shares when the host
+    gave its ``session``. A bridge is built here, so a bad seed, clock or sleep is
+    refused when the model is, not at its first request."""
+    new_bridge = functools.partial(
+        Bridge,
+        settings,
+        seed=seed,
+        clock=clock,
+        wall_clock=wall_clock,
+        sleep=sleep,
+        session=session,
+        failure=failure,
+    )
+    first = new_bridge()
+    return new_bridge, (Run(first) if session is not None else None)
 
 
 def token_cost(

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -76,6 +75,7 @@ from ._bridge import (
     Bridge,
     CallResult,
     Run,
+    bridges,
     classify_raised,
     listed,
     model_names,
@@ -147,8 +147,7 @@ class EngineModel(Model):
         self.price_per_mtok = checked_prices(price_per_mtok)
         self._by_name = dict(zip(names, chain, strict=True))
         self._first = names[0]
-        self._new_bridge: Callable[[], Bridge] = functools.partial(
-            Bridge,
+        self._new_bridge, self._shared = bridges(
             self.engine_settings,
             seed=seed,
             clock=clock,
@@ -157,9 +156,6 @@ class EngineModel(Model):
             session=session,
             failure=TurnFailed,
         )
-        # built now, so a bad seed, clock or sleep is refused here, not at the first request
-        bridge = self._new_bridge()
-        self._shared = Run(bridge) if session is not None else None
         self._weak: weakref.WeakKeyDictionary[Any, Run] = weakref.WeakKeyDictionary()
         self._strong: collections.OrderedDict[int, Run] = collections.OrderedDict()
         self._last: Run | None = self._shared

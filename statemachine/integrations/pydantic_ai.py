@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
@@ -80,6 +79,7 @@ from ._bridge import (
     Bridge,
     CallResult,
     Run,
+    bridges,
     classify_raised,
     listed,
     model_names,
@@ -146,8 +146,7 @@ class EngineModel(WrapperModel):
         self.price_per_mtok = checked_prices(price_per_mtok)
         self._by_name = dict(zip(names, resolved, strict=True))
         self._retrying = {name: _sdk_retries(model) for name, model in self._by_name.items()}
-        self._new_bridge: Callable[[], Bridge] = functools.partial(
-            Bridge,
+        self._new_bridge, self._shared = bridges(
             self.engine_settings,
             seed=seed,
             clock=clock,
@@ -156,9 +155,6 @@ class EngineModel(WrapperModel):
             session=session,
             failure=TurnFailed,
         )
-        # built now, so a bad seed, clock or sleep is refused here, not at the first request
-        bridge = self._new_bridge()
-        self._shared = Run(bridge) if session is not None else None
         self._runs: collections.OrderedDict[str | None, Run] = collections.OrderedDict()
 
     # -- which session ----------------------------------------------------------------
