@@ -55,9 +55,17 @@ _WAIT_S = 600.0
 (redis-py 8 gives every client a 5 s one by default)."""
 
 
+STORE_OPTIONS: dict[str, Any] = {}
+"""More options of every ``RedisStore`` here (``benchmarks.redis_cluster`` sets them)."""
+
+
 def _client(url: str, timeout: float) -> Any:
     import redis
 
+    if url.startswith("redis+cluster://"):  # benchmarks.redis_cluster's rounds
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(url.replace("+cluster", "", 1), socket_timeout=timeout)
     return redis.Redis.from_url(url, socket_timeout=timeout)
 
 
@@ -105,7 +113,9 @@ def _worker(url: str, round_: str, parties: int, index: int, sessions: int, atte
     # the barrier and the report on a client of their own: the store sets its
     # reply timeout on its client's pool, and the barrier may wait longer
     client = _client(url, _WAIT_S)
-    store = RedisStore(_client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S)
+    store = RedisStore(
+        _client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S, **STORE_OPTIONS
+    )
     worker = Worker(store, owner=f"w{index}")
     rng = random.Random(index)
     counts, start = _barrier(client, round_, parties)
@@ -248,7 +258,9 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
     try:
         client.flushdb()
         # the store on a client of its own (it sets its reply timeout on its pool)
-        store = RedisStore(_client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S)
+        store = RedisStore(
+            _client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S, **STORE_OPTIONS
+        )
         setup = Worker(store, owner="setup")
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
@@ -267,7 +279,7 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
         wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
         versions = sum(setup.load(f"s{i}").version - 1 for i in range(sessions))
         record_bytes = sum(
-            client.hstrlen(f"{PREFIX}:session:s{i}", "record") for i in range(sessions)
+            client.hstrlen(store.key(f"s{i}"), "record") for i in range(sessions)
         ) / max(1, sessions)
         if versions != applied:
             raise AssertionError(f"{applied} advances applied but versions moved {versions}")

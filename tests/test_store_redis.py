@@ -81,12 +81,12 @@ def finish(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.requirement("ER-71")
 def test_keys_are_namespaced_hashes_of_json(client: Any) -> None:
-    """A session lives in one hash under prefix[:tenant]:session:<id>, its version a
-    number and its record JSON holding the engine's snapshot."""
+    """A session lives in one hash under prefix[:tenant]:session:{<id>} (the id its hash
+    tag), its version a number and its record JSON holding the engine's snapshot."""
     session = new_session()
     Worker(RedisStore(client, prefix="app", tenant="acme"), owner="a").create("c-1", session)
-    assert client.keys("*") == [b"app:acme:session:c-1"]
-    stored = client.hgetall("app:acme:session:c-1")
+    assert client.keys("*") == [b"app:acme:session:{c-1}"]
+    stored = client.hgetall("app:acme:session:{c-1}")
     assert stored[b"version"] == b"1"
     assert json.loads(stored[b"record"])["snapshot"] == session.snapshot()
     port = client.connection_pool.connection_kwargs["port"]
@@ -311,7 +311,8 @@ def test_a_frozen_server_is_unavailable_in_bounded_time(tmp_path: Path) -> None:
 
 
 def test_store_timeouts_are_validated() -> None:
-    """A timeout that is not a finite positive number is a ConfigError naming it."""
+    """A timeout that is not a finite positive number, a replica count that is not an
+    int >= 0, or a wait for replicas as long as the reply timeout: a ConfigError naming it."""
     client = redis.Redis(host="127.0.0.1", port=1)
     for bad in (0, -1, float("inf"), "2", True):
         with pytest.raises(sm.ConfigError, match=r"^timeout_s"):
@@ -322,3 +323,90 @@ def test_store_timeouts_are_validated() -> None:
     store = RedisStore(explicit, timeout_s=0.5)
     assert explicit.connection_pool.connection_kwargs["socket_timeout"] == 7.0
     assert store.timeout_s == 7.0
+    with pytest.raises(sm.ConfigError, match=r"^replicas: must be an int >= 0"):
+        RedisStore(client, replicas=-1)
+    with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be shorter"):
+        RedisStore(redis.Redis(host="127.0.0.1", port=1), replicas=1, replica_timeout_s=2.0)
+    with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be a finite"):
+        RedisStore(client, replicas=1, replica_timeout_s=0)
+
+
+def test_a_client_that_is_not_a_redis_client_is_refused() -> None:
+    """Only a synchronous redis.Redis or RedisCluster will do: a pipeline, an asyncio
+    client or anything else is a ConfigError naming what was given."""
+    client = redis.Redis(host="127.0.0.1", port=1)
+    for bad in (client.pipeline(), redis.asyncio.Redis(host="127.0.0.1", port=1), "redis://x"):
+        with pytest.raises(sm.ConfigError, match=r"^client: must be a redis.Redis or a redis"):
+            RedisStore(bad)  # type: ignore[arg-type]
+
+
+def _legacy(client: Any, store: RedisStore, session_id: str) -> str:
+    """Move the session's record to the key the previous release wrote it under (the
+    same hash, byte for byte); that key."""
+    old = store.key(session_id).replace("{", "").replace("}", "")
+    client.rename(store.key(session_id), old)
+    return old
+
+
+@pytest.mark.requirement("ER-71", "ER-70")
+def test_a_record_of_the_previous_release_is_read_and_moved_by_its_next_write(
+    client: Any,
+) -> None:
+    """A session stored at prefix:session:<id> (no hash tag, as the previous release
+    wrote it) is found; the next write moves it to the tagged key in the same script
+    (the old key gone, the version one up); a second worker that read the old key
+    before the move gets CONFLICT, not a second copy."""
+    store = RedisStore(client, prefix="t")
+    first = new_worker(client, "a", Clock())
+    created = first.create("old", new_session())
+    started = first.advance("old", None, expected_version=created.version)
+    old = _legacy(client, store, "old")
+    assert client.keys("*") == [old.encode()]
+    reader = new_worker(client, "b", Clock())
+    loaded = reader.load("old")
+    assert loaded.version == started.version
+    assert loaded.session.snapshot() == started.session.snapshot()
+    late = new_worker(client, "c", Clock())
+    assert late.load("old").version == started.version
+    moved = reader.advance("old", sm.Assembled("r", 10), expected_version=loaded.version)
+    assert moved.applied and moved.version == started.version + 1
+    assert client.keys("*") == [store.key("old").encode()]
+    assert int(client.hget(store.key("old"), "version")) == moved.version
+    raced = late.advance("old", sm.Assembled("r", 10), expected_version=loaded.version)
+    assert raced.status is AdvanceStatus.CONFLICT
+    assert raced.version == moved.version
+    assert client.keys("*") == [store.key("old").encode()]
+    # a legacy key of the wrong type is reported under its own name and left alone
+    client.set("t:session:odd", b"hello")
+    with pytest.raises(CorruptSession, match=r"key 't:session:odd' holds a string"):
+        store.load("odd")
+    with pytest.raises(CorruptSession, match=r"key 't:session:odd' holds a string, not a hash"):
+        store.compare_and_set("odd", 0, {"a": 1})
+    assert client.get("t:session:odd") == b"hello"
+    assert not client.exists(store.key("odd"))
+    # delete removes a record under either key
+    _legacy(client, store, "old")
+    assert store.delete("old") is True
+    assert client.keys("*") == [b"t:session:odd"]
+
+
+@pytest.mark.requirement("ER-79")
+def test_a_write_no_replica_acknowledges_is_unavailable_and_told_apart_by_its_key(
+    client: Any,
+) -> None:
+    """With replicas=1 on a server that has none, WAIT times out after
+    replica_timeout_s: StoreUnavailable says the write may or may not be durable. It is
+    on the master: the same advance with the same key is DUPLICATE, not applied twice."""
+    store = RedisStore(client, prefix="t", replicas=1, replica_timeout_s=0.05)
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=Clock())
+    with pytest.raises(StoreUnavailable, match=r"0 of 1 replica\(s\) acknowledged it within"):
+        w.create("w", new_session())
+    plain = new_worker(client, "b", Clock())
+    assert plain.load("w").version == 1
+    with pytest.raises(StoreUnavailable, match=r"may or may not survive a failover"):
+        w.advance("w", None, expected_version=1, key="k1")
+    again = plain.advance("w", None, expected_version=1, key="k1")
+    assert again.status is AdvanceStatus.DUPLICATE
+    assert again.version == 2
+    stale_write = w.advance("w", None, expected_version=1)  # refused: nothing to wait for
+    assert stale_write.status is AdvanceStatus.CONFLICT

@@ -1,16 +1,23 @@
 """``RedisStore``: session records in Redis, the version check done inside Redis.
 
-Each session is one hash, ``<prefix>[:<tenant>]:session:<id>``, with two fields:
-``version`` (an integer, 1 after the first write) and ``record`` (the JSON record).
-Both reads and writes are Lua scripts, so each is one atomic step on the server:
-a compare-and-set reads the version and writes the new record with no window in
-between for another worker, and a read never sees a version from one write and a
-record from another. Errors of redis-py are translated here, at this one boundary.
+Each session is one hash, ``<prefix>[:<tenant>]:session:{<id>}``, with three fields:
+``version`` (an integer, 1 after the first write), ``record`` (the JSON record) and
+``incarnation``. The braces make the id the key's hash tag, so on a Redis Cluster
+every key of one session is in one slot. Both reads and writes are Lua scripts, so
+each is one atomic step on the server: a compare-and-set reads the version and writes
+the new record with no window in between for another worker, and a read never sees a
+version from one write and a record from another. Errors of redis-py are translated
+here, at this one boundary.
+
+The previous release's key, ``<prefix>[:<tenant>]:session:<id>``, is read where the
+new one is missing, and the first write moves the record to the new key in the same
+script (on one server; a cluster never held such keys).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core._exceptions import ConfigError
@@ -28,38 +35,53 @@ from ._errors import CorruptSession, StoreUnavailable, not_found, oversized, sta
 
 if TYPE_CHECKING:
     import redis
+    import redis.cluster
 
-# KEYS[1] the session's key; ARGV[1] max_bytes.
-# -> {0} no record | {-1, type} not a hash | {1, version|false, record|false, size}
+# KEYS[1] the session's key; KEYS[2] (on one server) its key of the previous release,
+# read when KEYS[1] does not exist; ARGV[1] max_bytes.
+# -> {0} no record | {-1, type, key read} | {1, version|false, record|false, size, key read}
 _LOAD = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
+local key = KEYS[1]
+local kind = redis.call('TYPE', key)['ok']
+if kind == 'none' and KEYS[2] then
+  key = KEYS[2]
+  kind = redis.call('TYPE', key)['ok']
+end
 if kind == 'none' then return {0} end
-if kind ~= 'hash' then return {-1, kind} end
-local version = redis.call('HGET', KEYS[1], 'version')
-local size = redis.call('HSTRLEN', KEYS[1], 'record')
-if size > tonumber(ARGV[1]) then return {1, version, false, size} end
-return {1, version, redis.call('HGET', KEYS[1], 'record'), size}
+if kind ~= 'hash' then return {-1, kind, key} end
+local version = redis.call('HGET', key, 'version')
+local size = redis.call('HSTRLEN', key, 'record')
+if size > tonumber(ARGV[1]) then return {1, version, false, size, key} end
+return {1, version, redis.call('HGET', key, 'record'), size, key}
 """
 
-# KEYS[1] the key; ARGV[1] expected version (0: must not exist); ARGV[2] the record;
-# ARGV[3] TTL in ms (0: no expiry); ARGV[4] the record's incarnation ('' if none).
-# -> {1, new version} | {0, actual version} | {-1, what is wrong} | {2, actual version}
+# KEYS[1] the key; KEYS[2] as for _LOAD (a record there is moved to KEYS[1] by the
+# write); ARGV[1] expected version (0: must not exist); ARGV[2] the record; ARGV[3] TTL
+# in ms (0: no expiry); ARGV[4] the record's incarnation ('' if none).
+# -> {1, new version} | {0, actual version} | {-1, what is wrong, key read}
+#    | {2, actual version}
 #    (2: the stored session is another incarnation)
 _CAS = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
+local key = KEYS[1]
+local kind = redis.call('TYPE', key)['ok']
+if kind == 'none' and KEYS[2] then
+  local old = redis.call('TYPE', KEYS[2])['ok']
+  if old ~= 'none' then key, kind = KEYS[2], old end
+end
 local current = 0
 if kind == 'hash' then
-  local raw = redis.call('HGET', KEYS[1], 'version')
+  local raw = redis.call('HGET', key, 'version')
   current = tonumber(raw)
-  if current == nil then return {-1, 'version field ' .. tostring(raw)} end
+  if current == nil then return {-1, 'version field ' .. tostring(raw), key} end
 elseif kind ~= 'none' then
-  return {-1, 'a ' .. kind .. ', not a hash'}
+  return {-1, 'a ' .. kind .. ', not a hash', key}
 end
 if current ~= tonumber(ARGV[1]) then return {0, current} end
 if current > 0 and ARGV[4] ~= '' then
-  local stored = redis.call('HGET', KEYS[1], 'incarnation')
+  local stored = redis.call('HGET', key, 'incarnation')
   if stored and stored ~= ARGV[4] then return {2, current} end
 end
+if key ~= KEYS[1] then redis.call('DEL', key) end
 current = current + 1
 redis.call('HSET', KEYS[1], 'version', current, 'record', ARGV[2], 'incarnation', ARGV[4])
 local ttl = tonumber(ARGV[3])
@@ -71,11 +93,24 @@ return {1, current}
 DEFAULT_TIMEOUT_S = 2.0
 """The default socket and connect timeouts of a :class:`RedisStore`, in seconds."""
 
+DEFAULT_REPLICA_TIMEOUT_S = 1.0
+"""How long a write waits for its replicas by default (with ``replicas`` > 0), in seconds."""
+
+_REDIRECTS = 5
+"""How many redirections (MOVED, ASK, NOSCRIPT) a write that waits for its replicas
+follows before it gives up with ``StoreUnavailable``."""
+
 
 def _check_timeout(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
         raise ConfigError(f"{name}: must be a finite number of seconds > 0, got {value!r:.60}")
     return float(value)
+
+
+def _check_replicas(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"replicas: must be an int >= 0, got {value!r:.60}")
+    return value
 
 
 def _text(value: object) -> str:
@@ -84,28 +119,72 @@ def _text(value: object) -> str:
     return str(value)
 
 
+def _is_cluster(client: object) -> bool:
+    """Whether ``client`` is a ``RedisCluster``; ``ConfigError`` unless it is that or a
+    ``redis.Redis`` (not a pipeline of either, not an asyncio client)."""
+    try:
+        import redis  # noqa: PLC0415 - an optional dependency
+        from redis.cluster import ClusterPipeline, RedisCluster  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - the extra is installed wherever a client is
+        raise ConfigError(
+            "client: redis-py is not installed (pip install turnstate[redis])"
+        ) from None
+    if isinstance(client, ClusterPipeline | redis.client.Pipeline) or not isinstance(
+        client, RedisCluster | redis.Redis
+    ):
+        raise ConfigError(
+            "client: must be a redis.Redis or a redis.cluster.RedisCluster (synchronous, "
+            f"not a pipeline), got {type(client).__module__}.{type(client).__qualname__}"
+        )
+    return isinstance(client, RedisCluster)
+
+
+def _pool_kwargs(client: Any, cluster: bool) -> list[dict[str, Any]]:
+    """The connection settings ``client`` makes new connections with: its pool's, or
+    for a cluster, its node manager's and each known node's pool's."""
+    if not cluster:
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        return [kwargs] if isinstance(kwargs, dict) else []
+    pools = [n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection]
+    return [client.nodes_manager.connection_kwargs, *(pool.connection_kwargs for pool in pools)]
+
+
 class RedisStore(BytesStore):
     """Session records in Redis (redis-py, the optional extra ``redis``).
 
-    ``client`` is a ``redis.Redis`` (``decode_responses`` either way). Keys are
-    ``<prefix>:session:<id>``, or ``<prefix>:<tenant>:session:<id>`` with a tenant,
-    so one tenant's ids cannot address another's keys. With ``ended_ttl_s`` a
-    session that has ended expires that many seconds after its last write.
-    Records over ``max_bytes`` are refused on write and reported corrupt on read.
+    ``client`` is a ``redis.Redis`` or a ``redis.cluster.RedisCluster``
+    (``decode_responses`` either way). Keys are ``<prefix>:session:{<id>}``, or
+    ``<prefix>:<tenant>:session:{<id>}`` with a tenant, so one tenant's ids cannot
+    address another's keys; the braces make the id the key's hash tag, so on a cluster
+    each session lives in one slot and every script touches that slot only. A record
+    the previous release wrote at ``<prefix>[:<tenant>]:session:<id>`` is read there
+    and moved to the new key by its next write (on one server). With ``ended_ttl_s`` a
+    session that has ended expires that many seconds after its last write. Records
+    over ``max_bytes`` are refused on write and reported corrupt on read.
+
+    Durability: with ``replicas=n`` every write waits (``WAIT``) until ``n`` replicas
+    of the session's master hold it, at most ``replica_timeout_s`` (default 1 s,
+    shorter than ``timeout_s``); if fewer acknowledge it in time the write raises
+    :class:`StoreUnavailable`: it is on the master and may or may not survive a
+    failover. With ``replicas=0`` (the default) a write is acknowledged by the master
+    alone, and a failover right after it may lose it.
 
     Timeouts: a frozen or unreachable server gives :class:`StoreUnavailable` in
     bounded time, never a hang. ``timeout_s`` (default 2 s) bounds every reply and
     ``connect_timeout_s`` (default 2 s) every connection attempt; they are set on
-    ``client``'s connection pool where the client left them unset (redis-py 5 blocks
+    ``client``'s connection pools where the client left them unset (redis-py 5 blocks
     forever by default), and a client's own values are kept (``timeout_s`` and
     ``connect_timeout_s`` then report the client's). :meth:`from_url` builds a
     client with both and no automatic retries, so one call waits at most about
-    ``timeout_s``; with a client that retries, multiply by its attempts.
+    ``timeout_s``; with a client that retries, multiply by its attempts. A cluster
+    client follows MOVED and ASK redirections and refreshes its map of the slots
+    when a master fails; while no master serves a session's slot, its calls raise
+    :class:`StoreUnavailable`.
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.cluster.RedisCluster,
         *,
         prefix: str = "statemachine",
         tenant: str | None = None,
@@ -113,19 +192,36 @@ class RedisStore(BytesStore):
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_TIMEOUT_S,
+        replicas: int = 0,
+        replica_timeout_s: float = DEFAULT_REPLICA_TIMEOUT_S,
     ) -> None:
+        self.cluster = _is_cluster(client)
+        """Whether the client is a ``RedisCluster``."""
         self.timeout_s = _check_timeout("timeout_s", timeout_s)
         self.connect_timeout_s = _check_timeout("connect_timeout_s", connect_timeout_s)
-        pool = getattr(client, "connection_pool", None)
-        kwargs = getattr(pool, "connection_kwargs", None)
-        if isinstance(kwargs, dict):
+        self.replicas = _check_replicas(replicas)
+        self.replica_timeout_s = _check_timeout("replica_timeout_s", replica_timeout_s)
+        settings = _pool_kwargs(client, self.cluster)
+        if self.replicas and self.replica_timeout_s >= min(
+            [self.timeout_s] + [k["socket_timeout"] for k in settings if k.get("socket_timeout")]
+        ):
+            raise ConfigError(
+                f"replica_timeout_s: must be shorter than the reply timeout "
+                f"({self.timeout_s:g} s), or the wait for replicas times out as an "
+                f"unanswered call; got {self.replica_timeout_s:g}"
+            )
+        for kwargs in settings:
             if kwargs.get("socket_timeout") is None:
                 kwargs["socket_timeout"] = self.timeout_s
             if kwargs.get("socket_connect_timeout") is None:
                 kwargs["socket_connect_timeout"] = self.connect_timeout_s
-            # report what the client will use (its own values win over the store's)
-            self.timeout_s = float(kwargs["socket_timeout"])
-            self.connect_timeout_s = float(kwargs["socket_connect_timeout"])
+        if settings:  # report what the client will use (its own values win over the store's)
+            self.timeout_s = float(settings[0]["socket_timeout"])
+            self.connect_timeout_s = float(settings[0]["socket_connect_timeout"])
+        if self.cluster:  # connections made before the timeouts were set are made anew
+            for node in client.get_nodes():  # type: ignore[union-attr]
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect(inuse_connections=False)
         self.client = client
         self._prefix = key_prefix(prefix, tenant)
         self.ended_ttl_s = check_ttl(ended_ttl_s)
@@ -134,9 +230,13 @@ class RedisStore(BytesStore):
         self._cas = client.register_script(_CAS)
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisStore:
+    def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> RedisStore:
         """A store on a new client for ``url`` (``redis://127.0.0.1:6379/0``), with the
-        store's timeouts and no automatic retries (``options`` as for the store)."""
+        store's timeouts and no automatic retries (``options`` as for the store).
+
+        ``cluster=True``: a ``redis.cluster.RedisCluster`` for a Redis Cluster, ``url``
+        naming any one of its nodes; it connects now to learn the cluster's slots
+        (``StoreUnavailable`` if no node answers)."""
         import redis  # noqa: PLC0415 - an optional dependency
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
@@ -145,32 +245,52 @@ class RedisStore(BytesStore):
         connect = _check_timeout(
             "connect_timeout_s", options.get("connect_timeout_s", DEFAULT_TIMEOUT_S)
         )
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=connect,
-            retry=Retry(NoBackoff(), 0),
-        )
+        if not cluster:
+            client: Any = redis.Redis.from_url(
+                url,
+                socket_timeout=timeout,
+                socket_connect_timeout=connect,
+                retry=Retry(NoBackoff(), 0),
+            )
+            return cls(client, **options)
+        from redis.cluster import RedisCluster  # noqa: PLC0415
+
+        try:
+            client = RedisCluster.from_url(
+                url,
+                socket_timeout=timeout,
+                socket_connect_timeout=connect,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise StoreUnavailable(f"the Redis Cluster at {url} is unavailable: {exc}") from exc
+        except redis.exceptions.RedisClusterException as exc:
+            raise ConfigError(f"url: {url!r} does not lead to a Redis Cluster: {exc}") from exc
         return cls(client, **options)
 
     def key(self, session_id: str) -> str:
-        """The Redis key of ``session_id`` (validated)."""
-        return self._prefix + check_name(session_id)
+        """The Redis key of ``session_id`` (validated): ``<prefix>:session:{<id>}``."""
+        return f"{self._prefix}{{{check_name(session_id)}}}"
+
+    def _keys(self, session_id: str) -> list[str]:
+        """The session's key, and on one server its key of the previous release."""
+        key = self.key(session_id)
+        return [key] if self.cluster else [key, self._prefix + session_id]
 
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
         """:meth:`load` without decoding: the version and the record's bytes (one Lua
         read)."""
-        key = self.key(session_id)
-        reply = self._run(session_id, self._load, key, self.max_bytes)
+        reply = self._run(session_id, self._load, self._keys(session_id), self.max_bytes)
         if reply[0] == 0:
             raise not_found(session_id)
         if reply[0] == -1:
             raise CorruptSession(
-                f"session {session_id!r}: key {key!r} holds a {_text(reply[1])}, "
+                f"session {session_id!r}: key {_text(reply[2])!r} holds a {_text(reply[1])}, "
                 "not a session record",
                 session_id=session_id,
             )
-        _, raw_version, payload, size = reply
+        _, raw_version, payload, size, key = reply
+        key = _text(key)
         try:
             version = int(_text(raw_version))
         except ValueError:
@@ -210,48 +330,146 @@ class RedisStore(BytesStore):
         """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
         :class:`~statemachine.store.Worker` writes); ``incarnation`` is the one the
         record names."""
-        key = self.key(session_id)
+        keys = self._keys(session_id)
         expected = check_version(session_id, expected_version)
         check_payload(session_id, payload, self.max_bytes)
         ttl_ms = 0
         if ended and self.ended_ttl_s is not None:
             ttl_ms = max(1, math.ceil(self.ended_ttl_s * 1000))
-        incarnation = incarnation or ""
-        reply = self._run(session_id, self._cas, key, expected, payload, ttl_ms, incarnation)
+        args = [expected, payload, ttl_ms, incarnation or ""]
+        if self.replicas:
+            reply = self._run_acknowledged(session_id, keys, args)
+        else:
+            reply = self._run(session_id, self._cas, keys, *args)
         if reply[0] == 1:
             return int(reply[1])
         if reply[0] == 2:
             raise stale(session_id, expected, int(reply[1]), another_incarnation=True)
         if reply[0] == -1:
             raise CorruptSession(
-                f"session {session_id!r}: key {key!r} holds {_text(reply[1])}; nothing was written",
+                f"session {session_id!r}: key {_text(reply[2])!r} holds {_text(reply[1])}; "
+                "nothing was written",
                 session_id=session_id,
             )
         raise stale(session_id, expected, int(reply[1]))
 
     def delete(self, session_id: str) -> bool:
         """Remove the record; whether there was one."""
-        key = self.key(session_id)
+        keys = self._keys(session_id)
         try:
-            return bool(self.client.delete(key))
+            return bool(self.client.delete(*keys))
         except Exception as exc:
             self._translate(session_id, exc)
 
-    def _run(self, session_id: str, script: Any, key: str, *args: object) -> list[Any]:
+    def _run(self, session_id: str, script: Any, keys: list[str], *args: object) -> list[Any]:
         try:
-            reply = script(keys=[key], args=list(args))
+            reply = script(keys=keys, args=list(args))
         except Exception as exc:
             self._translate(session_id, exc)
         return list(reply)
 
-    def _translate(self, session_id: str, exc: Exception) -> NoReturn:
+    def _run_acknowledged(self, session_id: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """The compare-and-set, then ``WAIT replicas`` on the same connection (WAIT
+        counts the replicas holding that connection's writes), so the write is
+        reported only once the replicas hold it. On a cluster the script goes to the
+        slot's master directly, redirections followed here."""
         import redis  # noqa: PLC0415 - an optional dependency
 
-        if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        wait_ms = max(1, math.ceil(self.replica_timeout_s * 1000))
+        asking: str | None = None
+        for _ in range(_REDIRECTS):
+            try:
+                node = self._node(keys[0], asking)
+                pipe = node.pipeline(transaction=False)
+                if asking is not None:
+                    pipe.execute_command("ASKING")
+                pipe.evalsha(self._cas.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", self.replicas, wait_ms)
+                *_, reply, acked = pipe.execute(raise_on_error=False)
+                asking = None
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    node.script_load(_CAS)
+                    continue
+            except Exception as exc:
+                if isinstance(
+                    exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError
+                ):
+                    self._refresh()  # the node may have failed: ask the cluster who serves now
+                self._translate(session_id, exc)
+            if self.cluster and isinstance(reply, redis.exceptions.MovedError):
+                self._refresh()
+                continue
+            if self.cluster and isinstance(reply, redis.exceptions.AskError):
+                asking = f"{reply.host}:{reply.port}"
+                continue
+            for answer in (reply, acked):
+                if isinstance(answer, Exception):
+                    self._translate(session_id, answer)
+            if reply[0] == 1 and int(acked) < self.replicas:
+                raise StoreUnavailable(
+                    f"session {session_id!r}: version {reply[1]} was written on the master, "
+                    f"but {acked} of {self.replicas} replica(s) acknowledged it within "
+                    f"{self.replica_timeout_s:g} s, so it may or may not survive a failover "
+                    "(advance again with the same key to find out)",
+                    session_id=session_id,
+                )
+            return list(reply)
+        raise StoreUnavailable(
+            f"session {session_id!r}: Redis is unavailable: the write was redirected "
+            f"{_REDIRECTS} times (the cluster's slots are moving); nothing was written",
+            session_id=session_id,
+        )
+
+    def _node(self, key: str, asking: str | None) -> Any:
+        """The client of the master serving ``key`` (or the ASK target): the client
+        itself on one server."""
+        if not self.cluster:
+            return self.client
+        client: Any = self.client
+        node = client.get_node(node_name=asking) if asking else client.get_node_from_key(key)
+        if node is None:  # an ASK target the client has not met: learn the cluster anew
+            client.nodes_manager.initialize()
+            node = client.get_node_from_key(key)
+        return client.get_redis_connection(node)
+
+    def _refresh(self) -> None:
+        """On a cluster, learn the slots anew (after a failed node or a MOVED); a
+        cluster that does not answer is left to the next call."""
+        if self.cluster:
+            import redis  # noqa: PLC0415 - an optional dependency
+
+            with suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+
+    def _translate(self, session_id: str, exc: Exception) -> NoReturn:
+        import redis  # noqa: PLC0415 - an optional dependency
+        from redis import exceptions as errors  # noqa: PLC0415
+
+        if isinstance(exc, errors.ConnectionError | errors.TimeoutError):
             raise StoreUnavailable(
                 f"session {session_id!r}: Redis is unavailable: {exc} (a write sent before "
                 "it stopped answering may still be applied: advance again with the same "
                 "key to find out)",
+                session_id=session_id,
+            ) from exc
+        moved = isinstance(exc, errors.AskError) or "CROSSSLOT" in str(exc)
+        if not self.cluster and moved:
+            raise ConfigError(
+                f"client: the server is a Redis Cluster node ({exc}); use "
+                "RedisStore.from_url(url, cluster=True) or a redis.cluster.RedisCluster "
+                f"client (session {session_id!r}: nothing was written)"
+            ) from exc
+        if moved or isinstance(
+            exc,
+            errors.ClusterDownError
+            | errors.TryAgainError
+            | errors.ClusterError
+            | errors.SlotNotCoveredError,
+        ):
+            raise StoreUnavailable(
+                f"session {session_id!r}: Redis is unavailable: no master of the cluster "
+                f"serves its slot right now ({type(exc).__name__}: {exc}); a failover takes "
+                "about twice the cluster-node-timeout: try again",
                 session_id=session_id,
             ) from exc
         if isinstance(exc, UnicodeDecodeError):  # a decode_responses client, binary data
@@ -267,4 +485,5 @@ class RedisStore(BytesStore):
         raise exc
 
     def __repr__(self) -> str:
-        return f"<RedisStore {self._prefix}*>"
+        kind = "RedisStore (cluster)" if self.cluster else "RedisStore"
+        return f"<{kind} {self._prefix}{{*}}>"
