@@ -56,6 +56,7 @@ def test_restore_at_any_step_continues_exactly(cut: int) -> None:
     assert rest.action == got[-1]
     got += [rest.send(e) for e in _events()[cut:]]
     assert got == expected
+
     # the times are the restored session's clock, which started 901 s earlier; the
     # steps before the snapshot keep no event, the steps after it carry theirs
     def plain(record: sm.TraceRecord) -> sm.TraceRecord:
@@ -382,3 +383,191 @@ def test_a_wait_names_the_retry_after_it_honours_and_keeps_it_across_restore() -
     data["turn"]["actions"][2]["retry_after"] = "4"
     with pytest.raises(sm.SnapshotError, match=r"Wait\.retry_after"):
         sm.Session.restore(data, clock=clock)
+
+
+# -- the generated reader and writer against their specification -------------------------
+
+
+def _outcome(read: Any, data: Any, now: float) -> tuple[Any, ...]:
+    """What ``read`` makes of ``data``: the refusal's message, or the settings and the
+    snapshot the state writes (its repr: a float read as an int, a tuple read as a list
+    would show)."""
+    from statemachine.core._snapshot import write_snapshot
+
+    try:
+        settings, state = read(data, now)
+    except sm.SnapshotError as exc:
+        return ("refused", str(exc))
+    return ("read", settings, repr(write_snapshot(settings, state, now)))
+
+
+def _reading_difference(data: Any, now: float) -> str | None:
+    from statemachine.core._snapshot import read_snapshot, read_snapshot_by_fields
+
+    fast, specified = (
+        _outcome(read_snapshot, data, now),
+        _outcome(read_snapshot_by_fields, data, now),
+    )
+    if fast == specified:
+        return None
+    return f"generated reader: {fast!r:.300}\nby fields: {specified!r:.300}"
+
+
+def _same_reading(data: Any, now: float) -> None:
+    difference = _reading_difference(data, now)
+    assert difference is None, difference
+
+
+FORGERIES = 40
+"""Forged copies (1-3 of the fuzzer's mutations each) read both ways per snapshot read."""
+
+
+@pytest.mark.requirement("ER-26", "ER-38")
+@pytest.mark.parametrize(("seed", "mix"), [(11, True), (12, False)])
+def test_the_generated_reader_reads_every_snapshot_as_the_kinds_do(
+    seed: int, mix: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every snapshot a fuzz run restores, genuine, through JSON text or forged (1-3
+    random mutations), and :data:`FORGERIES` more forged from each one read, is read by
+    the generated reader exactly as by the kinds' own decoders
+    (``read_snapshot_by_fields``): the same settings and state, or the same refusal,
+    word for word. The state is written by the generated writer and by
+    ``encode_state`` alike."""
+    from statemachine.core import _session, _snapshot, _state
+
+    from . import fuzz
+
+    read = _snapshot.read_snapshot
+    seen = {"read": 0, "refused": 0, "forged": 0}
+    differences: list[str] = []  # the fuzzer would take an assertion for a finding
+
+    def both(data: Any, now: float) -> Any:
+        difference = _reading_difference(data, now)
+        if difference is not None:
+            differences.append(difference)
+        try:
+            settings, state = read(data, now)
+        except sm.SnapshotError:
+            seen["refused"] += 1
+            raise
+        seen["read"] += 1
+        written = _snapshot.write_snapshot(settings, state, now)
+        specified = {
+            "format": "statemachine.session",
+            "version": 5,
+            "settings": settings.to_dict(),
+            **_state.encode_state(state, now),
+        }
+        if repr(written) != repr(specified):
+            differences.append(f"written: {written!r:.300}\nencode_state: {specified!r:.300}")
+        text = json.dumps(written)
+        for _ in range(FORGERIES):
+            forged = json.loads(text)
+            for _ in range(rng.between(1, 3)):
+                fuzz.mutate(forged, rng)
+            difference = _reading_difference(forged, now)
+            if difference is not None:
+                differences.append(difference)
+            seen["forged"] += 1
+        return settings, state
+
+    rng = fuzz.FastRandom(seed)
+    monkeypatch.setattr(_session, "read_snapshot", both)
+    fuzz.run(3000, seed, settings_mix=mix, keep_going=True)
+    assert differences == []
+    assert seen["read"] >= 10
+    assert seen["forged"] >= 10 * FORGERIES
+
+
+@pytest.mark.requirement("ER-26")
+def test_the_generated_reader_reads_the_first_release_snapshots_as_the_kinds_do() -> None:
+    path = __import__("pathlib").Path(__file__).parent / "data" / "snapshots-v1.json"
+    for entry in json.loads(path.read_text("utf-8")):
+        _same_reading(entry["snapshot"], 0.0)
+
+
+@pytest.mark.requirement("ER-26", "ER-38")
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("turn.times", [0, 1, 2, 3]),  # ints: the kind reads them as floats
+        ("turn.times", [0.0, -0.0, 1e308, 1e308]),  # a sum beyond a float
+        ("turn.times", [0.0, None, 1.0, 2.0]),
+        ("turn.times", [-1.0, 0.0, 1.0, 2.0]),
+        ("turn.times", [0.0, 1.0, -0.5, 2.0]),
+        ("turn.times", [0.0, float("nan"), 1.0, 2.0]),
+        ("turn.instruction", "é"),
+        ("turn.request", {"é": ["ü", 1, {"k": None}]}),
+        ("turn.request", {1: "int key"}),
+        ("turn.size", True),
+        ("turn.index", 1.0),
+        ("turn.path", [["idle", "start", "", "assembling", 0, 0, True]]),
+        ("turn.path", [("idle", "start", "", "assembling", 0, 0, 0)]),
+        ("turn.actions", [{"$type": "Assemble", "reduce": 0, "withhold_tools": False}]),
+        ("elapsed_s", 3),
+        ("elapsed_s", -0.0),
+        ("cost_usd", 1),
+        ("waited_s", float("inf")),
+        ("seed", 2**64),
+        ("seed", 2**64 - 1),
+        ("status", "error_max_turns"),
+        ("limit", 1),
+        ("denial_log", "0110"),
+        ("denial_log", "012"),
+        ("tripped", ()),
+        ("breakers", []),
+        ("crash_logs", {}),
+        ("ancestor_budget_usd", -1.5),
+        ("settings.base_delay_ms", 500.0),
+        ("settings.base_delay_ms", -0.0),
+        ("settings.fallback_models", ["b", "c"]),
+    ],
+)
+def test_the_generated_reader_agrees_at_the_edges_of_its_fast_tests(
+    path: str, value: object
+) -> None:
+    """Where a fast test of the generated reader stops (a value its kind reads but
+    converts, or refuses), the kind's decoder decides: the same reading."""
+    data = _set(_snapshot(), path, value)
+    _same_reading(data, 0.0)
+    _same_reading(json.loads(json.dumps(data)) if "nan" not in repr(value) else data, 0.0)
+
+
+class _Text(str):
+    __slots__ = ()
+
+
+def test_settings_are_read_once_per_configuration_and_never_by_equality_alone() -> None:
+    """The settings of a dict read lately are not checked and built again, but only a
+    dict of the same keys, the same exact types and equal values is one: 500 and 500.0
+    (written back as they came), 0.0 and -0.0, or a str subclass, are read anew."""
+    from statemachine.core._snapshot import read_snapshot
+
+    data = _snapshot()
+    first, _ = read_snapshot(copy.deepcopy(data), 0.0)
+    again, _ = read_snapshot(json.loads(json.dumps(data)), 0.0)
+    assert again is first
+    as_int = _set(data, "settings.base_delay_ms", 500)
+    as_float = _set(data, "settings.base_delay_ms", 500.0)
+    read_int, _ = read_snapshot(as_int, 0.0)
+    read_float, _ = read_snapshot(as_float, 0.0)
+    assert read_int == read_float
+    assert read_int is not read_float
+    assert type(read_snapshot(as_int, 0.0)[0].to_dict()["base_delay_ms"]) is int
+    assert type(read_snapshot(as_float, 0.0)[0].to_dict()["base_delay_ms"]) is float
+    zero, _ = read_snapshot(_set(data, "settings.max_context_reductions", 0), 0.0)
+    assert zero.max_context_reductions == 0
+    signed = [
+        read_snapshot(_set(data, "settings.max_server_wait_s", z), 0.0)[0] for z in (0.0, -0.0)
+    ]
+    assert [str(s.max_server_wait_s) for s in signed] == ["0.0", "-0.0"]
+    for sub in (
+        _set(data, "settings.model", _Text("m")),
+        _set(data, "settings.fallback_models", [_Text("b")]),
+    ):
+        with pytest.raises(sm.SnapshotError, match=r"^settings: must be JSON data"):
+            read_snapshot(sub, 0.0)
+    keyed = copy.deepcopy(data)
+    keyed["settings"] = {_Text(k): v for k, v in data["settings"].items()}
+    with pytest.raises(sm.SnapshotError, match=r"^settings: must be JSON data"):
+        read_snapshot(keyed, 0.0)

@@ -14,12 +14,13 @@ import enum
 import math
 import types
 import typing
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._builder import build_compact_one, build_encode_one
+from ._builder import _compiled, build_compact_one, build_encode_one
 from ._events import EVENT_TYPES
 from ._json_data import short_repr, stored_form
 from ._model_error import Headers, ModelError
@@ -117,7 +118,13 @@ def encode(value: Any) -> Any:
     fast = _ENCODERS.get(type(value))
     if fast is not None:
         return fast(value)
-    name = _name_of(type(value))
+    return _encode_other(value)
+
+
+def _encode_other(value: Any) -> Any:
+    """``encode`` of a value whose exact type has no encoder of its own (yet)."""
+    kind = type(value)
+    name = _name_of(kind)
     if name is not None:
         out: dict[str, Any] = {"$type": name}
         forms = _FORMS[name]
@@ -129,6 +136,8 @@ def encode(value: Any) -> Any:
             out[field] = item if opaque else encode(item)
         return out
     if isinstance(value, enum.Enum):
+        if len(_ENCODERS) < 4096:
+            _ENCODERS[kind] = _enum_value_of
         return value.value
     if isinstance(value, float) and not math.isfinite(value):
         return {"$float": repr(value)}
@@ -137,6 +146,22 @@ def encode(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [encode(item) for item in value]
     return value
+
+
+def _enum_value_of(value: enum.Enum) -> Any:
+    return value.value
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _float(value: float) -> Any:
+    return value if math.isfinite(value) else {"$float": repr(value)}
+
+
+def _items(value: tuple[Any, ...] | list[Any]) -> list[Any]:
+    return [encode(item) for item in value]
 
 
 _PLAIN: frozenset[type] = frozenset({int, str, bool, type(None)})
@@ -151,7 +176,16 @@ def _encoder_of(name: str) -> Any:
     )
 
 
-_ENCODERS: dict[type, Any] = {cls: _encoder_of(name) for name, cls in _CLASSES.items()}
+_ENCODERS: dict[type, Any] = {
+    **{cls: _encoder_of(name) for name, cls in _CLASSES.items()},
+    **dict.fromkeys((int, str, bool, type(None), dict), _same),
+    float: _float,
+    tuple: _items,
+    list: _items,
+    Headers: dict,
+}
+"""``encode`` of each exact type met so far that has a way of its own (an enum class is
+added when first met)."""
 
 
 def compact(value: Any) -> Any:
@@ -216,6 +250,9 @@ def _decode(data: Any, depth: int) -> Any:
             raise _Bad(f"nested more than {MAX_DEPTH} levels deep")
         items = []
         for i, item in enumerate(data):
+            if type(item) in _PLAIN_DATA:
+                items.append(item)
+                continue
             try:
                 items.append(_decode(item, depth + 1))
             except _Bad as bad:
@@ -231,9 +268,15 @@ def _decode(data: Any, depth: int) -> Any:
     if "$type" not in data:
         return data
     name = data["$type"]
-    plan = _PLANS.get(name) if type(name) is str else None
-    if plan is None:
+    decode_one = _DECODERS.get(name) if type(name) is str else None
+    if decode_one is None:
         raise _Bad(f"unknown value type {short_repr(name)}")
+    return decode_one(data, depth)
+
+
+def _decode_fields(name: str, data: dict[Any, Any], depth: int) -> Any:
+    """The value of the registered class ``name`` that ``data`` encodes, field by field."""
+    plan = _PLANS[name]
     keys = data.keys()
     if not (keys <= _KEYS[name] and _REQUIRED[name] <= keys):
         expected = {field for field, _, _ in plan} | {"$type"}
@@ -262,6 +305,70 @@ def _decode(data: Any, depth: int) -> Any:
         raise _Bad(_short_message(exc)) from None
 
 
+_PLAIN_DATA = frozenset({str, int, float, bool, type(None)})
+"""What ``_decode`` gives back as it is (besides a dict that is no encoded value)."""
+
+
+def _decoder_of(name: str) -> Any:
+    """``_decode`` of data naming the registered class ``name``, as straight-line code
+    generated from its fields: data holding every field (what the engine writes now)
+    is read here; any other goes field by field (``_decode_fields``), which names what
+    is missing or unknown."""
+    plan = _PLANS[name]
+    lines = [
+        "def decode_one(data, depth):",
+        f"    if len(data) != {len(_KEYS[name])} or data.keys() != keys:",
+        f"        return decode_fields({name!r}, data, depth)",
+        "    if depth >= MAX_DEPTH:",
+        "        raise Bad(too_deep)",
+    ]
+    namespace: dict[str, Any] = {
+        "keys": _KEYS[name],
+        "decode_fields": _decode_fields,
+        "MAX_DEPTH": MAX_DEPTH,
+        "Bad": _Bad,
+        "too_deep": f"nested more than {MAX_DEPTH} levels deep",
+        "plain": _PLAIN_DATA,
+        "decode": _decode,
+        "enum_value": _enum_value,
+        "short_message": _short_message,
+        "cls": _CLASSES[name],
+    }
+    for i, (field, opaque, enum_classes) in enumerate(plan):
+        lines.append(f"    v{i} = data[{field!r}]")
+        if opaque:
+            continue
+        if enum_classes:
+            members: dict[Any, enum.Enum] = {}
+            for enum_class in enum_classes:
+                for member in enum_class:
+                    members.setdefault(member.value, member)
+            namespace[f"members{i}"], namespace[f"enums{i}"] = members, enum_classes
+            where = f"{name}.{field}"
+            lines += [
+                f"    if v{i} is not None:",
+                f"        m = members{i}.get(v{i}) if type(v{i}) is str else None",
+                f"        v{i} = enum_value(enums{i}, v{i}, {where!r}) if m is None else m",
+            ]
+            continue
+        lines += [
+            f"    if type(v{i}) not in plain:",
+            "        try:",
+            f"            v{i} = decode(v{i}, depth + 1)",
+            "        except Bad as bad:",
+            f"            bad.path.append({'.' + field!r})",
+            "            raise",
+        ]
+    arguments = ", ".join(f"{field}=v{i}" for i, (field, _, _) in enumerate(plan))
+    lines += [
+        "    try:",
+        f"        return cls({arguments})",
+        "    except (TypeError, ValueError) as exc:",
+        "        raise Bad(short_message(exc)) from None",
+    ]
+    return _compiled("\n".join(lines) + "\n", "decode_one", f"<decode {name}>", namespace)
+
+
 def _enum_value(classes: tuple[type[enum.Enum], ...], item: Any, where: str) -> enum.Enum:
     for enum_class in classes:
         try:
@@ -278,3 +385,67 @@ def _short_message(exc: Exception) -> str:
     except Exception:
         return type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+_DECODERS: dict[str, Any] = {name: _decoder_of(name) for name in _CLASSES}
+"""``_decode`` of each registered class, by name."""
+
+
+def checked_decoder(
+    cls: type,
+    checks: Sequence[tuple[str, Callable[[Any], bool]]],
+    *,
+    data_check: Callable[[Any], bool],
+    plain: Callable[[Any, set[int]], bool],
+) -> Callable[[dict[Any, Any], set[int]], Any]:
+    """``read(data, seen)``: the value of the registered class ``cls`` that ``data``
+    encodes, when it holds every field, each a JSON scalar, an opaque value or an
+    enum's value, and each value passes its check of ``checks`` (field, predicate);
+    ``None`` for any other data, which the caller reads the general way (that way
+    names what is wrong). A check that is ``data_check`` passes at once where
+    ``plain(value, seen)`` does (``seen``: the ids of values found to be data in this
+    read), as straight-line code generated from the fields."""
+    name = cls.__name__
+    plan = _PLANS[name]
+    index = {field: i for i, (field, _, _) in enumerate(plan)}
+    lines = [
+        "def read(data, seen):",
+        f"    if len(data) != {len(_KEYS[name])} or data.keys() != keys:",
+        "        return None",
+    ]
+    namespace: dict[str, Any] = {
+        "keys": _KEYS[name],
+        "scalar": _PLAIN_DATA,
+        "plain": plain,
+        "cls": cls,
+    }
+    for i, (field, opaque, enum_classes) in enumerate(plan):
+        lines.append(f"    v{i} = data[{field!r}]")
+        if opaque:
+            continue
+        if enum_classes:
+            members: dict[Any, enum.Enum] = {}
+            for enum_class in enum_classes:
+                for member in enum_class:
+                    members.setdefault(member.value, member)
+            namespace[f"members{i}"] = members
+            lines += [
+                f"    v{i} = members{i}.get(v{i}) if type(v{i}) is str else None",
+                f"    if v{i} is None:",
+                "        return None",
+            ]
+            continue
+        lines += [f"    if type(v{i}) not in scalar:", "        return None"]
+    for j, (field, check) in enumerate(checks):
+        namespace[f"check{j}"] = check
+        v = f"v{index[field]}"
+        passes = f"plain({v}, seen) or check{j}({v})" if check is data_check else f"check{j}({v})"
+        lines += [f"    if not ({passes}):", "        return None"]
+    arguments = ", ".join(f"{field}=v{i}" for i, (field, _, _) in enumerate(plan))
+    lines += [
+        "    try:",
+        f"        return cls({arguments})",
+        "    except (TypeError, ValueError):",
+        "        return None",
+    ]
+    return _compiled("\n".join(lines) + "\n", "read", f"<read {name}>", namespace)

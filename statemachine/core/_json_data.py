@@ -71,47 +71,53 @@ def json_problem(value: Any, *, strict: bool = False) -> str | None:
         return None
     if kind is int:
         return None if value.bit_length() <= MAX_INT_BITS else "an integer too large"
-    if _valid(value):
+    if plain_json(value):
         return None
     return _walk(value, strict)
 
 
-def _valid(root: Any) -> bool:
-    """Whether ``root`` is JSON data: :func:`_walk` without building paths (the common
-    case, so the paths are only built to explain a refusal)."""
-    stack: list[tuple[Any, int]] = [(root, 0)]
-    pop, push = stack.pop, stack.append
-    nodes = 0
-    while stack:
-        value, depth = pop()
-        nodes += 1
-        kind = type(value)
-        if kind is str:
-            if not value.isascii():
-                return False
-        elif kind is dict:
-            if depth >= MAX_DEPTH:
-                return False
-            depth += 1
-            for key, item in value.items():
-                if type(key) is not str or not key.isascii():
-                    return False
-                push((item, depth))
-        elif kind is list or kind is tuple:
-            if depth >= MAX_DEPTH:
-                return False
-            depth += 1
-            for item in value:
-                push((item, depth))
-        elif kind is int:
-            if value.bit_length() > MAX_INT_BITS:
-                return False
-        elif kind is float:
-            if not math.isfinite(value):
-                return False
-        elif value is not None and kind is not bool:
+def plain_json(root: Any) -> bool:
+    """Whether ``root`` is certainly JSON data (``json_problem`` finds none, ``strict``
+    or not): the common case, checked without building the paths that explain a
+    refusal. ``False`` only means ``json_problem`` must look: only the JSON parser's own
+    types pass here (an ``int`` or ``None`` key is JSON data, and goes that way).
+
+    The walk goes one nesting level at a time (the values below a level are gathered
+    by C-level ``extend``), so a value costs one type test, not a stack entry."""
+    level = [root]
+    depth = nodes = 0
+    while level:
+        nodes += len(level)
+        if nodes > MAX_NODES:
             return False
-    return nodes <= MAX_NODES
+        below: list[Any] = []
+        for value in level:
+            kind = type(value)
+            if kind is str:
+                if not value.isascii():
+                    return False
+            elif kind is dict:
+                if depth >= MAX_DEPTH:
+                    return False
+                for key in value:
+                    if type(key) is not str or not key.isascii():
+                        return False
+                below.extend(value.values())
+            elif kind is list or kind is tuple:
+                if depth >= MAX_DEPTH:
+                    return False
+                below.extend(value)
+            elif kind is int:
+                if value.bit_length() > MAX_INT_BITS:
+                    return False
+            elif kind is float:
+                if not math.isfinite(value):
+                    return False
+            elif value is not None and kind is not bool:
+                return False
+        level = below
+        depth += 1
+    return True
 
 
 def _text_problem(text: str, where: str) -> str | None:

@@ -32,23 +32,58 @@ checked by its kind, then the whole state by ``reachable_problem``. Every refusa
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
+from ._actions import Assemble, CallModel, Finish, Wait
+from ._builder import _compiled
+from ._codec import checked_decoder, encode
 from ._exceptions import ConfigError, SnapshotError
-from ._json_data import finite, json_problem, short_repr
+from ._json_data import MAX_COUNT, finite, json_problem, plain_json, short_repr
 from ._reachable import COUNTER_DELTAS, check_reachable
 from ._settings import Settings
 from ._state import (
+    _FIELD_CHECKS,
+    ACTIONS,
+    CLOCK,
+    COUNT,
+    FLAG,
+    MODEL_INDEX,
+    NUMBER,
+    OPAQUE,
+    OPTIONAL_CLOCK,
+    OPTIONAL_COUNT,
+    PATH,
     ROW_INFOS,
+    SEED,
+    SESSION_STATUS,
+    SIGNED,
+    STATE,
+    TEXT,
+    TIMES,
+    TURN,
+    WINDOW,
+    Kind,
     SessionState,
+    Step,
     TurnState,
+    _is_data,
+    _same,
+    action_at,
     declared_defaults,
     decode_state,
     defaults_since,
-    encode_state,
+    encode_action,
+    make_step,
+    stored_fields,
 )
 from ._state_text import TextCache, encode_state_text, json_text
+from ._table import STATES
+from ._taxonomy import SessionStatus
 
 SNAPSHOT_FORMAT = "statemachine.session"
 SNAPSHOT_VERSION = 5
@@ -110,13 +145,10 @@ def _settings_of(raw: dict[str, Any]) -> Settings:
 
 
 def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
-    """The snapshot of ``state`` under ``settings``, the session's clock reading ``now``."""
-    return {
-        "format": SNAPSHOT_FORMAT,
-        "version": SNAPSHOT_VERSION,
-        "settings": _settings_data(settings),
-        **encode_state(state, now),
-    }
+    """The snapshot of ``state`` under ``settings``, the session's clock reading ``now``:
+    ``{"format", "version", "settings", **encode_state(state, now)}``, written by the
+    code generated below."""
+    return _write_session(settings, state, now)
 
 
 def write_snapshot_text(
@@ -133,12 +165,33 @@ def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:
     """The settings and state in ``data``; :class:`SnapshotError` if it is not a snapshot
     this engine could have written."""
     try:
-        return _read(data, now)
+        return _read(data, now, _settings_seen, _read_session)
     except RecursionError:  # pragma: no cover - every value's depth is checked first
         raise SnapshotError("snapshot: nested too deep to read") from None
 
 
-def _read(data: object, now: float) -> tuple[Settings, SessionState]:
+def read_snapshot_by_fields(data: object, now: float) -> tuple[Settings, SessionState]:
+    """:func:`read_snapshot` as it is specified: the settings checked and built anew,
+    every field read by its kind's own decoder (``decode_state``). The reader
+    generated below must give the same settings, state or refusal, byte for byte
+    (the tests compare the two, on valid and forged snapshots)."""
+    try:
+        return _read(data, now, _settings_read, _decode_session)
+    except RecursionError:  # pragma: no cover - every value's depth is checked first
+        raise SnapshotError("snapshot: nested too deep to read") from None
+
+
+def _decode_session(raw: Any, now: float, _seen: set[int]) -> SessionState:
+    state: SessionState = decode_state(SessionState, raw, now)
+    return state
+
+
+def _read(
+    data: object,
+    now: float,
+    settings_of: Callable[[Any], Settings],
+    read_state: Callable[[Any, float, set[int]], SessionState],
+) -> tuple[Settings, SessionState]:
     if not isinstance(data, Mapping):
         raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}")
     if data.get("format") != SNAPSHOT_FORMAT:
@@ -164,25 +217,325 @@ def _read(data: object, now: float) -> tuple[Settings, SessionState]:
         _from_version_4(body, now)
     if "settings" not in body:
         raise SnapshotError("settings: missing")
-    raw_settings = body.pop("settings")
-    if type(raw_settings) is not dict:
-        raise SnapshotError("settings: must be a JSON object")
-    problem = json_problem(raw_settings, strict=True)
-    if problem is not None:
-        raise SnapshotError(f"settings: must be JSON data: {problem}")
-    try:
-        settings = _settings_of(raw_settings)
-    except ConfigError as exc:
-        raise SnapshotError(f"settings: {exc}") from None
-    except (TypeError, ValueError, OverflowError) as exc:  # pragma: no cover - defensive
-        raise SnapshotError(f"settings: {exc}") from None
-    state: SessionState = decode_state(SessionState, body, now)
+    settings = settings_of(body.pop("settings"))
+    state = read_state(body, now, set())
     check_reachable(state, settings)
     if version == 1 and state.turn is not None:
         status = state.turn.status
         if v1_status != (status.value if status else None):
             raise SnapshotError(f"turn.status: {short_repr(v1_status)} is not where its trace ends")
     return settings, state
+
+
+def _settings_read(raw: Any) -> Settings:
+    """The settings ``raw`` (a snapshot's ``settings``) holds, checked."""
+    if type(raw) is not dict:
+        raise SnapshotError("settings: must be a JSON object")
+    problem = json_problem(raw, strict=True)
+    if problem is not None:
+        raise SnapshotError(f"settings: must be JSON data: {problem}")
+    try:
+        return _settings_of(raw)
+    except ConfigError as exc:
+        raise SnapshotError(f"settings: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # pragma: no cover - defensive
+        raise SnapshotError(f"settings: {exc}") from None
+
+
+_SEEN_SIZE = 8
+_SEEN: list[tuple[dict[str, Any], list[str], list[type], list[str], Settings]] = []
+"""The settings read lately, newest first, each with the dict it was read from (a copy),
+its keys and its values' types in order, and the keys whose values are lists."""
+
+
+def _settings_seen(raw: Any) -> Settings:
+    """:func:`_settings_read`, without checking and building again the settings of a dict
+    read lately: one with the same keys in the same order, values of the same exact
+    types, equal (a store restores the snapshots of a few configurations over and
+    over). The types are compared first, so no host code runs in a comparison."""
+    if type(raw) is dict:
+        types = list(map(type, raw.values()))
+        for known, keys, known_types, lists, settings in _SEEN:
+            if (
+                types == known_types
+                and set(map(type, raw)) == _STR_ONLY
+                and all(set(map(type, raw[key])) <= _STR_ONLY for key in lists)
+                and raw == known
+                and list(raw) == keys
+            ):
+                return settings
+    settings = _settings_read(raw)
+    values = raw.values()
+    scalars = all(
+        type(v) in _SCALARS or (type(v) is list and set(map(type, v)) <= _STR_ONLY) for v in values
+    )
+    # 0.0 == -0.0, which the settings keep apart: those are read anew every time
+    if scalars and not any(type(v) is float and v == 0.0 for v in values):
+        if len(_SEEN) >= _SEEN_SIZE:
+            _SEEN.pop()
+        lists = [key for key, value in raw.items() if type(value) is list]
+        seen = (
+            {key: list(value) if key in lists else value for key, value in raw.items()},
+            list(raw),
+            list(map(type, values)),
+            lists,
+            settings,
+        )
+        _SEEN.insert(0, seen)
+    return settings
+
+
+_STR_ONLY = {str}
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+# -- the generated reader and writer ------------------------------------------------------
+#
+# One function per state class, generated from its declaration: the reader takes every
+# field in order, accepts at once a value its kind's fast test (below) passes, and hands
+# any other to the kind's own decoder, which reads it or refuses it naming the key; the
+# writer is one dict display. ``read_snapshot_by_fields`` is the specification.
+
+_FAST_TESTS: dict[int, str] = {
+    id(COUNT): "type({v}) is int and 0 <= {v} <= MAX_COUNT",
+    id(SEED): "type({v}) is int and 0 <= {v} < SEED_END",
+    id(OPTIONAL_COUNT): "{v} is None or type({v}) is int and 0 <= {v} <= MAX_COUNT",
+    id(MODEL_INDEX): "type({v}) is int and -1 <= {v} <= MAX_COUNT",
+    id(FLAG): "type({v}) is bool",
+    id(TEXT): "{v} is None or type({v}) is str and {v}.isascii()",
+    id(NUMBER): "type({v}) is float and 0.0 <= {v} < INF",
+    id(CLOCK): "type({v}) is float and 0.0 <= {v} < INF",
+    id(OPTIONAL_CLOCK): "{v} is None or type({v}) is float and 0.0 <= {v} < INF",
+    id(SIGNED): "{v} is None or type({v}) is float and -INF < {v} < INF",
+    id(STATE): "type({v}) is str and {v} in STATES",
+    id(WINDOW): "type({v}) is str and not {v}.strip('01')",
+    id(OPAQUE): "{v} is None or plain({v}, seen)",
+}
+"""Per kind, a test of a raw value whose passing means the kind's decoder gives the value
+back as it is (the common case: an exact int, float or str in range)."""
+
+
+def _plain(value: Any, seen: set[int]) -> bool:
+    """Whether ``value`` is certainly JSON data (``plain_json``), remembering in ``seen``
+    the ids of the values found so (a snapshot taken in this process holds the turn's
+    request once more in every ``CallModel``)."""
+    if id(value) in seen:
+        return True
+    if plain_json(value):
+        seen.add(id(value))
+        return True
+    return False
+
+
+_PATH_TYPES = (str, str, str, str, int, int, int)
+_PATH_STEPS: dict[tuple[Any, ...], Step] = {}
+_MAX_PATH_STEPS = 1 << 16
+
+
+def _fast_path(raw: Any) -> list[Step] | None:
+    """A turn's path read entry by entry, each a table row and counters met before (or
+    new and in range); ``None`` where the kind's decoder must read it."""
+    if type(raw) is not list:
+        return None
+    path = []
+    for entry in raw:
+        if type(entry) is not list or tuple(map(type, entry)) != _PATH_TYPES:
+            return None
+        key = tuple(entry)
+        step = _PATH_STEPS.get(key)
+        if step is None:
+            info = ROW_INFOS.get(key[:4])
+            if info is None or not all(0 <= counter <= MAX_COUNT for counter in key[4:]):
+                return None
+            step = make_step(info, *key[4:])
+            if len(_PATH_STEPS) < _MAX_PATH_STEPS:
+                _PATH_STEPS[key] = step
+        path.append(step)
+    return path
+
+
+def _fast_times(raw: Any) -> array[float] | None:
+    """A turn's step times, when all are finite floats >= 0 (a sum that overflows goes
+    the kind's way too)."""
+    if type(raw) is not list or not set(map(type, raw)) <= _FLOAT_ONLY:
+        return None
+    if raw and not (min(raw) >= 0.0 and sum(raw) < math.inf):
+        return None
+    return array("d", raw)
+
+
+_FLOAT_ONLY = {float}
+
+_ACTION_READERS = {
+    cls.__name__: checked_decoder(cls, _FIELD_CHECKS[cls], data_check=_is_data, plain=_plain)
+    for cls in (Assemble, CallModel, Wait)
+}
+"""The actions of a turn under way, read with their checks (``_FIELD_CHECKS``) at once;
+the rest (a Finish, tool calls) go the kind's way."""
+
+
+def _fast_actions(raw: Any, seen: set[int]) -> list[Any] | None:
+    if type(raw) is not list:
+        return None
+    actions = []
+    for item in raw:
+        if type(item) is not dict:
+            return None
+        name = item.get("$type")
+        read = _ACTION_READERS.get(name) if type(name) is str else None
+        action = None if read is None else read(item, seen)
+        if action is None:
+            return None
+        actions.append(action)
+    return actions
+
+
+def _empty_of(kind: Kind, key: str) -> tuple[str, Any] | None:
+    """(``"list"`` or ``"dict"``, what the kind's decoder makes of an empty one) when
+    that is immutable: an empty value is then read with no call."""
+    for shape, empty in (("list", []), ("dict", {})):
+        try:
+            value = kind.decode(empty, key)
+        except SnapshotError:
+            continue
+        if value is None or type(value) in (tuple, frozenset):
+            return shape, value
+    return None
+
+
+def _reader(cls: type, prefix: str, turn_reader: Any = None) -> Callable[..., Any]:
+    """``read(raw, now, seen)``: ``decode_state(cls, raw, now, prefix)``, generated."""
+    fields = [
+        (f.name, f.metadata["snapshot_key"] or f.name, f.metadata["kind"])
+        for f in stored_fields(cls)
+    ]
+    namespace: dict[str, Any] = {
+        "cls": cls,
+        "by_fields": lambda raw, now: decode_state(cls, raw, now, prefix),
+        "MAX_COUNT": MAX_COUNT,
+        "SEED_END": 1 << 64,
+        "INF": math.inf,
+        "STATES": frozenset(STATES),
+        "STATUSES": {status.value: status for status in SessionStatus},
+        "plain": _plain,
+        "fast_path": _fast_path,
+        "fast_times": _fast_times,
+        "fast_actions": _fast_actions,
+        "action_at": action_at,
+        "read_turn": turn_reader,
+    }
+    lines = [
+        "def read(raw, now, seen):",
+        f"    if type(raw) is not dict or len(raw) != {len(fields)}:",
+        "        return by_fields(raw, now)",
+        "    try:",
+        *(f"        v{i} = raw[{key!r}]" for i, (_, key, _) in enumerate(fields)),
+        "    except KeyError:",
+        "        return by_fields(raw, now)",
+    ]
+    for i, (_, key, kind) in enumerate(fields):
+        v, at = f"v{i}", prefix + key
+        namespace[f"decode{i}"] = kind.decode
+        slow = f"decode{i}({v}, {at!r})"
+        test = _FAST_TESTS.get(id(kind))
+        if kind is TURN:
+            lines.append(f"    {v} = None if {v} is None else read_turn({v}, now, seen)")
+        elif kind is PATH or kind is TIMES:
+            fast = "fast_path" if kind is PATH else "fast_times"
+            lines += [f"    fast = {fast}({v})", f"    {v} = {slow} if fast is None else fast"]
+        elif kind is ACTIONS:
+            lines += [
+                f"    fast = fast_actions({v}, seen)",
+                f"    {v} = [action_at(a, now, {at!r}) for a in {slow}] if fast is None else fast",
+            ]
+        elif kind is SESSION_STATUS:
+            lines += [
+                f"    if {v} is not None:",
+                f"        fast = STATUSES.get({v}) if type({v}) is str else None",
+                f"        {v} = {slow} if fast is None else fast",
+            ]
+        elif test is not None:
+            lines += [f"    if not ({test.format(v=v)}):", f"        {v} = {slow}"]
+        elif (empty := _empty_of(kind, at)) is not None:
+            shape, namespace[f"empty{i}"] = empty
+            lines += [
+                f"    {v} = empty{i} if type({v}) is {shape} and not {v} else {slow}",
+            ]
+        else:
+            lines.append(f"    {v} = {slow}")
+        if kind.relative:
+            lines.append(f"    {v} = None if {v} is None else now - {v}")
+    arguments = ", ".join(f"{name}=v{i}" for i, (name, _, _) in enumerate(fields))
+    lines.append(f"    return cls({arguments})")
+    source = "\n".join(lines) + "\n"
+    return _compiled(
+        source, "read", f"<read {cls.__name__}, from the state declaration>", namespace
+    )
+
+
+_read_turn = _reader(TurnState, "turn.")
+_read_session_state = _reader(SessionState, "", _read_turn)
+
+
+def _read_session(raw: Any, now: float, seen: set[int]) -> SessionState:
+    state: SessionState = _read_session_state(raw, now, seen)
+    return state
+
+
+def _writer(cls: type, turn_writer: Any = None, head: bool = False) -> Callable[..., Any]:
+    """``write(state, now)``: ``encode_state(state, now)`` as one dict display, generated
+    (with ``head``: ``write(settings, state, now)``, the snapshot's format, version and
+    settings first)."""
+    namespace: dict[str, Any] = {
+        "write_turn": turn_writer,
+        "settings_data": _settings_data,
+        "encode": encode,
+        "encode_action": encode_action,
+        "Finish": Finish,
+    }
+    items = []
+    if head:
+        items += [
+            f"'format': {SNAPSHOT_FORMAT!r}",
+            f"'version': {SNAPSHOT_VERSION!r}",
+            "'settings': settings_data(settings)",
+        ]
+    for i, f in enumerate(stored_fields(cls)):
+        kind: Kind = f.metadata["kind"]
+        key = f.metadata["snapshot_key"] or f.name
+        read = f"state.{f.name}"
+        if kind.relative:
+            value = f"None if {read} is None else now - {read}"
+        elif kind is TURN:
+            value = f"None if {read} is None else write_turn({read}, now)"
+        elif kind is ACTIONS:
+            value = (
+                f"[encode(a) if type(a) is not Finish else encode_action(a, now) for a in {read}]"
+            )
+        elif kind.encode is _same:
+            value = read
+        else:
+            namespace[f"encode{i}"] = kind.encode
+            value = f"encode{i}({read})"
+            default: Any = f.default
+            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                default = default.factory()
+            empty = kind.encode(default)
+            if not default and empty in ([], {}) and not empty:
+                namespace[f"empty_type{i}"] = type(default)
+                literal = "[]" if type(empty) is list else "{}"
+                value = f"{literal} if type({read}) is empty_type{i} and not {read} else {value}"
+        items.append(f"{key!r}: {value}")
+    arguments = "settings, state, now" if head else "state, now"
+    source = f"def write({arguments}):\n    return {{" + ", ".join(items) + "}\n"
+    return _compiled(
+        source, "write", f"<write {cls.__name__}, from the state declaration>", namespace
+    )
+
+
+_write_session: Callable[[Settings, SessionState, float], dict[str, Any]] = _writer(
+    SessionState, _writer(TurnState), head=True
+)
 
 
 # -- version 4 --------------------------------------------------------------------------
