@@ -139,6 +139,13 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
+def _refused(exc: Exception) -> bool:
+    """Whether ``exc`` is a connection lost or refused (not a reply that timed out)."""
+    from redis import exceptions  # noqa: PLC0415 - an optional dependency
+
+    return isinstance(exc, exceptions.ConnectionError)  # a TimeoutError is not one
+
+
 def _pool_kwargs(client: Any, cluster: bool) -> list[dict[str, Any]]:
     """The connection settings ``client`` makes new connections with: its pool's, or
     for a cluster, its node manager's and each known node's pool's."""
@@ -262,9 +269,10 @@ class RedisStore(BytesStore):
                 socket_connect_timeout=connect,
                 retry=Retry(NoBackoff(), 0),
             )
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise StoreUnavailable(f"the Redis Cluster at {url} is unavailable: {exc}") from exc
-        except redis.exceptions.RedisClusterException as exc:
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            down = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+            if isinstance(exc, down) or isinstance(exc.__cause__, down):
+                raise StoreUnavailable(f"the Redis Cluster at {url} is unavailable: {exc}") from exc
             raise ConfigError(f"url: {url!r} does not lead to a Redis Cluster: {exc}") from exc
         return cls(client, **options)
 
@@ -361,11 +369,18 @@ class RedisStore(BytesStore):
         except Exception as exc:
             self._translate(session_id, exc)
 
-    def _run(self, session_id: str, script: Any, keys: list[str], *args: object) -> list[Any]:
+    def _run(self, session_id: str, script: Any, keys: list[str], *args: Any) -> list[Any]:
         try:
             reply = script(keys=keys, args=list(args))
         except Exception as exc:
-            self._translate(session_id, exc)
+            if not (self.cluster and script is self._load and _refused(exc)):
+                self._translate(session_id, exc)
+            # a read may be sent again: the client has just learned the slots anew, and
+            # after a failover the slot has another master (a write may have landed)
+            try:
+                reply = script(keys=keys, args=list(args))
+            except Exception as again:
+                self._translate(session_id, again)
         return list(reply)
 
     def _run_acknowledged(self, session_id: str, keys: list[str], args: list[Any]) -> list[Any]:
@@ -452,7 +467,7 @@ class RedisStore(BytesStore):
                 "key to find out)",
                 session_id=session_id,
             ) from exc
-        moved = isinstance(exc, errors.AskError) or "CROSSSLOT" in str(exc)
+        moved = isinstance(exc, errors.AskError | errors.ClusterCrossSlotError)
         if not self.cluster and moved:
             raise ConfigError(
                 f"client: the server is a Redis Cluster node ({exc}); use "

@@ -1,0 +1,273 @@
+"""The Redis store on a real Redis Cluster: three masters and three replicas started here
+on loopback ports (``cluster-enabled yes``, ``cluster-node-timeout`` 1 s). Each
+session's key is hash tagged, so each script touches one slot; spend reports and
+endings between sessions on different masters stay exact; a master SIGKILLed under a
+session loses no write the store acknowledged with ``replicas=1``; the throughput
+benchmark runs on the cluster. Skipped locally without ``redis-server`` and
+``redis-cli``; a failure when ``CI`` is set. Every wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from benchmarks.redis_cluster import CLUSTER_SCHEME, Cluster
+from statemachine.store import AdvanceStatus, RedisStore, StoreUnavailable, Worker
+
+from .store_worker import Clock, settings
+
+try:
+    from redis.cluster import RedisCluster
+except ImportError:  # pragma: no cover - the extra is installed in CI
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("redis-py is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # server processes, a failover
+
+
+def start_or_skip(directory: Path) -> Cluster:
+    """A started cluster; skip when redis-server or redis-cli is missing (fail in CI)."""
+    why = Cluster.available()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}, and CI is set: the cluster tests need them")
+        pytest.skip(f"cannot start a Redis Cluster: {why}")
+    cluster = Cluster(directory)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the tests that kill nothing."""
+    started = start_or_skip(tmp_path_factory.mktemp("cluster"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def store(cluster: Cluster) -> Iterator[RedisStore]:
+    """A store on an emptied cluster, through RedisStore.from_url(cluster=True)."""
+    made = RedisStore.from_url(cluster.url, cluster=True, prefix="t")
+    made.client.flushdb()
+    yield made
+    made.client.close()
+
+
+def worker(store: RedisStore, owner: str, **options: Any) -> Worker:
+    return Worker(store, owner=owner, clock=lambda: 0.0, now=Clock(), **options)
+
+
+def ids_on_other_masters(cluster: Cluster, store: RedisStore, stem: str, count: int) -> list[str]:
+    """``count`` ids ``<stem>.<n>``, each served by another master than the ones before
+    (and than ``stem``'s)."""
+    taken = {cluster.master_of(store.key(stem))}
+    found: list[str] = []
+    for n in range(200):
+        candidate = f"{stem}.{n}"
+        master = cluster.master_of(store.key(candidate))
+        if master not in taken:
+            taken.add(master)
+            found.append(candidate)
+            if len(found) == count:
+                return found
+    raise AssertionError(f"no {count} ids of {stem!r} on other masters")  # pragma: no cover
+
+
+@pytest.mark.requirement("ER-71", "ER-70")
+def test_each_session_lives_in_one_slot_and_sessions_spread_over_the_masters(
+    cluster: Cluster, store: RedisStore
+) -> None:
+    """A session's key is <prefix>:session:{<id>}: its slot is its id's, whatever the
+    prefix or tenant; the Lua read and compare-and-set run on its master; sessions
+    spread over all three masters."""
+    assert store.cluster
+    w = worker(store, "a")
+    masters = set()
+    for n in range(12):
+        sid = f"conv-{n}"
+        created = w.create(sid, sm.Session(settings(), seed=n, clock=lambda: 0.0))
+        started = w.advance(sid, None, expected_version=created.version)
+        assert started.applied and started.version == 2
+        key = store.key(sid)
+        assert key == f"t:session:{{{sid}}}"
+        assert store.client.keyslot(key) == store.client.keyslot(sid)
+        tenant = RedisStore(store.client, prefix="other:app", tenant="acme").key(sid)
+        assert store.client.keyslot(tenant) == store.client.keyslot(sid)
+        masters.add(cluster.master_of(key))
+        assert int(cluster.node(cluster.master_of(key)).hget(key, "version")) == 2
+    assert len(masters) == 3
+    stale = worker(store, "b").advance("conv-0", sm.Assembled("r", 1), expected_version=1)
+    assert stale.status is AdvanceStatus.CONFLICT and stale.version == 2
+
+
+def test_a_plain_client_on_a_cluster_node_is_a_config_error(cluster: Cluster) -> None:
+    """A redis.Redis on one node of a cluster cannot serve the store (its keys live on
+    other nodes): every call names the fix, and nothing is written."""
+    node = cluster.node(cluster.ports[0])
+    try:
+        store = RedisStore(node, prefix="plain")
+        for n in range(6):
+            with pytest.raises(sm.ConfigError, match=r"Redis Cluster node .*cluster=True"):
+                worker(store, "a").create(f"s{n}", sm.Session(settings(), clock=lambda: 0.0))
+        client = RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        assert client.keys("plain*") == []
+        client.close()
+    finally:
+        node.close()
+    with pytest.raises(sm.ConfigError, match=r"does not lead to a Redis Cluster"):
+        RedisStore.from_url(cluster.url.replace("/0", "/1"), cluster=True)
+    with pytest.raises(StoreUnavailable, match=r"Redis Cluster at redis://127.0.0.1:1/0 is"):
+        RedisStore.from_url("redis://127.0.0.1:1/0", cluster=True)
+
+
+@pytest.mark.requirement("ER-82", "ER-200")
+def test_spend_and_endings_cross_masters_exactly(cluster: Cluster, store: RedisStore) -> None:
+    """A parent and two children, each served by another master: each child's spend
+    reaches the parent's record by its own compare-and-set (nothing lost or doubled,
+    a lost report pulled at the parent's next turn); ending the parent cancels both
+    children on their masters."""
+    kids = ids_on_other_masters(cluster, store, "p", 2)
+    a, b, c = worker(store, "a"), worker(store, "b"), worker(store, "c")
+    parent = sm.Session(sm.Settings(max_cost_usd=10.0), seed=1, clock=lambda: 0.0, session_id="p")
+    children = [parent.spawn(session_id=kid) for kid in kids]
+    a.create("p", parent)
+    for kid, child in zip(kids, children, strict=True):
+        b.create(kid, child)
+    spends = {kids[0]: [0.25, 0.5], kids[1]: [0.125]}
+    for kid, costs in spends.items():
+        for cost in costs:
+            result = b.advance(kid, None, expected_version=b.load(kid).version)
+            result = b.advance(kid, sm.Assembled("req", 10), expected_version=result.version)
+            result = b.advance(kid, sm.ModelReplied(cost=cost), expected_version=result.version)
+            assert result.applied
+    loaded = a.load("p").session
+    assert loaded.child_costs == {kids[0]: 0.75, kids[1]: 0.125}
+    assert loaded.cost_usd == 0.875  # binary fractions: exact, not approximately
+
+    c._report_spend = lambda *_report: None  # type: ignore[method-assign]  # it dies
+    result = c.advance(kids[1], None, expected_version=c.load(kids[1]).version)
+    result = c.advance(kids[1], sm.Assembled("req", 10), expected_version=result.version)
+    c.advance(kids[1], sm.ModelReplied(cost=1.0), expected_version=result.version)
+    assert a.load("p").session.cost_usd == 0.875  # the report was lost...
+    started = a.advance("p", None, expected_version=a.load("p").version)
+    assert started.session.cost_usd == 1.875  # ...and pulled at the parent's turn start
+
+    ended = a.end("p", "cancelled", expected_version=started.version, reason="user left")
+    assert ended.status is AdvanceStatus.APPLIED
+    assert set(ended.ended) == set(kids)
+    fresh = worker(store, "d", remember=0)
+    for kid in kids:
+        assert fresh.load(kid).session.status is sm.SessionStatus.CANCELLED
+    assert fresh.load("p").session.cost_usd == 1.875
+
+
+def test_the_benchmark_runs_on_the_cluster(cluster: Cluster, store: RedisStore) -> None:
+    """A tiny run of benchmarks.redis_store on the cluster (workers and floor on
+    RedisCluster clients): every applied advance moved a version (it checks)."""
+    from benchmarks import redis_store
+
+    url = CLUSTER_SCHEME + cluster.url.removeprefix("redis://")
+    result = redis_store.run(workers=(1, 2), steps=40, sessions=4, url=url, rounds=1)
+    assert result["applied"]["1"] == 40
+    assert all(rate > 0 for rate in result["floor_sessions_per_s"].values())
+    assert 0 <= result["conflict_rate"]["2"] < 1
+    assert result["mean_record_bytes"]["1"] > 500  # the floor writes records of that size
+
+
+def _wait_for(cluster: Cluster, done: Any, what: str, timeout: float = 30.0) -> None:
+    cluster.wait(done, time.monotonic() + timeout, what)
+
+
+@pytest.mark.requirement("ER-79")
+def test_a_failover_loses_no_write_the_store_acknowledged(tmp_path: Path) -> None:
+    """With replicas=1 each write is reported once the master's replica holds it. The
+    master of the session is SIGKILLed: until its replica is promoted each call gives
+    StoreUnavailable in bounded time; after, the session is at the last acknowledged
+    version with the same state, and the same store goes on. A write the promoted
+    master cannot copy (no replica yet) is StoreUnavailable, applied on the master and
+    told apart by its key; once the old master is back as a replica, writes are
+    acknowledged again."""
+    cluster = start_or_skip(tmp_path)
+    try:
+        store = RedisStore.from_url(
+            cluster.url, cluster=True, prefix="t", replicas=1, replica_timeout_s=0.5
+        )
+        w = worker(store, "a")
+        result = w.create("f", sm.Session(settings(), seed=5, clock=lambda: 0.0))
+        events = [None, sm.Assembled("req", 10), sm.ModelFailed(sm.ModelError("rate_limited"))]
+        for event in events:
+            result = w.advance("f", event, expected_version=result.version)
+            assert result.applied
+        acknowledged = (result.version, result.session.snapshot())
+        master = cluster.master_of(store.key("f"))
+        replica = cluster.replica_of(master)
+        cluster.kill(master)
+
+        start = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=r"session 'f': Redis is unavailable"):
+            w.advance("f", sm.WaitDone(), expected_version=result.version, key="k1")
+        assert time.monotonic() - start < 3 * store.timeout_s  # bounded, no hang
+        _wait_for(cluster, lambda: cluster.promoted(replica), f"replica {replica} to be promoted")
+
+        fresh = worker(store, "b", remember=0).load("f")
+        assert (fresh.version, fresh.session.snapshot()) == acknowledged
+        with pytest.raises(StoreUnavailable, match=r"0 of 1 replica\(s\) acknowledged"):
+            w.advance("f", sm.WaitDone(), expected_version=result.version, key="k1")
+        unsure = RedisStore.from_url(cluster.url, cluster=True, prefix="t")  # no WAIT
+        again = worker(unsure, "c").advance(
+            "f", sm.WaitDone(), expected_version=result.version, key="k1"
+        )
+        assert again.status is AdvanceStatus.DUPLICATE  # the unsure write had landed
+        assert again.version == result.version + 1
+
+        cluster.restart(master)  # back, as the replica of its successor
+        assert cluster.replica_of(replica) == master
+        after = w.advance("f", sm.ModelReplied(), expected_version=again.version)
+        assert after.applied and after.version == again.version + 1
+        unsure.client.close()
+        store.client.close()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.requirement("ER-79")
+def test_a_moved_slot_is_followed(cluster: Cluster, store: RedisStore) -> None:
+    """A manual failover (CLUSTER FAILOVER on a replica) moves a session's slot while a
+    store's map of the slots is stale: its next read and acknowledged write meet MOVED,
+    follow it, and apply; the replica count still holds."""
+    durable = RedisStore.from_url(
+        cluster.url, cluster=True, prefix="t", replicas=1, replica_timeout_s=0.5
+    )
+    w = worker(durable, "a")
+    result = w.create("m", sm.Session(settings(), seed=6, clock=lambda: 0.0))
+    master = cluster.master_of(store.key("m"))
+    replica = cluster.replica_of(master)
+    node = cluster.node(replica)
+    try:
+        assert node.execute_command("CLUSTER FAILOVER")
+    finally:
+        node.close()
+    _wait_for(cluster, lambda: cluster.promoted(replica), f"replica {replica} to take over")
+    _wait_for(cluster, cluster.healthy, "the old master to sync as a replica")
+    assert durable.client.get_node_from_key(store.key("m")).port == master  # stale map
+    for event in (None, sm.Assembled("req", 10)):
+        result = w.advance("m", event, expected_version=result.version)
+        assert result.applied
+    fresh = worker(store, "b", remember=0).load("m")
+    assert fresh.version == result.version == 3
+    assert cluster.master_of(store.key("m")) == replica
+    assert cluster.info(master, "replication")["role"] == "slave"  # the old master
+    durable.client.close()
