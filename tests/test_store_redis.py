@@ -21,6 +21,7 @@ from statemachine.store import (
     INTERRUPTED,
     AdvanceStatus,
     CorruptSession,
+    InvalidSessionId,
     RedisStore,
     SessionNotFound,
     StoreUnavailable,
@@ -325,8 +326,16 @@ def test_store_timeouts_are_validated() -> None:
     assert store.timeout_s == 7.0
     with pytest.raises(sm.ConfigError, match=r"^replicas: must be an int >= 0"):
         RedisStore(client, replicas=-1)
-    with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be shorter"):
-        RedisStore(redis.Redis(host="127.0.0.1", port=1), replicas=1, replica_timeout_s=2.0)
+    fresh = redis.Redis(host="127.0.0.1", port=1, socket_timeout=None)
+    before = dict(fresh.connection_pool.connection_kwargs)
+    with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be shorter .*\(2 s\)"):
+        RedisStore(fresh, replicas=1, replica_timeout_s=2.0)  # the store's 2 s would apply
+    with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be shorter .*\(7 s\)"):
+        RedisStore(explicit, replicas=1, replica_timeout_s=7.0)  # the client's own 7 s
+    assert RedisStore(explicit, replicas=1, replica_timeout_s=2.0).replica_timeout_s == 2.0
+    with pytest.raises(InvalidSessionId, match=r"^prefix 'a b' is invalid"):
+        RedisStore(fresh, prefix="a b")
+    assert fresh.connection_pool.connection_kwargs == before  # refused: client untouched
     with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be a finite"):
         RedisStore(client, replicas=1, replica_timeout_s=0)
 

@@ -208,15 +208,20 @@ class RedisStore(BytesStore):
         self.connect_timeout_s = _check_timeout("connect_timeout_s", connect_timeout_s)
         self.replicas = _check_replicas(replicas)
         self.replica_timeout_s = _check_timeout("replica_timeout_s", replica_timeout_s)
+        self._prefix = key_prefix(prefix, tenant)
+        self.ended_ttl_s = check_ttl(ended_ttl_s)
+        self.max_bytes = check_max_bytes(max_bytes)
         settings = _pool_kwargs(client, self.cluster)
-        if self.replicas and self.replica_timeout_s >= min(
-            [self.timeout_s] + [k["socket_timeout"] for k in settings if k.get("socket_timeout")]
-        ):
+        reply_timeout = min(
+            [k.get("socket_timeout") or self.timeout_s for k in settings] or [self.timeout_s]
+        )
+        if self.replicas and self.replica_timeout_s >= reply_timeout:
             raise ConfigError(
                 f"replica_timeout_s: must be shorter than the reply timeout "
-                f"({self.timeout_s:g} s), or the wait for replicas times out as an "
+                f"({reply_timeout:g} s), or the wait for replicas times out as an "
                 f"unanswered call; got {self.replica_timeout_s:g}"
             )
+        # every setting checked: only now is the client changed
         for kwargs in settings:
             if kwargs.get("socket_timeout") is None:
                 kwargs["socket_timeout"] = self.timeout_s
@@ -230,9 +235,6 @@ class RedisStore(BytesStore):
                 if node.redis_connection is not None:
                     node.redis_connection.connection_pool.disconnect(inuse_connections=False)
         self.client = client
-        self._prefix = key_prefix(prefix, tenant)
-        self.ended_ttl_s = check_ttl(ended_ttl_s)
-        self.max_bytes = check_max_bytes(max_bytes)
         self._load = client.register_script(_LOAD)
         self._cas = client.register_script(_CAS)
 
