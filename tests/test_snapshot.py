@@ -56,7 +56,6 @@ def test_restore_at_any_step_continues_exactly(cut: int) -> None:
     assert rest.action == got[-1]
     got += [rest.send(e) for e in _events()[cut:]]
     assert got == expected
-
     # the times are the restored session's clock, which started 901 s earlier; the
     # steps before the snapshot keep no event, the steps after it carry theirs
     def plain(record: sm.TraceRecord) -> sm.TraceRecord:

@@ -317,13 +317,13 @@ def _decoder_of(name: str) -> Any:
     plan = _PLANS[name]
     lines = [
         "def decode_one(data, depth):",
-        f"    if len(data) != {len(_KEYS[name])} or data.keys() != keys:",
+        f"    if len(data) != {len(_KEYS[name])}:",
         f"        return decode_fields({name!r}, data, depth)",
+        *_lookups(plan, f"return decode_fields({name!r}, data, depth)"),
         "    if depth >= MAX_DEPTH:",
         "        raise Bad(too_deep)",
     ]
     namespace: dict[str, Any] = {
-        "keys": _KEYS[name],
         "decode_fields": _decode_fields,
         "MAX_DEPTH": MAX_DEPTH,
         "Bad": _Bad,
@@ -335,7 +335,6 @@ def _decoder_of(name: str) -> Any:
         "cls": _CLASSES[name],
     }
     for i, (field, opaque, enum_classes) in enumerate(plan):
-        lines.append(f"    v{i} = data[{field!r}]")
         if opaque:
             continue
         if enum_classes:
@@ -359,10 +358,9 @@ def _decoder_of(name: str) -> Any:
             f"            bad.path.append({'.' + field!r})",
             "            raise",
         ]
-    arguments = ", ".join(f"{field}=v{i}" for i, (field, _, _) in enumerate(plan))
     lines += [
         "    try:",
-        f"        return cls({arguments})",
+        f"        return cls({_arguments(_CLASSES[name], plan)})",
         "    except (TypeError, ValueError) as exc:",
         "        raise Bad(short_message(exc)) from None",
     ]
@@ -387,10 +385,6 @@ def _short_message(exc: Exception) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-_DECODERS: dict[str, Any] = {name: _decoder_of(name) for name in _CLASSES}
-"""``_decode`` of each registered class, by name."""
-
-
 def checked_decoder(
     cls: type,
     checks: Sequence[tuple[str, Callable[[Any], bool]]],
@@ -410,17 +404,12 @@ def checked_decoder(
     index = {field: i for i, (field, _, _) in enumerate(plan)}
     lines = [
         "def read(data, seen):",
-        f"    if len(data) != {len(_KEYS[name])} or data.keys() != keys:",
+        f"    if len(data) != {len(_KEYS[name])}:",
         "        return None",
+        *_lookups(plan, "return None"),
     ]
-    namespace: dict[str, Any] = {
-        "keys": _KEYS[name],
-        "scalar": _PLAIN_DATA,
-        "plain": plain,
-        "cls": cls,
-    }
-    for i, (field, opaque, enum_classes) in enumerate(plan):
-        lines.append(f"    v{i} = data[{field!r}]")
+    namespace: dict[str, Any] = {"scalar": _PLAIN_DATA, "plain": plain, "cls": cls}
+    for i, (_, opaque, enum_classes) in enumerate(plan):
         if opaque:
             continue
         if enum_classes:
@@ -441,11 +430,38 @@ def checked_decoder(
         v = f"v{index[field]}"
         passes = f"plain({v}, seen) or check{j}({v})" if check is data_check else f"check{j}({v})"
         lines += [f"    if not ({passes}):", "        return None"]
-    arguments = ", ".join(f"{field}=v{i}" for i, (field, _, _) in enumerate(plan))
     lines += [
         "    try:",
-        f"        return cls({arguments})",
+        f"        return cls({_arguments(cls, plan)})",
         "    except (TypeError, ValueError):",
         "        return None",
     ]
     return _compiled("\n".join(lines) + "\n", "read", f"<read {name}>", namespace)
+
+
+def _lookups(plan: Sequence[tuple[str, bool, Any]], otherwise: str) -> list[str]:
+    """Source lines reading every field of ``plan`` into ``v0``, ``v1``...: with the
+    length checked before, the data then holds exactly ``$type`` and these keys (one
+    missing: ``otherwise``)."""
+    if not plan:
+        return []
+    return [
+        "    try:",
+        *(f"        v{i} = data[{field!r}]" for i, (field, _, _) in enumerate(plan)),
+        "    except KeyError:",
+        f"        {otherwise}",
+    ]
+
+
+def _arguments(cls: type, plan: Sequence[tuple[str, bool, Any]]) -> str:
+    """The arguments that build a ``cls`` of ``v0``, ``v1``...: by position where the
+    plan's fields are those ``__init__`` takes by position, in order (a call is cheaper
+    so), by name otherwise."""
+    fields = [field for field, _, _ in plan]
+    if fields == [f.name for f in attrs.fields(cls) if f.init and not f.kw_only]:
+        return ", ".join(f"v{i}" for i in range(len(fields)))
+    return ", ".join(f"{field}=v{i}" for i, field in enumerate(fields))
+
+
+_DECODERS: dict[str, Any] = {name: _decoder_of(name) for name in _CLASSES}
+"""``_decode`` of each registered class, by name."""

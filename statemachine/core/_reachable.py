@@ -429,26 +429,29 @@ def _path_problem(
 
 def _step_problem(i: int, step: Step, previous: Step | None, effect: str) -> str | None:
     counters = step[1:]
+    attempt, reductions, retries = COUNTER_DELTAS.get(effect, _UNMOVED)
     if previous is None:
-        before = [0, 0, counters[_RETRIES] - COUNTER_DELTAS.get(effect, (None, 0, 0))[2]]
-        if before[_RETRIES] < 0:
+        expected = [0, 0, counters[_RETRIES] - retries]
+        if expected[_RETRIES] < 0:
             return f"turn.path[{i}]: the first step's counters {tuple(counters)} are impossible"
     else:
-        before = list(previous[1:])
-    attempt, reductions, retries = COUNTER_DELTAS.get(effect, (None, 0, 0))
-    expected = list(before)
+        expected = list(previous[1:])
     if attempt == 0:
         expected[_ATTEMPT] = 0
     elif attempt == 1:
         expected[_ATTEMPT] += 1
     expected[_REDUCTIONS] += reductions
     expected[_RETRIES] += retries
-    if tuple(counters) != tuple(expected):
+    if counters != tuple(expected):
         return (
             f"turn.path[{i}]: counters {tuple(counters)} after {effect}, "
             f"where the effect leaves {tuple(expected)}"
         )
     return None
+
+
+_UNMOVED = (None, 0, 0)
+"""The counter moves of an effect that moves none."""
 
 
 def _action_problem(

@@ -256,14 +256,14 @@ def _settings_seen(raw: Any) -> Settings:
     if type(raw) is dict:
         types = list(map(type, raw.values()))
         for known, keys, known_types, lists, settings in _SEEN:
-            if (
-                types == known_types
-                and set(map(type, raw)) == _STR_ONLY
-                and all(set(map(type, raw[key])) <= _STR_ONLY for key in lists)
-                and raw == known
-                and list(raw) == keys
-            ):
-                return settings
+            if types != known_types or set(map(type, raw)) != _STR_ONLY:
+                continue
+            for key in lists:
+                if not set(map(type, raw[key])) <= _STR_ONLY:
+                    break
+            else:
+                if raw == known and list(raw) == keys:
+                    return settings
     settings = _settings_read(raw)
     values = raw.values()
     scalars = all(
