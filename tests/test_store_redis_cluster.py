@@ -271,3 +271,39 @@ def test_a_moved_slot_is_followed(cluster: Cluster, store: RedisStore) -> None:
     assert cluster.master_of(store.key("m")) == replica
     assert cluster.info(master, "replication")["role"] == "slave"  # the old master
     durable.client.close()
+
+
+def test_a_slot_being_migrated_is_followed_with_asking(cluster: Cluster, store: RedisStore) -> None:
+    """Mid-reshard (the slot MIGRATING on its master, IMPORTING on another, the session's
+    key already moved), the old master answers ASK: a read and an acknowledged write
+    follow it to the new master; once the slot is handed over they go there directly."""
+    durable = RedisStore.from_url(
+        cluster.url, cluster=True, prefix="t", replicas=1, replica_timeout_s=0.5
+    )
+    w = worker(durable, "a")
+    result = w.create("ask", sm.Session(settings(), seed=7, clock=lambda: 0.0))
+    key = store.key("ask")
+    source = cluster.master_of(key)
+    masters = [row for row in cluster.nodes(source) if row["role"] == "master"]
+    target = next(row["port"] for row in masters if row["port"] != source)
+    ids = {row["port"]: row["id"] for row in cluster.nodes(source)}
+    slot = store.client.keyslot(key)
+    src, dst = cluster.node(source), cluster.node(target)
+    try:
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target])
+        src.execute_command("MIGRATE", "127.0.0.1", target, key, 0, 5000)
+        assert src.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0  # moved away
+        for event in (None, sm.Assembled("req", 10)):
+            result = w.advance("ask", event, expected_version=result.version)
+            assert result.applied
+        assert worker(durable, "b", remember=0).load("ask").version == result.version == 3
+        for node in (dst, src):
+            node.execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target])
+    finally:
+        src.close()
+        dst.close()
+    _wait_for(cluster, lambda: cluster.master_of(key) == target, "the slot to be handed over")
+    result = w.advance("ask", sm.ModelReplied(), expected_version=result.version)
+    assert result.applied and result.version == 4
+    durable.client.close()

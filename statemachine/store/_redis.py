@@ -443,10 +443,16 @@ class RedisStore(BytesStore):
         if not self.cluster:
             return self.client
         client: Any = self.client
-        node = client.get_node(node_name=asking) if asking else client.get_node_from_key(key)
+        if asking is None:
+            return client.get_redis_connection(client.get_node_from_key(key))
+        node = client.get_node(node_name=asking)
         if node is None:  # an ASK target the client has not met: learn the cluster anew
             client.nodes_manager.initialize()
-            node = client.get_node_from_key(key)
+            node = client.get_node(node_name=asking)
+        if node is None:
+            import redis  # noqa: PLC0415 - an optional dependency
+
+            raise redis.exceptions.ClusterError(f"ASK to {asking}, a node the cluster denies")
         return client.get_redis_connection(node)
 
     def _refresh(self) -> None:
