@@ -303,7 +303,7 @@ def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
     """The README opens with its two set-up commands: the first creates and activates a
     virtual environment (the name clash cannot reach it), installs and runs simulate;
     the second is the test command, which CI runs verbatim (give or take pip's
-    ``-q``); then the fast lane."""
+    ``-q``), on one pytest-xdist worker per core; then the fast lane."""
     (commands,) = _blocks("sh")[:1]
     lines = [line.split("#")[0].strip() for line in commands.splitlines()]
     assert lines[0] == (
@@ -311,7 +311,7 @@ def test_readme_set_up_commands_are_the_ones_ci_runs() -> None:
         "&& python -m statemachine simulate"
     )
     tests = lines[1]
-    assert tests.endswith("&& python -m pytest")
+    assert tests.endswith("&& python -m pytest -n auto")
     assert tests.startswith("pip install -e '.[dev,")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" -q ", " ")
     assert tests in ci.splitlines()

@@ -640,6 +640,8 @@ def _environment(workspace: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workspace), env.get("PYTHONPATH", "")) if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("PYTEST_ADDOPTS", None)
+    for name in [name for name in env if name.startswith("PYTEST_XDIST_")]:
+        del env[name]  # run from an xdist worker, the inner pytest is not one
     return env
 
 
