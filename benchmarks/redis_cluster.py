@@ -2,10 +2,11 @@
 
 A private cluster is started on 127.0.0.1 (three masters, each with one replica,
 ``cluster-enabled yes``, no persistence) in a temporary directory, and
-:func:`benchmarks.redis_store.run` runs on it unchanged: the workers' stores and the
-floor's scripts on ``redis.cluster.RedisCluster`` clients, the floor measured on the
-same cluster, interleaved with the workers' rounds. The 32 sessions' keys are hash
-tagged by id, so they spread over the three masters; each script touches one key.
+:func:`benchmarks.redis_store.run`'s rounds run on it: the workers' stores on
+``redis.cluster.RedisCluster`` clients, and the floor (the same two Lua scripts, no
+engine) sent straight to the node serving each key, as the store sends them; the floor
+on the same cluster, interleaved with the workers' rounds. The 32 sessions' keys are
+hash tagged by id, so they spread over the three masters; each script touches one key.
 
 ``--replicas 1`` measures the stores with ``RedisStore(replicas=1)``: every write waits
 for its master's replica to acknowledge it (``WAIT``), the floor does not.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -349,6 +351,53 @@ def started(**options: Any) -> Iterator[Cluster]:
             cluster.stop()
 
 
+def _floor_worker(
+    url: str, round_: str, parties: int, index: int, sessions: int, attempts: int, size: int
+) -> None:
+    """:func:`benchmarks.redis_store._floor_worker` on a cluster: the same two scripts
+    per attempt, each sent straight to the node serving the key (as ``RedisStore``
+    sends them, not through redis-py's slower routing of a script), no engine."""
+    from statemachine.store._redis import _CAS, _LOAD
+
+    client = redis_store._client(url, redis_store._WAIT_S)
+    for primary in client.get_primaries():
+        for source in (_LOAD, _CAS):
+            client.get_redis_connection(primary).script_load(source)
+    load, cas = client.register_script(_LOAD).sha, client.register_script(_CAS).sha
+    payload = b"x" * size
+    rng = random.Random(index)
+    counts, start = redis_store._barrier(client, round_, parties)
+    for _ in range(attempts):
+        key = f"floor:session:s{rng.randrange(sessions)}"
+        node = client.get_redis_connection(client.get_node_from_key(key))
+        version = int(node.evalsha(load, 1, key, 10**9)[1])
+        won = node.evalsha(cas, 1, key, version, payload, 0, "i")[0] == 1
+        counts["applied" if won else "conflict"] += 1
+    redis_store._report(client, round_, start, counts)
+
+
+def run_on(
+    url: str,
+    workers: Sequence[int] = (1, 4, 16),
+    steps: int = 4000,
+    sessions: int = 32,
+    rounds: int = 3,
+    replicas: int = 0,
+) -> dict[str, Any]:
+    """:func:`benchmarks.redis_store.run` on the cluster at ``url`` (its database is
+    flushed), the floor's scripts sent to each key's node, the stores with
+    ``replicas`` (``RedisStore(replicas=...)``)."""
+    cluster_url = CLUSTER_SCHEME + url.removeprefix("redis://")
+    # the forked workers inherit both
+    redis_store.STORE_OPTIONS["replicas"] = replicas
+    floor, redis_store._floor_worker = redis_store._floor_worker, _floor_worker
+    try:
+        return redis_store.run(workers, steps, sessions, url=cluster_url, rounds=rounds)
+    finally:
+        redis_store.STORE_OPTIONS.pop("replicas")
+        redis_store._floor_worker = floor
+
+
 def run(
     workers: Sequence[int] = (1, 4, 16),
     steps: int = 4000,
@@ -356,15 +405,9 @@ def run(
     rounds: int = 3,
     replicas: int = 0,
 ) -> dict[str, Any]:
-    """:func:`benchmarks.redis_store.run` on a private cluster (the floor on the same
-    cluster), the stores with ``replicas`` (``RedisStore(replicas=...)``)."""
+    """:func:`run_on` a private cluster."""
     with started() as cluster:
-        url = CLUSTER_SCHEME + cluster.url.removeprefix("redis://")
-        redis_store.STORE_OPTIONS["replicas"] = replicas  # the forked workers inherit it
-        try:
-            result = redis_store.run(workers, steps, sessions, url=url, rounds=rounds)
-        finally:
-            redis_store.STORE_OPTIONS.pop("replicas")
+        result = run_on(cluster.url, workers, steps, sessions, rounds, replicas)
     result["server"] = (
         f"Redis Cluster: {cluster.masters} masters + {cluster.masters * cluster.replicas} "
         "replicas on 127.0.0.1, no persistence; the stores "

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from benchmarks.redis_cluster import CLUSTER_SCHEME, Cluster
+from benchmarks.redis_cluster import Cluster
 from statemachine.store import AdvanceStatus, RedisStore, StoreUnavailable, Worker
 
 from .store_worker import Clock, settings
@@ -175,12 +175,14 @@ def test_spend_and_endings_cross_masters_exactly(cluster: Cluster, store: RedisS
 
 
 def test_the_benchmark_runs_on_the_cluster(cluster: Cluster, store: RedisStore) -> None:
-    """A tiny run of benchmarks.redis_store on the cluster (workers and floor on
-    RedisCluster clients): every applied advance moved a version (it checks)."""
-    from benchmarks import redis_store
+    """A tiny run of benchmarks/redis_cluster.py (benchmarks.redis_store's rounds on the
+    cluster, the stores waiting for a replica): every applied advance moved a version
+    (it checks)."""
+    from benchmarks import redis_cluster, redis_store
 
-    url = CLUSTER_SCHEME + cluster.url.removeprefix("redis://")
-    result = redis_store.run(workers=(1, 2), steps=40, sessions=4, url=url, rounds=1)
+    floor = redis_store._floor_worker
+    result = redis_cluster.run_on(cluster.url, (1, 2), steps=40, sessions=4, rounds=1, replicas=1)
+    assert redis_store._floor_worker is floor and redis_store.STORE_OPTIONS == {}
     assert result["applied"]["1"] == 40
     assert all(rate > 0 for rate in result["floor_sessions_per_s"].values())
     assert 0 <= result["conflict_rate"]["2"] < 1
