@@ -311,18 +311,22 @@ def _turn_problem(turn: TurnState, session: SessionState, settings: Settings) ->
 
 
 def _round_problem(turn: TurnState, settings: Settings) -> str | None:
-    ids = {call.id for call in turn.calls}
-    if any(call not in turn.calls for call in turn.in_flight):
+    # each rule on a list of the round is only looked at when the list holds something
+    # (a turn between tool rounds, the common case, holds none)
+    calls, outcomes, pending = turn.calls, turn.outcomes, turn.pending
+    ids = {call.id for call in calls}
+    if turn.in_flight and any(call not in calls for call in turn.in_flight):
         return "turn.in_flight: a call that is not one of the reply's"
-    if len({o.call_id for o in turn.outcomes}) != len(turn.outcomes) or any(
-        o.call_id not in ids for o in turn.outcomes
+    if outcomes and (
+        len({o.call_id for o in outcomes}) != len(outcomes)
+        or any(o.call_id not in ids for o in outcomes)
     ):
         return "turn.outcomes: not one outcome per call of the reply"
-    if len(set(turn.pending)) != len(turn.pending) or any(i not in ids for i in turn.pending):
+    if pending and (len(set(pending)) != len(pending) or any(i not in ids for i in pending)):
         return "turn.pending: not distinct calls of the reply"
-    latest = {o.call_id: o for o in turn.outcomes}
+    latest = {o.call_id: o for o in outcomes}
     conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
-    if any(i not in latest or latest[i].category is not conflict for i in turn.pending):
+    if pending and any(i not in latest or latest[i].category is not conflict for i in pending):
         return "turn.pending: a call waits to be re-invoked, but did not conflict"
     if turn.pending and turn.state not in _RUNNING_TOOLS:
         return f"turn.pending: calls wait to be re-invoked in state {turn.state!r}"
@@ -387,22 +391,22 @@ def _path_problem(
         checked = 0
     longest_wait = max(settings.max_delay_ms / 1000.0 * 1.5, settings.max_server_wait_s)
     models = (settings.model, *settings.fallback_models)
+    max_retries, max_reductions = settings.max_retries, settings.max_context_reductions
     path, actions = turn.path, turn.actions
     for i in range(checked, len(path)):
-        step, action = path[i], actions[i]
+        step = path[i]
         info = step[0]
-        effect = info[4]
         if info[0] != where:
             return f"turn.path[{i}]: starts in {info[0]!r}, but the turn was in {where!r}"
-        problem = _step_problem(i, step, previous, effect)
+        problem = _step_problem(i, step, previous, info[4])
         if problem is not None:
             return problem
         counters: tuple[int, ...] = step[1:]
-        if counters[_ATTEMPT] > settings.max_retries:
+        if counters[_ATTEMPT] > max_retries:
             return f"turn.path[{i}]: attempt {counters[_ATTEMPT]} is over max_retries"
-        if counters[_REDUCTIONS] > settings.max_context_reductions:
+        if counters[_REDUCTIONS] > max_reductions:
             return f"turn.path[{i}]: {counters[_REDUCTIONS]} reductions, over the cap"
-        problem = _action_problem(i, action, step, info, turn, models, longest_wait, settings)
+        problem = _action_problem(i, actions[i], step, info, turn, models, longest_wait, settings)
         if problem is not None:
             return problem
         where = info[3]
@@ -414,14 +418,16 @@ def _path_problem(
         live = traced_counters(turn, session)
         if counters != live:
             return f"turn.path: its last counters {counters} are not the turn's {live}"
-    calls = [a for a in turn.actions if type(a) is CallModel]
-    if calls and calls[-1].request != turn.request:
-        return "turn.request: not the request of the turn's last CallModel"
+    for action in reversed(actions):
+        if type(action) is CallModel:
+            if action.request != turn.request:
+                return "turn.request: not the request of the turn's last CallModel"
+            break
     if turn.state == INVOKING_TOOLS and (
         not turn.in_flight or turn.actions[-1] != InvokeTools(turn.in_flight)
     ):
         return "turn.in_flight: the calls in flight are not those of the last InvokeTools"
-    costs = sum(cost for _, cost in turn.costs or ())
+    costs = sum(cost for _, cost in turn.costs) if turn.costs else 0.0
     if costs > session.cost_usd + _SPEND_EPSILON * (1 + costs):
         return "turn.costs: the turn spent more than the session's spend"
     return None

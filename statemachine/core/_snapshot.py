@@ -465,12 +465,31 @@ def _reader(cls: type, prefix: str, turn_reader: Any = None) -> Callable[..., An
             lines.append(f"    {v} = {slow}")
         if kind.relative:
             lines.append(f"    {v} = None if {v} is None else now - {v}")
-    arguments = ", ".join(f"{name}=v{i}" for i, (name, _, _) in enumerate(fields))
-    lines.append(f"    return cls({arguments})")
+    lines.append(f"    return cls({_state_arguments(cls, fields, namespace)})")
     source = "\n".join(lines) + "\n"
     return _compiled(
         source, "read", f"<read {cls.__name__}, from the state declaration>", namespace
     )
+
+
+def _state_arguments(
+    cls: type, fields: list[tuple[str, str, Kind]], namespace: dict[str, Any]
+) -> str:
+    """The arguments that build a ``cls`` of the stored fields read into ``v0``,
+    ``v1``... and the others at their defaults: by position (a call of some thirty
+    keyword arguments costs several times one of as many positional ones)."""
+    read = {name: i for i, (name, _, _) in enumerate(fields)}
+    arguments = []
+    for f in attrs.fields(cls):
+        if f.name in read:
+            arguments.append(f"v{read[f.name]}")
+        elif isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
+            namespace[f"make_{f.name}"] = f.default.factory
+            arguments.append(f"make_{f.name}()")
+        else:
+            namespace[f"default_{f.name}"] = f.default
+            arguments.append(f"default_{f.name}")
+    return ", ".join(arguments)
 
 
 _read_turn = _reader(TurnState, "turn.")
@@ -482,6 +501,28 @@ def _read_session(raw: Any, now: float, seen: set[int]) -> SessionState:
     return state
 
 
+_ENCODED: dict[int, tuple[Any, dict[str, Any]]] = {}
+_FLAT_ACTIONS = (Assemble, CallModel, Wait)
+"""Actions whose encoding holds no container of its own (a ``CallModel``'s request is
+the engine's own object in both)."""
+
+
+def _encoded_action(action: Any) -> Any:
+    """``encode(action)``; an ``Assemble``, ``CallModel`` or ``Wait`` encoded before (the
+    same object: a turn's earlier actions, snapshot after snapshot) as a copy of what
+    it gave then."""
+    if type(action) not in _FLAT_ACTIONS:
+        return encode(action)
+    known = _ENCODED.get(id(action))
+    if known is not None and known[0] is action:
+        return dict(known[1])
+    data = encode(action)
+    if len(_ENCODED) >= _CACHE_SIZE * 16:
+        _ENCODED.clear()
+    _ENCODED[id(action)] = (action, dict(data))
+    return data
+
+
 def _writer(cls: type, turn_writer: Any = None, head: bool = False) -> Callable[..., Any]:
     """``write(state, now)``: ``encode_state(state, now)`` as one dict display, generated
     (with ``head``: ``write(settings, state, now)``, the snapshot's format, version and
@@ -489,7 +530,7 @@ def _writer(cls: type, turn_writer: Any = None, head: bool = False) -> Callable[
     namespace: dict[str, Any] = {
         "write_turn": turn_writer,
         "settings_data": _settings_data,
-        "encode": encode,
+        "encode": _encoded_action,
         "encode_action": encode_action,
         "Finish": Finish,
     }
