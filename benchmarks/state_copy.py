@@ -2,7 +2,8 @@
 
 * ``snapshot()`` + ``Session.restore()`` of a session mid-turn (in ``backing_off``
   after two rate limits), against ``json.dumps`` + ``json.loads`` of that same
-  snapshot: the target is at most 1x.
+  snapshot: the target is at most 1.5x (issue 29; restore checks every field and the
+  reachable-state rules, which a JSON round trip does not).
 * ``Worker.advance`` on an ``InMemoryStore`` (one event per compare-and-set, the
   worker's remembered record reused; 4 turns of 8 events per session, so the
   snapshot is written anew within the measured advances), against the same events
@@ -160,6 +161,6 @@ def run(n: int = 400, repeats: int = 7) -> dict[str, Any]:
             advance_us["json.dumps of the stored record"],
             advance_us["one engine event (turn.send)"],
         ),
-        "target": {"snapshot_restore_over_json": 1.0, "advance_over_event": 5.0},
-        "met": copy_ratio <= 1.0 and advance_ratio <= 5.0,
+        "target": {"snapshot_restore_over_json": 1.5, "advance_over_event": 5.0},
+        "met": copy_ratio <= 1.5 and advance_ratio <= 5.0,
     }
