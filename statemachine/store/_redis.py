@@ -183,10 +183,10 @@ class RedisStore(BytesStore):
     forever by default), and a client's own values are kept (``timeout_s`` and
     ``connect_timeout_s`` then report the client's). :meth:`from_url` builds a
     client with both and no automatic retries, so one call waits at most about
-    ``timeout_s``; with a client that retries, multiply by its attempts. A cluster
-    client follows MOVED and ASK redirections and refreshes its map of the slots
-    when a master fails; while no master serves a session's slot, its calls raise
-    :class:`StoreUnavailable`.
+    ``timeout_s``; with a client that retries, multiply by its attempts. On a cluster
+    each script goes straight to the node serving the session's slot, MOVED and ASK
+    are followed, and the map of the slots is learned anew when a node fails; while
+    no master serves a session's slot, its calls raise :class:`StoreUnavailable`.
     """
 
     def __init__(
