@@ -648,33 +648,22 @@ def test_a_result_holds_its_own_version_when_another_thread_advances_at_once() -
     w = _worker(store, "a")
     r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
     r = w.advance("s", None, expected_version=r.version)
-    real_lock = w._live_lock
+    real_remember = w._remember
     other: list[Any] = []
+    armed = [True]
 
-    class Interleave:
-        """The lock, with the other thread's advance run as it is taken after the write."""
+    def remember_then_interleave(session_id: str, live: Any) -> None:
+        """The other thread's advance, run as soon as the write's record is remembered."""
+        real_remember(session_id, live)
+        if armed[0] and store.load_payload("s")[0] == 3 and not other:
+            armed[0] = False
+            other.append(
+                w.advance("s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=3)
+            )
 
-        armed = False
-
-        def __enter__(self) -> Any:
-            return real_lock.__enter__()
-
-        def __exit__(self, *exc: Any) -> Any:
-            done = real_lock.__exit__(*exc)
-            if self.armed and len(store._data) and store.load_payload("s")[0] == 3 and not other:
-                self.armed = False
-                other.append(
-                    w.advance(
-                        "s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=3
-                    )
-                )
-            return done
-
-    lock = Interleave()
-    w._live_lock = lock  # type: ignore[assignment]
-    lock.armed = True
+    w._remember = remember_then_interleave  # type: ignore[method-assign]
     third = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
-    w._live_lock = real_lock
+    w._remember = real_remember  # type: ignore[method-assign]
     assert other and other[0].version == 4
     assert third.version == 3
     assert third.session.current_turn.state == "calling"  # type: ignore[union-attr]

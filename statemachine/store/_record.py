@@ -144,12 +144,20 @@ def middle_text(
     )
 
 
-def tail_text(saved_at: float, middle: str, elapsed_s: float, finished_s: float | None) -> str:
+def tail_text(
+    saved_at: float,
+    middle: str,
+    elapsed_s: float,
+    finished_s: float | None,
+    elapsed_text: str | None = None,
+) -> str:
     """A record's text after its prefix: the journal's ``]`` and the keys after it
-    (``middle``: :func:`middle_text`)."""
+    (``middle``: :func:`middle_text`; ``elapsed_text``: ``elapsed_s``'s, when known)."""
     # the usual floats written at once (number_text for the rest: ints, float subclasses)
     saved = float.__repr__(saved_at) if type(saved_at) is float else number_text(saved_at)
-    elapsed = float.__repr__(elapsed_s) if type(elapsed_s) is float else number_text(elapsed_s)
+    elapsed = elapsed_text
+    if elapsed is None:
+        elapsed = float.__repr__(elapsed_s) if type(elapsed_s) is float else number_text(elapsed_s)
     return (
         f'],"saved_at":{saved}{middle}'
         f',"elapsed_s":{elapsed},"finished_s":{number_or_null(finished_s)}}}'

@@ -28,7 +28,7 @@ from ..core._events import ModelFailed, ModelReplied, ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
-from ..core._state_text import TextCache
+from ..core._state_text import TextCache, number_text
 from ..core._taxonomy import SessionStatus, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
@@ -69,6 +69,7 @@ from ._journal import (
     apply_step,
     check_record,
     entry_text,
+    event_text,
     read_session,
     replay_record,
 )
@@ -228,7 +229,7 @@ class InMemoryStore(BytesStore):
         """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
         :class:`Worker` writes: it builds the bytes from what changed since its last
         write). ``incarnation`` is the one the record names."""
-        key = self.key(session_id)
+        key = self._keys.get(session_id) or self.key(session_id)
         expected = expected_version
         if type(expected) is not int or expected < 0:
             expected = check_version(session_id, expected_version)
@@ -457,8 +458,11 @@ class Worker:
         self._live: dict[str, _Live] = {}
         """The last record this worker read or wrote per session, with the session it
         holds: the next advance at that version skips reading and restoring it (the
-        compare-and-set still proves the store holds that version and incarnation)."""
-        self._live_lock = threading.Lock()
+        compare-and-set still proves the store holds that version and incarnation).
+        Threads share it with no lock: a session is taken out by one ``pop`` (one thread
+        gets it) and put back by one assignment."""
+        self._age_text: tuple[float | None, str] = (None, "")
+        """The last step's age and its text (a record's tail writes the same age)."""
 
     # -- time ---------------------------------------------------------------------
 
@@ -477,35 +481,37 @@ class Worker:
         return Verdicts(self._doom_check)
 
     def _take(self, session_id: str) -> _Live | None:
-        with self._live_lock:
-            return self._live.pop(session_id, None)
+        return self._live.pop(session_id, None)
 
     def _remember(self, session_id: str, live: _Live) -> None:
         """Hold ``live`` as the session's latest (its record, version and session)."""
         if not self._remember_at_most:
             return
-        with self._live_lock:
-            remembered = self._live
-            remembered.pop(session_id, None)
-            remembered[session_id] = live
-            if len(remembered) > self._remember_at_most:
-                del remembered[next(iter(remembered))]
+        remembered = self._live
+        # no lock: each of these dict operations is atomic, and list() copies the keys
+        # at once (another thread may pop or put meanwhile: at worst one too many is kept)
+        remembered.pop(session_id, None)  # put last: the least recently used go first
+        remembered[session_id] = live
+        over = len(remembered) - self._remember_at_most
+        if over > 0:
+            for oldest in list(remembered)[:over]:
+                remembered.pop(oldest, None)
 
     def _forget(self, session_id: str) -> None:
-        with self._live_lock:
-            self._live.pop(session_id, None)
+        self._live.pop(session_id, None)
 
     def _recall(self, session_id: str, version: int, key: str | None) -> _Live | None:
         """The session as the store holds it at ``version``, from what this worker wrote
         or read last, if that is the version (and ``key`` is not among its keys: a
         duplicate is answered from the store), taken out of the worker's memory."""
-        with self._live_lock:
-            live = self._live.get(session_id)
-            if live is None or live.version != version:
-                return None
-            if key is not None and any(k == key for _, k in live.record.keys):
-                return None
-            del self._live[session_id]
+        live = self._live.pop(session_id, None)  # atomic: taken by one thread only
+        if live is None:
+            return None
+        if live.version != version or (
+            key is not None and any(k == key for _, k in live.record.keys)
+        ):
+            self._live.setdefault(session_id, live)  # unless another was remembered meanwhile
+            return None
         return live
 
     # -- reading ------------------------------------------------------------------
@@ -577,10 +583,9 @@ class Worker:
         """The session of ``handout``: a copy of the worker's own session if that is
         still as the write left it, else the written bytes read again."""
         _, session_id, version, own, payload, elapsed, saved_at = handout
-        with self._live_lock:
-            live = self._live.get(session_id)
-            if live is not None and live.version == version and live.session is own:
-                return self._on_clock(own, elapsed, saved_at)
+        live = self._live.get(session_id)
+        if live is not None and live.version == version and live.session is own:
+            return self._on_clock(own, elapsed, saved_at)
         data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
         record = parse_record(session_id, data, payload)
         session, _ = read_session(record, self._doom_check)
@@ -676,7 +681,7 @@ class Worker:
             )
         if previous is not None:
             end, count, known = previous.prefix_end, previous.entries, previous.payload
-            added = None
+            added: str | None = None
             if (
                 end is not None
                 and known is not None
@@ -684,10 +689,11 @@ class Worker:
                 and previous.version == RECORD_VERSION
                 and count + len(entries) <= (COMPACT_AT_START if start else COMPACT_EVERY)
             ):
-                added = (entries[0] if len(entries) == 1 else ",".join(entries)).encode()
+                added = entries[0] if len(entries) == 1 else ",".join(entries)
                 if added and count:
-                    added = b"," + added
-                if end + len(added) > self._compact_at:
+                    added = "," + added
+                size = len(added) if added.isascii() else len(added.encode())
+                if end + size > self._compact_at:
                     added = None  # past the size bound: the snapshot written anew
             if added is not None:
                 # the entries appended to the previous record's bytes: the record is
@@ -700,9 +706,12 @@ class Worker:
                     or carried is not previous.carried
                 ):
                     middle = middle_text(keys, claim, carried)
-                tail = tail_text(wall, middle, elapsed, finished).encode()
-                previous.payload = b"".join((memoryview(known)[:end], added, tail))  # type: ignore[arg-type]
-                previous.prefix_end = end + len(added)  # type: ignore[operator]
+                # the age's text, when the step's entry wrote it already
+                age, text = self._age_text
+                age_text = text if age is elapsed and type(elapsed) is float else None
+                tail = tail_text(wall, middle, elapsed, finished, age_text)
+                previous.payload = b"".join((memoryview(known)[:end], (added + tail).encode()))  # type: ignore[arg-type]
+                previous.prefix_end = end + size  # type: ignore[operator]
                 previous.entries = count + len(entries)
                 previous.saved_at = wall
                 previous.elapsed_s, previous.finished_s = elapsed, finished
@@ -719,7 +728,7 @@ class Worker:
         text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
         prefix = head_bytes(session_id, incarnation, text)
         fresh = middle_text(keys, claim, carried)
-        tail = tail_text(wall, fresh, elapsed, finished).encode()
+        ending = tail_text(wall, fresh, elapsed, finished).encode()
         return Record(
             session_id,
             None,
@@ -734,7 +743,7 @@ class Worker:
             prefix_end=len(prefix),
             base_text=text,
             cache=cache,
-            payload=prefix + tail,
+            payload=prefix + ending,
             middle=fresh,
         )
 
@@ -828,8 +837,15 @@ class Worker:
         new = self._record(
             session_id, live, session, action, keys, age, wall, None, (), entries, event is None
         )
+        cas = self._payload_cas
         try:
-            version = self._write(session_id, expected, new, session, action)
+            if cas is None:
+                version = self._write(session_id, expected, new, session, action)
+            else:  # _write, inline: every advance takes it
+                ended = (action is None or type(action) is Finish) and session.status is not None
+                version = cas(
+                    session_id, expected, new.payload, incarnation=new.incarnation, ended=ended
+                )
         except StaleWrite:
             return self._lost_race(session_id, key)
         live.version, live.record = version, new  # type: ignore[union-attr]
@@ -890,8 +906,15 @@ class Worker:
             entries = []
             if self._payload_cas is not None:
                 verdicts = live.verdicts
-                asked = None if verdicts.check is None else _asked(verdicts, event)
-                entries.append(entry_text((EVENT, event), age, given, asked))
+                if verdicts.check is None and type(age) is float:
+                    # entry_text((EVENT, event), age, given), inline: every advance takes it
+                    when = "null" if given is None else number_text(given)
+                    at = float.__repr__(age)
+                    self._age_text = (age, at)  # the record's tail writes it too
+                    entries.append(f'["e",{at},{when},{event_text(event)}]')
+                else:
+                    asked = None if verdicts.check is None else _asked(verdicts, event)
+                    entries.append(entry_text((EVENT, event), age, given, asked))
         return action, entries, age, wall, mark, tree and session.cost_usd > before
 
     def _steps(
@@ -959,6 +982,8 @@ class Worker:
         forged records naming each other as children end the walk)."""
         steps: list[Step] = []
         known = session.child_costs
+        if not known:
+            return steps
         path = path | {session.session_id}
         for child_id in known:
             if child_id in path:
