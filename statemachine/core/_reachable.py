@@ -427,7 +427,7 @@ def _path_problem(
         not turn.in_flight or turn.actions[-1] != InvokeTools(turn.in_flight)
     ):
         return "turn.in_flight: the calls in flight are not those of the last InvokeTools"
-    costs = sum(cost for _, cost in turn.costs) if turn.costs else 0.0
+    costs = sum(cost for _, cost in turn.costs or ())
     if costs > session.cost_usd + _SPEND_EPSILON * (1 + costs):
         return "turn.costs: the turn spent more than the session's spend"
     return None

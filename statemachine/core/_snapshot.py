@@ -28,6 +28,14 @@ replayed along its trace from ``retries_at_start``) and then read like any other
 :func:`read_snapshot` refuses anything the engine could not have written: each field is
 checked by its kind, then the whole state by ``reachable_problem``. Every refusal is a
 :class:`SnapshotError` naming the key, whatever the data.
+
+Both ways run as code generated at import from the declaration: the reader of each
+state class takes a value its kind's fast test passes (an exact int, float or str in
+range, an empty list, a turn's path, times and actions) at once and hands any other
+to the kind's own decoder, which reads it or refuses it naming the key; the writer is
+one dict display. :func:`read_snapshot_by_fields`, every field through its kind's
+decoder, is what the reader must equal (the tests hold it to that on fuzzed and
+forged snapshots).
 """
 
 from __future__ import annotations
