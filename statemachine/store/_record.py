@@ -244,9 +244,15 @@ def _ages(session_id: str, data: dict[str, Any]) -> tuple[float, float | None]:
     return float(elapsed), None if finished is None else float(finished)  # type: ignore[arg-type]
 
 
-def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = None) -> Record:
-    """``data`` (a decoded record; ``payload``: the bytes it was decoded from) checked and
-    typed, or ``CorruptSession``."""
+def parse_record(
+    session_id: str,
+    data: dict[str, Any],
+    payload: bytes | None = None,
+    prefix_end: int | None = None,
+) -> Record:
+    """``data`` (a decoded record; ``payload``: the bytes it was decoded from, whose
+    prefix ends at ``prefix_end`` when the caller found where) checked and typed, or
+    ``CorruptSession``."""
     if data.get("format") != RECORD_FORMAT:
         raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
     version = data.get("version")
@@ -283,8 +289,9 @@ def parse_record(session_id: str, data: dict[str, Any], payload: bytes | None = 
             raise _bad(session_id, "journal", f"must be a list, got {type(journal).__name__}")
         if len(journal) > MAX_JOURNAL:
             raise _bad(session_id, "journal", f"{len(journal)} entries, more than {MAX_JOURNAL}")
-    prefix_end = None
-    if payload is not None and version >= 2:
+    if payload is None or version < 2:
+        prefix_end = None
+    elif prefix_end is None:
         prefix_end = _prefix_end(payload, len(journal))
     return Record(
         session_id,
@@ -345,6 +352,39 @@ def _split(payload: bytes, start: int, known: int) -> tuple[list[Any], int, dict
     if type(tail) is not dict or tail.keys() != TAIL_KEYS:
         raise _NoTail
     return entries, start + len(text[:end].encode()), tail
+
+
+_HEAD_KEYS_OUT = TAIL_KEYS | {"journal"}
+
+
+def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
+    """``json.loads(payload)`` and where its prefix ends, decoding each byte once, for a
+    record laid out as a worker writes it (the keys before the journal, the journal, then
+    exactly :data:`TAIL_KEYS`); ``None`` for any other bytes (then decoded in full,
+    which names what is wrong). The layout is checked so that the pieces decoded here
+    are the whole record's JSON and nothing else: the text before the journal is a JSON
+    object with neither the journal's nor the tail's keys, and the journal's entries and
+    the tail follow it up to the end."""
+    at = len(payload)
+    for _ in range(4):  # host data may hold the same bytes, later in the record
+        at = payload.rfind(_JOURNAL, 0, at)
+        if at < 0:
+            return None
+        try:
+            head = _DECODER.decode(payload[:at].decode() + "}")
+        except (ValueError, RecursionError):  # not the record's own journal key
+            continue
+        if type(head) is not dict or not head.keys().isdisjoint(_HEAD_KEYS_OUT):
+            return None
+        start = at + len(_JOURNAL)
+        try:
+            entries, end, tail = _split(payload, start, 0)
+        except _NoTail:
+            return None
+        head["journal"] = entries
+        head.update(tail)
+        return head, end if entries else start
+    return None
 
 
 def _prefix_end(payload: bytes, entries: int) -> int | None:

@@ -82,6 +82,7 @@ from ._record import (
     head_bytes,
     middle_text,
     parse_record,
+    split_record,
     tail_text,
 )
 from ._redis import RedisStore
@@ -529,14 +530,22 @@ class Worker:
             known = self._known(session_id, version, payload)
             if known is not None:
                 return known
-            data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
-            record = parse_record(session_id, data, payload)
+            record = self._parsed(session_id, payload)
         legacy_start = 0.0
         if record.version < 3:  # its snapshot's retry_at may be a reading of a clock
             legacy_start = self._clock() - self._age(record, self._now())
         session, verdicts = read_session(record, self._doom_check, legacy_start)
         record.crowded = len(record.journal) > REPLAY_AT_MOST
         return _Live(version, record, session, verdicts)
+
+    def _parsed(self, session_id: str, payload: bytes) -> Record:
+        """The record in ``payload`` (the bytes of a store of bytes), or
+        ``CorruptSession``."""
+        max_bytes: int = self.store.max_bytes  # type: ignore[attr-defined]
+        split = split_record(payload) if len(payload) <= max_bytes else None
+        if split is None:
+            return parse_record(session_id, decode_record(session_id, payload, max_bytes), payload)
+        return parse_record(session_id, split[0], payload, split[1])
 
     def _known(self, session_id: str, version: int, payload: bytes) -> _Live | None:
         """The session in ``payload`` if it is the record this worker holds, or that
@@ -586,8 +595,7 @@ class Worker:
         live = self._live.get(session_id)
         if live is not None and live.version == version and live.session is own:
             return self._on_clock(own, elapsed, saved_at)
-        data = decode_record(session_id, payload, self.store.max_bytes)  # type: ignore[attr-defined]
-        record = parse_record(session_id, data, payload)
+        record = self._parsed(session_id, payload)  # type: ignore[arg-type]
         session, _ = read_session(record, self._doom_check)
         return self._on_clock(session, record.elapsed_s, record.saved_at)
 

@@ -1,0 +1,177 @@
+"""The fast paths of a worker's reads: a record laid out as a worker writes it is decoded
+in one pass (``split_record``), and the most frequent journal entries are read by
+decoders of their own. Each gives exactly what the general path gives, and anything
+else goes the general path, which names what is wrong: forged bytes are refused with
+the same errors as before."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
+
+import statemachine as sm
+from statemachine.store import CorruptSession, InMemoryStore, Worker
+from statemachine.store._core import decode_record
+from statemachine.store._journal import read_session
+from statemachine.store._record import _prefix_end, parse_record, split_record
+
+from .store_worker import STOP, next_event, settings
+
+_MAX = 1 << 20
+
+
+def _worker(store: InMemoryStore, owner: str) -> Worker:
+    return Worker(store, owner=owner, clock=lambda: 0.0, now=lambda: 1.0)
+
+
+def _written(steps: int, seed: int = 1) -> list[bytes]:
+    """The bytes of every record a worker wrote for one session over ``steps`` advances
+    (turns with rate limits, tool calls with odd host data, compactions)."""
+    store = InMemoryStore()
+    w = _worker(store, "a")
+    r = w.create("s", sm.Session(settings(), seed=seed, clock=lambda: 0.0))
+    written = [store.load_payload("s")[1]]
+    for _ in range(steps):
+        event = next_event(r, turns=50)
+        if event is STOP:
+            break
+        if isinstance(event, sm.Assembled) and r.session.turns % 3 == 0:
+            # host data that looks like the record's keys (in one turn of three)
+            event = sm.Assembled({"x": [1], "journal": ["é"], "saved_at": 2}, 7)
+        r = w.advance("s", event, expected_version=r.version)
+        written.append(store.load_payload("s")[1])
+    return written
+
+
+_RECORDS = _written(80)
+
+
+def _general(payload: bytes) -> tuple[dict[str, Any], int | None]:
+    data = decode_record("s", payload, _MAX)
+    return data, _prefix_end(payload, len(data.get("journal", ())))
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_record_a_worker_wrote_splits_into_exactly_its_json_and_prefix() -> None:
+    """Every record of a long session (journals of 0 to 32 entries, host data holding
+    ``"journal"`` and ``"saved_at"`` keys and non-ASCII text) decodes in one pass to
+    the same data, in the same key order, with the same prefix end as the general
+    path."""
+    assert len(_RECORDS) > 40
+    for payload in _RECORDS:
+        split = split_record(payload)
+        assert split is not None
+        data, end = _general(payload)
+        assert split[0] == data and list(split[0]) == list(data)
+        assert split[1] == end
+
+
+@pytest.mark.requirement("ER-77")
+@settings_(max_examples=300, deadline=None)
+@given(
+    index=st.integers(0, len(_RECORDS) - 1),
+    cuts=st.lists(
+        st.tuples(st.floats(0, 1), st.integers(0, 12), st.binary(max_size=14)), max_size=3
+    ),
+)
+def test_bytes_changed_anywhere_split_as_json_reads_them_or_not_at_all(
+    index: int, cuts: list[tuple[float, int, bytes]]
+) -> None:
+    """Bytes deleted, inserted or replaced anywhere in a record: ``split_record`` gives
+    what ``json.loads`` gives (and the general path's prefix end), or nothing, never
+    another reading of the same bytes."""
+    payload = _RECORDS[index]
+    for where, drop, insert in cuts:
+        at = int(where * len(payload))
+        payload = payload[:at] + insert + payload[at + drop :]
+    split = split_record(payload)
+    if split is None:
+        return
+    data = json.loads(payload)
+    assert split[0] == data and list(split[0]) == list(data)
+    assert split[1] == _prefix_end(payload, len(data["journal"]))
+
+
+@pytest.mark.requirement("ER-77")
+@pytest.mark.parametrize(
+    "forge",
+    [
+        # a second journal key before the journal: json.loads keeps the last one
+        lambda p: p.replace(b'"snapshot":', b'"journal":[["s",0.0,null]],"snapshot":', 1),
+        # a tail key before the journal
+        lambda p: p.replace(b'"snapshot":', b'"elapsed_s":1.0,"snapshot":', 1),
+        # an extra key after the tail's
+        lambda p: p[:-1] + b',"x":1}',
+        # the journal's entries not closed
+        lambda p: p.replace(b'],"saved_at"', b',"saved_at"', 1),
+        # NaN in the tail
+        lambda p: p.replace(b'"elapsed_s":', b'"elapsed_s":NaN,"e":', 1),
+    ],
+)
+def test_a_record_not_laid_out_as_a_worker_writes_it_goes_the_general_way(forge: Any) -> None:
+    """Layouts the one-pass decoder must not guess at are left to the general path."""
+    payload = forge(_RECORDS[12])
+    assert payload != _RECORDS[12]
+    assert split_record(payload) is None
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_forged_record_is_refused_by_a_reader_with_the_same_error_as_before() -> None:
+    """A record with a bad value in a tail key, in the snapshot or in a journal entry,
+    laid out as a worker writes it (so the one-pass decoder reads it): the reader
+    raises the very ``CorruptSession`` the general path raises, and the record is left
+    as it was."""
+    base = _RECORDS[12]
+    forged = [
+        base.replace(b'"saved_at":1.0', b'"saved_at":"x"', 1),
+        base.replace(b'"category":"rate_limited"', b'"category":"rate_limitd"', 1),
+        base.replace(b'["e",', b'["q",', 1),
+        base.replace(b'"max_retries":5', b'"max_retries":-5', 1),
+        base.replace(b'{"$type":"WaitDone"}', b'{"$type":"WaitDone","x":1}', 1),
+    ]
+    for payload in forged:
+        assert payload != base
+        store = InMemoryStore()
+        key = store.key("s")
+        store._data[key] = (3, payload, None, None)
+        with pytest.raises(CorruptSession) as fast:
+            _worker(store, "b").load("s")
+        assert split_record(payload) is not None  # the one-pass decoder reads it
+        with pytest.raises(CorruptSession) as general:
+            read_session(parse_record("s", decode_record("s", payload, _MAX), payload), None)
+        assert str(fast.value) == str(general.value)
+        assert store._data[key][1] == payload
+
+
+@pytest.mark.requirement("ER-70")
+def test_readers_agree_whichever_path_read_the_record() -> None:
+    """Workers sharing sessions at random (each read the other's records, in one pass)
+    end where one worker alone ends."""
+    rng = random.Random(7)
+    store = InMemoryStore()
+    workers = [_worker(store, f"w{i}") for i in range(4)]
+    versions = {}
+    for i in range(3):
+        versions[f"s{i}"] = workers[0].create(
+            f"s{i}", sm.Session(settings(), seed=i, clock=lambda: 0.0)
+        )
+    for _ in range(150):
+        sid = f"s{rng.randrange(3)}"
+        w = workers[rng.randrange(4)]
+        r = w.load(sid)
+        event = next_event(r, turns=50)
+        versions[sid] = w.advance(sid, event, expected_version=r.version)
+    for sid, last in versions.items():
+        alone = InMemoryStore()
+        w = _worker(alone, "x")
+        r = w.create(sid, sm.Session(settings(), seed=int(sid[1:]), clock=lambda: 0.0))
+        for _ in range(last.version - 1):
+            r = w.advance(sid, next_event(r, turns=50), expected_version=r.version)
+        shared = workers[3].load(sid).session.snapshot()
+        assert w.load(sid).session.snapshot() == shared
