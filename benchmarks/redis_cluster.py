@@ -162,6 +162,7 @@ class Cluster:
             timeout=max(1.0, deadline - time.monotonic()),
         )
         self.wait(self.healthy, deadline, "the cluster to be healthy")
+        self.wait(self.replicated, deadline, "every master's replicas to be in sync")
 
     def _answers(self, port: int) -> bool:
         import redis
@@ -268,10 +269,34 @@ class Cluster:
         raise redis.exceptions.ClusterDownError(f"no master serves slot {slot}")
 
     def replica_of(self, master: int) -> int:
-        """The port of a replica of the master on ``master``."""
-        rows = self.nodes(master)
-        master_id = next(row["id"] for row in rows if row["port"] == master)
-        return next(row["port"] for row in rows if row["master_id"] == master_id)
+        """The port of a replica in sync with the master on ``master`` (by the master's
+        own account: ``INFO replication``)."""
+        for port in self._online_replicas(master):
+            return port
+        raise LookupError(f"no replica of the master on {master} is in sync")
+
+    def _online_replicas(self, master: int) -> list[int]:
+        import redis
+
+        try:
+            replication = self.info(master, "replication")
+        except redis.exceptions.RedisError:
+            return []
+        return [
+            int(value["port"])
+            for value in replication.values()
+            if isinstance(value, dict) and value.get("state") == "online"
+        ]
+
+    def replicated(self) -> bool:
+        """Whether every live master has ``replicas`` replicas in sync."""
+        import redis
+
+        try:
+            masters = [p for p in self.live() if self.info(p, "replication")["role"] == "master"]
+        except redis.exceptions.RedisError:
+            return False
+        return all(len(self._online_replicas(port)) >= self.replicas for port in masters)
 
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port`` (no shutdown, no goodbye to its replica)."""
@@ -292,21 +317,16 @@ class Cluster:
         self.wait(self.healthy, deadline, "the cluster to be healthy again")
 
     def _in_sync(self, port: int) -> bool:
-        """Whether the node on ``port`` is a replica whose link to its master is up and
-        which its master counts among its replicas."""
+        """Whether the node on ``port`` is a replica its master counts as in sync."""
         import redis
 
         try:
             mine = self.info(port, "replication")
-            if mine.get("role") != "slave" or mine.get("master_link_status") != "up":
-                return False
-            theirs = self.info(int(mine["master_port"]), "replication")
         except redis.exceptions.RedisError:
             return False
-        return any(
-            isinstance(value, dict) and value.get("port") == port and value.get("state") == "online"
-            for value in theirs.values()
-        )
+        if mine.get("role") != "slave" or mine.get("master_link_status") != "up":
+            return False
+        return port in self._online_replicas(int(mine["master_port"]))
 
     def promoted(self, port: int) -> bool:
         """Whether the node on ``port`` is a master by its own account and by every

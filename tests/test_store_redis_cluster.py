@@ -193,15 +193,34 @@ def _wait_for(cluster: Cluster, done: Any, what: str, timeout: float = 30.0) -> 
     cluster.wait(done, time.monotonic() + timeout, what)
 
 
+def read_until_promoted(
+    cluster: Cluster, replica: int, reader: Worker, session_id: str, acknowledged: Any
+) -> None:
+    """Read the session again and again until the replica on ``replica`` is promoted
+    (deadline 30 s): each read is StoreUnavailable within three reply timeouts, or the
+    ``acknowledged`` (version, snapshot)."""
+    bound = 3 * reader.store.timeout_s  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while not cluster.promoted(replica):
+        assert time.monotonic() < deadline, f"replica {replica} was never promoted"
+        start = time.monotonic()
+        try:
+            early = reader.load(session_id)
+        except StoreUnavailable:
+            assert time.monotonic() - start < bound  # bounded, no hang
+        else:
+            assert (early.version, early.session.snapshot()) == acknowledged
+
+
 @pytest.mark.requirement("ER-79")
 def test_a_failover_loses_no_write_the_store_acknowledged(tmp_path: Path) -> None:
     """With replicas=1 each write is reported once the master's replica holds it. The
     master of the session is SIGKILLed: until its replica is promoted each call gives
     StoreUnavailable in bounded time; after, the session is at the last acknowledged
-    version with the same state, and the same store goes on. A write the promoted
-    master cannot copy (no replica yet) is StoreUnavailable, applied on the master and
-    told apart by its key; once the old master is back as a replica, writes are
-    acknowledged again."""
+    version with the same state (as is any read that succeeds before every node
+    agrees), and the same store goes on. A write the promoted master cannot copy (no
+    replica yet) is StoreUnavailable, applied on the master and told apart by its key;
+    once the old master is back as a replica, writes are acknowledged again."""
     cluster = start_or_skip(tmp_path)
     try:
         store = RedisStore.from_url(
@@ -222,9 +241,9 @@ def test_a_failover_loses_no_write_the_store_acknowledged(tmp_path: Path) -> Non
         with pytest.raises(StoreUnavailable, match=r"session 'f': Redis is unavailable"):
             w.advance("f", sm.WaitDone(), expected_version=result.version, key="k1")
         assert time.monotonic() - start < 3 * store.timeout_s  # bounded, no hang
-        _wait_for(cluster, lambda: cluster.promoted(replica), f"replica {replica} to be promoted")
-
-        fresh = worker(store, "b", remember=0).load("f")
+        reader = worker(store, "b", remember=0)
+        read_until_promoted(cluster, replica, reader, "f", acknowledged)
+        fresh = reader.load("f")
         assert (fresh.version, fresh.session.snapshot()) == acknowledged
         with pytest.raises(StoreUnavailable, match=r"0 of 1 replica\(s\) acknowledged"):
             w.advance("f", sm.WaitDone(), expected_version=result.version, key="k1")
