@@ -570,3 +570,13 @@ def test_settings_are_read_once_per_configuration_and_never_by_equality_alone() 
     keyed["settings"] = {_Text(k): v for k, v in data["settings"].items()}
     with pytest.raises(sm.SnapshotError, match=r"^settings: must be JSON data"):
         read_snapshot(keyed, 0.0)
+
+
+@pytest.mark.requirement("ER-26")
+@pytest.mark.parametrize("value", [0.0, 1.5, "0", True])
+def test_a_model_index_that_is_no_int_is_refused_naming_its_type(value: object) -> None:
+    """The reader of ``turn.model_index`` refuses what is not an int itself (the
+    reachable rules would refuse 1.5 too, as out of range: the message says what is
+    wrong first)."""
+    with pytest.raises(sm.SnapshotError, match=r"^turn\.model_index: must be int"):
+        sm.Session.restore(_set(_snapshot(), "turn.model_index", value), clock=ManualClock())
