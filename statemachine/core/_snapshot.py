@@ -510,15 +510,14 @@ def _read_session(raw: Any, now: float, seen: set[int]) -> SessionState:
 
 
 _ENCODED: dict[int, tuple[Any, dict[str, Any]]] = {}
-_FLAT_ACTIONS = (Assemble, CallModel, Wait)
-"""Actions whose encoding holds no container of its own (a ``CallModel``'s request is
-the engine's own object in both)."""
+_FLAT_ACTIONS = (Assemble, Wait)
+"""Actions whose encoding is a few scalars (none holds the host's data, which the cache
+would keep alive)."""
 
 
 def _encoded_action(action: Any) -> Any:
-    """``encode(action)``; an ``Assemble``, ``CallModel`` or ``Wait`` encoded before (the
-    same object: a turn's earlier actions, snapshot after snapshot) as a copy of what
-    it gave then."""
+    """``encode(action)``; an ``Assemble`` or ``Wait`` encoded before (the same object: a
+    turn's earlier actions, snapshot after snapshot) as a copy of what it gave then."""
     if type(action) not in _FLAT_ACTIONS:
         return encode(action)
     known = _ENCODED.get(id(action))
