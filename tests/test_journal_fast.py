@@ -21,7 +21,7 @@ from statemachine.store._core import decode_record
 from statemachine.store._journal import read_session
 from statemachine.store._record import _prefix_end, parse_record, split_record
 
-from .store_worker import STOP, next_event, settings
+from .store_worker import STOP, Clock, next_event, settings
 
 _MAX = 1 << 20
 
@@ -175,3 +175,52 @@ def test_readers_agree_whichever_path_read_the_record() -> None:
             r = w.advance(sid, next_event(r, turns=50), expected_version=r.version)
         shared = workers[3].load(sid).session.snapshot()
         assert w.load(sid).session.snapshot() == shared
+
+
+@pytest.mark.requirement("ER-70")
+@pytest.mark.parametrize("moved_on", [False, True])
+def test_a_loaded_session_is_copied_when_read_and_is_the_session_as_loaded(
+    moved_on: bool,
+) -> None:
+    """``Worker.load`` copies the session only when the caller reads ``session``; read
+    late (the clocks moved on, and with ``moved_on`` the worker advanced the session
+    meanwhile, so the copy comes from the bytes it loaded), it is the session a copy
+    taken at the load would be: the same state, started at the same moment."""
+    clock, wall = Clock(50.0), Clock(1000.0)
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=clock, now=wall)
+    r = w.create("s", sm.Session(settings(), seed=3, clock=clock))
+    for _ in range(4):
+        r = w.advance("s", next_event(r), expected_version=r.version)
+    wall.now += 2.0
+    loaded = w.load("s")
+    eager = Worker(store, owner="b", clock=clock, now=wall).load("s").session  # read at once
+    clock.now += 7.0
+    wall.now += 3.0  # the two clocks disagree on what passed: the start is fixed at the load
+    if moved_on:
+        w.advance("s", next_event(loaded), expected_version=loaded.version)
+        assert w._live["s"].version == loaded.version + 1
+    late = loaded.session
+    assert late is loaded.session  # copied once
+    assert late.snapshot() == eager.snapshot()
+    assert late.elapsed_s == eager.elapsed_s
+    assert late.current_turn.action == loaded.action  # type: ignore[union-attr]
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_loaded_finish_with_a_retry_moment_is_on_the_workers_clock() -> None:
+    """A pending ``Finish`` holds a reading (``retry_at``, a long retry-after): the load's
+    action is the one its session holds, on the worker's clock."""
+    clock = Clock(5000.0)
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=clock, now=Clock(1000.0))
+    r = w.create("s", sm.Session(sm.Settings(max_server_wait_s=10), clock=clock))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    error = sm.ModelError("rate_limited", retry_after_seconds=60)
+    r = w.advance("s", sm.ModelFailed(error), expected_version=r.version)
+    loaded = w.load("s")
+    clock.now += 3.0
+    assert isinstance(loaded.action, sm.Finish)
+    assert loaded.action.retry_at == 5060.0
+    assert loaded.action == loaded.session.current_turn.action  # type: ignore[union-attr]

@@ -298,11 +298,13 @@ class _Live:
         """Whether the session is a child: its spend is reported up the tree."""
 
 
-Handout = tuple[Any, str, int, Session | None, bytes | None, float, float]
-"""The session of an ``APPLIED`` result, not copied yet: (the worker's maker, session
-id, version, the worker's own session, the bytes that write stored, its age and wall
-time). The caller's copy is made when first asked for: while the worker has not moved
-the session on, from its own session; after, from those bytes, read again."""
+Handout = tuple[Any, str, int, Session | None, bytes | None, float, float, float | None]
+"""The session of a result, not copied yet: (the worker's maker, session id, version,
+the worker's own session, the bytes stored at that version, its age and wall time then,
+and where on the worker's clock the copy starts: ``None`` for an ``APPLIED`` result,
+whose copy is put on the clock when made). The caller's copy is made when first asked
+for: while the worker has not moved the session on, from its own session; after, from
+those bytes, read again."""
 
 
 @attrs.frozen
@@ -572,18 +574,26 @@ class Worker:
 
     # -- what a caller gets -----------------------------------------------------------
 
-    def _on_clock(self, own: Session, elapsed: float, saved_at: float) -> Session:
-        """A copy of ``own`` (the journal's frame) put on this worker's clock, the session
-        ``elapsed`` seconds old at ``saved_at``, as a read of it from the store gives it."""
+    def _started(self, elapsed: float, saved_at: float) -> float:
+        """Where on this worker's clock a session starts that was ``elapsed`` seconds old
+        at ``saved_at``, as a read of it from the store puts it."""
         age = elapsed
         if self._count_idle:
             idle = self._now() - saved_at
             if idle > 0.0:
                 age = min(age + idle, _LARGEST)
+        return self._clock() - age
+
+    def _on_clock(
+        self, own: Session, elapsed: float, saved_at: float, started: float | None = None
+    ) -> Session:
+        """A copy of ``own`` (the journal's frame) put on this worker's clock, the session
+        ``elapsed`` seconds old at ``saved_at`` (or started at ``started``), as a read of
+        it from the store gives it."""
         return own.copy(
             clock=self._clock,
             wall_clock=self._now,
-            started=self._clock() - age,
+            started=self._started(elapsed, saved_at) if started is None else started,
             observers=self._observers,
             doom_check=self._doom_check,
         )
@@ -591,20 +601,23 @@ class Worker:
     def _hand_out(self, handout: Handout) -> Session:
         """The session of ``handout``: a copy of the worker's own session if that is
         still as the write left it, else the written bytes read again."""
-        _, session_id, version, own, payload, elapsed, saved_at = handout
+        _, session_id, version, own, payload, elapsed, saved_at, started = handout
         live = self._live.get(session_id)
         if live is not None and live.version == version and live.session is own:
-            return self._on_clock(own, elapsed, saved_at)
+            return self._on_clock(own, elapsed, saved_at, started)
         record = self._parsed(session_id, payload)  # type: ignore[arg-type]
         session, _ = read_session(record, self._doom_check)
-        return self._on_clock(session, record.elapsed_s, record.saved_at)
+        return self._on_clock(session, record.elapsed_s, record.saved_at, started)
 
-    def _handout(self, session_id: str, live: _Live) -> Session | Handout:
-        """What an ``APPLIED`` result gives as its session: a copy of the worker's own,
-        taken when the caller first asks for it (see :data:`Handout`)."""
+    def _handout(
+        self, session_id: str, live: _Live, started: float | None = None
+    ) -> Session | Handout:
+        """What a result gives as its session: a copy of the worker's own, taken when the
+        caller first asks for it (see :data:`Handout`), put on this worker's clock then
+        (an ``APPLIED`` result's) or starting at ``started``."""
         record = live.record
         if record.payload is None or not self._remember_at_most:
-            return self._on_clock(live.session, record.elapsed_s, record.saved_at)
+            return self._on_clock(live.session, record.elapsed_s, record.saved_at, started)
         return (
             self._hand_out,
             session_id,
@@ -613,6 +626,7 @@ class Worker:
             record.payload,
             record.elapsed_s,
             record.saved_at,
+            started,
         )
 
     def _on_clock_action(self, action: Action, elapsed: float) -> Action:
@@ -625,13 +639,21 @@ class Worker:
     def _result(self, status: AdvanceStatus, live: _Live) -> Advanced:
         """A result that gives the stored session as it is (``live``, put back)."""
         record = live.record
-        copy = self._on_clock(live.session, record.elapsed_s, record.saved_at)
-        turn = copy.current_turn
+        own = live.session
+        turn = own.current_turn
         action = None if turn is None else turn.action
+        started = self._started(record.elapsed_s, record.saved_at)
+        session: Session | Handout
+        if type(action) is Finish and action.retry_at is not None:
+            # a reading: the copy's Finish holds it on this worker's clock
+            session = self._on_clock(own, record.elapsed_s, record.saved_at, started)
+            action = session.current_turn.action  # type: ignore[union-attr]
+        else:  # copied when the caller first asks (many a host reads the action only)
+            session = self._handout(record.session_id, live, started)
         if isinstance(action, InvokeTools) and record.carried:
             claimed = set(record.claim.calls) if record.claim else set()
             action = InvokeTools(tuple(c for c in action.calls if c.id in claimed))
-        return Advanced(status, copy, live.version, action)
+        return Advanced(status, session, live.version, action)
 
     def _answer(self, session_id: str, status: AdvanceStatus, live: _Live) -> Advanced:
         result = self._result(status, live)
