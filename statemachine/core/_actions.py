@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from ._builder import build_maker
 from ._model_error import HIDDEN, OPAQUE, REPLY, ModelError
 from ._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolResult
@@ -99,3 +101,22 @@ class Finish:
 
 
 Action = Assemble | CallModel | Wait | InvokeTools | Finish
+
+
+def _maker(cls: type) -> Callable[..., Any]:
+    """``cls``'s fields set straight through its slots (the engine builds an action on
+    every step): ``make(*values)`` equals ``cls(*values)`` with every field given, in
+    order. Only for a class with nothing to run on construction."""
+    fields = attrs.fields(cls)
+    if any(f.validator or f.converter for f in fields) or hasattr(cls, "__attrs_post_init__"):
+        raise TypeError(f"{cls.__name__} runs code when it is made: build it by its __init__")
+    return build_maker(cls, tuple(f.name for f in fields))
+
+
+make_call_model: Callable[[Any, int, str | None, bool], CallModel] = _maker(CallModel)
+"""``CallModel(request, attempt, model, withhold_tools)``, made on every retry."""
+make_wait: Callable[[float, Any, int, float | None], Wait] = _maker(Wait)
+"""``Wait(seconds, category, attempt, retry_after)``, made on every wait."""
+make_finish: Callable[..., Finish] = _maker(Finish)
+"""``Finish(status, tool_results, error, model, fallbacks, retry_at, reply, done,
+reply_data)``, made at the end of every turn."""

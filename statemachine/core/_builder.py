@@ -104,6 +104,51 @@ def build_compact_one(
     return _compiled("\n".join(lines) + "\n", "compact_one", f"<compact {name}>", namespace)
 
 
+# -- the actions (_actions.py) ---------------------------------------------------------
+
+
+def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
+    """``make(*values)``: an instance of the frozen slotted attrs class ``cls`` whose
+    ``fields`` (every field, in order) hold ``values``, set through the class's slot
+    descriptors: what ``cls(*values)`` makes, without the frozen ``__init__``'s detour
+    through ``object.__setattr__`` (for a class whose fields have no converter, validator
+    or ``__attrs_post_init__``: the caller's to check)."""
+    args = ", ".join(fields)
+    lines = [f"def make({args}):", "    new = new_instance(cls)"]
+    namespace: dict[str, Any] = {"new_instance": object.__new__, "cls": cls}
+    for name in fields:
+        namespace[f"set_{name}"] = getattr(cls, name).__set__
+        lines.append(f"    set_{name}(new, {name})")
+    lines.append("    return new")
+    return _compiled("\n".join(lines) + "\n", "make", f"<make {cls.__name__}>", namespace)
+
+
+# -- the dispatch (_engine.py) ---------------------------------------------------------
+
+
+def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]], name: str) -> Any:
+    """``choose(core, turn, event, facts)``: the first of ``rows`` ((guards, row), in
+    trial order) whose guards all hold, each guard called as ``guard(core, turn, event,
+    facts)`` in order until one fails; ``None`` when none holds. The trial unrolled (a
+    group's rows are tried on every event that reaches them)."""
+    lines = ["def choose(core, turn, event, facts):"]
+    namespace: dict[str, Any] = {}
+    for i, (guards, row) in enumerate(rows):
+        namespace[f"row{i}"] = row
+        calls = []
+        for j, guard in enumerate(guards):
+            namespace[f"guard{i}_{j}"] = guard
+            calls.append(f"guard{i}_{j}(core, turn, event, facts)")
+        if not calls:
+            lines.append(f"    return row{i}")  # an unguarded row: the rows after it never fire
+            break
+        lines.append(f"    if {' and '.join(calls)}:")
+        lines.append(f"        return row{i}")
+    else:
+        lines.append("    return None")
+    return _compiled("\n".join(lines) + "\n", "choose", f"<choose {name}>", namespace)
+
+
 # -- the state (_state.py) -------------------------------------------------------------
 
 _FROM_STATE = "<{}, derived from the state declaration>"

@@ -35,9 +35,18 @@ from typing import Any
 
 import attrs
 
-from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
+from ._actions import (
+    Action,
+    Assemble,
+    Fallback,
+    Finish,
+    InvokeTools,
+    make_call_model,
+    make_finish,
+    make_wait,
+)
 from ._backoff import jitter, wait_seconds
-from ._builder import build_trace_record
+from ._builder import build_choose, build_trace_record
 from ._events import (
     Assembled,
     Cancelled,
@@ -52,7 +61,7 @@ from ._model_error import ModelError
 from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
-from ._state import TRACE_FIELDS, RowInfo, SessionState, Step, TurnState, step_after
+from ._state import TRACE_FIELDS, TRACED, RowInfo, SessionState, Step, TurnState, step_after
 from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
@@ -446,14 +455,14 @@ def _call_model(core: Core, turn: TurnState, event: Assembled, _f: None, _s: Non
     turn.request = event.request
     turn.size = event.size
     turn.attempt = 0
-    return CallModel(event.request, 0, _model(core, turn), turn.final_answer)
+    return make_call_model(event.request, 0, _model(core, turn), turn.final_answer)
 
 
 def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
     attempt = turn.attempt = turn.attempt + 1
     index = turn.model_index  # _model(core, turn), inline: every retry takes it
     model = core.settings.model if index < 0 else core.settings.fallback_models[index]
-    return CallModel(turn.request, attempt, model, turn.final_answer)
+    return make_call_model(turn.request, attempt, model, turn.final_answer)
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
@@ -464,7 +473,7 @@ def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s:
     state.draws += 1
     waited = state.waited_s + seconds
     state.waited_s = waited if waited < _LARGEST else _LARGEST
-    return Wait(seconds, event.error.category, turn.attempt, server)
+    return make_wait(seconds, event.error.category, turn.attempt, server)
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
@@ -474,16 +483,28 @@ def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: Non
     turn.fallbacks = (*turn.fallbacks, Fallback(before, after, event.error))
     core.state.retries += 1
     turn.attempt = 0
-    return CallModel(turn.request, 0, after, turn.final_answer)
+    return make_call_model(turn.request, 0, after, turn.final_answer)
 
 
 def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
-    turn.reply_data = event.reply_data
+    data = turn.reply_data = event.reply_data
     if not event.tool_calls:
         state = core.state
         state.doom_last = None  # a reply with no tool call ends any run of identical calls
         state.doom_run = 0
-    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None, done=True)
+    # _finish_action(core, turn, COMPLETED, (), None, done=True), inline: every turn ends
+    # here; its reply is this event's (_reply_object finds it first)
+    return make_finish(
+        TurnStatus.COMPLETED,
+        (),
+        None,
+        _model(core, turn),
+        turn.fallbacks,
+        None,
+        event.reply,
+        True,
+        data,
+    )
 
 
 def _invoke_tools(
@@ -549,7 +570,7 @@ def _tool_wait(core: Core, turn: TurnState, _e: ToolsDone, facts: ToolFacts, _s:
     turn.conflict_attempt = facts.attempt + 1
     core.state.tool_retries += 1
     _take_wait(core, seconds)
-    return Wait(seconds, ToolErrorCategory.CONCURRENCY_CONFLICT, facts.attempt)
+    return make_wait(seconds, ToolErrorCategory.CONCURRENCY_CONFLICT, facts.attempt, None)
 
 
 def _reinvoke(_core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
@@ -646,7 +667,7 @@ def _finish_action(
     done: bool = False,
 ) -> Finish:
     data = turn.reply_data
-    return Finish(
+    return make_finish(
         status,
         results,
         error,
@@ -655,7 +676,7 @@ def _finish_action(
         retry_at,
         _reply_object(turn, data),
         done,
-        reply_data=data,
+        data,
     )
 
 
@@ -755,6 +776,30 @@ class Group:
     """The payload check of the trigger (bad data refused before anything changes)."""
     charges: bool = False
     """The trigger reports a model call's usage: its event's ``cost`` is charged."""
+    choose: Callable[[Core, TurnState, Any, Any], BoundRow | None] = attrs.field(
+        default=None, eq=False, repr=False
+    )
+    """The first row whose guards hold (``None``: none does): the trial, unrolled."""
+    only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
+    """The one row of a group with nothing to try, charge, check or derive: a step
+    through it needs none of that."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.choose is None:
+            trials = [(row.guards, row) for row in self.rows]
+            object.__setattr__(self, "choose", build_choose(trials, _group_name(self.rows)))
+        if (
+            len(self.rows) == 1
+            and not self.rows[0].guards
+            and self.facts is None
+            and self.check is None
+            and not self.charges
+        ):
+            object.__setattr__(self, "only", self.rows[0])
+
+
+def _group_name(rows: tuple[BoundRow, ...]) -> str:
+    return f"{rows[0].info[0]} x {rows[0].info[1]}" if rows else "no rows"
 
 
 DispatchKey = tuple[str, str, "ErrorCategory | None"]
@@ -1188,39 +1233,44 @@ class Core:
         """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn, at the
         moment ``now`` (checked by :meth:`reading`) with Unix time ``wall``."""
         state = turn.state
-        category = event.error.category if trigger == "ModelFailed" else None
-        group = self.groups.get((state, trigger, category))
+        group = self.groups.get(
+            (state, trigger, event.error.category if trigger == "ModelFailed" else None)
+        )
         if group is None:
             raise IllegalEvent(
                 self.dispatch.illegal_message(trigger, state), event=trigger, state=state
             )
-        if group.charges:  # a model call's outcome: what it cost and used
-            cost, usage = event.cost, event.usage
-            if cost and not math.isfinite(self.state.cost_usd + cost):
-                raise _overspent(self, turn, event)
+        session = self.state
+        row = group.only
+        if row is not None:  # nothing to try, charge, check or derive
+            facts = usage = None
+            cost = 0.0
         else:
-            cost, usage = 0.0, None
-        if group.check is not None:
-            group.check(self, turn, event)
-        facts = None if group.facts is None else group.facts(self, turn, event, now, wall)
-        for row in group.rows:
-            for guard in row.guards:
-                if not guard(self, turn, event, facts):
-                    break
+            if group.charges:  # a model call's outcome: what it cost and used
+                cost, usage = event.cost, event.usage
+                if cost and not math.isfinite(session.cost_usd + cost):
+                    raise _overspent(self, turn, event)
             else:
-                break
-        else:  # pragma: no cover - the model check proves every group is total
-            raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
-        if cost:
-            self.charge(cost)
+                cost, usage = 0.0, None
+            if group.check is not None:
+                group.check(self, turn, event)
+            facts = None if group.facts is None else group.facts(self, turn, event, now, wall)
+            row = group.choose(self, turn, event, facts)
+            if row is None:  # pragma: no cover - the model check proves every group is total
+                raise AssertionError(f"no row of {state!r} x {trigger!r} applies")
+            if cost:
+                self.charge(cost)
         turn.events.append(event)  # before the effect: a Finish finds its reply's event
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
-        step = step_after(row.steps, row.info, turn, self.state)
+        # step_after(row.steps, row.info, turn, session), inline for a step met before
+        step = row.steps.get((turn.attempt, turn.reductions, session.retries))
+        if step is None:
+            step = step_after(row.steps, row.info, turn, session)
         turn.path.append(step)
         turn.actions.append(action)
         self.last = now
-        elapsed = now - self.state.started
+        elapsed = now - session.started
         turn.times.append(elapsed)
         if cost or usage is not None or wall is not None:
             _keep(turn, cost, usage, wall)
@@ -1228,7 +1278,7 @@ class Core:
             self._turn_finished(turn, action, now)
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
-            at = self.state.started + elapsed
+            at = session.started + elapsed
             record = trace_record(
                 turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage
             )
@@ -1255,6 +1305,13 @@ def _keep(turn: TurnState, cost: float, usage: Any, wall: float | None) -> None:
     if wall is not None:  # rare: kept beside the step's event (appended last), no list of its own
         turn.events[-1] = (turn.events[-1], wall)
 
+
+if tuple((cls.__name__, name) for cls, name, _ in TRACED) != (  # pragma: no cover
+    ("TurnState", "attempt"),
+    ("TurnState", "reductions"),
+    ("SessionState", "retries"),
+):
+    raise ImportError("Core.fire reads the traced counters by name: make it read TRACED's")
 
 _INFINITY = float("inf")
 _CEILING = sys.float_info.max / 4

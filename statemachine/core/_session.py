@@ -27,7 +27,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from ._actions import Action, Finish
 from ._engine import (
@@ -158,12 +158,15 @@ class Session:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed: must be an int, got {seed!r}")
         _check_clocks(clock, wall_clock)
-        _check_id("session_id", session_id)
-        _check_doom_check(doom_check)
+        if session_id is not None:
+            _check_id("session_id", session_id)
+        if doom_check is not None:
+            _check_doom_check(doom_check)
         if started is None:
             started = 0.0 if clock is None else clock()
-        start = _start_reading(started)
-        state = SessionState(seed=seed & _SEED_MASK, started=start, session_id=session_id)
+        if type(started) is not float or started - started != 0.0:  # not a finite float
+            started = _start_reading(started)
+        state = SessionState(seed=seed & _SEED_MASK, started=started, session_id=session_id)
         self._core = Core(settings, state, tuple(observers), dispatch, doom_check)
         self.clock = clock
         self.wall_clock = wall_clock
@@ -221,7 +224,10 @@ class Session:
             if clock is None:
                 raise _no_clock(what)
             at = clock()
-        return self._core.reading(at)
+        core = self._core
+        if type(at) is float and core.last <= at < core.ceiling:
+            return at  # as Turn.send takes it
+        return core.reading(at)
 
     def _reading(self) -> float:
         """The clock's reading now (the state's last one for a session with no clock)."""
@@ -661,7 +667,9 @@ class Turn:
             if clock is None:
                 raise _no_clock("start()")
             at = clock()
-        return core.start(self._turn, core.reading(at))
+        if type(at) is not float or not core.last <= at < core.ceiling:  # as send takes it
+            at = core.reading(at)
+        return core.start(self._turn, at)
 
     def send(self, event: object, *, at: float | None = None, wall: float | None = None) -> Action:
         """Take ``event``, which happened at ``at`` on the session's clock and at Unix
@@ -670,21 +678,9 @@ class Turn:
         return the next action (a :class:`Finish` at the end)."""
         core = self._core
         turn = self._turn
-        if core.state.turn is not turn:
-            self._refuse(type(event).__name__)
         trigger = TRIGGERS.get(type(event))
-        if trigger is None:
-            wrap = (
-                "; a model error is sent wrapped: turn.send(sm.ModelFailed(error))"
-                if isinstance(event, ModelError)
-                else ""
-            )
-            raise IllegalEvent(
-                f"{event!r:.200} is not an event (expected one of "
-                f"{', '.join(sorted(TRIGGERS.values()))}) in state {turn.state!r}{wrap}",
-                event=type(event).__name__,
-                state=turn.state,
-            )
+        if trigger is None or core.state.turn is not turn:
+            self._refuse_event(event)
         if at is None:
             clock = self._session.clock
             if clock is None:
@@ -692,14 +688,32 @@ class Turn:
             at = clock()
         # a float at or after the last reading, a number of seconds from the start: as it
         # is (NaN, infinity and the rest go through the checks of Core.reading)
-        now = at if type(at) is float and core.last <= at < core.ceiling else core.reading(at)
+        if type(at) is not float or not core.last <= at < core.ceiling:
+            at = core.reading(at)
         if wall is not None:
             wall = wall_reading(wall)
         elif trigger == "ModelFailed" and event.error.headers is not None:  # type: ignore[attr-defined]
             wall_clock = self._session.wall_clock  # an HTTP-date retry-after may need it
             if wall_clock is not None:
                 wall = wall_reading(wall_clock())
-        return core.fire(turn, trigger, event, now, wall)
+        return core.fire(turn, trigger, event, at, wall)
+
+    def _refuse_event(self, event: object) -> NoReturn:
+        """Refuse ``event``: sent to a turn that is no longer current, or not an event."""
+        turn = self._turn
+        if self._core.state.turn is not turn:
+            self._refuse(type(event).__name__)
+        wrap = (
+            "; a model error is sent wrapped: turn.send(sm.ModelFailed(error))"
+            if isinstance(event, ModelError)
+            else ""
+        )
+        raise IllegalEvent(
+            f"{event!r:.200} is not an event (expected one of "
+            f"{', '.join(sorted(TRIGGERS.values()))}) in state {turn.state!r}{wrap}",
+            event=type(event).__name__,
+            state=turn.state,
+        )
 
     def _refuse(self, event: str) -> None:
         turn = self._turn
