@@ -224,3 +224,40 @@ def test_a_loaded_finish_with_a_retry_moment_is_on_the_workers_clock() -> None:
     assert isinstance(loaded.action, sm.Finish)
     assert loaded.action.retry_at == 5060.0
     assert loaded.action == loaded.session.current_turn.action  # type: ignore[union-attr]
+
+
+@pytest.mark.requirement("ER-70")
+def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() -> None:
+    """The most frequent advance is taken in one piece (``Worker._appended``); a worker
+    without that path, given the same events (idempotency keys, retry-after headers,
+    tool calls and their claims, compactions), stores the same record at every
+    version."""
+    stores = [InMemoryStore(), InMemoryStore()]
+    walls = [Clock(1000.0), Clock(1000.0)]
+    lean, general = (
+        Worker(store, owner="w", clock=lambda: 0.0, now=wall)
+        for store, wall in zip(stores, walls, strict=True)
+    )
+    general._lean = None
+    results = [
+        w.create("s", sm.Session(settings(), seed=5, clock=lambda: 0.0)) for w in (lean, general)
+    ]
+    headers = sm.ModelError("rate_limited", headers={"retry-after": "1"})
+    for i in range(90):
+        event = next_event(results[0], turns=50)
+        if isinstance(event, sm.ModelFailed) and i % 3 == 0:
+            event = sm.ModelFailed(headers)
+        key = f"k{i}" if i % 4 == 0 else None
+        for wall in walls:  # the session idles between advances: its age grows
+            wall.now += 0.25 * (i % 5)
+        results = [
+            w.advance("s", event, expected_version=r.version, key=key)
+            for w, r in zip((lean, general), results, strict=True)
+        ]
+        assert results[0].version == results[1].version
+        assert results[0].action == results[1].action
+        records = [json.loads(store.load_payload("s")[1]) for store in stores]
+        for record in records:
+            del record["incarnation"]
+        assert records[0] == records[1]
+    assert results[0].session.snapshot() == results[1].session.snapshot()

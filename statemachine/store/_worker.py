@@ -464,6 +464,8 @@ class Worker:
         compare-and-set still proves the store holds that version and incarnation).
         Threads share it with no lock: a session is taken out by one ``pop`` (one thread
         gets it) and put back by one assignment."""
+        self._lean = None if self._payload_cas is None or self._observers else self._appended
+        """The one-piece path of the most frequent advance, where it can apply."""
         self._age_text: tuple[float | None, str] = (None, "")
         """The last step's age and its text (a record's tail writes the same age)."""
 
@@ -847,6 +849,10 @@ class Worker:
         applied = None
         if live is not None:
             try:
+                if event is not None and self._lean is not None:
+                    fast = self._lean(session_id, live, event, expected, key)
+                    if fast is not None:
+                        return fast
                 applied = self._apply(session_id, live, event)
             except (IllegalEvent, SessionEnded, TurnInProgress):
                 applied = None  # maybe the store moved on: read it, and answer from there
@@ -896,6 +902,106 @@ class Worker:
         if report is not None:
             self._report_spend(*report)
         return result
+
+    def _appended(
+        self, session_id: str, live: _Live, event: object, expected: int, key: str | None
+    ) -> Advanced | None:
+        """:meth:`advance`'s most frequent case, in one piece: an event for a session this
+        worker holds, whose record takes one more entry, with no observer, doom check,
+        session tree or carried outcome to look after; ``None`` (nothing done) for any
+        other, which goes the general way. The same steps: the event at the session's age,
+        its entry appended to the record's bytes, the compare-and-set, the result."""
+        record = live.record
+        end, count, known = record.prefix_end, record.entries, record.payload
+        if (
+            live.tree
+            or record.carried
+            or record.crowded
+            or end is None
+            or known is None
+            or count >= COMPACT_EVERY
+            or record.version != RECORD_VERSION
+            or live.verdicts.check is not None
+        ):
+            return None
+        session = live.session
+        turn = session.current_turn
+        if turn is None:
+            return None
+        wall = self._now()
+        age = record.elapsed_s
+        if self._count_idle and wall > record.saved_at:
+            age = min(age + (wall - record.saved_at), _LARGEST)
+        if type(age) is not float:
+            return None
+        failed = type(event) is ModelFailed and event.error.headers is not None
+        given = wall if failed else None
+        action = turn.send(event, at=age, wall=given)
+        at = float.__repr__(age)
+        when = "null" if given is None else number_text(given)
+        added = f'["e",{at},{when},{event_text(event)}]'
+        if count:
+            added = "," + added
+        size = len(added) if added.isascii() else len(added.encode())
+        keys = record.keys
+        if key is not None:
+            keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
+        claim = None
+        if type(action) is InvokeTools and action.calls:
+            claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
+        if end + size > self._compact_at or claim is not None:
+            # the general way from here: the step is taken, its entry written
+            new = self._record(
+                session_id, live, session, action, keys, age, wall, None, (), [added.lstrip(",")]
+            )
+        else:
+            self._grow(record, session, added, size, keys, wall, age, at)
+            new = record
+        ended = type(action) is Finish and session.status is not None
+        try:
+            version = self._payload_cas(  # type: ignore[misc]
+                session_id, expected, new.payload, incarnation=new.incarnation, ended=ended
+            )
+        except StaleWrite:
+            return self._lost_race(session_id, key)
+        live.version, live.record = version, new
+        if type(action) is Finish:
+            action = self._on_clock_action(action, new.elapsed_s)
+        result = Advanced(AdvanceStatus.APPLIED, self._handout(session_id, live), version, action)
+        self._remember(session_id, live)
+        return result
+
+    @staticmethod
+    def _grow(
+        record: Record,
+        session: Session,
+        added: str,
+        size: int,
+        keys: tuple[tuple[int, str], ...],
+        wall: float,
+        age: float,
+        age_text: str,
+    ) -> None:
+        """``record`` (the worker's alone) grown in place by the entry text ``added``
+        (``size`` bytes) of a step taken at ``age`` (written ``age_text``), at Unix time
+        ``wall``: its bytes, prefix, ages and keys (no claim, nothing carried)."""
+        end, known = record.prefix_end, record.payload
+        last = session.last_at
+        elapsed = last if age < last else age
+        finished_at = session.finished_at
+        finished = None if finished_at is None else elapsed - finished_at
+        middle = record.middle
+        if middle is None or keys is not record.keys or record.claim is not None:
+            middle = middle_text(keys, None, ())
+            record.keys, record.claim, record.carried, record.middle = keys, None, (), middle
+        tail = tail_text(wall, middle, elapsed, finished, age_text if elapsed is age else None)
+        record.payload = b"".join((memoryview(known)[:end], (added + tail).encode()))  # type: ignore[arg-type]
+        record.prefix_end = end + size  # type: ignore[operator]
+        record.entries += 1
+        record.saved_at = wall
+        record.elapsed_s, record.finished_s = elapsed, finished
+        if record.snapshot is not None or record.journal:
+            record.snapshot, record.journal = None, ()  # read: only the bytes now
 
     def _apply(
         self, session_id: str, live: _Live, event: object | None
