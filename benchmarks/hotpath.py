@@ -389,17 +389,21 @@ def _compare(
     }
 
 
+def _finish_by_init(*values: Any) -> Finish:
+    """``make_finish``'s arguments through ``Finish``'s own ``__init__``."""
+    return Finish(*values[:8], reply_data=values[8])
+
+
 def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
     replied = "ModelReplied(1 tool call)"
     tools_done = "ToolsDone(process_crashed)"
     plans: dict[str, Callable[[], dict[str, float]]] = {
-        "retry decision: Wait/CallModel built via slot descriptors": lambda: _compare(
-            _retry_variant(n),
-            [
-                (_turn, "Wait", fast_wait_factory()),
-                (_turn, "CallModel", fast_call_model_factory()),
-            ],
-            repeats,
+        "retry decision: Wait/CallModel built by attrs' __init__ (as before issue 29)": lambda: (
+            _compare(
+                _retry_variant(n),
+                [(_turn, "make_wait", Wait), (_turn, "make_call_model", CallModel)],
+                repeats,
+            )
         ),
         f"{replied}: the canonical JSON itself as the fingerprint (no blake2b)": lambda: _compare(
             _step_variant("tool crash", replied, n),
@@ -416,13 +420,17 @@ def _what_if(n: int, repeats: int) -> dict[str, dict[str, float]]:
             [(_turn._PAYLOAD_CHECKS, "ToolsDone", check_tools_done_fast())],
             repeats,
         ),
-        f"{tools_done}: that + Finish and ToolResult built via slot descriptors": lambda: _compare(
+        f"{tools_done}: that + ToolResult built via slot descriptors": lambda: _compare(
             _step_variant("tool crash", tools_done, n),
             [
                 (_turn._PAYLOAD_CHECKS, "ToolsDone", check_tools_done_fast()),
-                (_turn, "Finish", fast_finish_factory()),
                 (_turn, "ToolResult", fast_tool_result_factory()),
             ],
+            repeats,
+        ),
+        f"{tools_done}: Finish built by attrs' __init__ (as before issue 29)": lambda: _compare(
+            _step_variant("tool crash", tools_done, n),
+            [(_turn, "make_finish", _finish_by_init)],
             repeats,
         ),
     }

@@ -61,7 +61,8 @@ def wait_seconds(
         delay = base_delay_ms * float(factor) ** n
     except OverflowError:
         delay = max_delay_ms
-    delay = min(max_delay_ms, delay)
+    if not delay < max_delay_ms:  # min(max_delay_ms, delay), without the call
+        delay = max_delay_ms
     seconds = delay * (0.5 + u) / 1000.0
     if seconds == _INFINITY:
         seconds = delay / 1000.0 * (0.5 + u)

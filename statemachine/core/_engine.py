@@ -1013,7 +1013,10 @@ class Core:
         observers: tuple[Observer, ...],
         dispatch: Dispatch,
         doom_check: DoomCheck | None = None,
+        last: float | None = None,
     ) -> None:
+        """``last``: :func:`last_reading` of ``state``, when the caller knows it (a new
+        session's is its start)."""
         self.settings = settings
         self.state = state
         self.observers = observers
@@ -1022,7 +1025,7 @@ class Core:
         self.doom_check = doom_check
         self.parent = None
         self.children = None
-        self.last = last_reading(state)
+        self.last = last_reading(state) if last is None else last
         started = state.started
         # the one float most sessions share; a start far below 0 has its own
         self.ceiling = _CEILING if started >= -_CEILING else started + _CEILING
@@ -1144,7 +1147,7 @@ class Core:
         state.turns = turns + 1
         limit = state.limit
         if limit is None:
-            turn = TurnState(index=state.turns)
+            turn = TurnState(state.turns)  # the index
         else:
             turn = TurnState(
                 index=state.turns,

@@ -157,7 +157,10 @@ class Session:
             raise ConfigError(f"settings: must be a Settings, got {settings!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed: must be an int, got {seed!r}")
-        _check_clocks(clock, wall_clock)
+        if (clock is not None and not callable(clock)) or (
+            wall_clock is not None and not callable(wall_clock)
+        ):
+            _check_clocks(clock, wall_clock)  # raises, naming them
         if session_id is not None:
             _check_id("session_id", session_id)
         if doom_check is not None:
@@ -167,7 +170,7 @@ class Session:
         if type(started) is not float or started - started != 0.0:  # not a finite float
             started = _start_reading(started)
         state = SessionState(seed=seed & _SEED_MASK, started=started, session_id=session_id)
-        self._core = Core(settings, state, tuple(observers), dispatch, doom_check)
+        self._core = Core(settings, state, tuple(observers), dispatch, doom_check, started)
         self.clock = clock
         self.wall_clock = wall_clock
         self._handle: Turn | None = None
