@@ -116,7 +116,7 @@ def test_the_unrolled_trial_picks_the_row_the_loop_picks(shape: tuple[int, ...])
             else:
                 break
             i += n
-        choose = build_choose(rows, "test")
+        choose = build_choose(rows)
         assert choose(None, None, None, None) == _loop(numbered)
         assert calls == expected_calls
 

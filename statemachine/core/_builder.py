@@ -126,27 +126,43 @@ def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]], name: str) -> Any:
+def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]]) -> Any:
     """``choose(core, turn, event, facts)``: the first of ``rows`` ((guards, row), in
     trial order) whose guards all hold, each guard called as ``guard(core, turn, event,
     facts)`` in order until one fails; ``None`` when none holds. The trial unrolled (a
-    group's rows are tried on every event that reaches them)."""
-    lines = ["def choose(core, turn, event, facts):"]
-    namespace: dict[str, Any] = {}
-    for i, (guards, row) in enumerate(rows):
-        namespace[f"row{i}"] = row
-        calls = []
-        for j, guard in enumerate(guards):
-            namespace[f"guard{i}_{j}"] = guard
-            calls.append(f"guard{i}_{j}(core, turn, event, facts)")
-        if not calls:
-            lines.append(f"    return row{i}")  # an unguarded row: the rows after it never fire
+    group's rows are tried on every event that reaches them); the source is compiled
+    once per shape (how many guards each row has), the guards and rows bound to it."""
+    shape = []
+    for guards, _ in rows:
+        shape.append(len(guards))
+        if not guards:
+            break  # an unguarded row: the rows after it never fire
+    key = tuple(shape)
+    factory = _CHOOSERS.get(key)
+    if factory is None:
+        factory = _CHOOSERS[key] = _choose_factory(key)
+    values = [value for guards, row in rows[: len(key)] for value in (*guards, row)]
+    return factory(*values)
+
+
+_CHOOSERS: dict[tuple[int, ...], Callable[..., Any]] = {}
+
+
+def _choose_factory(shape: tuple[int, ...]) -> Callable[..., Any]:
+    params = []
+    body = ["    def choose(core, turn, event, facts):"]
+    for i, count in enumerate(shape):
+        guards = [f"guard{i}_{j}" for j in range(count)]
+        params += [*guards, f"row{i}"]
+        if not guards:
+            body.append(f"        return row{i}")
             break
-        lines.append(f"    if {' and '.join(calls)}:")
-        lines.append(f"        return row{i}")
+        calls = " and ".join(f"{guard}(core, turn, event, facts)" for guard in guards)
+        body += [f"        if {calls}:", f"            return row{i}"]
     else:
-        lines.append("    return None")
-    return _compiled("\n".join(lines) + "\n", "choose", f"<choose {name}>", namespace)
+        body.append("        return None")
+    lines = [f"def factory({', '.join(params)}):", *body, "    return choose"]
+    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {shape} guards>", {})
 
 
 # -- the state (_state.py) -------------------------------------------------------------

@@ -787,7 +787,7 @@ class Group:
     def __attrs_post_init__(self) -> None:
         if self.choose is None:
             trials = [(row.guards, row) for row in self.rows]
-            object.__setattr__(self, "choose", build_choose(trials, _group_name(self.rows)))
+            object.__setattr__(self, "choose", build_choose(trials))
         if (
             len(self.rows) == 1
             and not self.rows[0].guards
@@ -796,10 +796,6 @@ class Group:
             and not self.charges
         ):
             object.__setattr__(self, "only", self.rows[0])
-
-
-def _group_name(rows: tuple[BoundRow, ...]) -> str:
-    return f"{rows[0].info[0]} x {rows[0].info[1]}" if rows else "no rows"
 
 
 DispatchKey = tuple[str, str, "ErrorCategory | None"]
