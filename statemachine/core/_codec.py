@@ -391,6 +391,7 @@ def checked_decoder(
     *,
     data_check: Callable[[Any], bool],
     plain: Callable[[Any, set[int]], bool],
+    make: Callable[..., Any] | None = None,
 ) -> Callable[[dict[Any, Any], set[int]], Any]:
     """``read(data, seen)``: the value of the registered class ``cls`` that ``data``
     encodes, when it holds every field, each a JSON scalar, an opaque value or an
@@ -398,9 +399,12 @@ def checked_decoder(
     ``None`` for any other data, which the caller reads the general way (that way
     names what is wrong). A check that is ``data_check`` passes at once where
     ``plain(value, seen)`` does (``seen``: the ids of values found to be data in this
-    read), as straight-line code generated from the fields."""
+    read), as straight-line code generated from the fields. ``make`` (every field's
+    value, in order) builds the value instead of ``cls``, when given."""
     name = cls.__name__
     plan = _PLANS[name]
+    if make is not None and [field for field, _, _ in plan] != [f.name for f in attrs.fields(cls)]:
+        raise TypeError(f"{name}: make takes every field, and some are not encoded")
     index = {field: i for i, (field, _, _) in enumerate(plan)}
     lines = [
         "def read(data, seen):",
@@ -408,7 +412,7 @@ def checked_decoder(
         "        return None",
         *_lookups(plan, "return None"),
     ]
-    namespace: dict[str, Any] = {"scalar": _PLAIN_DATA, "plain": plain, "cls": cls}
+    namespace: dict[str, Any] = {"scalar": _PLAIN_DATA, "plain": plain, "cls": cls, "make": make}
     for i, (_, opaque, enum_classes) in enumerate(plan):
         if opaque:
             continue
@@ -430,12 +434,15 @@ def checked_decoder(
         v = f"v{index[field]}"
         passes = f"plain({v}, seen) or check{j}({v})" if check is data_check else f"check{j}({v})"
         lines += [f"    if not ({passes}):", "        return None"]
-    lines += [
-        "    try:",
-        f"        return cls({_arguments(cls, plan)})",
-        "    except (TypeError, ValueError):",
-        "        return None",
-    ]
+    if make is not None:
+        lines.append(f"    return make({', '.join(f'v{i}' for i in range(len(plan)))})")
+    else:
+        lines += [
+            "    try:",
+            f"        return cls({_arguments(cls, plan)})",
+            "    except (TypeError, ValueError):",
+            "        return None",
+        ]
     return _compiled("\n".join(lines) + "\n", "read", f"<read {name}>", namespace)
 
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import attrs
 
-from ._actions import Assemble, CallModel, Finish, Wait
+from ._actions import Assemble, CallModel, Finish, Wait, make_call_model, make_wait
 from ._builder import _compiled
 from ._codec import checked_decoder, encode
 from ._exceptions import ConfigError, SnapshotError
@@ -375,8 +375,10 @@ def _fast_times(raw: Any) -> array[float] | None:
 _FLOAT_ONLY = {float}
 
 _ACTION_READERS = {
-    cls.__name__: checked_decoder(cls, _FIELD_CHECKS[cls], data_check=_is_data, plain=_plain)
-    for cls in (Assemble, CallModel, Wait)
+    cls.__name__: checked_decoder(
+        cls, _FIELD_CHECKS[cls], data_check=_is_data, plain=_plain, make=make
+    )
+    for cls, make in ((Assemble, None), (CallModel, make_call_model), (Wait, make_wait))
 }
 """The actions of a turn under way, read with their checks (``_FIELD_CHECKS``) at once;
 the rest (a Finish, tool calls) go the kind's way."""
