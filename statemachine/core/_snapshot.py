@@ -200,7 +200,7 @@ def _read(
     settings_of: Callable[[Any], Settings],
     read_state: Callable[[Any, float, set[int]], SessionState],
 ) -> tuple[Settings, SessionState]:
-    if not isinstance(data, Mapping):
+    if type(data) is not dict and not isinstance(data, Mapping):
         raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}")
     if data.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(
@@ -261,10 +261,10 @@ def _settings_seen(raw: Any) -> Settings:
     read lately: one with the same keys in the same order, values of the same exact
     types, equal (a store restores the snapshots of a few configurations over and
     over). The types are compared first, so no host code runs in a comparison."""
-    if type(raw) is dict:
+    if type(raw) is dict and set(map(type, raw)) == _STR_ONLY:
         types = list(map(type, raw.values()))
         for known, keys, known_types, lists, settings in _SEEN:
-            if types != known_types or set(map(type, raw)) != _STR_ONLY:
+            if types != known_types:
                 continue
             for key in lists:
                 if not set(map(type, raw[key])) <= _STR_ONLY:
