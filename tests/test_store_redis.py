@@ -419,3 +419,69 @@ def test_a_write_no_replica_acknowledges_is_unavailable_and_told_apart_by_its_ke
     assert again.version == 2
     stale_write = w.advance("w", None, expected_version=1)  # refused: nothing to wait for
     assert stale_write.status is AdvanceStatus.CONFLICT
+
+
+def test_replica_settings_and_urls_are_validated_before_anything_changes() -> None:
+    """replicas and replica_timeout_s that are not what they say (a bool, a negative,
+    NaN, infinity, text, a wait as long as the reply timeout), and URLs redis-py cannot
+    parse: a ConfigError naming the setting or the url, the client's settings as they
+    were, and from_url checks them before it connects (an unreachable cluster address
+    with a bad setting is that setting's ConfigError, not StoreUnavailable)."""
+    fresh = redis.Redis(host="127.0.0.1", port=1, socket_timeout=None)
+    before = dict(fresh.connection_pool.connection_kwargs)
+    for bad in (True, -1, 1.0, float("nan"), float("inf"), "1", None):
+        with pytest.raises(sm.ConfigError, match=r"^replicas: must be an int >= 0"):
+            RedisStore(fresh, replicas=bad)  # type: ignore[arg-type]
+        with pytest.raises(sm.ConfigError, match=r"^replicas: must be an int >= 0"):
+            RedisStore.from_url("redis://127.0.0.1:1/0", cluster=True, replicas=bad)
+    for bad in (True, False, -1, 0, float("nan"), float("inf"), -float("inf"), "0.5", None):
+        with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be a finite"):
+            RedisStore(fresh, replicas=1, replica_timeout_s=bad)  # type: ignore[arg-type]
+        with pytest.raises(sm.ConfigError, match=r"^replica_timeout_s: must be a finite"):
+            RedisStore.from_url("redis://127.0.0.1:1/0", cluster=True, replica_timeout_s=bad)
+    for url, options in (
+        ("redis://127.0.0.1:1/0", {}),
+        ("redis://127.0.0.1:1/0", {"cluster": True}),
+    ):
+        with pytest.raises(
+            sm.ConfigError, match=r"^replica_timeout_s: must be shorter .*\(0.5 s\)"
+        ):
+            RedisStore.from_url(url, replicas=1, timeout_s=0.5, replica_timeout_s=0.5, **options)
+    assert fresh.connection_pool.connection_kwargs == before
+    for cluster in (False, True):
+        for not_text in (42, None, b"redis://127.0.0.1:1/0"):
+            with pytest.raises(sm.ConfigError, match=r"^url: must be a str"):
+                RedisStore.from_url(not_text, cluster=cluster)  # type: ignore[arg-type]
+        for bad_url in ("", "http://127.0.0.1:1", "redis://127.0.0.1:port/0", "127.0.0.1:6379"):
+            with pytest.raises(sm.ConfigError, match=r"^url: .* is not a Redis URL"):
+                RedisStore.from_url(bad_url, cluster=cluster)
+        with pytest.raises(InvalidSessionId, match=r"^prefix 'a b' is invalid"):
+            RedisStore.from_url("redis://127.0.0.1:1/0", cluster=cluster, prefix="a b")
+
+
+@pytest.mark.requirement("ER-71", "ER-70")
+def test_a_legacy_record_of_a_tenant_moves_with_its_ended_ttl_and_the_new_key_wins(
+    client: Any,
+) -> None:
+    """A tenant's record at the previous release's key: ending it moves it to the new
+    key with the ended TTL (the old key gone). A worker of the previous release that
+    writes the old key after the move (it found nothing there and created the id
+    again) does not shadow the moved session: the new key wins, and delete removes
+    both."""
+    store = RedisStore(client, prefix="app", tenant="acme", ended_ttl_s=60)
+    w = Worker(store, owner="a", clock=lambda: 0.0, now=Clock())
+    created = w.create("t-1", new_session())
+    old = _legacy(client, store, "t-1")
+    assert old == "app:acme:session:t-1"
+    ended = w.end("t-1", "cancelled", expected_version=created.version, reason="left")
+    assert ended.status is AdvanceStatus.APPLIED and ended.version == created.version + 1
+    assert client.keys("*") == [b"app:acme:session:{t-1}"]
+    assert 0 < client.pttl(store.key("t-1")) <= 60_000
+    client.hset(old, mapping={"version": 1, "record": b"{}", "incarnation": ""})  # an old worker
+    loaded = Worker(store, owner="b", clock=lambda: 0.0, now=Clock()).load("t-1")
+    assert loaded.version == ended.version
+    assert loaded.session.status is sm.SessionStatus.CANCELLED
+    assert store.delete("t-1") is True
+    assert client.keys("*") == []
+    with pytest.raises(SessionNotFound):
+        store.load("t-1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -334,3 +334,168 @@ def test_a_slot_being_migrated_is_followed_with_asking(cluster: Cluster, store: 
     result = w.advance("ask", sm.ModelReplied(), expected_version=result.version)
     assert result.applied and result.version == 4
     durable.client.close()
+
+
+def to_legacy_key(store: RedisStore, session_id: str) -> str:
+    """Move the session's hash to the key the previous release wrote it under (no
+    hash tag: on a cluster, another slot), field for field; that key."""
+    client: Any = store.client
+    new, old = store.key(session_id), store.key(session_id).replace("{", "").replace("}", "")
+    fields = client.hgetall(new)
+    client.delete(new)
+    client.hset(old, mapping=fields)
+    return old
+
+
+@pytest.mark.requirement("ER-71", "ER-70")
+def test_a_record_of_the_previous_release_on_a_cluster_is_found_and_moved_once(
+    store: RedisStore,
+) -> None:
+    """The previous release ran on a RedisCluster client too (one key per script), so a
+    cluster may hold sessions at the untagged key, in another slot than the new key.
+    Such a session is found; creating the id again is refused; its next write moves it
+    (the new key at the next version, the old key gone); a worker that read it before
+    the move gets CONFLICT; a record of another incarnation there is not overwritten;
+    delete removes either key."""
+    client: Any = store.client
+    w = worker(store, "a")
+    created = w.create("leg", sm.Session(settings(), seed=8, clock=lambda: 0.0))
+    started = w.advance("leg", None, expected_version=created.version)
+    old = to_legacy_key(store, "leg")
+    assert client.keyslot(old) != client.keyslot(store.key("leg"))
+    reader, late = worker(store, "b", remember=0), worker(store, "c", remember=0)
+    loaded = reader.load("leg")
+    assert (loaded.version, loaded.session.snapshot()) == (
+        started.version,
+        started.session.snapshot(),
+    )
+    assert late.load("leg").version == started.version
+    with pytest.raises(sm.store.StaleWrite, match=r"session 'leg' already exists \(version 2\)"):
+        store.compare_and_set("leg", 0, {"a": 1})
+    assert not client.exists(store.key("leg"))
+    moved = reader.advance("leg", sm.Assembled("r", 10), expected_version=loaded.version)
+    assert moved.applied and moved.version == started.version + 1
+    assert not client.exists(old)
+    assert int(client.hget(store.key("leg"), "version")) == moved.version
+    raced = late.advance("leg", sm.Assembled("r", 10), expected_version=loaded.version)
+    assert raced.status is AdvanceStatus.CONFLICT and raced.version == moved.version
+
+    old = to_legacy_key(store, "leg")
+    client.hset(old, "incarnation", "another")
+    with pytest.raises(sm.store.StaleWrite, match=r"created again"):
+        store.compare_and_set_payload("leg", moved.version, b"{}", incarnation="mine")
+    assert int(client.hget(old, "version")) == moved.version
+    assert not client.exists(store.key("leg"))
+    with pytest.raises(sm.store.StaleWrite, match=r"expected version 1, the store holds"):
+        store.compare_and_set("leg", 1, {"a": 1})
+    assert store.delete("leg") is True
+    assert client.exists(old, store.key("leg")) == 0
+
+    client.set("t:session:odd", b"hello")  # a legacy key of another kind: corrupt, left alone
+    with pytest.raises(sm.store.CorruptSession, match=r"key 't:session:odd' holds a string"):
+        store.load("odd")
+    with pytest.raises(sm.store.CorruptSession, match=r"'t:session:odd' holds a string, not a"):
+        store.compare_and_set("odd", 1, {"a": 1})
+    with pytest.raises(sm.store.CorruptSession, match=r"'t:session:odd' holds a string, not a"):
+        store.compare_and_set("odd", 0, {"a": 1})
+    assert client.get("t:session:odd") == b"hello"
+    assert not client.exists(store.key("odd"))
+
+
+@pytest.mark.requirement("ER-74")
+@pytest.mark.parametrize("moment", ["before the peek", "after the peek"])
+def test_two_workers_moving_one_legacy_record_on_a_cluster_have_one_winner(
+    cluster: Cluster, store: RedisStore, moment: str
+) -> None:
+    """The move on a cluster is two steps (the old key is in another slot). Another
+    worker's whole move is forced between them, before or after this worker reads
+    the old key: exactly one write applies, the loser is told CONFLICT at the
+    winner's version, and the record is at the new key only."""
+    client: Any = store.client
+    w = worker(store, "a")
+    created = w.create("duel", sm.Session(settings(), seed=9, clock=lambda: 0.0))
+    old = to_legacy_key(store, "duel")
+    loser_store = RedisStore.from_url(cluster.url, cluster=True, prefix="t")
+    winner, loser = worker(store, "w", remember=0), worker(loser_store, "l", remember=0)
+    read = loser.load("duel")
+    assert read.version == created.version
+    won: list[Any] = []
+    run = loser_store._run
+
+    def interleaved(session_id: str, script: Any, keys: list[str], *args: Any) -> list[Any]:
+        peek = script is loser_store._peek
+        if peek and moment == "before the peek" and not won:
+            won.append(winner.advance("duel", None, expected_version=read.version))
+        reply = run(session_id, script, keys, *args)
+        if peek and moment == "after the peek" and not won:
+            won.append(winner.advance("duel", None, expected_version=read.version))
+        return reply
+
+    loser_store._run = interleaved  # type: ignore[method-assign]
+    lost = loser.advance("duel", None, expected_version=read.version)
+    assert len(won) == 1 and won[0].applied and won[0].version == created.version + 1
+    assert lost.status is AdvanceStatus.CONFLICT and lost.version == won[0].version
+    assert not client.exists(old)
+    assert int(client.hget(store.key("duel"), "version")) == won[0].version
+    loser_store.client.close()
+
+
+class FakeNode:
+    """A node connection that answers every script with ``reply`` (an exception is
+    raised, as redis-py raises a reply error), counting the calls."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.calls = 0
+
+    def evalsha(self, *_args: Any) -> Any:
+        self.calls += 1
+        if isinstance(self.reply, BaseException):
+            raise self.reply
+        return self.reply
+
+    def script_load(self, _script: str) -> None:
+        """Loading a script changes nothing here (the reply stays NOSCRIPT)."""
+
+
+def test_cluster_errors_are_translated_in_bounded_calls(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies a test cluster does not give on demand, from a node stand-in: an endless
+    MOVED or NOSCRIPT ends after 5 tries; TRYAGAIN, CLUSTERDOWN, MASTERDOWN and a
+    replica's READONLY are StoreUnavailable at once; a lost connection is sent again
+    once for a read, never for a write (it may have landed), and a reply timeout is
+    never sent again. Nothing raw from redis-py escapes."""
+    from redis import exceptions as errors
+
+    refreshes: list[None] = []
+    monkeypatch.setattr(store, "_refresh", lambda: refreshes.append(None))
+    cases: list[tuple[Any, str, int, str]] = [
+        (errors.MovedError("1 127.0.0.1:1"), "load", 5, r"redirected 5 times"),
+        (errors.MovedError("1 127.0.0.1:1"), "write", 5, r"redirected 5 times.*nothing was"),
+        (errors.NoScriptError("NOSCRIPT"), "write", 5, r"redirected 5 times"),
+        (errors.TryAgainError("TRYAGAIN"), "write", 1, r"no master .* serves its slot"),
+        (errors.ClusterDownError("CLUSTERDOWN"), "load", 1, r"no master .* serves its slot"),
+        (errors.MasterDownError("MASTERDOWN"), "write", 1, r"no master .* serves its slot"),
+        (errors.ReadOnlyError("READONLY"), "write", 1, r"nothing was written"),
+        (errors.ConnectionError("reset"), "load", 2, r"Redis is unavailable: reset"),
+        (errors.ConnectionError("reset"), "write", 1, r"may still be applied"),
+        (errors.TimeoutError("timed out"), "load", 1, r"may still be applied"),
+        (errors.TimeoutError("timed out"), "write", 1, r"may still be applied"),
+    ]
+    calls: dict[str, Callable[[], object]] = {
+        "load": lambda: store.load("x"),
+        "write": lambda: store.compare_and_set("x", 3, {}),
+    }
+    for reply, call, sends, message in cases:
+        node = FakeNode(reply)
+
+        def to_node(_key: str, _asking: str | None, node: FakeNode = node) -> FakeNode:
+            return node
+
+        monkeypatch.setattr(store, "_node", to_node)
+        with pytest.raises(StoreUnavailable, match=message) as caught:
+            calls[call]()
+        assert node.calls == sends, (reply, call)
+        assert caught.value.session_id == "x"
+    assert len(refreshes) == 5 + 5 + 2 + 1 + 1 + 1  # MOVED twice, each lost or late reply

@@ -10,8 +10,13 @@ version from one write and a record from another. Errors of redis-py are transla
 here, at this one boundary.
 
 The previous release's key, ``<prefix>[:<tenant>]:session:<id>``, is read where the
-new one is missing, and the first write moves the record to the new key in the same
-script (on one server; a cluster never held such keys).
+new one is missing, and the record's next write moves it to the new key. On one server
+that is one script (both keys in it). On a cluster the two keys are in different slots,
+so a move is two steps: the compare-and-set on the new key is told the version and
+incarnation the old key holds (``_PEEK``) and writes only if the new key is still
+missing, so of two workers moving one record only one wins; then the old key is
+deleted. A worker that dies between the steps leaves the old key behind, hidden by
+the new one, until :meth:`RedisStore.delete` removes both.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ return {1, version, redis.call('HGET', key, 'record'), size, key}
 
 # KEYS[1] the key; KEYS[2] as for _LOAD (a record there is moved to KEYS[1] by the
 # write); ARGV[1] expected version (0: must not exist); ARGV[2] the record; ARGV[3] TTL
-# in ms (0: no expiry); ARGV[4] the record's incarnation ('' if none).
+# in ms (0: no expiry); ARGV[4] the record's incarnation ('' if none); ARGV[5] (only
+# on a cluster, moving a record from the previous release's key, whose incarnation the
+# caller has checked) the version a missing KEYS[1] stands for.
 # -> {1, new version} | {0, actual version} | {-1, what is wrong, key read}
 #    | {2, actual version}
 #    (2: the stored session is another incarnation)
@@ -75,9 +82,11 @@ if kind == 'hash' then
   if current == nil then return {-1, 'version field ' .. tostring(raw), key} end
 elseif kind ~= 'none' then
   return {-1, 'a ' .. kind .. ', not a hash', key}
+elseif ARGV[5] then
+  current = tonumber(ARGV[5])
 end
 if current ~= tonumber(ARGV[1]) then return {0, current} end
-if current > 0 and ARGV[4] ~= '' then
+if kind ~= 'none' and current > 0 and ARGV[4] ~= '' then
   local stored = redis.call('HGET', key, 'incarnation')
   if stored and stored ~= ARGV[4] then return {2, current} end
 end
@@ -87,6 +96,18 @@ redis.call('HSET', KEYS[1], 'version', current, 'record', ARGV[2], 'incarnation'
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
 return {1, current}
+"""
+
+# KEYS[1] a key of the previous release (on a cluster, where no script can reach it
+# together with the new key). -> {0} no record | {-1, what is wrong, key}
+#    | {1, version, incarnation|false}
+_PEEK = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return {0} end
+if kind ~= 'hash' then return {-1, 'a ' .. kind .. ', not a hash', KEYS[1]} end
+local raw = redis.call('HGET', KEYS[1], 'version')
+if tonumber(raw) == nil then return {-1, 'version field ' .. tostring(raw), KEYS[1]} end
+return {1, tonumber(raw), redis.call('HGET', KEYS[1], 'incarnation')}
 """
 
 
@@ -111,6 +132,15 @@ def _check_replicas(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"replicas: must be an int >= 0, got {value!r:.60}")
     return value
+
+
+def _check_wait(replicas: int, replica_timeout_s: float, reply_timeout_s: float) -> None:
+    if replicas and replica_timeout_s >= reply_timeout_s:
+        raise ConfigError(
+            f"replica_timeout_s: must be shorter than the reply timeout "
+            f"({reply_timeout_s:g} s), or the wait for replicas times out as an "
+            f"unanswered call; got {replica_timeout_s:g}"
+        )
 
 
 def _text(value: object) -> str:
@@ -215,12 +245,7 @@ class RedisStore(BytesStore):
         reply_timeout = min(
             [k.get("socket_timeout") or self.timeout_s for k in settings] or [self.timeout_s]
         )
-        if self.replicas and self.replica_timeout_s >= reply_timeout:
-            raise ConfigError(
-                f"replica_timeout_s: must be shorter than the reply timeout "
-                f"({reply_timeout:g} s), or the wait for replicas times out as an "
-                f"unanswered call; got {self.replica_timeout_s:g}"
-            )
+        _check_wait(self.replicas, self.replica_timeout_s, reply_timeout)
         # every setting checked: only now is the client changed
         for kwargs in settings:
             if kwargs.get("socket_timeout") is None:
@@ -237,6 +262,7 @@ class RedisStore(BytesStore):
         self.client = client
         self._load = client.register_script(_LOAD)
         self._cas = client.register_script(_CAS)
+        self._peek = client.register_script(_PEEK)
 
     @classmethod
     def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> RedisStore:
@@ -245,38 +271,53 @@ class RedisStore(BytesStore):
 
         ``cluster=True``: a ``redis.cluster.RedisCluster`` for a Redis Cluster, ``url``
         naming any one of its nodes; it connects now to learn the cluster's slots
-        (``StoreUnavailable`` if no node answers)."""
+        (``StoreUnavailable`` if no node answers). A ``url`` redis-py cannot parse, or
+        a setting the store refuses, is a ``ConfigError`` before anything connects; a
+        client the store then refuses is closed."""
         import redis  # noqa: PLC0415 - an optional dependency
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
 
+        if not isinstance(url, str):
+            raise ConfigError(f"url: must be a str such as 'redis://host:6379/0', got {url!r:.60}")
         timeout = _check_timeout("timeout_s", options.get("timeout_s", DEFAULT_TIMEOUT_S))
         connect = _check_timeout(
             "connect_timeout_s", options.get("connect_timeout_s", DEFAULT_TIMEOUT_S)
         )
-        if not cluster:
-            client: Any = redis.Redis.from_url(
-                url,
-                socket_timeout=timeout,
-                socket_connect_timeout=connect,
-                retry=Retry(NoBackoff(), 0),
-            )
-            return cls(client, **options)
-        from redis.cluster import RedisCluster  # noqa: PLC0415
+        _check_wait(
+            _check_replicas(options.get("replicas", 0)),
+            _check_timeout(
+                "replica_timeout_s", options.get("replica_timeout_s", DEFAULT_REPLICA_TIMEOUT_S)
+            ),
+            timeout,
+        )
+        key_prefix(options.get("prefix", "statemachine"), options.get("tenant"))
+        check_ttl(options.get("ended_ttl_s"))
+        check_max_bytes(options.get("max_bytes", DEFAULT_MAX_BYTES))
+        kind: Any = redis.Redis
+        if cluster:
+            from redis.cluster import RedisCluster  # noqa: PLC0415
 
+            kind = RedisCluster
         try:
-            client = RedisCluster.from_url(
+            client = kind.from_url(
                 url,
                 socket_timeout=timeout,
                 socket_connect_timeout=connect,
                 retry=Retry(NoBackoff(), 0),
             )
+        except ValueError as exc:  # what redis-py raises for a URL it cannot parse
+            raise ConfigError(f"url: {url!r} is not a Redis URL: {exc}") from exc
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
             down = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
             if isinstance(exc, down) or isinstance(exc.__cause__, down):
                 raise StoreUnavailable(f"the Redis Cluster at {url} is unavailable: {exc}") from exc
             raise ConfigError(f"url: {url!r} does not lead to a Redis Cluster: {exc}") from exc
-        return cls(client, **options)
+        try:
+            return cls(client, **options)
+        except BaseException:
+            client.close()
+            raise
 
     def key(self, session_id: str) -> str:
         """The Redis key of ``session_id`` (validated): ``<prefix>:session:{<id>}``."""
@@ -285,12 +326,19 @@ class RedisStore(BytesStore):
     def _keys(self, session_id: str) -> list[str]:
         """The session's key, and on one server its key of the previous release."""
         key = self.key(session_id)
-        return [key] if self.cluster else [key, self._prefix + session_id]
+        return [key] if self.cluster else [key, self._old_key(session_id)]
+
+    def _old_key(self, session_id: str) -> str:
+        """The key the previous release wrote ``session_id`` (validated) under."""
+        return self._prefix + check_name(session_id)
 
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
         """:meth:`load` without decoding: the version and the record's bytes (one Lua
-        read)."""
+        read; on a cluster, a second at the previous release's key when the session's
+        key is missing)."""
         reply = self._run(session_id, self._load, self._keys(session_id), self.max_bytes)
+        if reply[0] == 0 and self.cluster:
+            reply = self._run(session_id, self._load, [self._old_key(session_id)], self.max_bytes)
         if reply[0] == 0:
             raise not_found(session_id)
         if reply[0] == -1:
@@ -347,7 +395,10 @@ class RedisStore(BytesStore):
         if ended and self.ended_ttl_s is not None:
             ttl_ms = max(1, math.ceil(self.ended_ttl_s * 1000))
         args = [expected, payload, ttl_ms, incarnation or ""]
-        reply = self._run(session_id, self._cas, keys, *args)
+        if self.cluster:
+            reply = self._cluster_cas(session_id, keys, args)
+        else:
+            reply = self._run(session_id, self._cas, keys, *args)
         if reply[0] == 1:
             return int(reply[1])
         if reply[0] == 2:
@@ -360,9 +411,43 @@ class RedisStore(BytesStore):
             )
         raise stale(session_id, expected, int(reply[1]))
 
+    def _cluster_cas(self, session_id: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """The compare-and-set on a cluster, where the previous release's key of the
+        session is in another slot: a record there is moved by this write in two steps
+        (see the module's docstring); a session created there is not created again."""
+        old = self._old_key(session_id)
+        expected, incarnation = args[0], args[3]
+        if expected == 0:
+            peeked = self._run(session_id, self._peek, [old])
+            if peeked[0] != 0:  # it exists under the old key: a conflict, or corrupt
+                return peeked if peeked[0] == -1 else [0, int(peeked[1])]
+            return self._run(session_id, self._cas, keys, *args)
+        reply = self._run(session_id, self._cas, keys, *args)
+        if reply[:2] != [0, 0]:  # the key exists (or it was written): no move
+            return reply
+        peeked = self._run(session_id, self._peek, [old])
+        if peeked[0] == 0:  # moved by another worker since the first call, or gone
+            return self._run(session_id, self._cas, keys, *args)
+        if peeked[0] == -1:
+            return peeked
+        version = int(peeked[1])
+        if version != expected:
+            return [0, version]
+        if incarnation and peeked[2] is not None and _text(peeked[2]) != incarnation:
+            return [2, version]
+        reply = self._run(session_id, self._cas, keys, *args, version)
+        if reply[0] == 1:
+            import redis  # noqa: PLC0415 - an optional dependency
+
+            # written: a failed delete leaves the old key hidden behind the new one
+            with suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                self.client.delete(old)
+        return reply
+
     def delete(self, session_id: str) -> bool:
-        """Remove the record; whether there was one."""
-        keys = self._keys(session_id)
+        """Remove the record (under the session's key and the previous release's);
+        whether there was one."""
+        keys = [self.key(session_id), self._old_key(session_id)]
         try:
             return bool(self.client.delete(*keys))
         except Exception as exc:
@@ -504,6 +589,12 @@ class RedisStore(BytesStore):
                 f"session {session_id!r}: Redis is unavailable: no master of the cluster "
                 f"serves its slot right now ({type(exc).__name__}: {exc}); a failover takes "
                 "about twice the cluster-node-timeout: try again",
+                session_id=session_id,
+            ) from exc
+        if isinstance(exc, errors.ReadOnlyError | errors.OutOfMemoryError):
+            raise StoreUnavailable(
+                f"session {session_id!r}: Redis is unavailable: {exc} (a replica, or a "
+                "server out of memory, refused the call: nothing was written)",
                 session_id=session_id,
             ) from exc
         if isinstance(exc, UnicodeDecodeError):  # a decode_responses client, binary data
