@@ -20,7 +20,9 @@ attempts. Records are 1-3 KB of JSON (settings, counters, the current turn's tra
 
 Each worker count runs ``rounds`` times, alternating with the floor (the same two Lua
 scripts with a record of the same size, no engine): figures are medians over rounds,
-the ratio ``of_floor`` the median of per-round ratios.
+the ratio ``of_floor`` the median of per-round ratios. Beside the rates, the worker
+processes' CPU microseconds per attempt (``cpu_us_per_attempt``, ours and the floor's):
+on a shared machine the steadier figure of what an attempt costs.
 
     python -m benchmarks.redis_store [--workers 1,4,16] [--steps 4000] [--sessions 32]
         [--rounds 3]
@@ -94,18 +96,29 @@ def _next_event(result: Any) -> object | None:
 
 
 def _barrier(client: Any, round_: str, parties: int) -> tuple[dict[str, int], float]:
-    """Wait until all ``parties`` of the round have arrived; zeroed counts and the start."""
+    """Wait until all ``parties`` of the round have arrived; zeroed counts and the start
+    (the process's CPU time at the start is kept in the counts, as ``cpu``)."""
     if client.incr(f"{round_}:arrived") == parties:
         client.rpush(f"{round_}:gate", *["go"] * parties)
     client.blpop([f"{round_}:gate"], timeout=60)
-    return {status.value: 0 for status in AdvanceStatus}, time.monotonic()
+    counts = {status.value: 0 for status in AdvanceStatus}
+    counts["cpu"] = time.process_time()  # type: ignore[assignment]
+    return counts, time.monotonic()
 
 
 def _report(client: Any, round_: str, start: float, counts: dict[str, int]) -> None:
-    """Push one process's counts and times to the round's results, and disconnect."""
+    """Push one process's counts, times and CPU seconds since the barrier to the round's
+    results, and disconnect."""
     end = time.monotonic()
+    counts["cpu"] = time.process_time() - counts["cpu"]  # type: ignore[assignment]
     client.rpush(f"{round_}:results", json.dumps({"start": start, "end": end, **counts}))
     client.close()
+
+
+def _cpu_us(reports: list[dict[str, Any]], attempts: int) -> float:
+    """The worker processes' CPU microseconds (user + system) per attempt: on a shared
+    machine a steadier figure than the rate, which also counts the waits."""
+    return sum(r["cpu"] for r in reports) / attempts * 1e6 if attempts else 0.0
 
 
 def _worker(url: str, round_: str, parties: int, index: int, sessions: int, attempts: int) -> None:
@@ -176,6 +189,7 @@ def _floor_round(url: str, workers: int, steps: int, sessions: int, size: int) -
         return {
             "sessions_per_s": applied / wall if wall else float("inf"),
             "conflict_rate": (total - applied) / total if total else 0.0,
+            "cpu_us_per_attempt": _cpu_us(reports, total),
         }
     finally:
         client.close()
@@ -291,6 +305,7 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
             "sessions_per_s": applied / wall if wall else float("inf"),
             "conflict_rate": conflicts / total if total else 0.0,
             "record_bytes": round(record_bytes),
+            "cpu_us_per_attempt": _cpu_us(reports, total),
         }
     finally:
         client.close()
@@ -344,6 +359,8 @@ def run(
         "mean_record_bytes": median(ours, "record_bytes", 0),
         "floor_sessions_per_s": median(floors, "sessions_per_s", 1),
         "floor_conflict_rate": median(floors, "conflict_rate", 4),
+        "cpu_us_per_attempt": median(ours, "cpu_us_per_attempt", 1),
+        "floor_cpu_us_per_attempt": median(floors, "cpu_us_per_attempt", 1),
         "of_floor": {
             k: round(
                 _median(
