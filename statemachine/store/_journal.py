@@ -60,12 +60,12 @@ Step = tuple[Any, ...]
 COMPACT_EVERY = 32
 """A record's journal holds at most this many entries: the write after that writes the
 snapshot anew (so a worker that knows nothing of the session replays at most this many)."""
-REPLAY_AT_MOST = 16
+REPLAY_AT_MOST = 8
 """A worker that reads more new entries than this from other workers at once writes the
-snapshot anew with its next write: the session is shared by many. (Half a journal:
-replaying fewer costs a reader less than restoring the snapshot anew would cost every
-other worker that knows the old one; at 4, four workers sharing sessions spent 1.4 x
-the CPU per advance.)"""
+snapshot anew with its next write: the session is shared by many. (Replaying a few more
+costs a reader less than the restores a snapshot written anew forces on every other
+worker that knows the old one: in the Redis benchmark 4 at 4 and 16 at 16 worker
+processes each cost more CPU per attempt than 8.)"""
 COMPACT_AT_START = 24
 """A turn's start writes the snapshot anew once the journal holds this many entries: the
 snapshot is at its smallest then (the last turn's trace is gone)."""
