@@ -706,13 +706,16 @@ def test_a_worker_killed_mid_call_is_noticed_within_the_heartbeat_timeout(
         failure = timed_out.activity_task_timed_out_event_attributes.failure
         assert failure.timeout_failure_info.timeout_type == 4  # TIMEOUT_TYPE_HEARTBEAT
         noticed = timed_out.event_time.ToNanoseconds() / 1e9 - killed_at
-        assert 0 < noticed <= heartbeat + 1.0  # the dev server's timer precision is 1 ms
+        # the timer runs from the last heartbeat, before the kill; the slack is for a
+        # busy machine (the suite runs one worker per core), far under the 300 s the
+        # start-to-close timeout or the 120 s hang would take
+        assert 0 < noticed <= heartbeat + 10.0
         after = [e for e in events if e.event_id > timed_out.event_id]
         sticky_missed = of_type(after, E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
         assert sticky_missed  # the next task waited on the dead worker's sticky queue...
         taken = of_type(after, E.EVENT_TYPE_WORKFLOW_TASK_STARTED)[0]
         handed = (taken.event_time.ToNanoseconds() - timed_out.event_time.ToNanoseconds()) / 1e9
-        assert handed <= smt.STICKY_QUEUE_TIMEOUT_S + 1.0  # ...for at most that long
+        assert handed <= smt.STICKY_QUEUE_TIMEOUT_S + 5.0  # ...for that long (the default: 10 s)
         print(f"lost worker noticed after {noticed:.2f} s, its workflow moved after {handed:.2f} s")
         assert smt.check_replay(await handle.fetch_history()) is None
 
