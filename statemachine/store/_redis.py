@@ -6,17 +6,19 @@ Each session is one hash, ``<prefix>[:<tenant>]:session:{<id>}``, with three fie
 every key of one session is in one slot. Both reads and writes are Lua scripts, so
 each is one atomic step on the server: a compare-and-set reads the version and writes
 the new record with no window in between for another worker, and a read never sees a
-version from one write and a record from another. Errors of redis-py are translated
-here, at this one boundary.
+version from one write and a record from another. Which server a script goes to,
+and the redirections of a cluster, are ``_redis_cluster``'s; errors of redis-py are
+translated here, at this one boundary.
 
 The previous release's key, ``<prefix>[:<tenant>]:session:<id>``, is read where the
 new one is missing, and the record's next write moves it to the new key. On one server
 that is one script (both keys in it). On a cluster the two keys are in different slots,
-so a move is two steps: the compare-and-set on the new key is told the version and
-incarnation the old key holds (``_PEEK``) and writes only if the new key is still
-missing, so of two workers moving one record only one wins; then the old key is
-deleted. A worker that dies between the steps leaves the old key behind, hidden by
-the new one, until :meth:`RedisStore.delete` removes both.
+so a move is two steps: the old key's version and incarnation are read and checked
+(``_PEEK``), the compare-and-set on the new key is told that version and writes only
+while the new key is still missing (so of two workers moving one record one wins),
+then the old key is deleted. A worker that dies between the steps leaves the old key
+behind the new one: unseen while the new key exists (read again if it expires), and
+removed by :meth:`RedisStore.delete` with it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ._core import (
     key_prefix,
 )
 from ._errors import CorruptSession, StoreUnavailable, not_found, oversized, stale
+from ._redis_cluster import Router
 
 if TYPE_CHECKING:
     import redis
@@ -117,10 +120,6 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_REPLICA_TIMEOUT_S = 1.0
 """How long a write waits for its replicas by default (with ``replicas`` > 0), in seconds."""
 
-_REDIRECTS = 5
-"""How many redirections (MOVED, ASK, NOSCRIPT) a write that waits for its replicas
-follows before it gives up with ``StoreUnavailable``."""
-
 
 def _check_timeout(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
@@ -169,13 +168,6 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
-def _refused(exc: Exception) -> bool:
-    """Whether ``exc`` is a connection lost or refused (not a reply that timed out)."""
-    from redis import exceptions  # noqa: PLC0415 - an optional dependency
-
-    return isinstance(exc, exceptions.ConnectionError)  # a TimeoutError is not one
-
-
 def _pool_kwargs(client: Any, cluster: bool) -> list[dict[str, Any]]:
     """The connection settings ``client`` makes new connections with: its pool's, or
     for a cluster, its node manager's and each known node's pool's."""
@@ -195,7 +187,7 @@ class RedisStore(BytesStore):
     address another's keys; the braces make the id the key's hash tag, so on a cluster
     each session lives in one slot and every script touches that slot only. A record
     the previous release wrote at ``<prefix>[:<tenant>]:session:<id>`` is read there
-    and moved to the new key by its next write (on one server). With ``ended_ttl_s`` a
+    and moved to the new key by its next write. With ``ended_ttl_s`` a
     session that has ended expires that many seconds after its last write. Records
     over ``max_bytes`` are refused on write and reported corrupt on read.
 
@@ -263,6 +255,8 @@ class RedisStore(BytesStore):
         self._load = client.register_script(_LOAD)
         self._cas = client.register_script(_CAS)
         self._peek = client.register_script(_PEEK)
+        self._router = Router(client, cluster=self.cluster)
+        self._wait_ms = max(1, math.ceil(self.replica_timeout_s * 1000))
 
     @classmethod
     def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> RedisStore:
@@ -454,111 +448,25 @@ class RedisStore(BytesStore):
             self._translate(session_id, exc)
 
     def _run(self, session_id: str, script: Any, keys: list[str], *args: Any) -> list[Any]:
-        if self.cluster or (self.replicas and script is self._cas):
-            return self._on_master(session_id, script, keys, args)
+        """``script``'s reply; with ``replicas``, a write's only once they hold it."""
+        write = script is self._cas
+        wait = (self.replicas, self._wait_ms) if write and self.replicas else None
         try:
-            reply = script(keys=keys, args=list(args))
+            if self.cluster or wait is not None:
+                reply, acked = self._router.run(script, keys, args, write=write, wait=wait)
+            else:
+                reply, acked = list(script(keys=keys, args=list(args))), None
         except Exception as exc:
             self._translate(session_id, exc)
-        return list(reply)
-
-    def _on_master(
-        self, session_id: str, script: Any, keys: list[str], args: tuple[Any, ...]
-    ) -> list[Any]:
-        """``script`` on the master serving ``keys`` (on a cluster, straight to the
-        node holding its slot: a third less client time than redis-py's routing of a
-        script). A write with ``replicas`` is followed by ``WAIT`` on the same
-        connection (WAIT counts the replicas holding that connection's writes), so it
-        is reported only once they hold it. MOVED, ASK and NOSCRIPT are followed here;
-        a read whose connection was lost is sent once more after the slots are learned
-        anew (after a failover the slot has another master), a write is not (it may
-        have landed)."""
-        import redis  # noqa: PLC0415 - an optional dependency
-
-        errors = redis.exceptions
-        wait = bool(self.replicas) and script is self._cas
-        wait_ms = max(1, math.ceil(self.replica_timeout_s * 1000))
-        asking: str | None = None
-        resent = False
-        for _ in range(_REDIRECTS):
-            try:
-                node = self._node(keys[0], asking)
-                if asking is None and not wait:
-                    try:
-                        reply = node.evalsha(script.sha, len(keys), *keys, *args)
-                    except errors.ResponseError as exc:  # a redirection, or a reply to translate
-                        reply = exc
-                    acked: Any = None
-                else:
-                    pipe = node.pipeline(transaction=False)
-                    if asking is not None:
-                        pipe.execute_command("ASKING")
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                    if wait:
-                        pipe.execute_command("WAIT", self.replicas, wait_ms)
-                    replies = pipe.execute(raise_on_error=False)
-                    reply, acked = replies[-2:] if wait else (replies[-1], None)
-                asking = None
-                if isinstance(reply, errors.NoScriptError):
-                    node.script_load(script.script)
-                    continue
-            except Exception as exc:
-                if isinstance(exc, errors.ConnectionError | errors.TimeoutError):
-                    self._refresh()  # the node may have failed: ask the cluster who serves now
-                    if script is self._load and not resent and _refused(exc):
-                        resent = True
-                        continue
-                self._translate(session_id, exc)
-            if self.cluster and isinstance(reply, errors.MovedError):
-                self._refresh()
-                continue
-            if self.cluster and isinstance(reply, errors.AskError):
-                asking = f"{reply.host}:{reply.port}"
-                continue
-            for answer in (reply, acked):
-                if isinstance(answer, Exception):
-                    self._translate(session_id, answer)
-            if wait and reply[0] == 1 and int(acked) < self.replicas:
-                raise StoreUnavailable(
-                    f"session {session_id!r}: version {reply[1]} was written on the master, "
-                    f"but {acked} of {self.replicas} replica(s) acknowledged it within "
-                    f"{self.replica_timeout_s:g} s, so it may or may not survive a failover "
-                    "(advance again with the same key to find out)",
-                    session_id=session_id,
-                )
-            return list(reply)
-        raise StoreUnavailable(
-            f"session {session_id!r}: Redis is unavailable: the call was redirected "
-            f"{_REDIRECTS} times (the cluster's slots are moving); nothing was written",
-            session_id=session_id,
-        )
-
-    def _node(self, key: str, asking: str | None) -> Any:
-        """The client of the master serving ``key`` (or the ASK target): the client
-        itself on one server."""
-        if not self.cluster:
-            return self.client
-        client: Any = self.client
-        if asking is None:
-            return client.get_redis_connection(client.get_node_from_key(key))
-        node = client.get_node(node_name=asking)
-        if node is None:  # an ASK target the client has not met: learn the cluster anew
-            client.nodes_manager.initialize()
-            node = client.get_node(node_name=asking)
-        if node is None:
-            import redis  # noqa: PLC0415 - an optional dependency
-
-            raise redis.exceptions.ClusterError(f"ASK to {asking}, a node the cluster denies")
-        return client.get_redis_connection(node)
-
-    def _refresh(self) -> None:
-        """On a cluster, learn the slots anew (after a failed node or a MOVED); a
-        cluster that does not answer is left to the next call."""
-        if self.cluster:
-            import redis  # noqa: PLC0415 - an optional dependency
-
-            with suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-                self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+        if acked is not None and reply[0] == 1 and int(acked) < self.replicas:
+            raise StoreUnavailable(
+                f"session {session_id!r}: version {reply[1]} was written on the master, "
+                f"but {acked} of {self.replicas} replica(s) acknowledged it within "
+                f"{self.replica_timeout_s:g} s, so it may or may not survive a failover "
+                "(advance again with the same key to find out)",
+                session_id=session_id,
+            )
+        return reply
 
     def _translate(self, session_id: str, exc: Exception) -> NoReturn:
         import redis  # noqa: PLC0415 - an optional dependency
