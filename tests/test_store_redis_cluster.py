@@ -511,6 +511,14 @@ def test_cluster_errors_are_translated_in_bounded_calls(
         assert caught.value.session_id == "x"
     assert len(refreshes) == 5 + 5 + 2 + 1 + 1 + 1  # MOVED twice, each lost or late reply
 
+    def lost_map(_key: str, _asking: str | None) -> FakeNode:
+        raise errors.RedisClusterException("Redis Cluster cannot be connected")
+
+    monkeypatch.setattr(store._router, "node", lost_map)
+    for call in calls.values():
+        with pytest.raises(StoreUnavailable, match=r"no master .*cannot be connected"):
+            call()
+
 
 def test_a_slot_no_master_serves_is_unavailable_at_once_and_nothing_is_written(
     cluster: Cluster, store: RedisStore

@@ -491,7 +491,7 @@ class RedisStore(BytesStore):
             errors.ClusterDownError
             | errors.TryAgainError
             | errors.ClusterError
-            | errors.SlotNotCoveredError,
+            | errors.RedisClusterException,  # no node answers, or none serves the slot
         ):
             raise StoreUnavailable(
                 f"session {session_id!r}: Redis is unavailable: no master of the cluster "
