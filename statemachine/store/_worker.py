@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from ..core._actions import Action, Finish, InvokeTools
+from ..core._builder import build_maker
 from ..core._engine import needs_wall
 from ..core._events import ModelFailed, ModelReplied, ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
@@ -223,17 +224,19 @@ class InMemoryStore(BytesStore):
         session_id: str,
         expected_version: int,
         payload: bytes,
-        *,
         incarnation: str | None,
         ended: bool = False,
     ) -> int:
         """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
         :class:`Worker` writes: it builds the bytes from what changed since its last
-        write). ``incarnation`` is the one the record names."""
-        key = self._keys.get(session_id) or self.key(session_id)
+        write). ``incarnation`` is the one the record names. (A worker passes every
+        argument by position: it writes on every advance.)"""
         expected = expected_version
         if type(expected) is not int or expected < 0:
             expected = check_version(session_id, expected_version)
+        key = self._keys.get(session_id)
+        if key is None:
+            key = self.key(session_id)
         if len(payload) > self.max_bytes:
             check_payload(session_id, payload, self.max_bytes)  # raises, naming the size
         with self._lock:
@@ -340,6 +343,13 @@ class Advanced:
     def applied(self) -> bool:
         """Whether this call wrote the next version."""
         return self.status is AdvanceStatus.APPLIED
+
+
+_make_advanced: Callable[
+    [AdvanceStatus, Any, int, Action | None, tuple[ToolOutcome, ...], tuple[str, ...]], Advanced
+] = build_maker(Advanced, ("status", "_session", "version", "action", "interrupted", "ended"))
+"""``Advanced(status, session, version, action, interrupted, ended)``, made through its
+slots (every applied advance makes one)."""
 
 
 def _default_owner() -> str:
@@ -465,9 +475,21 @@ class Worker:
         Threads share it with no lock: a session is taken out by one ``pop`` (one thread
         gets it) and put back by one assignment."""
         self._lean = None if self._payload_cas is None or self._observers else self._appended
+        self._lean_cas: Callable[[str, int, bytes, str | None, bool], int] = (
+            store.compare_and_set_payload if type(store) is InMemoryStore else self._cas_payload
+        )
+        """The lean path's compare-and-set: (session id, expected version, payload,
+        incarnation, ended) -> the new version."""
         """The one-piece path of the most frequent advance, where it can apply."""
         self._age_text: tuple[float | None, str] = (None, "")
         """The last step's age and its text (a record's tail writes the same age)."""
+
+    def _cas_payload(
+        self, session_id: str, expected: int, payload: bytes, incarnation: str | None, ended: bool
+    ) -> int:
+        return self._payload_cas(  # type: ignore[misc]
+            session_id, expected, payload, incarnation=incarnation, ended=ended
+        )
 
     # -- time ---------------------------------------------------------------------
 
@@ -849,7 +871,7 @@ class Worker:
         applied = None
         if live is not None:
             try:
-                if event is not None and self._lean is not None:
+                if self._lean is not None:
                     fast = self._lean(session_id, live, event, expected, key)
                     if fast is not None:
                         return fast
@@ -903,14 +925,15 @@ class Worker:
             self._report_spend(*report)
         return result
 
-    def _appended(
-        self, session_id: str, live: _Live, event: object, expected: int, key: str | None
+    def _appended(  # noqa: PLR0915 - one piece on purpose: every advance takes it
+        self, session_id: str, live: _Live, event: object | None, expected: int, key: str | None
     ) -> Advanced | None:
-        """:meth:`advance`'s most frequent case, in one piece: an event for a session this
-        worker holds, whose record takes one more entry, with no observer, doom check,
-        session tree or carried outcome to look after; ``None`` (nothing done) for any
-        other, which goes the general way. The same steps: the event at the session's age,
-        its entry appended to the record's bytes, the compare-and-set, the result."""
+        """:meth:`advance`'s most frequent case, in one piece: an event (or a turn's start,
+        ``None``) for a session this worker holds, whose record takes one more entry, with
+        no observer, doom check, session tree, child spend or carried outcome to look
+        after; ``None`` (nothing done) for any other, which goes the general way. The same
+        steps: the step at the session's age, its entry appended to the record's bytes,
+        the compare-and-set, the result."""
         record = live.record
         end, count, known = record.prefix_end, record.entries, record.payload
         if (
@@ -919,14 +942,17 @@ class Worker:
             or record.crowded
             or end is None
             or known is None
-            or count >= COMPACT_EVERY
+            or count >= (COMPACT_AT_START if event is None else COMPACT_EVERY)
             or record.version != RECORD_VERSION
             or live.verdicts.check is not None
         ):
             return None
         session = live.session
         turn = session.current_turn
-        if turn is None:
+        if event is None:
+            if session.child_costs:  # the children's totals are pulled first
+                return None
+        elif turn is None:
             return None
         wall = self._now()
         age = record.elapsed_s
@@ -934,74 +960,90 @@ class Worker:
             age = min(age + (wall - record.saved_at), _LARGEST)
         if type(age) is not float:
             return None
-        failed = type(event) is ModelFailed and event.error.headers is not None
-        given = wall if failed else None
-        action = turn.send(event, at=age, wall=given)
         at = float.__repr__(age)
-        when = "null" if given is None else number_text(given)
-        added = f'["e",{at},{when},{event_text(event)}]'
-        if count:
-            added = "," + added
+        sep = "," if count else ""
+        # the step as apply_step takes it, its entry as entry_text writes it
+        if event is None:
+            if turn is not None and turn.state == "idle":
+                action = turn.start(at=age)
+            else:
+                action = session.new_turn(at=age).start(at=age)
+            added = f'{sep}["s",{at},null]'
+        elif type(event) is ModelFailed and event.error.headers is not None:
+            action = turn.send(event, at=age, wall=wall)  # type: ignore[union-attr]
+            added = f'{sep}["e",{at},{number_text(wall)},{event_text(event)}]'
+        else:
+            action = turn.send(event, at=age)  # type: ignore[union-attr]
+            added = f'{sep}["e",{at},null,{event_text(event)}]'
         size = len(added) if added.isascii() else len(added.encode())
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
-        claim = None
-        if type(action) is InvokeTools and action.calls:
-            claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
-        if end + size > self._compact_at or claim is not None:
-            # the general way from here: the step is taken, its entry written
+        if end + size > self._compact_at or (type(action) is InvokeTools and action.calls):
+            # the general way from here (a claim, or the snapshot written anew): the step
+            # is taken, its entry written
             new = self._record(
-                session_id, live, session, action, keys, age, wall, None, (), [added.lstrip(",")]
+                session_id,
+                live,
+                session,
+                action,
+                keys,
+                age,
+                wall,
+                None,
+                (),
+                [added[1:] if count else added],
+                event is None,
             )
+            elapsed = new.elapsed_s
         else:
-            self._grow(record, session, added, size, keys, wall, age, at)
+            # the record (the worker's alone) grown in place: its bytes, prefix, ages and
+            # keys (no claim, nothing carried); the tail as tail_text writes it
+            last = session.last_at
+            elapsed = last if age < last else age
+            finished_at = session.finished_at
+            finished = None if finished_at is None else elapsed - finished_at
+            middle = record.middle
+            if middle is None or keys is not record.keys or record.claim is not None:
+                middle = middle_text(keys, None, ())
+                record.keys, record.claim, record.carried, record.middle = keys, None, (), middle
+            saved = float.__repr__(wall) if type(wall) is float else number_text(wall)
+            if elapsed is not age:
+                at = float.__repr__(elapsed) if type(elapsed) is float else number_text(elapsed)
+            tail = (
+                f'{added}],"saved_at":{saved}{middle},"elapsed_s":{at},'
+                f'"finished_s":{"null" if finished is None else number_text(finished)}}}'
+            )
+            record.payload = b"".join((memoryview(known)[:end], tail.encode()))
+            record.prefix_end = end + size
+            record.entries = count + 1
+            record.saved_at = wall
+            record.elapsed_s, record.finished_s = elapsed, finished
+            if record.snapshot is not None or record.journal:
+                record.snapshot, record.journal = None, ()  # read: only the bytes now
             new = record
         ended = type(action) is Finish and session.status is not None
         try:
-            version = self._payload_cas(  # type: ignore[misc]
-                session_id, expected, new.payload, incarnation=new.incarnation, ended=ended
-            )
+            version = self._lean_cas(session_id, expected, new.payload, new.incarnation, ended)  # type: ignore[arg-type]
         except StaleWrite:
             return self._lost_race(session_id, key)
         live.version, live.record = version, new
-        if type(action) is Finish:
-            action = self._on_clock_action(action, new.elapsed_s)
-        result = Advanced(AdvanceStatus.APPLIED, self._handout(session_id, live), version, action)
+        if type(action) is Finish and action.retry_at is not None:
+            action = self._on_clock_action(action, elapsed)
+        if not self._remember_at_most:
+            return Advanced(
+                AdvanceStatus.APPLIED, self._on_clock(session, elapsed, wall), version, action
+            )
+        result = _make_advanced(  # _handout, inline: its bytes taken before it is remembered
+            AdvanceStatus.APPLIED,
+            (self._hand_out, session_id, version, session, new.payload, elapsed, wall, None),
+            version,
+            action,
+            (),
+            (),
+        )
         self._remember(session_id, live)
         return result
-
-    @staticmethod
-    def _grow(
-        record: Record,
-        session: Session,
-        added: str,
-        size: int,
-        keys: tuple[tuple[int, str], ...],
-        wall: float,
-        age: float,
-        age_text: str,
-    ) -> None:
-        """``record`` (the worker's alone) grown in place by the entry text ``added``
-        (``size`` bytes) of a step taken at ``age`` (written ``age_text``), at Unix time
-        ``wall``: its bytes, prefix, ages and keys (no claim, nothing carried)."""
-        end, known = record.prefix_end, record.payload
-        last = session.last_at
-        elapsed = last if age < last else age
-        finished_at = session.finished_at
-        finished = None if finished_at is None else elapsed - finished_at
-        middle = record.middle
-        if middle is None or keys is not record.keys or record.claim is not None:
-            middle = middle_text(keys, None, ())
-            record.keys, record.claim, record.carried, record.middle = keys, None, (), middle
-        tail = tail_text(wall, middle, elapsed, finished, age_text if elapsed is age else None)
-        record.payload = b"".join((memoryview(known)[:end], (added + tail).encode()))  # type: ignore[arg-type]
-        record.prefix_end = end + size  # type: ignore[operator]
-        record.entries += 1
-        record.saved_at = wall
-        record.elapsed_s, record.finished_s = elapsed, finished
-        if record.snapshot is not None or record.journal:
-            record.snapshot, record.journal = None, ()  # read: only the bytes now
 
     def _apply(
         self, session_id: str, live: _Live, event: object | None
