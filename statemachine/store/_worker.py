@@ -112,6 +112,9 @@ _KEYS_KEPT = 4096
 """How many checked session ids an InMemoryStore keeps the keys of."""
 _LIVE_SESSIONS = 1024
 """How many sessions a worker remembers its last record of, by default."""
+_SLICED = 1 << 16
+"""Below this many bytes, a record's prefix is sliced and copied twice (for a few
+kilobytes, faster than a memoryview's one copy)."""
 
 Observer = Callable[[TraceRecord], None]
 
@@ -239,7 +242,9 @@ class InMemoryStore(BytesStore):
             key = self.key(session_id)
         if len(payload) > self.max_bytes:
             check_payload(session_id, payload, self.max_bytes)  # raises, naming the size
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: half the cost, on every write
+        try:
             entry = self._data.get(key)
             if entry is not None and entry[2] is not None:
                 entry = self._get(key)  # it may have expired
@@ -257,6 +262,8 @@ class InMemoryStore(BytesStore):
                 expires = self._clock() + self.ended_ttl_s
             self._data[key] = (actual + 1, payload, expires, incarnation)
             return actual + 1
+        finally:
+            lock.release()
 
     def delete(self, session_id: str) -> bool:
         """Remove the record; whether there was one."""
@@ -867,7 +874,13 @@ class Worker:
             expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
-        live = self._recall(session_id, expected, key)
+        live = self._live.pop(session_id, None)  # _recall, inline: every advance takes it
+        if live is not None and (
+            live.version != expected
+            or (key is not None and any(k == key for _, k in live.record.keys))
+        ):
+            self._live.setdefault(session_id, live)  # unless another was remembered meanwhile
+            live = None
         applied = None
         if live is not None:
             try:
@@ -1014,7 +1027,10 @@ class Worker:
                 f'{added}],"saved_at":{saved}{middle},"elapsed_s":{at},'
                 f'"finished_s":{"null" if finished is None else number_text(finished)}}}'
             )
-            record.payload = b"".join((memoryview(known)[:end], tail.encode()))
+            if end < _SLICED:
+                record.payload = known[:end] + tail.encode()
+            else:
+                record.payload = b"".join((memoryview(known)[:end], tail.encode()))
             record.prefix_end = end + size
             record.entries = count + 1
             record.saved_at = wall
