@@ -182,42 +182,42 @@ def event_text(event: Any) -> str:
         return f'{{"$type":"Assembled","request":{json_text(event.request)},"size":{event.size!r}}}'
     if kind is ModelReplied and not event.tool_calls and event.usage is None:
         cost = event.cost
-        parts = ['{"$type":"ModelReplied"']
+        text = '{"$type":"ModelReplied"'
         if not (type(cost) is float and cost == 0.0):
-            parts += [',"cost":', _number_text(cost)]
+            text += ',"cost":' + _number_text(cost)
         data = event.reply_data
         if data is not None:
-            parts += [',"reply":', json_text(data)]
-        parts.append("}")
-        return "".join(parts)
+            text += ',"reply":' + json_text(data)
+        return text + "}"
     return json_text(compact(event))
 
 
 def _model_failed_text(event: ModelFailed) -> str:
-    """``json_text(compact(event))`` written field by field: the event of every retry."""
+    """``json_text(compact(event))`` written field by field: the event of every retry
+    (one string grown, not a list joined: most errors have three or four fields)."""
     error = event.error
-    parts = [_FAILED_HEAD, encode_basestring(error.category.value)]
+    text = _FAILED_HEAD + encode_basestring(error.category.value)
     if error.message:
-        parts += [',"message":', encode_basestring(error.message)]
+        text += ',"message":' + encode_basestring(error.message)
     waited = error.retry_after_seconds
     if waited is not None:
-        parts += [',"retry_after_seconds":', _number_text(waited)]
+        text += ',"retry_after_seconds":' + _number_text(waited)
     if error.headers is not None:
-        parts += [',"headers":', json_text(dict(error.headers))]
+        text += ',"headers":' + json_text(dict(error.headers))
     if error.code is not None:
-        parts += [',"code":', encode_basestring(error.code)]
-    if error.status is not None:
-        parts += [',"status":', _number_text(error.status)]
+        text += ',"code":' + encode_basestring(error.code)
+    status = error.status
+    if status is not None:
+        text += ',"status":' + (
+            int.__repr__(status) if type(status) is int else _number_text(status)
+        )
     if error.body is not None:
-        parts += [',"body":', json_text(error.body)]
-    parts.append("}")
-    if event.partial:
-        parts.append(',"partial":true')
+        text += ',"body":' + json_text(error.body)
+    text += '},"partial":true' if event.partial else "}"
     cost = event.cost
     if not (type(cost) is float and cost == 0.0):
-        parts += [',"cost":', json_text(cost)]
-    parts.append("}")
-    return "".join(parts)
+        text += ',"cost":' + json_text(cost)
+    return text + "}"
 
 
 def _number_text(value: Any) -> str:
