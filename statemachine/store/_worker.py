@@ -942,11 +942,11 @@ class Worker:
         self, session_id: str, live: _Live, event: object | None, expected: int, key: str | None
     ) -> Advanced | None:
         """:meth:`advance`'s most frequent case, in one piece: an event (or a turn's start,
-        ``None``) for a session this worker holds, whose record takes one more entry, with
-        no observer, doom check, session tree, child spend or carried outcome to look
-        after; ``None`` (nothing done) for any other, which goes the general way. The same
-        steps: the step at the session's age, its entry appended to the record's bytes,
-        the compare-and-set, the result."""
+        ``None``) for a session this worker holds, whose record takes one more entry (or
+        is written anew by :meth:`_record`), with no observer, doom check, session tree,
+        child spend or carried outcome to look after; ``None`` (nothing done) for any
+        other, which goes the general way. The same steps: the step at the session's age,
+        its entry appended to the record's bytes, the compare-and-set, the result."""
         record = live.record
         end, count, known = record.prefix_end, record.entries, record.payload
         if (
@@ -955,7 +955,6 @@ class Worker:
             or record.crowded
             or end is None
             or known is None
-            or count >= (COMPACT_AT_START if event is None else COMPACT_EVERY)
             or record.version != RECORD_VERSION
             or live.verdicts.check is not None
         ):
@@ -992,8 +991,12 @@ class Worker:
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
-        if end + size > self._compact_at or (type(action) is InvokeTools and action.calls):
-            # the general way from here (a claim, or the snapshot written anew): the step
+        if (
+            count >= (COMPACT_AT_START if event is None else COMPACT_EVERY)
+            or end + size > self._compact_at
+            or (type(action) is InvokeTools and action.calls)
+        ):
+            # the general way from here (the snapshot written anew, or a claim): the step
             # is taken, its entry written
             new = self._record(
                 session_id,
