@@ -171,6 +171,7 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/store/_errors.py": _STORE,
     "statemachine/store/_ending.py": ("tests/test_store_ending.py",),
     "statemachine/store/_redis.py": ("tests/test_store_redis.py",),
+    "statemachine/store/_redis_cluster.py": ("tests/test_store_redis_cluster.py",),
     "statemachine/io/_drivers.py": _DRIVERS,
     "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py"),
     "statemachine/io/_providers.py": (*_DRIVERS, "tests/test_provider_usage.py"),
