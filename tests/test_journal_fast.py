@@ -261,3 +261,48 @@ def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() 
             del record["incarnation"]
         assert records[0] == records[1]
     assert results[0].session.snapshot() == results[1].session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_turn_starts_and_compactions_take_the_one_piece_path_and_write_the_same() -> None:
+    """A turn's start and a write that compacts the record go the one-piece way too (the
+    general step, ``Worker._apply``, is never called), and store what a worker without
+    that path stores, byte for byte but the incarnation, at every version."""
+    rate = sm.ModelFailed(sm.ModelError("rate_limited", "slow down", status=429))
+    turn = [None, sm.Assembled({"m": 1}, 5), *[rate, sm.WaitDone()] * 3, sm.ModelReplied()]
+    stores = [InMemoryStore(), InMemoryStore()]
+    walls = [Clock(1000.0), Clock(1000.0)]
+    lean, general = (
+        Worker(store, owner="w", clock=lambda: 0.0, now=wall)
+        for store, wall in zip(stores, walls, strict=True)
+    )
+    general._lean = None
+
+    def no_general_step(*_: object) -> Any:
+        raise AssertionError("the general step was taken")
+
+    lean._apply = no_general_step  # type: ignore[method-assign]
+    session = sm.Settings(session_retry_ceiling=10**6)
+    results = [
+        w.create("s", sm.Session(session, seed=3, clock=lambda: 0.0)) for w in (lean, general)
+    ]
+    journals = []
+    for i, event in enumerate(turn * 8):
+        for wall in walls:
+            wall.now += 0.5 * (i % 3)
+        results = [
+            w.advance("s", event, expected_version=r.version)
+            for w, r in zip((lean, general), results, strict=True)
+        ]
+        assert results[0].action == results[1].action
+        payloads = [store.load_payload("s")[1] for store in stores]
+        records = [json.loads(payload) for payload in payloads]
+        incarnations = [record["incarnation"] for record in records]
+        assert payloads[0].replace(incarnations[0].encode(), b"") == payloads[1].replace(
+            incarnations[1].encode(), b""
+        )
+        journals.append(len(records[0]["journal"]))
+    compacted = [i for i, entries in enumerate(journals) if entries == 0]
+    assert len(compacted) >= 2  # the snapshot written anew, more than once: at turn starts
+    assert all(i % len(turn) == 0 for i in compacted)
+    assert results[0].session.snapshot() == results[1].session.snapshot()
