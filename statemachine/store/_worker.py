@@ -297,7 +297,7 @@ class _Live:
     check is ``verdicts``. Whoever takes one out of the worker's memory owns it until it
     puts it back (nothing else reads or steps it meanwhile)."""
 
-    __slots__ = ("record", "session", "tree", "verdicts", "version")
+    __slots__ = ("plain", "record", "session", "tree", "verdicts", "version")
 
     def __init__(self, version: int, record: Record, session: Session, verdicts: Verdicts) -> None:
         self.version = version
@@ -306,6 +306,8 @@ class _Live:
         self.verdicts = verdicts
         self.tree = session.parent_id is not None
         """Whether the session is a child: its spend is reported up the tree."""
+        self.plain = not self.tree and verdicts.check is None
+        """Neither a child nor doom-checked: what the one-piece advance takes."""
 
 
 Handout = tuple[Any, str, int, Session | None, bytes | None, float, float, float | None]
@@ -950,13 +952,12 @@ class Worker:
         record = live.record
         end, count, known = record.prefix_end, record.entries, record.payload
         if (
-            live.tree
+            not live.plain
             or record.carried
             or record.crowded
             or end is None
             or known is None
             or record.version != RECORD_VERSION
-            or live.verdicts.check is not None
         ):
             return None
         session = live.session
