@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 
 from ..core._actions import Action, InvokeTools
+from ..core._builder import build_maker
 from ..core._codec import compact, decode
 from ..core._events import EVENT_TYPES, Assembled, ModelFailed, ModelReplied
 from ..core._exceptions import (
@@ -44,7 +45,7 @@ from ..core._exceptions import (
     SnapshotError,
     TurnInProgress,
 )
-from ..core._json_data import short_repr
+from ..core._json_data import MAX_COUNT, plain_json, short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
 from ..core._state_text import json_text, number_text
@@ -299,7 +300,12 @@ def read_entry(
     if op == START and not args:
         step = (START,)
     elif op == EVENT and len(args) in (1, 2):
-        event = decode(args[0], "event")
+        data = args[0]
+        event = None
+        if type(data) is dict and data.get("$type") == "Assembled":
+            event = _read_assembled(data)
+        if event is None:
+            event = decode(data, "event")
         if type(event) not in EVENT_TYPES:
             raise ValueError(f"event: must be an encoded event, got {type(event).__name__}")
         if len(args) == 2:
@@ -316,6 +322,26 @@ def read_entry(
     if op in (START, EVENT) and at is None:
         raise ValueError("at: the step recorded no clock reading")
     return step, at, wall, verdicts
+
+
+_make_assembled: Callable[[Any, int], Assembled] = build_maker(Assembled, ("request", "size"))
+
+
+def _read_assembled(data: dict[Any, Any]) -> Assembled | None:
+    """The ``Assembled`` that ``data`` (a journal's entry, fresh from the JSON parser)
+    encodes with both its fields, when its request is certainly JSON data and its size
+    in range: made through its slots, the request taken as it is (``Assembled`` would
+    check it the same way, then copy it: the parser's output is no one else's). ``None``
+    for anything else, which ``decode`` reads (and refuses) as it always did."""
+    if len(data) != 3 or "request" not in data:
+        return None
+    size = data.get("size")
+    if type(size) is not int or not 0 <= size <= MAX_COUNT:
+        return None
+    request = data["request"]
+    if not plain_json(request):
+        return None
+    return _make_assembled(request, size)
 
 
 def replay(
