@@ -1,17 +1,17 @@
-"""Every piece of code the package generates, and the one place it is compiled.
+"""The one place generated code is compiled, and the generators of the engine's own.
 
-The hottest paths (encoding a value, copying a state for the model checker, a trace
-step's counters, a trace record, a store's snapshot text) run as straight-line code
-generated at import from the declarations that define them: the value classes'
-fields (``_codec.py``), the state's declared fields and traced counters
-(``_state.py``), the text kinds of its stored fields (``_state_text.py``), the trace
-record's fields (``_engine.py``). Each ``build_*`` function here writes the source of
-one such function from the plan its caller hands it, compiles it (:func:`_compiled`)
-and returns it.
+The hottest paths run as straight-line code generated at import from the
+declarations that define them, never from input. The ``build_*`` functions here write
+the engine's: encoding a value and its compact form (``_codec.py``'s classes),
+making an action through its slots, a table group's trial of its rows, copying a state
+for the model checker and a trace step's counters (``_state.py``), a store's snapshot
+text (``_state_text.py``) and a trace record (``_engine.py``). The readers live beside
+the formats they read and compile through :func:`_compiled` too: a value's decoder and
+its fast reader (``_codec.py``), a snapshot's generated reader and writer of each
+state class (``_snapshot.py``).
 
-The sources are built from those declarations only, never from input. This module
-imports nothing of the package: every plan and every helper the generated code calls
-comes in as an argument.
+This module imports nothing of the package: every plan and every helper the generated
+code calls comes in as an argument.
 """
 
 from __future__ import annotations
