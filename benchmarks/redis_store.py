@@ -211,14 +211,31 @@ def _run_processes(
     ]
     for proc in procs:
         proc.start()
-    reports = []
-    for _ in range(workers):
-        item = client.blpop([f"{round_}:results"], timeout=300)
-        if item is None:
-            raise RuntimeError(f"a worker of the {workers}-worker round {round_} never reported")
-        reports.append(json.loads(item[1]))
-    for proc in procs:
-        proc.join(timeout=30)
+    reports: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 300
+    try:
+        while len(reports) < workers:
+            item = client.blpop([f"{round_}:results"], timeout=1)
+            if item is not None:
+                reports.append(json.loads(item[1]))
+                continue
+            # a worker that died (an exception, a broken script) ends the round at once
+            failed = [proc.exitcode for proc in procs if proc.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(
+                    f"a worker of the {workers}-worker round {round_} exited with {failed[0]}"
+                )
+            if time.monotonic() > deadline or all(proc.exitcode == 0 for proc in procs):
+                missing = workers - len(reports)
+                raise RuntimeError(
+                    f"{missing} worker(s) of the {workers}-worker round {round_} never reported"
+                )
+    finally:
+        for proc in procs:
+            proc.join(timeout=30 if len(reports) == workers else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
     return reports
 
 
