@@ -306,3 +306,38 @@ def test_turn_starts_and_compactions_take_the_one_piece_path_and_write_the_same(
     assert len(compacted) >= 2  # the snapshot written anew, more than once: at turn starts
     assert all(i % len(turn) == 0 for i in compacted)
     assert results[0].session.snapshot() == results[1].session.snapshot()
+
+
+@pytest.mark.requirement("ER-70")
+def test_a_result_read_while_another_thread_advances_its_session_is_the_session_it_wrote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A result's session is copied from the worker's own when the caller first reads it.
+    Another thread's advance of that session landing between the check that the worker's
+    own is still the written one and the copy must not step the session being copied:
+    the copy is taken out of the worker's memory while it is made (the other advance
+    reads the store instead), so the result's session is the state it wrote."""
+    clock, wall = Clock(50.0), Clock(1000.0)
+    store = InMemoryStore()
+    w = Worker(store, owner="a", clock=clock, now=wall)
+    r = w.create("s", sm.Session(settings(), seed=3, clock=clock))
+    r = w.advance("s", None, expected_version=r.version)
+    r = w.advance("s", next_event(r), expected_version=r.version)
+    assert isinstance(r.action, sm.CallModel)
+    copy = Worker._on_clock
+    raced: list[Any] = []
+
+    def racing(self: Worker, *args: Any) -> sm.Session:
+        if not raced:  # "another thread", between the check and the copy
+            raced.append(
+                w.advance("s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=3)
+            )
+        return copy(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Worker, "_on_clock", racing)
+    session = r.session
+    assert raced and raced[0].status is sm.store.AdvanceStatus.APPLIED
+    assert raced[0].version == r.version + 1  # the other advance did land
+    assert session.current_turn is not None
+    assert session.current_turn.state == "calling"
+    assert session.current_turn.action == r.action

@@ -635,9 +635,15 @@ class Worker:
         """The session of ``handout``: a copy of the worker's own session if that is
         still as the write left it, else the written bytes read again."""
         _, session_id, version, own, payload, elapsed, saved_at, started = handout
-        live = self._live.get(session_id)
-        if live is not None and live.version == version and live.session is own:
-            return self._on_clock(own, elapsed, saved_at, started)
+        # taken out while it is copied, as an advance takes it: another thread's advance
+        # of the session meanwhile reads the store instead of stepping this one
+        live = self._live.pop(session_id, None)
+        if live is not None:
+            try:
+                if live.version == version and live.session is own:
+                    return self._on_clock(own, elapsed, saved_at, started)
+            finally:
+                self._live.setdefault(session_id, live)  # unless another was remembered
         record = self._parsed(session_id, payload)  # type: ignore[arg-type]
         session, _ = read_session(record, self._doom_check)
         return self._on_clock(session, record.elapsed_s, record.saved_at, started)
