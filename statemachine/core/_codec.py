@@ -338,11 +338,8 @@ def _decoder_of(name: str) -> Any:
         if opaque:
             continue
         if enum_classes:
-            members: dict[Any, enum.Enum] = {}
-            for enum_class in enum_classes:
-                for member in enum_class:
-                    members.setdefault(member.value, member)
-            namespace[f"members{i}"], namespace[f"enums{i}"] = members, enum_classes
+            namespace[f"members{i}"] = _members_by_value(enum_classes)
+            namespace[f"enums{i}"] = enum_classes
             where = f"{name}.{field}"
             lines += [
                 f"    if v{i} is not None:",
@@ -365,6 +362,15 @@ def _decoder_of(name: str) -> Any:
         "        raise Bad(short_message(exc)) from None",
     ]
     return _compiled("\n".join(lines) + "\n", "decode_one", f"<decode {name}>", namespace)
+
+
+def _members_by_value(classes: tuple[type[enum.Enum], ...]) -> dict[Any, enum.Enum]:
+    """Each value of ``classes``' members to its member, the first class's first."""
+    members: dict[Any, enum.Enum] = {}
+    for enum_class in classes:
+        for member in enum_class:
+            members.setdefault(member.value, member)
+    return members
 
 
 def _enum_value(classes: tuple[type[enum.Enum], ...], item: Any, where: str) -> enum.Enum:
@@ -417,11 +423,7 @@ def checked_decoder(
         if opaque:
             continue
         if enum_classes:
-            members: dict[Any, enum.Enum] = {}
-            for enum_class in enum_classes:
-                for member in enum_class:
-                    members.setdefault(member.value, member)
-            namespace[f"members{i}"] = members
+            namespace[f"members{i}"] = _members_by_value(enum_classes)
             lines += [
                 f"    v{i} = members{i}.get(v{i}) if type(v{i}) is str else None",
                 f"    if v{i} is None:",
