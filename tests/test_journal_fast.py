@@ -226,12 +226,9 @@ def test_a_loaded_finish_with_a_retry_moment_is_on_the_workers_clock() -> None:
     assert loaded.action == loaded.session.current_turn.action  # type: ignore[union-attr]
 
 
-@pytest.mark.requirement("ER-70")
-def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() -> None:
-    """The most frequent advance is taken in one piece (``Worker._appended``); a worker
-    without that path, given the same events (idempotency keys, retry-after headers,
-    tool calls and their claims, compactions), stores the same record at every
-    version."""
+def _one_piece_and_general() -> tuple[list[InMemoryStore], list[Clock], Worker, Worker]:
+    """Two stores, their wall clocks, a worker on each: the first may take the one-piece
+    advance, the second never does."""
     stores = [InMemoryStore(), InMemoryStore()]
     walls = [Clock(1000.0), Clock(1000.0)]
     lean, general = (
@@ -239,6 +236,16 @@ def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() 
         for store, wall in zip(stores, walls, strict=True)
     )
     general._lean = None
+    return stores, walls, lean, general
+
+
+@pytest.mark.requirement("ER-70")
+def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() -> None:
+    """The most frequent advance is taken in one piece (``Worker._appended``); a worker
+    without that path, given the same events (idempotency keys, retry-after headers,
+    tool calls and their claims, compactions), stores the same record at every
+    version."""
+    stores, walls, lean, general = _one_piece_and_general()
     results = [
         w.create("s", sm.Session(settings(), seed=5, clock=lambda: 0.0)) for w in (lean, general)
     ]
@@ -270,13 +277,7 @@ def test_turn_starts_and_compactions_take_the_one_piece_path_and_write_the_same(
     that path stores, byte for byte but the incarnation, at every version."""
     rate = sm.ModelFailed(sm.ModelError("rate_limited", "slow down", status=429))
     turn = [None, sm.Assembled({"m": 1}, 5), *[rate, sm.WaitDone()] * 3, sm.ModelReplied()]
-    stores = [InMemoryStore(), InMemoryStore()]
-    walls = [Clock(1000.0), Clock(1000.0)]
-    lean, general = (
-        Worker(store, owner="w", clock=lambda: 0.0, now=wall)
-        for store, wall in zip(stores, walls, strict=True)
-    )
-    general._lean = None
+    stores, walls, lean, general = _one_piece_and_general()
 
     def no_general_step(*_: object) -> Any:
         raise AssertionError("the general step was taken")
