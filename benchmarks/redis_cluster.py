@@ -408,14 +408,15 @@ def run_on(
     flushed), the floor's scripts sent to each key's node, the stores with
     ``replicas`` (``RedisStore(replicas=...)``)."""
     cluster_url = CLUSTER_SCHEME + url.removeprefix("redis://")
-    # the forked workers inherit both
-    redis_store.STORE_OPTIONS["replicas"] = replicas
-    floor, redis_store._floor_worker = redis_store._floor_worker, _floor_worker
-    try:
-        return redis_store.run(workers, steps, sessions, url=cluster_url, rounds=rounds)
-    finally:
-        redis_store.STORE_OPTIONS.pop("replicas")
-        redis_store._floor_worker = floor
+    return redis_store.run(
+        workers,
+        steps,
+        sessions,
+        url=cluster_url,
+        rounds=rounds,
+        store_options={"replicas": replicas},
+        floor_worker=_floor_worker,
+    )
 
 
 def run(

@@ -57,10 +57,6 @@ _WAIT_S = 600.0
 (redis-py 8 gives every client a 5 s one by default)."""
 
 
-STORE_OPTIONS: dict[str, Any] = {}
-"""More options of every ``RedisStore`` here (``benchmarks.redis_cluster`` sets them)."""
-
-
 def _client(url: str, timeout: float) -> Any:
     import redis
 
@@ -121,14 +117,21 @@ def _cpu_us(reports: list[dict[str, Any]], attempts: int) -> float:
     return sum(r["cpu"] for r in reports) / attempts * 1e6 if attempts else 0.0
 
 
-def _worker(url: str, round_: str, parties: int, index: int, sessions: int, attempts: int) -> None:
-    """One worker process: wait at the barrier, make ``attempts`` attempts, report."""
+def _worker(
+    url: str,
+    round_: str,
+    parties: int,
+    index: int,
+    sessions: int,
+    attempts: int,
+    options: dict[str, Any],
+) -> None:
+    """One worker process: wait at the barrier, make ``attempts`` attempts, report
+    (``options``: more options of its ``RedisStore``)."""
     # the barrier and the report on a client of their own: the store sets its
     # reply timeout on its client's pool, and the barrier may wait longer
     client = _client(url, _WAIT_S)
-    store = RedisStore(
-        _client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S, **STORE_OPTIONS
-    )
+    store = RedisStore(_client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S, **options)
     worker = Worker(store, owner=f"w{index}")
     rng = random.Random(index)
     counts, start = _barrier(client, round_, parties)
@@ -163,9 +166,11 @@ def _floor_worker(
     _report(client, round_, start, counts)
 
 
-def _floor_round(url: str, workers: int, steps: int, sessions: int, size: int) -> dict[str, Any]:
-    """The raw Lua compare-and-set rate with ``workers`` processes and records of
-    ``size`` bytes, measured the way :func:`_round` measures the worker."""
+def _floor_round(
+    url: str, workers: int, steps: int, sessions: int, size: int, floor_worker: Any
+) -> dict[str, Any]:
+    """The raw Lua compare-and-set rate with ``workers`` processes of ``floor_worker``
+    and records of ``size`` bytes, measured the way :func:`_round` measures the worker."""
 
     from statemachine.store._redis import _CAS
 
@@ -179,7 +184,7 @@ def _floor_round(url: str, workers: int, steps: int, sessions: int, size: int) -
             client,
             round_,
             workers,
-            _floor_worker,
+            floor_worker,
             (url, round_, workers),
             (sessions, max(1, steps // workers), size),
         )
@@ -283,15 +288,15 @@ def _server(url: str | None) -> Iterator[tuple[str, str]]:
             proc.wait(timeout=10)
 
 
-def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
+def _round(
+    url: str, workers: int, steps: int, sessions: int, options: dict[str, Any]
+) -> dict[str, Any]:
 
     client = _client(url, _WAIT_S)
     try:
         client.flushdb()
         # the store on a client of its own (it sets its reply timeout on its pool)
-        store = RedisStore(
-            _client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S, **STORE_OPTIONS
-        )
+        store = RedisStore(_client(url, _TIMEOUT_S), prefix=PREFIX, timeout_s=_TIMEOUT_S, **options)
         setup = Worker(store, owner="setup")
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
@@ -302,7 +307,7 @@ def _round(url: str, workers: int, steps: int, sessions: int) -> dict[str, Any]:
             workers,
             _worker,
             (url, round_, workers),
-            (sessions, max(1, steps // workers)),
+            (sessions, max(1, steps // workers), options),
         )
         applied = sum(r["applied"] for r in reports)
         conflicts = sum(r["conflict"] for r in reports)
@@ -342,21 +347,29 @@ def run(
     sessions: int = 32,
     url: str | None = None,
     rounds: int = 3,
+    *,
+    store_options: dict[str, Any] | None = None,
+    floor_worker: Any = _floor_worker,
 ) -> dict[str, Any]:
     """Sessions advanced per second and CAS conflict rate for each worker count, beside
     the floor: interleaved (for each worker count, our round then the floor's, and
     ``rounds`` times over), medians over rounds, the ratio the median of per-round
-    ratios."""
+    ratios. ``store_options``: more options of every ``RedisStore``; ``floor_worker``:
+    the process that makes the floor's attempts (``benchmarks.redis_cluster`` gives its
+    own)."""
+    options = store_options or {}
     url = url or os.environ.get("STATEMACHINE_REDIS_URL")
     ours: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
     floors: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
     with _server(url) as (server_url, server):
         for _ in range(rounds):
             for count in workers:
-                mine = _round(server_url, count, steps, sessions)
+                mine = _round(server_url, count, steps, sessions, options)
                 ours[str(count)].append(mine)
                 floors[str(count)].append(
-                    _floor_round(server_url, count, steps, sessions, mine["record_bytes"])
+                    _floor_round(
+                        server_url, count, steps, sessions, mine["record_bytes"], floor_worker
+                    )
                 )
 
     def median(rows: dict[str, list[dict[str, Any]]], field: str, digits: int) -> dict[str, Any]:
