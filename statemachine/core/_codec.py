@@ -395,15 +395,15 @@ def checked_decoder(
     cls: type,
     checks: Sequence[tuple[str, Callable[[Any], bool]]],
     *,
-    data_check: Callable[[Any], bool],
-    plain: Callable[[Any, set[int]], bool],
+    data_check: Callable[[Any], bool] | None = None,
+    plain: Callable[[Any, set[int]], bool] | None = None,
     make: Callable[..., Any] | None = None,
 ) -> Callable[[dict[Any, Any], set[int]], Any]:
     """``read(data, seen)``: the value of the registered class ``cls`` that ``data``
     encodes, when it holds every field, each a JSON scalar, an opaque value or an
     enum's value, and each value passes its check of ``checks`` (field, predicate);
     ``None`` for any other data, which the caller reads the general way (that way
-    names what is wrong). A check that is ``data_check`` passes at once where
+    names what is wrong). A check that is ``data_check`` (when given) passes at once where
     ``plain(value, seen)`` does (``seen``: the ids of values found to be data in this
     read), as straight-line code generated from the fields. ``make`` (every field's
     value, in order) builds the value instead of ``cls``, when given."""

@@ -36,7 +36,7 @@ import attrs
 
 from ..core._actions import Action, InvokeTools
 from ..core._builder import build_maker
-from ..core._codec import compact, decode
+from ..core._codec import checked_decoder, compact, decode
 from ..core._events import EVENT_TYPES, Assembled, ModelFailed, ModelReplied
 from ..core._exceptions import (
     ConfigError,
@@ -303,7 +303,7 @@ def read_entry(
         data = args[0]
         event = None
         if type(data) is dict and data.get("$type") == "Assembled":
-            event = _read_assembled(data)
+            event = _fast_assembled(data, set())
         if event is None:
             event = decode(data, "event")
         if type(event) not in EVENT_TYPES:
@@ -324,24 +324,20 @@ def read_entry(
     return step, at, wall, verdicts
 
 
-_make_assembled: Callable[[Any, int], Assembled] = build_maker(Assembled, ("request", "size"))
+def _size_in_range(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_COUNT
 
 
-def _read_assembled(data: dict[Any, Any]) -> Assembled | None:
-    """The ``Assembled`` that ``data`` (a journal's entry, fresh from the JSON parser)
-    encodes with both its fields, when its request is certainly JSON data and its size
-    in range: made through its slots, the request taken as it is (``Assembled`` would
-    check it the same way, then copy it: the parser's output is no one else's). ``None``
-    for anything else, which ``decode`` reads (and refuses) as it always did."""
-    if len(data) != 3 or "request" not in data:
-        return None
-    size = data.get("size")
-    if type(size) is not int or not 0 <= size <= MAX_COUNT:
-        return None
-    request = data["request"]
-    if not plain_json(request):
-        return None
-    return _make_assembled(request, size)
+_fast_assembled = checked_decoder(
+    Assembled,
+    (("request", plain_json), ("size", _size_in_range)),
+    make=build_maker(Assembled, ("request", "size")),
+)
+"""The ``Assembled`` that a journal's entry (fresh from the JSON parser) encodes with both
+its fields, when its request is certainly JSON data and its size in range: made through
+its slots, the request taken as it is (``Assembled`` would check it the same way, then
+copy it: the parser's output is no one else's). ``None`` for anything else, which
+``decode`` reads (and refuses) as it always did."""
 
 
 def replay(
