@@ -4,8 +4,11 @@ code it replaces gives."""
 
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 import random
+import weakref
 from typing import Any
 
 import attrs
@@ -13,7 +16,7 @@ import pytest
 
 import statemachine as sm
 from statemachine.core import _actions
-from statemachine.core._builder import build_choose
+from statemachine.core._builder import build_choose, build_maker
 from statemachine.core._engine import DISPATCH
 from statemachine.core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 
@@ -64,6 +67,38 @@ def test_an_action_made_through_its_slots_is_the_one_its_init_makes(seed: int) -
             assert getattr(made, field.name) is getattr(built, field.name)
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
             made.__setattr__(attrs.fields(cls)[0].name, None)
+        pickled = pickle.loads(pickle.dumps(made))  # noqa: S301 - our own bytes
+        for twin in (pickled, copy.deepcopy(made), attrs.evolve(made)):
+            assert type(twin) is cls
+            assert twin == built
+        assert attrs.asdict(made) == attrs.asdict(built)
+
+
+def test_a_class_with_a_weakref_slot_is_made_through_its_slot_descriptors() -> None:
+    """A twin cannot take the class of an instance whose layout has a ``__weakref__``
+    slot after its fields: such a class is filled through its descriptors instead,
+    and both ways make what ``__init__`` makes."""
+
+    @attrs.frozen
+    class Weak:
+        a: int
+        b: Any
+
+    @attrs.frozen(weakref_slot=False)
+    class Plain:
+        a: int
+        b: Any
+
+    for cls in (Weak, Plain):
+        make = build_maker(cls, ("a", "b"))
+        made = make(1, [2])
+        assert type(made) is cls
+        assert made == cls(1, [2])
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            made.a = 3
+    assert weakref.ref(build_maker(Weak, ("a", "b"))(1, 2))() is not None
+    assert "twin" in build_maker(Plain, ("a", "b")).__code__.co_names
+    assert "twin" not in build_maker(Weak, ("a", "b")).__code__.co_names
 
 
 def test_a_class_that_runs_code_when_made_gets_no_maker() -> None:
@@ -130,3 +165,65 @@ def test_every_group_of_the_table_has_its_trial() -> None:
             assert group.rows == (group.only,)
             assert not group.only.guards and group.facts is None and group.check is None
             assert not group.charges
+
+
+class _Facts(tuple):  # type: ignore[type-arg]
+    """Facts read both ways: a wait's by index, a tool round's by attribute."""
+
+    tripped: frozenset[str]
+    denied: bool
+    seconds: float | None
+    terminal: bool
+
+
+def _random_inputs(rng: random.Random) -> tuple[Any, Any, Any, Any]:
+    """A ``(core, turn, event, facts)`` whose every field a guard reads is drawn near
+    the caps it is compared with (so each comparison goes both ways)."""
+    cap = rng.randrange(3)
+    settings = _ns(
+        max_context_reductions=cap,
+        session_retry_ceiling=rng.randrange(3),
+        max_retries=rng.randrange(3),
+        fallback_models=("b",) * rng.randrange(3),
+    )
+    core = _ns(settings=settings, state=_ns(retries=rng.randrange(4)))
+    turn = _ns(
+        final_answer=rng.random() < 0.5,
+        reductions=rng.randrange(4),
+        attempt=rng.randrange(4),
+        model_index=rng.randrange(-1, 2),
+        overflowed_size=rng.choice([None, 5, 10]),
+        overflowed_request=rng.choice(["a", "b"]),
+    )
+    event = _ns(
+        tool_calls=rng.choice([(), ("call",)]),
+        partial=rng.random() < 0.5,
+        size=rng.choice([4, 5, 11]),
+        request=rng.choice(["a", "b"]),
+    )
+    facts = _Facts(rng.random() < 0.5 for _ in range(4))
+    facts.tripped = frozenset(rng.choice([(), ("p",)]))
+    facts.denied = rng.random() < 0.5
+    facts.seconds = rng.choice([None, 0.0, 1.5])
+    facts.terminal = rng.random() < 0.5
+    return core, turn, event, facts
+
+
+def _ns(**fields: Any) -> Any:
+    return type("Ns", (), fields)()
+
+
+def test_each_groups_trial_with_its_guards_written_out_chooses_as_calling_them_does() -> None:
+    """The trial a group runs (its one-expression guards written out in place) picks the
+    row the trial calling every guard function picks, for every group of the table on
+    drawn values of everything the guards read."""
+    rng = random.Random(29)
+    groups = list(DISPATCH.groups.values())
+    inlined = 0
+    for _ in range(400):
+        inputs = _random_inputs(rng)
+        for group in groups:
+            calling = build_choose([(row.guards, row) for row in group.rows])
+            assert group.choose(*inputs) is calling(*inputs), group.rows
+            inlined += group.choose.__code__.co_freevars != calling.__code__.co_freevars
+    assert inlined > 0  # the groups' trials do write guards out

@@ -1,4 +1,8 @@
-"""Actions: what a turn tells the host to do next, each an imperative."""
+"""Actions: what a turn tells the host to do next, each an imperative.
+
+Actions are plain frozen values with no ``__weakref__`` slot: the engine makes one on
+every step, and a class with only its fields' slots can be made by filling an
+unfrozen twin and giving it the class (:func:`_builder.build_maker`)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from ._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolResult
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)
 class Assemble:
     """Assemble the context. With ``reduce`` the last request overflowed: the next one
     must be smaller. On the final-answer turn ``withhold_tools`` is true and
@@ -24,7 +28,7 @@ class Assemble:
     instruction: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)
 class CallModel:
     """Send ``request`` to ``model`` (``None``: the host's default model).
 
@@ -37,7 +41,7 @@ class CallModel:
     withhold_tools: bool = False
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)
 class Wait:
     """Sleep ``seconds`` before retrying after a ``category`` error on ``attempt``.
 
@@ -55,7 +59,7 @@ class Wait:
     retry_after: float | None = attrs.field(default=None, eq=False)
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)
 class InvokeTools:
     """Run these tool calls (concurrently if you like), then send ``ToolsDone``."""
 
@@ -71,7 +75,7 @@ class Fallback:
     error: ModelError
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)
 class Finish:
     """The turn is over with ``status``.
 

@@ -109,16 +109,30 @@ def build_compact_one(
 
 def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
     """``make(*values)``: an instance of the frozen slotted attrs class ``cls`` whose
-    ``fields`` (every field, in order) hold ``values``, set through the class's slot
-    descriptors: what ``cls(*values)`` makes, without the frozen ``__init__``'s detour
-    through ``object.__setattr__`` (for a class whose fields have no converter, validator
-    or ``__attrs_post_init__``: the caller's to check)."""
+    ``fields`` (every field, in order) hold ``values``: what ``cls(*values)`` makes,
+    without the frozen ``__init__``'s detour through ``object.__setattr__`` (for a class
+    whose fields have no converter, validator or ``__attrs_post_init__``: the caller's
+    to check).
+
+    When ``cls`` has no slot but its fields' (no ``__weakref__``: the actions), the
+    values go into an unfrozen twin with the same slots, which is then given ``cls`` as
+    its class (about half the cost); otherwise through ``cls``'s slot descriptors."""
     args = ", ".join(fields)
-    lines = [f"def make({args}):", "    new = new_instance(cls)"]
-    namespace: dict[str, Any] = {"new_instance": object.__new__, "cls": cls}
-    for name in fields:
-        namespace[f"set_{name}"] = getattr(cls, name).__set__
-        lines.append(f"    set_{name}(new, {name})")
+    lines = [f"def make({args}):"]
+    twin = type(f"_{cls.__name__}Twin", (), {"__slots__": tuple(fields)})
+    namespace: dict[str, Any] = {"new_instance": object.__new__, "cls": cls, "twin": twin}
+    probe: Any = object.__new__(twin)
+    try:
+        probe.__class__ = cls
+    except TypeError:  # another slot: a twin's layout differs
+        lines.append("    new = new_instance(cls)")
+        for name in fields:
+            namespace[f"set_{name}"] = getattr(cls, name).__set__
+            lines.append(f"    set_{name}(new, {name})")
+    else:
+        lines.append("    new = new_instance(twin)")
+        lines += [f"    new.{name} = {name}" for name in fields]
+        lines.append("    new.__class__ = cls")
     lines.append("    return new")
     return _compiled("\n".join(lines) + "\n", "make", f"<make {cls.__name__}>", namespace)
 
@@ -126,43 +140,66 @@ def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]]) -> Any:
+def guard_function(name: str, expression: str) -> Callable[..., Any]:
+    """``guard(core, turn, event, facts)``: the value of ``expression``, a guard of the
+    table written over those four names (``name`` is what a traceback shows)."""
+    source = f"def {name}(core, turn, event, facts):\n    return {expression}\n"
+    return _compiled(source, name, f"<guard {name}>", {})
+
+
+def build_choose(
+    rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]],
+    inline: Mapping[Callable[..., bool], str] | None = None,
+) -> Any:
     """``choose(core, turn, event, facts)``: the first of ``rows`` ((guards, row), in
-    trial order) whose guards all hold, each guard called as ``guard(core, turn, event,
-    facts)`` in order until one fails; ``None`` when none holds. The trial unrolled (a
-    group's rows are tried on every event that reaches them); the source is compiled
-    once per shape (how many guards each row has), the guards and rows bound to it."""
+    trial order) whose guards all hold, each guard evaluated as ``guard(core, turn,
+    event, facts)`` in order until one fails; ``None`` when none holds. The trial
+    unrolled (a group's rows are tried on every event that reaches them), a guard found
+    in ``inline`` written out as its expression there (over the same four names) and
+    any other called; the source is compiled once per shape (how many guards each row
+    has, and the inline ones' expressions), the other guards and the rows bound to it."""
+    inline = inline or {}
     shape = []
     for guards, _ in rows:
-        shape.append(len(guards))
+        shape.append(tuple(inline.get(guard) for guard in guards))
         if not guards:
             break  # an unguarded row: the rows after it never fire
     key = tuple(shape)
     factory = _CHOOSERS.get(key)
     if factory is None:
         factory = _CHOOSERS[key] = _choose_factory(key)
-    values = [value for guards, row in rows[: len(key)] for value in (*guards, row)]
+    values = [
+        value
+        for guards, row in rows[: len(key)]
+        for value in (*(g for g in guards if g not in inline), row)
+    ]
     return factory(*values)
 
 
-_CHOOSERS: dict[tuple[int, ...], Callable[..., Any]] = {}
+_CHOOSERS: dict[tuple[tuple[str | None, ...], ...], Callable[..., Any]] = {}
 
 
-def _choose_factory(shape: tuple[int, ...]) -> Callable[..., Any]:
+def _choose_factory(shape: tuple[tuple[str | None, ...], ...]) -> Callable[..., Any]:
     params = []
     body = ["    def choose(core, turn, event, facts):"]
-    for i, count in enumerate(shape):
-        guards = [f"guard{i}_{j}" for j in range(count)]
-        params += [*guards, f"row{i}"]
-        if not guards:
+    for i, guards in enumerate(shape):
+        terms = []
+        for j, expression in enumerate(guards):
+            if expression is None:
+                params.append(f"guard{i}_{j}")
+                terms.append(f"guard{i}_{j}(core, turn, event, facts)")
+            else:
+                terms.append(f"({expression})")
+        params.append(f"row{i}")
+        if not terms:
             body.append(f"        return row{i}")
             break
-        calls = " and ".join(f"{guard}(core, turn, event, facts)" for guard in guards)
-        body += [f"        if {calls}:", f"            return row{i}"]
+        body += [f"        if {' and '.join(terms)}:", f"            return row{i}"]
     else:
         body.append("        return None")
     lines = [f"def factory({', '.join(params)}):", *body, "    return choose"]
-    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {shape} guards>", {})
+    size = tuple(len(guards) for guards in shape)
+    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {size} guards>", {})
 
 
 # -- the state (_state.py) -------------------------------------------------------------

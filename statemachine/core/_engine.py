@@ -46,7 +46,7 @@ from ._actions import (
     make_wait,
 )
 from ._backoff import jitter, wait_seconds
-from ._builder import build_choose, build_trace_record
+from ._builder import build_choose, build_trace_record, guard_function
 from ._events import (
     Assembled,
     Cancelled,
@@ -399,31 +399,35 @@ def _shrank(_core: Core, turn: TurnState, event: Assembled, _facts: None) -> boo
     return bool(event.request != turn.overflowed_request)
 
 
+GUARD_EXPRESSIONS: dict[str, str] = {
+    "final_answer": "turn.final_answer",
+    "no_tool_calls": "not event.tool_calls",
+    "partial": "event.partial",
+    "reductions_left": "turn.reductions < core.settings.max_context_reductions",
+    "ceiling_reached": "core.state.retries >= core.settings.session_retry_ceiling",
+    "retries_left": "turn.attempt < core.settings.max_retries",
+    "wait_fits": "not (facts[2] or facts[3])",  # not too_long, does not cross
+    "fallback_left": "turn.model_index + 1 < len(core.settings.fallback_models)",
+    "server_wait_too_long": "facts[2]",
+    "wait_crosses_wall_clock": "facts[3]",
+    "trips_breaker": "bool(facts.tripped)",
+    "trips_denial_breaker": "facts.denied",
+    "conflict_retry": "facts.seconds is not None",
+    "terminal_tool": "facts.terminal",
+}
+"""The guards that are one expression over ``core``, ``turn``, ``event`` and ``facts``:
+a group's generated trial writes them out in place (a retry's trial calls none), and
+:data:`GUARDS` holds each as a function of the four."""
+
 GUARDS: dict[str, Guard] = {
-    "final_answer": lambda _c, turn, _e, _f: turn.final_answer,
-    "no_tool_calls": lambda _c, _t, event, _f: not event.tool_calls,
-    "partial": lambda _c, _t, event, _f: event.partial,
-    "reductions_left": lambda core, turn, _e, _f: (
-        turn.reductions < core.settings.max_context_reductions
-    ),
-    "ceiling_reached": lambda core, _t, _e, _f: (
-        core.state.retries >= core.settings.session_retry_ceiling
-    ),
-    "retries_left": lambda core, turn, _e, _f: turn.attempt < core.settings.max_retries,
-    "wait_fits": lambda _c, _t, _e, facts: not (facts[2] or facts[3]),  # too_long, crosses
-    "fallback_left": lambda core, turn, _e, _f: (
-        turn.model_index + 1 < len(core.settings.fallback_models)
-    ),
-    "server_wait_too_long": lambda _c, _t, _e, facts: facts[2],
-    "wait_crosses_wall_clock": lambda _c, _t, _e, facts: facts[3],
+    **{name: guard_function(name, text) for name, text in GUARD_EXPRESSIONS.items()},
     "shrank": _shrank,
-    "trips_breaker": lambda _c, _t, _e, facts: bool(facts.tripped),
-    "trips_denial_breaker": lambda _c, _t, _e, facts: facts.denied,
-    "conflict_retry": lambda _c, _t, _e, facts: facts.seconds is not None,
-    "terminal_tool": lambda _c, _t, _e, facts: facts.terminal,
 }
 """Every guard that is evaluated per event, by name (the table's guards less the
 category guards)."""
+
+INLINE_GUARDS: dict[Guard, str] = {GUARDS[name]: text for name, text in GUARD_EXPRESSIONS.items()}
+"""The expression of each guard a trial writes out in place, by its function."""
 
 
 # -- effects ------------------------------------------------------------------------------
@@ -787,7 +791,7 @@ class Group:
     def __attrs_post_init__(self) -> None:
         if self.choose is None:
             trials = [(row.guards, row) for row in self.rows]
-            object.__setattr__(self, "choose", build_choose(trials))
+            object.__setattr__(self, "choose", build_choose(trials, INLINE_GUARDS))
         if (
             len(self.rows) == 1
             and not self.rows[0].guards
