@@ -17,7 +17,7 @@ import pytest
 import statemachine as sm
 from statemachine.core import _actions
 from statemachine.core._builder import build_choose, build_maker
-from statemachine.core._engine import DISPATCH
+from statemachine.core._engine import DISPATCH, TRIGGERS
 from statemachine.core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 
 
@@ -227,3 +227,15 @@ def test_each_groups_trial_with_its_guards_written_out_chooses_as_calling_them_d
             assert group.choose(*inputs) is calling(*inputs), group.rows
             inlined += group.choose.__code__.co_freevars != calling.__code__.co_freevars
     assert inlined > 0  # the groups' trials do write guards out
+
+
+def test_the_groups_by_state_are_the_groups_by_key() -> None:
+    """``Core.fire`` finds a group by its state, then by its trigger (a failure's by its
+    category): the same group the ``(state, trigger, category)`` key names, and no key
+    of the second level stands for two things (a category is never named as a trigger)."""
+    assert not set(TRIGGERS.values()) & {category.value for category in ErrorCategory}
+    found = 0
+    for (state, trigger, category), group in DISPATCH.groups.items():
+        assert DISPATCH.by_state[state][trigger if category is None else category] is group
+        found += 1
+    assert found == sum(len(groups) for groups in DISPATCH.by_state.values())

@@ -815,7 +815,7 @@ class Dispatch:
     mutated row may name).
     """
 
-    __slots__ = ("groups", "legal", "rows")
+    __slots__ = ("by_state", "groups", "legal", "rows")
 
     def __init__(
         self, rows: Sequence[Row] = ROWS, effects: Mapping[str, Effect] | None = None
@@ -840,6 +840,11 @@ class Dispatch:
                 self.groups[(source, trigger, category)] = _group(
                     trigger, members, effect_of, _PAYLOAD_CHECKS.get(trigger)
                 )
+        # the same groups by state, then by trigger (a ModelFailed's by its category: no
+        # category is named as a trigger is): two lookups of a string, no key tuple built
+        self.by_state: dict[str, dict[object, Group]] = {}
+        for (source, trigger, category), built in self.groups.items():
+            self.by_state.setdefault(source, {})[trigger if category is None else category] = built
         for source, trigger in keys:  # idle's only trigger is start, named by its own message
             self.legal[source] = (*self.legal.get(source, ()), trigger)
 
@@ -976,6 +981,7 @@ class Core:
 
     __slots__ = (
         "__weakref__",
+        "by_state",
         "ceiling",
         "children",
         "dispatch",
@@ -993,6 +999,7 @@ class Core:
     observers: tuple[Observer, ...]
     dispatch: Dispatch
     groups: dict[DispatchKey, Group]
+    by_state: dict[str, dict[object, Group]]
     doom_check: DoomCheck | None
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
@@ -1022,6 +1029,7 @@ class Core:
         self.observers = observers
         self.dispatch = dispatch
         self.groups = dispatch.groups
+        self.by_state = dispatch.by_state
         self.doom_check = doom_check
         self.parent = None
         self.children = None
@@ -1236,9 +1244,9 @@ class Core:
         """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn, at the
         moment ``now`` (checked by :meth:`reading`) with Unix time ``wall``."""
         state = turn.state
-        group = self.groups.get(
-            (state, trigger, event.error.category if trigger == "ModelFailed" else None)
-        )
+        groups = self.by_state.get(state)  # a failure's group by its category, the rest by trigger
+        key = event.error.category if trigger == "ModelFailed" else trigger
+        group = None if groups is None else groups.get(key)
         if group is None:
             raise IllegalEvent(
                 self.dispatch.illegal_message(trigger, state), event=trigger, state=state

@@ -300,7 +300,10 @@ UNKNOWN_TIME = math.nan
 
 
 def _new_times() -> array[float]:
-    return array("d")
+    return _NO_TIMES[:]  # a copy of an empty array: array("d") parses its arguments
+
+
+_NO_TIMES: array[float] = array("d")
 
 
 def _encode_times(times: array[float]) -> list[float | None]:
