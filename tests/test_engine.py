@@ -690,6 +690,33 @@ def test_cancel_while_invoking_tools_returns_cancelled_results() -> None:
     ]
 
 
+@pytest.mark.requirement("ER-32")
+def test_cancel_while_a_conflict_waits_keeps_the_settled_calls_results() -> None:
+    """Cancelled while a conflicting call waits to be re-invoked: the calls that already
+    have an outcome keep the result it makes (a failure stays that failure), the waiting
+    call comes back cancelled."""
+    turn = calling_turn(new_session())
+    turn.send(sm.ModelReplied(tool_calls=[_call(1), _call(2), _call(3)]))
+    conflict = sm.ToolErrorCategory.CONCURRENCY_CONFLICT
+    wait = turn.send(
+        sm.ToolsDone(
+            [
+                sm.ToolOutcome("c1", True, "one"),
+                sm.ToolOutcome("c2", False, "busy", category=conflict),
+                sm.ToolOutcome("c3", False, "no such file", sm.ToolErrorCategory.NOT_FOUND),
+            ]
+        )
+    )
+    assert isinstance(wait, sm.Wait) and turn.state == "backing_off_tools"
+    finish = turn.send(sm.Cancelled("stop"))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.CANCELLED
+    assert [(r.call_id, r.content, r.is_error, r.category) for r in finish.tool_results] == [
+        ("c1", "one", False, None),
+        ("c2", "cancelled: stop", True, sm.ToolErrorCategory.CANCELLED),
+        ("c3", "no such file", True, sm.ToolErrorCategory.NOT_FOUND),
+    ]
+
+
 # -- trace, observers, determinism ---------------------------------------------------
 
 
