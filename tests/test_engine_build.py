@@ -15,10 +15,12 @@ import attrs
 import pytest
 
 import statemachine as sm
-from statemachine.core import _actions
+from statemachine.core import _actions, _builder
 from statemachine.core._builder import build_choose, build_maker
-from statemachine.core._engine import DISPATCH, TRIGGERS
+from statemachine.core._engine import CATEGORY_GUARDS, DISPATCH, TRIGGERS, Dispatch
+from statemachine.core._table import ROWS, STATES, Row
 from statemachine.core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
+from statemachine.dev.check import check
 
 
 def _values(rng: random.Random) -> dict[str, list[Any]]:
@@ -99,6 +101,22 @@ def test_a_class_with_a_weakref_slot_is_made_through_its_slot_descriptors() -> N
     assert weakref.ref(build_maker(Weak, ("a", "b"))(1, 2))() is not None
     assert "twin" in build_maker(Plain, ("a", "b")).__code__.co_names
     assert "twin" not in build_maker(Weak, ("a", "b")).__code__.co_names
+
+
+def test_a_free_threaded_build_makes_through_the_slot_descriptors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the GIL an object's class is assigned with every thread stopped: there
+    even a class with its fields' slots alone is made through its descriptors."""
+    monkeypatch.setattr(_builder, "_FREE_THREADED", True)
+
+    @attrs.frozen(weakref_slot=False)
+    class Plain:
+        a: int
+
+    make = build_maker(Plain, ("a",))
+    assert "twin" not in make.__code__.co_names
+    assert make(4) == Plain(4)
 
 
 def test_a_class_that_runs_code_when_made_gets_no_maker() -> None:
@@ -229,13 +247,68 @@ def test_each_groups_trial_with_its_guards_written_out_chooses_as_calling_them_d
     assert inlined > 0  # the groups' trials do write guards out
 
 
-def test_the_groups_by_state_are_the_groups_by_key() -> None:
+def _mutated_tables() -> list[tuple[str, list[Row]]]:
+    """Tables the model checker may be handed: a row of another trigger given a category
+    guard (its groups are then by category, none of them a failure's), failures with no
+    category guard at all (one group, which no failure is looked up by)."""
+    rows = list(ROWS)
+    cancel = next(i for i, r in enumerate(rows) if r.source == "calling" and r.event == "Cancelled")
+    guarded = rows.copy()
+    guarded[cancel] = attrs.evolve(rows[cancel], guards=("transient",))
+    unguarded = [
+        attrs.evolve(r, guards=tuple(g for g in r.guards if g not in CATEGORY_GUARDS))
+        if r.event == "ModelFailed"
+        else r
+        for r in rows
+    ]
+    return [
+        ("shipped", rows),
+        ("Cancelled guarded by a category", guarded),
+        ("ModelFailed unguarded", unguarded),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", ["shipped", "Cancelled guarded by a category", "ModelFailed unguarded"]
+)
+def test_the_groups_core_fire_finds_are_those_the_full_key_names(name: str) -> None:
     """``Core.fire`` finds a group by its state, then by its trigger (a failure's by its
-    category): the same group the ``(state, trigger, category)`` key names, and no key
-    of the second level stands for two things (a category is never named as a trigger)."""
-    assert not set(TRIGGERS.values()) & {category.value for category in ErrorCategory}
-    found = 0
-    for (state, trigger, category), group in DISPATCH.groups.items():
-        assert DISPATCH.by_state[state][trigger if category is None else category] is group
-        found += 1
-    assert found == sum(len(groups) for groups in DISPATCH.by_state.values())
+    category, in a map of its own): for every state, trigger and category, on the table
+    and on mutated ones, the group the ``(state, trigger, category)`` key names (the
+    category only a failure's), or none where that key names none."""
+    dispatch = Dispatch(dict(_mutated_tables())[name])
+    triggers = sorted({*TRIGGERS.values(), "start"})
+    checked = 0
+    for state in STATES:
+        for trigger in triggers:
+            failure = trigger == "ModelFailed"  # a failure's error always has a category
+            for category in ErrorCategory if failure else (None,):
+                expected = dispatch.groups.get((state, trigger, category))
+                found = (dispatch.failures if failure else dispatch.by_state).get(state, {})
+                assert found.get(category if failure else trigger) is expected, (state, trigger)
+                checked += expected is not None
+    assert checked > 0
+
+
+def test_a_mutated_table_is_checked_as_it_reads() -> None:
+    """A ``Cancelled`` row of ``calling`` guarded by a category is never taken (its groups
+    are by category, and a cancellation has none): the model check finds that one fault,
+    and the failures of ``calling`` still go to their own rows."""
+    small = sm.Settings(max_retries=2, session_retry_ceiling=3, max_context_reductions=1)
+    report = check(small, rows=dict(_mutated_tables())["Cancelled guarded by a category"])
+    assert [v.requirement for v in report.violations] == ["ER-27"]
+    assert "Cancelled is not legal in state 'calling'" in report.violations[0].message
+
+
+def test_a_failure_whose_category_is_named_as_a_trigger_is_refused() -> None:
+    """A forged error whose category is a trigger's name is no category: refused, the
+    turn unchanged (not taken as that trigger)."""
+    session = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0)
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled("r", 10))
+    error = sm.ModelError("rate_limited")
+    object.__setattr__(error, "category", "Cancelled")
+    with pytest.raises(sm.IllegalEvent):
+        turn.send(sm.ModelFailed(error))
+    assert turn.state == "calling"

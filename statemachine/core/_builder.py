@@ -16,8 +16,13 @@ code calls comes in as an argument.
 
 from __future__ import annotations
 
+import sysconfig
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
+
+_FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+"""A build without the GIL: there an object's ``__class__`` is assigned with every other
+thread stopped, so :func:`build_maker` sets slots through their descriptors instead."""
 
 
 def _compiled(
@@ -116,15 +121,14 @@ def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
 
     When ``cls`` has no slot but its fields' (no ``__weakref__``: the actions), the
     values go into an unfrozen twin with the same slots, which is then given ``cls`` as
-    its class (about half the cost); otherwise through ``cls``'s slot descriptors."""
+    its class (about half the cost); otherwise, and on a free-threaded build (where
+    assigning ``__class__`` stops every thread), through ``cls``'s slot descriptors."""
     args = ", ".join(fields)
     lines = [f"def make({args}):"]
     twin = type(f"_{cls.__name__}Twin", (), {"__slots__": tuple(fields)})
     namespace: dict[str, Any] = {"new_instance": object.__new__, "cls": cls, "twin": twin}
-    probe: Any = object.__new__(twin)
-    try:
-        probe.__class__ = cls
-    except TypeError:  # another slot: a twin's layout differs
+    if _FREE_THREADED or not _takes_class(object.__new__(twin), cls):
+        # another slot (a twin's layout differs), or no GIL
         lines.append("    new = new_instance(cls)")
         for name in fields:
             namespace[f"set_{name}"] = getattr(cls, name).__set__
@@ -135,6 +139,15 @@ def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
         lines.append("    new.__class__ = cls")
     lines.append("    return new")
     return _compiled("\n".join(lines) + "\n", "make", f"<make {cls.__name__}>", namespace)
+
+
+def _takes_class(instance: Any, cls: type) -> bool:
+    """Whether ``instance`` can be given ``cls`` as its class (the same layout)."""
+    try:
+        instance.__class__ = cls
+    except TypeError:
+        return False
+    return True
 
 
 # -- the dispatch (_engine.py) ---------------------------------------------------------

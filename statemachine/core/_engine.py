@@ -815,7 +815,7 @@ class Dispatch:
     mutated row may name).
     """
 
-    __slots__ = ("by_state", "groups", "legal", "rows")
+    __slots__ = ("by_state", "failures", "groups", "legal", "rows")
 
     def __init__(
         self, rows: Sequence[Row] = ROWS, effects: Mapping[str, Effect] | None = None
@@ -840,11 +840,15 @@ class Dispatch:
                 self.groups[(source, trigger, category)] = _group(
                     trigger, members, effect_of, _PAYLOAD_CHECKS.get(trigger)
                 )
-        # the same groups by state, then by trigger (a ModelFailed's by its category: no
-        # category is named as a trigger is): two lookups of a string, no key tuple built
-        self.by_state: dict[str, dict[object, Group]] = {}
+        # the groups Core.fire looks up, by state and then trigger (a ModelFailed's by its
+        # category, in a map of their own): two lookups of a string, no key tuple built
+        self.by_state: dict[str, dict[str, Group]] = {}
+        self.failures: dict[str, dict[ErrorCategory, Group]] = {}
         for (source, trigger, category), built in self.groups.items():
-            self.by_state.setdefault(source, {})[trigger if category is None else category] = built
+            if trigger == "ModelFailed" and category is not None:
+                self.failures.setdefault(source, {})[category] = built
+            elif trigger != "ModelFailed" and category is None:
+                self.by_state.setdefault(source, {})[trigger] = built
         for source, trigger in keys:  # idle's only trigger is start, named by its own message
             self.legal[source] = (*self.legal.get(source, ()), trigger)
 
@@ -986,6 +990,7 @@ class Core:
         "children",
         "dispatch",
         "doom_check",
+        "failures",
         "groups",
         "last",
         "observers",
@@ -999,7 +1004,8 @@ class Core:
     observers: tuple[Observer, ...]
     dispatch: Dispatch
     groups: dict[DispatchKey, Group]
-    by_state: dict[str, dict[object, Group]]
+    by_state: dict[str, dict[str, Group]]
+    failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
@@ -1030,6 +1036,7 @@ class Core:
         self.dispatch = dispatch
         self.groups = dispatch.groups
         self.by_state = dispatch.by_state
+        self.failures = dispatch.failures
         self.doom_check = doom_check
         self.parent = None
         self.children = None
@@ -1244,8 +1251,11 @@ class Core:
         """Take ``event`` (``None`` for ``start``) in ``turn``, the current turn, at the
         moment ``now`` (checked by :meth:`reading`) with Unix time ``wall``."""
         state = turn.state
-        groups = self.by_state.get(state)  # a failure's group by its category, the rest by trigger
-        key = event.error.category if trigger == "ModelFailed" else trigger
+        groups: Mapping[Any, Group] | None
+        if trigger == "ModelFailed":
+            groups, key = self.failures.get(state), event.error.category
+        else:
+            groups, key = self.by_state.get(state), trigger
         group = None if groups is None else groups.get(key)
         if group is None:
             raise IllegalEvent(
