@@ -608,11 +608,11 @@ def generate(module: str, source: bytes) -> list[Mutant]:
 
     statements = _function_statements(tree)
     found: list[tuple[int, int, int, str, str]] = []  # (line, start, end, text, description)
-    for name, node in _expression_strings(tree):
-        table_strings.discard(id(node))  # mutated as the code it is, not as a name
-        start, end = offsets.span(node)
-        for text, description in _expression_mutants(str(node.value)):
-            found.append((node.lineno, start, end, text, f"in {name}: {description}"))
+    for name, string in _expression_strings(tree):
+        table_strings.discard(id(string))  # mutated as the code it is, not as a name
+        start, end = offsets.span(string)
+        for text, description in _expression_mutants(str(string.value)):
+            found.append((string.lineno, start, end, text, f"in {name}: {description}"))
     for node in ast.walk(tree):
         if id(node) in excluded:
             continue
