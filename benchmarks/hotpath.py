@@ -232,11 +232,12 @@ def _parts(number: int) -> dict[str, float]:
     turn = session.new_turn()
     turn.start()
     turn.send(sm.Assembled("r", 10))
-    rate_rows = _turn.DISPATCH.groups[("calling", "ModelFailed", ErrorCategory.RATE_LIMITED)].rows
-    cheap_guards = [g for row in rate_rows[:3] for g in row.guards]  # partial, final, ceiling
+    rate_group = _turn.DISPATCH.failures["calling"][ErrorCategory.RATE_LIMITED]
+    cheap_guards = [g for row in rate_group.rows[:3] for g in row.guards]  # partial, final, ceiling
     retries_left = _turn.GUARDS["retries_left"]
     core = session._core
     turn_state = core.state.turn
+    wait_facts = _turn._wait_facts(core, turn_state, RATE, 0.0, None)
     fast_wait = fast_wait_factory()
     fast_call = fast_call_model_factory()
     ns: dict[str, Any] = {
@@ -250,6 +251,8 @@ def _parts(number: int) -> dict[str, float]:
         "ev": RATE,
         "cat": ErrorCategory.RATE_LIMITED,
         "guards": cheap_guards,
+        "rate_group": rate_group,
+        "facts": wait_facts,
         "retries_left": retries_left,
         "Wait": Wait,
         "CallModel": CallModel,
@@ -273,11 +276,18 @@ def _parts(number: int) -> dict[str, float]:
     ns["tts"] = tturn.session._core.state.turn
     ns["tdone"] = tool_steps[3][1]
     parts = {
-        "dispatch: TRIGGERS.get + groups.get((state, trigger, category)) + checks": (
+        "dispatch: TRIGGERS.get + failures[state].get(category) + checks": (
+            "T.TRIGGERS.get(type(ev)); T.DISPATCH.failures.get('calling').get("
+            "ev.error.category); T._PAYLOAD_CHECKS.get('ModelReplied')"
+        ),
+        "  the same by the full key, groups.get((state, trigger, category))": (
             "T.TRIGGERS.get(type(ev)); T.DISPATCH.groups.get(('calling', 'ModelFailed',"
             " ev.error.category)); T._PAYLOAD_CHECKS.get('ModelReplied')"
         ),
-        "guards partial, final_answer, ceiling_reached, retries_left (4 calls)": (
+        "a rate limit's trial, its guards written out (the engine's)": (
+            "rate_group.choose(core, ts, ev, facts)"
+        ),
+        "  guards partial, final_answer, ceiling_reached, retries_left (4 calls)": (
             "[g(core, ts, ev, None) for g in guards]; retries_left(core, ts, ev, None)"
         ),
         "_wait_facts (retry_after + jitter + wait_seconds)": (
@@ -287,13 +297,18 @@ def _parts(number: int) -> dict[str, float]:
         "  jitter(seed, draw) (SplitMix64 on Python ints)": "B.jitter(core.state.seed, 3)",
         "  wait_seconds(...)": "B.wait_seconds(2, 0.3, None, 500.0, 2.0, 30000.0)",
         "Wait(...) (attrs frozen __init__)": "Wait(0.5, cat, 0)",
+        "Wait as the engine makes it (a twin given the class)": "T.make_wait(0.5, cat, 0, None)",
         "Wait via slot descriptors (no frozen __setattr__ dance)": "fast_wait(0.5, cat, 0)",
         "CallModel(...) (attrs frozen __init__)": "CallModel('r', 1, None, False)",
+        "CallModel as the engine makes it": "T.make_call_model('r', 1, None, False)",
         "CallModel via slot descriptors": "fast_call('r', 1, None, False)",
         "Finish(8 fields) (attrs frozen __init__)": (
             "Finish(done, (), None, None, (), None, None, False)"
         ),
         "Finish via slot descriptors": "fast_finish(done, (), None, None, (), None, None, False)",
+        "Finish as the engine makes it": (
+            "T.make_finish(done, (), None, None, (), None, None, False, None)"
+        ),
         "ToolResult(6 fields) (attrs frozen __init__)": "ToolResult('c', 'x', True, None)",
         "ToolResult via slot descriptors": "fast_result('c', 'x', True, None)",
         "trace: two appends (shared row info, action)": (
