@@ -319,7 +319,7 @@ for: while the worker has not moved the session on, from its own session; after,
 those bytes, read again."""
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)
 class Advanced:
     """The result of a :class:`Worker` call: the session as stored after it.
 
