@@ -312,3 +312,16 @@ def test_a_failure_whose_category_is_named_as_a_trigger_is_refused() -> None:
     with pytest.raises(sm.IllegalEvent):
         turn.send(sm.ModelFailed(error))
     assert turn.state == "calling"
+
+
+def test_the_values_made_on_every_step_are_made_through_a_twin() -> None:
+    """The actions and a worker's result have no slot but their fields' (no
+    ``__weakref__``): their makers fill a twin, the cheaper way, and a weak reference
+    to one is refused as the migration notes say."""
+    from statemachine.store._worker import _make_advanced
+
+    makers = (_actions.make_call_model, _actions.make_wait, _actions.make_finish, _make_advanced)
+    for make in makers:
+        assert "twin" in make.__code__.co_names, make
+    with pytest.raises(TypeError):
+        weakref.ref(sm.Wait(1.0, ErrorCategory.RATE_LIMITED, 0))
