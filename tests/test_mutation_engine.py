@@ -8,6 +8,8 @@ from the cancelled calls' results, and wrong ``IllegalEvent`` messages.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import statemachine as sm
@@ -668,3 +670,31 @@ def test_only_a_failure_with_headers_needs_the_steps_wall_time() -> None:
     assert not needs_wall(fail("rate_limited"))
     assert not needs_wall(sm.ModelReplied())
     assert not needs_wall(sm.WaitDone())
+
+
+@pytest.mark.requirement("ER-23")
+def test_a_retry_after_the_first_fallback_calls_that_fallback() -> None:
+    """After moving to the first fallback model (index 0), a rate limit's retry calls
+    that model again, not the primary (a sampled run left ``index < 0`` -> ``<= 0``
+    alive in the retry)."""
+    turn = calling_turn(new_session(max_retries=0, fallback_models=("b",), model="a"))
+    assert turn.send(fail("overloaded")) == sm.CallModel("req-1", 0, "b", False)
+    session = new_session(max_retries=1, fallback_models=("b", "c"), model="a")
+    turn = calling_turn(session)
+    turn.send(fail("overloaded"))
+    turn.send(sm.WaitDone())
+    assert turn.send(fail("overloaded")) == sm.CallModel("req-1", 0, "b", False)
+    assert isinstance(turn.send(fail("rate_limited")), sm.Wait)
+    assert turn.send(sm.WaitDone()) == sm.CallModel("req-1", 1, "b", False)
+
+
+@pytest.mark.requirement("ER-140")
+@pytest.mark.parametrize("wall", [math.nan, math.inf, -math.inf])
+def test_a_steps_wall_time_that_is_not_finite_is_refused(wall: float) -> None:
+    """A step given a wall time that is not a finite number is refused naming ``wall``,
+    and the turn is where it was (a sampled run left the refusal's ``raise`` deletable
+    under the engine's own tests)."""
+    turn = calling_turn(new_session())
+    with pytest.raises(ValueError, match="wall: must be a finite number of seconds"):
+        turn.send(fail("rate_limited", headers={"retry-after": "1"}), wall=wall)
+    assert turn.state == "calling" and turn.attempt == 0
