@@ -157,9 +157,11 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_boundary.py",
     ),
     "statemachine/core/_builder.py": (
+        "tests/test_engine_build.py",
         "tests/test_state.py",
         "tests/test_snapshot.py",
         "tests/test_store.py",
+        "tests/test_journal.py",
         "tests/test_engine.py",
     ),
     "statemachine/core/_machine.py": ("tests/test_table.py", "tests/test_diagrams.py"),
