@@ -991,7 +991,6 @@ class Core:
         "dispatch",
         "doom_check",
         "failures",
-        "groups",
         "last",
         "observers",
         "parent",
@@ -1003,7 +1002,6 @@ class Core:
     state: SessionState
     observers: tuple[Observer, ...]
     dispatch: Dispatch
-    groups: dict[DispatchKey, Group]
     by_state: dict[str, dict[str, Group]]
     failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
@@ -1034,7 +1032,6 @@ class Core:
         self.state = state
         self.observers = observers
         self.dispatch = dispatch
-        self.groups = dispatch.groups
         self.by_state = dispatch.by_state
         self.failures = dispatch.failures
         self.doom_check = doom_check
@@ -1240,7 +1237,7 @@ class Core:
         (counted only when the start is legal, before the transition an observer may
         see)."""
         state = self.state
-        if state.finished_at is not None and (turn.state, START, None) in self.groups:
+        if state.finished_at is not None and START in self.by_state.get(turn.state, ()):
             state.idle_s += max(0.0, now - state.finished_at)
             state.finished_at = None
         return self.fire(turn, START, None, now, None)
