@@ -123,10 +123,9 @@ def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
     values go into an unfrozen twin with the same slots, which is then given ``cls`` as
     its class (about half the cost); otherwise, and on a free-threaded build (where
     assigning ``__class__`` stops every thread), through ``cls``'s slot descriptors."""
-    args = ", ".join(fields)
-    lines = [f"def make({args}):"]
+    lines = [f"def make({', '.join(fields)}):"]
+    namespace: dict[str, Any] = {"new_instance": object.__new__, "cls": cls}
     twin = type(f"_{cls.__name__}Twin", (), {"__slots__": tuple(fields)})
-    namespace: dict[str, Any] = {"new_instance": object.__new__, "cls": cls, "twin": twin}
     if _FREE_THREADED or not _takes_class(object.__new__(twin), cls):
         # another slot (a twin's layout differs), or no GIL
         lines.append("    new = new_instance(cls)")
@@ -134,6 +133,7 @@ def build_maker(cls: type, fields: Sequence[str]) -> Callable[..., Any]:
             namespace[f"set_{name}"] = getattr(cls, name).__set__
             lines.append(f"    set_{name}(new, {name})")
     else:
+        namespace["twin"] = twin
         lines.append("    new = new_instance(twin)")
         lines += [f"    new.{name} = {name}" for name in fields]
         lines.append("    new.__class__ = cls")
