@@ -584,13 +584,13 @@ def _expression_mutants(text: str) -> Iterator[tuple[str, str]]:
         inner = ast.parse(text, mode="eval")
     except SyntaxError:
         return
-    offsets = _Offsets(text.encode())
+    raw = text.encode()
+    offsets = _Offsets(raw)
     for node in ast.walk(inner):
         for target, new, description, _ in _mutations_of(node, set(), set(), set()):
             if not isinstance(target, ast.expr):
                 continue
             start, end = offsets.span(target)
-            raw = text.encode()
             mutated = (raw[:start] + f"({ast.unparse(new)})".encode() + raw[end:]).decode()
             yield repr(mutated), description
 
