@@ -372,7 +372,14 @@ def started(**options: Any) -> Iterator[Cluster]:
 
 
 def _floor_worker(
-    url: str, round_: str, parties: int, index: int, sessions: int, attempts: int, size: int
+    url: str,
+    round_: str,
+    parties: int,
+    index: int,
+    sessions: int,
+    attempts: int,
+    record: bytes,
+    through_json: bool,
 ) -> None:
     """:func:`benchmarks.redis_store._floor_worker` on a cluster: the same two scripts
     per attempt, each sent straight to the node serving the key (as ``RedisStore``
@@ -384,14 +391,15 @@ def _floor_worker(
         for source in (_LOAD, _CAS):
             client.get_redis_connection(primary).script_load(source)
     load, cas = client.register_script(_LOAD).sha, client.register_script(_CAS).sha
-    payload = b"x" * size
+    round_trip = redis_store.json_round_trip
     rng = random.Random(index)
     counts, start = redis_store._barrier(client, round_, parties)
     for _ in range(attempts):
         key = f"floor:session:s{rng.randrange(sessions)}"
         node = client.get_redis_connection(client.get_node_from_key(key))
-        version = int(node.evalsha(load, 1, key, 10**9)[1])
-        won = node.evalsha(cas, 1, key, version, payload, 0, "i")[0] == 1
+        reply = node.evalsha(load, 1, key, 10**9)
+        payload = round_trip(reply[2]) if through_json else record
+        won = node.evalsha(cas, 1, key, int(reply[1]), payload, 0, "i")[0] == 1
         counts["applied" if won else "conflict"] += 1
     redis_store._report(client, round_, start, counts)
 

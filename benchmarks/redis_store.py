@@ -24,6 +24,12 @@ the ratio ``of_floor`` the median of per-round ratios. Beside the rates, the wor
 processes' CPU microseconds per attempt (``cpu_us_per_attempt``, ours and the floor's):
 on a shared machine the steadier figure of what an attempt costs.
 
+A third fleet runs in each round too, the *JSON floor*: the floor's two scripts with
+one of our round's real records, which each attempt reads with ``json.loads`` and
+writes back with ``json.dumps`` (no engine, no check, no journal). It is what any store
+that keeps a session as JSON pays at the least when another worker changed it, so
+``json_floor_of_floor`` bounds ``of_floor`` for every such design on this machine.
+
     python -m benchmarks.redis_store [--workers 1,4,16] [--steps 4000] [--sessions 32]
         [--rounds 3]
 """
@@ -144,33 +150,54 @@ def _worker(
     _report(client, round_, start, counts)
 
 
+def json_round_trip(record: bytes) -> bytes:
+    """What the JSON floor does to a record between its two scripts: parse it, write it
+    back (as the store writes a record: compact, UTF-8)."""
+    return json.dumps(json.loads(record), separators=(",", ":")).encode()
+
+
 def _floor_worker(
-    url: str, round_: str, parties: int, index: int, sessions: int, attempts: int, size: int
+    url: str,
+    round_: str,
+    parties: int,
+    index: int,
+    sessions: int,
+    attempts: int,
+    record: bytes,
+    through_json: bool,
 ) -> None:
     """The floor: the same two Lua scripts per attempt (load, then compare-and-set at
-    the version read) with a fixed record of ``size`` bytes, no engine and no JSON."""
+    the version read) writing ``record``, no engine; with ``through_json`` (the JSON
+    floor) the record read is parsed and written back as JSON in between."""
 
     from statemachine.store._redis import _CAS, _LOAD
 
     client = _client(url, _WAIT_S)
     load, cas = client.register_script(_LOAD), client.register_script(_CAS)
-    payload = b"x" * size
     rng = random.Random(index)
     counts, start = _barrier(client, round_, parties)
     for _ in range(attempts):
         key = f"floor:session:s{rng.randrange(sessions)}"
         reply = load(keys=[key], args=[10**9])
         version = int(reply[1])
+        payload = json_round_trip(reply[2]) if through_json else record
         won = cas(keys=[key], args=[version, payload, 0, "i"])[0] == 1
         counts["applied" if won else "conflict"] += 1
     _report(client, round_, start, counts)
 
 
 def _floor_round(
-    url: str, workers: int, steps: int, sessions: int, size: int, floor_worker: Any
+    url: str,
+    workers: int,
+    steps: int,
+    sessions: int,
+    record: bytes,
+    floor_worker: Any,
+    through_json: bool = False,
 ) -> dict[str, Any]:
     """The raw Lua compare-and-set rate with ``workers`` processes of ``floor_worker``
-    and records of ``size`` bytes, measured the way :func:`_round` measures the worker."""
+    writing ``record`` (``through_json``: the JSON floor), measured the way
+    :func:`_round` measures the worker."""
 
     from statemachine.store._redis import _CAS
 
@@ -178,15 +205,17 @@ def _floor_round(
     try:
         cas = client.register_script(_CAS)
         for i in range(sessions):
-            cas(keys=[f"floor:session:s{i}"], args=[0, b"x" * size, 0, "i"])
-        round_ = f"floor{workers}"
+            key = f"floor:session:s{i}"
+            client.delete(key)
+            cas(keys=[key], args=[0, record, 0, "i"])
+        round_ = f"{'json' if through_json else ''}floor{workers}"
         reports = _run_processes(
             client,
             round_,
             workers,
             floor_worker,
             (url, round_, workers),
-            (sessions, max(1, steps // workers), size),
+            (sessions, max(1, steps // workers), record, through_json),
         )
         applied = sum(r["applied"] for r in reports)
         total = sum(r["applied"] + r["conflict"] for r in reports)
@@ -314,9 +343,8 @@ def _round(
         total = sum(sum(r[s.value] for s in AdvanceStatus) for r in reports)
         wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
         versions = sum(setup.load(f"s{i}").version - 1 for i in range(sessions))
-        record_bytes = sum(
-            client.hstrlen(store.key(f"s{i}"), "record") for i in range(sessions)
-        ) / max(1, sessions)
+        records = [client.hget(store.key(f"s{i}"), "record") for i in range(sessions)]
+        record_bytes = sum(len(record) for record in records) / max(1, sessions)
         if versions != applied:
             raise AssertionError(f"{applied} advances applied but versions moved {versions}")
         return {
@@ -328,6 +356,8 @@ def _round(
             "conflict_rate": conflicts / total if total else 0.0,
             "record_bytes": round(record_bytes),
             "cpu_us_per_attempt": _cpu_us(reports, total),
+            # the JSON floor's: the record nearest the mean size
+            "record": min(records, key=lambda record: abs(len(record) - record_bytes)),
         }
     finally:
         client.close()
@@ -352,29 +382,45 @@ def run(
     floor_worker: Any = _floor_worker,
 ) -> dict[str, Any]:
     """Sessions advanced per second and CAS conflict rate for each worker count, beside
-    the floor: interleaved (for each worker count, our round then the floor's, and
-    ``rounds`` times over), medians over rounds, the ratio the median of per-round
-    ratios. ``store_options``: more options of every ``RedisStore``; ``floor_worker``:
-    the process that makes the floor's attempts (``benchmarks.redis_cluster`` gives its
-    own)."""
+    the floor and the JSON floor: interleaved (for each worker count, our round, the
+    floor's, the JSON floor's, and ``rounds`` times over), medians over rounds, the
+    ratios the medians of per-round ratios to the floor. ``store_options``: more
+    options of every ``RedisStore``; ``floor_worker``: the process that makes the
+    floors' attempts (``benchmarks.redis_cluster`` gives its own)."""
     options = store_options or {}
     url = url or os.environ.get("STATEMACHINE_REDIS_URL")
     ours: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
     floors: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
+    json_floors: dict[str, list[dict[str, Any]]] = {str(count): [] for count in workers}
     with _server(url) as (server_url, server):
         for _ in range(rounds):
             for count in workers:
                 mine = _round(server_url, count, steps, sessions, options)
                 ours[str(count)].append(mine)
+                filler = b"x" * mine["record_bytes"]
                 floors[str(count)].append(
+                    _floor_round(server_url, count, steps, sessions, filler, floor_worker)
+                )
+                json_floors[str(count)].append(
                     _floor_round(
-                        server_url, count, steps, sessions, mine["record_bytes"], floor_worker
+                        server_url, count, steps, sessions, mine["record"], floor_worker, True
                     )
                 )
 
     def median(rows: dict[str, list[dict[str, Any]]], field: str, digits: int) -> dict[str, Any]:
         return {k: round(_median([r[field] for r in v]), digits) for k, v in rows.items()}
 
+    def per_round(tops: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+        """Each round's rate of ``tops`` over the floor's of the same round."""
+        return {
+            k: [
+                a["sessions_per_s"] / f["sessions_per_s"]
+                for a, f in zip(tops[k], floors[k], strict=True)
+            ]
+            for k in tops
+        }
+
+    of_floor, json_of_floor = per_round(ours), per_round(json_floors)
     return {
         "unit": "sessions advanced (one event applied with CAS) per second, N worker processes",
         "server": server,
@@ -391,24 +437,14 @@ def run(
         "floor_conflict_rate": median(floors, "conflict_rate", 4),
         "cpu_us_per_attempt": median(ours, "cpu_us_per_attempt", 1),
         "floor_cpu_us_per_attempt": median(floors, "cpu_us_per_attempt", 1),
-        "of_floor": {
-            k: round(
-                _median(
-                    [
-                        a["sessions_per_s"] / f["sessions_per_s"]
-                        for a, f in zip(ours[k], floors[k], strict=True)
-                    ]
-                ),
-                3,
-            )
-            for k in ours
-        },
-        "of_floor_rounds": {
-            k: [
-                round(a["sessions_per_s"] / f["sessions_per_s"], 3)
-                for a, f in zip(ours[k], floors[k], strict=True)
-            ]
-            for k in ours
+        "of_floor": {k: round(_median(v), 3) for k, v in of_floor.items()},
+        "of_floor_rounds": {k: [round(r, 3) for r in v] for k, v in of_floor.items()},
+        "json_floor_sessions_per_s": median(json_floors, "sessions_per_s", 1),
+        "json_floor_conflict_rate": median(json_floors, "conflict_rate", 4),
+        "json_floor_cpu_us_per_attempt": median(json_floors, "cpu_us_per_attempt", 1),
+        "json_floor_of_floor": {k: round(_median(v), 3) for k, v in json_of_floor.items()},
+        "json_floor_of_floor_rounds": {
+            k: [round(r, 3) for r in v] for k, v in json_of_floor.items()
         },
     }
 

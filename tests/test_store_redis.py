@@ -257,7 +257,8 @@ def test_a_restart_without_persistence_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_benchmark_reports_throughput_and_conflict_rate(server: RedisServer) -> None:
     """A tiny run of benchmarks/redis_store.py: a rate and a conflict rate per worker
-    count, and every applied advance moved a version (the benchmark checks it)."""
+    count, and every applied advance moved a version (the benchmark checks it); the
+    JSON floor's rates and ratios beside the floor's."""
     from benchmarks import redis_store
 
     result = redis_store.run(workers=(1, 2), steps=60, sessions=4, url=server.url())
@@ -266,6 +267,24 @@ def test_the_benchmark_reports_throughput_and_conflict_rate(server: RedisServer)
     assert result["conflict_rate"]["1"] == 0
     assert 0 <= result["conflict_rate"]["2"] < 1
     assert result["applied"]["1"] == 60
+    assert set(result["json_floor_of_floor"]) == {"1", "2"}
+    assert all(rate > 0 for rate in result["json_floor_sessions_per_s"].values())
+    assert result["json_floor_conflict_rate"]["1"] == 0
+    assert [len(r) for r in result["json_floor_of_floor_rounds"].values()] == [3, 3]
+    assert "record" not in result  # the sample record stays out of the report
+
+
+def test_the_json_floor_writes_back_the_record_it_read() -> None:
+    """The JSON floor's work on a record is a real parse and write: the same JSON
+    value, compact, and a record that is not JSON fails as it would in a store."""
+    from benchmarks import redis_store
+
+    record = b'{"a": [1, 2.5, "\\u00e9"], "b": {"c": null}}'
+    written = redis_store.json_round_trip(record)
+    assert json.loads(written) == json.loads(record)
+    assert written == b'{"a":[1,2.5,"\\u00e9"],"b":{"c":null}}'
+    with pytest.raises(json.JSONDecodeError, match="Expecting value"):
+        redis_store.json_round_trip(b"x" * 10)
 
 
 @pytest.mark.requirement("ER-79")
