@@ -84,6 +84,46 @@ def test_import_loads_no_dev_tool() -> None:
     assert out.stdout.strip() == "[]"
 
 
+_EXTRAS = {
+    "statemachine.otel": ("opentelemetry", "otel"),
+    "statemachine.temporal": ("temporalio", "temporal"),
+    "statemachine.mcp": ("mcp", "mcp"),
+    "statemachine.integrations.pydantic_ai": ("pydantic_ai", "pydantic-ai"),
+    "statemachine.integrations.openai_agents": ("agents", "openai-agents"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(_EXTRAS))
+def test_a_module_whose_extra_is_missing_names_the_extra(module: str) -> None:
+    """Importing an optional module without its extra raises an ``ImportError`` that
+    names the module, the ``pip install`` line of its extra and what was missing, not a
+    bare "No module named" from deep inside (the extra is hidden in a fresh
+    interpreter by a finder that refuses its top-level package)."""
+    import subprocess
+    import sys
+
+    package, extra = _EXTRAS[module]
+    code = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {package!r}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    print('imported')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message = out.stdout.strip()
+    assert message.startswith(f"{module} needs "), message
+    assert f"pip install 'turnstate[{extra}]'" in message
+    assert f"No module named '{package}" in message
+
+
 def _copy_with(tmp_path: Path, *, module: str | None = None, dist_info: bool = False) -> Path:
     """This package copied under ``tmp_path``, as if ``python-statemachine`` had been
     installed beside it: one of its modules dropped into the package directory, or its

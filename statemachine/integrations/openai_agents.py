@@ -53,13 +53,19 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from agents.exceptions import AgentsException
-from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
-from agents.model_settings import ModelSettings
-from agents.models._retry_runtime import provider_managed_retries_disabled
-from agents.models._run_context import get_model_run_owner
-from agents.models.interface import Model, ModelProvider, ModelTracing
-from agents.tool import Tool
+try:
+    from agents.exceptions import AgentsException
+    from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
+    from agents.model_settings import ModelSettings
+    from agents.models._retry_runtime import provider_managed_retries_disabled
+    from agents.models._run_context import get_model_run_owner
+    from agents.models.interface import Model, ModelProvider, ModelTracing
+    from agents.tool import Tool
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise ImportError(
+        "statemachine.integrations.openai_agents needs an OpenAI Agents SDK this release "
+        f"supports: pip install 'turnstate[openai-agents]' ({exc})"
+    ) from exc
 
 from ..core._actions import Assemble, CallModel
 from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied

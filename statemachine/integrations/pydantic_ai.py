@@ -49,21 +49,27 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
 
-from pydantic_ai._fallback import request_stream_until_first_event
-from pydantic_ai._run_context import get_current_run_context
-from pydantic_ai.exceptions import AgentRunError
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    RetryPromptPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse, infer_model
-from pydantic_ai.models.wrapper import WrapperModel
-from pydantic_ai.settings import ModelSettings
+try:
+    from pydantic_ai._fallback import request_stream_until_first_event
+    from pydantic_ai._run_context import get_current_run_context
+    from pydantic_ai.exceptions import AgentRunError
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        RetryPromptPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse, infer_model
+    from pydantic_ai.models.wrapper import WrapperModel
+    from pydantic_ai.settings import ModelSettings
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise ImportError(
+        "statemachine.integrations.pydantic_ai needs a pydantic-ai this release supports: "
+        f"pip install 'turnstate[pydantic-ai]' ({exc})"
+    ) from exc
 
 from ..core._actions import Assemble, CallModel
 from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied

@@ -58,9 +58,14 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise ImportError(
+        f"statemachine.otel needs the OpenTelemetry API: pip install 'turnstate[otel]' ({exc})"
+    ) from exc
 
 from .._version import __version__
 from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait

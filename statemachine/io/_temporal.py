@@ -38,13 +38,19 @@ from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
 import attrs
-from temporalio import activity, workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
-from temporalio.exceptions import CancelledError as TemporalCancelled
-from temporalio.exceptions import TimeoutError as TemporalTimeout
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
-from temporalio.workflow import ActivityCancellationType
+
+try:
+    from temporalio import activity, workflow
+    from temporalio.common import RetryPolicy
+    from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+    from temporalio.exceptions import CancelledError as TemporalCancelled
+    from temporalio.exceptions import TimeoutError as TemporalTimeout
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+    from temporalio.workflow import ActivityCancellationType
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise ImportError(
+        f"statemachine.temporal needs the Temporal SDK: pip install 'turnstate[temporal]' ({exc})"
+    ) from exc
 
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ..core._codec import decode, encode
