@@ -56,6 +56,7 @@ def test_restore_at_any_step_continues_exactly(cut: int) -> None:
     assert rest.action == got[-1]
     got += [rest.send(e) for e in _events()[cut:]]
     assert got == expected
+
     # the times are the restored session's clock, which started 901 s earlier; the
     # steps before the snapshot keep no event, the steps after it carry theirs
     def plain(record: sm.TraceRecord) -> sm.TraceRecord:
@@ -199,6 +200,18 @@ def test_non_mapping_and_truncated_snapshots_are_refused() -> None:
     with pytest.raises(sm.SnapshotError, match="missing"):
         sm.Session.restore(truncated, clock=ManualClock())
     assert isinstance(sm.SnapshotError("x"), ValueError)
+
+
+@pytest.mark.requirement("ER-26")
+def test_a_snapshot_given_as_its_text_is_refused_saying_to_parse_it() -> None:
+    """The snapshot's JSON text (as a host stored it) is not restored by guessing: the
+    error says it is text and how to parse it; a list gets no such hint."""
+    text = json.dumps(_snapshot())
+    for given in (text, text.encode()):
+        with pytest.raises(sm.SnapshotError, match=r"got (str|bytes) \(.*json\.loads\(text\)"):
+            sm.Session.restore(given, clock=ManualClock())  # type: ignore[arg-type]
+    with pytest.raises(sm.SnapshotError, match=r"^snapshot: must be a JSON object, got list$"):
+        sm.Session.restore([text], clock=ManualClock())  # type: ignore[arg-type]
 
 
 @pytest.mark.requirement("ER-26")

@@ -201,7 +201,12 @@ def _read(
     read_state: Callable[[Any, float, set[int]], SessionState],
 ) -> tuple[Settings, SessionState]:
     if type(data) is not dict and not isinstance(data, Mapping):
-        raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}")
+        hint = (
+            " (the snapshot's text: parse it first, Session.restore(json.loads(text)))"
+            if isinstance(data, str | bytes | bytearray)
+            else ""
+        )
+        raise SnapshotError(f"snapshot: must be a JSON object, got {type(data).__name__}{hint}")
     if data.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(
             f"format: not a statemachine session snapshot: {short_repr(data.get('format'))}"
