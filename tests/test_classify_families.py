@@ -422,3 +422,155 @@ def test_any_details_array_or_frame_gives_a_legal_model_error(
     assert wait is None or (isinstance(wait, float) and 0 <= wait <= 315_576_000_000)
     action = _turn().send(sm.ModelFailed(error))
     assert isinstance(action, sm.Wait | sm.Finish | sm.Assemble | sm.CallModel)
+
+
+# -- round two: vendors the corpus did not hold (ER-240..ER-244) ----------------------
+
+
+@pytest.mark.requirement("ER-240")
+@pytest.mark.parametrize(
+    "name",
+    [
+        "moonshot-400-exceeded-model-token-limit",
+        "moonshot-400-input-token-length-too-long",
+        "dashscope-400-range-of-input-length",
+        "gemini-400-vertex-model-only-supports-up-to",
+        "cohere-400-too-many-tokens-size-limit-exceeded",
+    ],
+)
+def test_round_two_overflows_reduce_the_context(name: str) -> None:
+    error = _classify_entry(name)
+    assert error.category is C.CONTEXT_LENGTH_EXCEEDED
+    action = _turn().send(sm.ModelFailed(error))
+    assert isinstance(action, sm.Assemble) and action.reduce
+
+
+@pytest.mark.requirement("ER-240")
+def test_an_output_limit_message_is_not_an_overflow() -> None:
+    """Cohere's "too many tokens: max tokens must be ..." names the output limit the
+    request asked for: an invalid request that ends the turn, not a reduction, though
+    it carries the context phrase "too many tokens"."""
+    error = _classify_entry("cohere-400-max-tokens-must-be-at-most-output")
+    assert error.category is C.INVALID_REQUEST
+    finish = _turn().send(sm.ModelFailed(error))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.INVALID_REQUEST
+    body = {"message": "too many tokens: total number of tokens in the prompt cannot exceed 4081"}
+    assert sm.classify((400, {}, body)).category is C.CONTEXT_LENGTH_EXCEEDED
+
+
+@pytest.mark.requirement("ER-241")
+@pytest.mark.parametrize(
+    "name",
+    [
+        "moonshot-403-exceeded-current-quota-error",
+        "moonshot-429-exceeded-current-quota-error",
+        "dashscope-400-arrearage",
+    ],
+)
+def test_a_spent_quota_code_ends_the_turn_without_a_wait_or_a_fallback(name: str) -> None:
+    error = _classify_entry(name)
+    assert error.category is C.UNKNOWN
+    assert error.code in {"exceeded_current_quota_error", "Arrearage"}
+    turn = _turn(sm.Settings(fallback_models=("other-model",)))
+    finish = turn.send(sm.ModelFailed(error))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.UNKNOWN_ERROR
+
+
+@pytest.mark.requirement("ER-242")
+@pytest.mark.parametrize(
+    "name", ["dashscope-400-data-inspection-failed", "openrouter-403-input-flagged-by-moderation"]
+)
+def test_a_moderation_block_is_content_filtered_not_auth_or_invalid(name: str) -> None:
+    error = _classify_entry(name)
+    assert error.category is C.CONTENT_FILTERED
+    finish = _turn().send(sm.ModelFailed(error))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.CONTENT_FILTERED
+    # DashScope's own envelope (no "error" object) names the same code
+    native = {"code": "DataInspectionFailed", "message": "Input data may contain inappropriate"}
+    assert sm.classify((400, {}, native)).category is C.CONTENT_FILTERED
+    # a 403 that says nothing of moderation is still an auth error
+    assert sm.classify((403, {}, {"error": {"message": "forbidden"}})).category is C.AUTH_ERROR
+
+
+@pytest.mark.requirement("ER-243")
+@pytest.mark.parametrize(
+    ("code", "category"),
+    [
+        (429, C.RATE_LIMITED),
+        (503, C.OVERLOADED),
+        (400, C.INVALID_REQUEST),
+        (401, C.AUTH_ERROR),
+        (302, C.UNKNOWN),  # not an error status: no category
+        (600, C.UNKNOWN),
+        (True, C.UNKNOWN),  # a bool is no number here
+        ("429", C.UNKNOWN),  # a name, not a status
+    ],
+)
+def test_an_in_stream_error_is_read_by_the_status_its_code_names(
+    code: Any, category: sm.ErrorCategory
+) -> None:
+    body = {"error": {"code": code, "message": "something upstream"}}
+    for status in (200, None):
+        error = sm.classify((status, {}, body))
+        assert error.category is category, (status, code)
+        assert error.status == status  # the response's status is kept
+    # a type that names a category decides first
+    typed = {"error": {"code": 429, "type": "overloaded_error", "message": "x"}}
+    assert sm.classify((200, {}, typed)).category is C.OVERLOADED
+
+
+@pytest.mark.requirement("ER-243")
+def test_openrouters_midstream_rate_limit_is_retried() -> None:
+    error = _classify_entry("openrouter-200-sse-midstream-error-code-429")
+    assert error.category is C.RATE_LIMITED
+    assert isinstance(_turn().send(sm.ModelFailed(error)), sm.Wait)
+
+
+@pytest.mark.requirement("ER-244")
+@pytest.mark.parametrize(
+    ("retry_after", "seconds"),
+    [
+        (5, 5.0),
+        (0.25, 0.25),
+        (0, 0.0),
+        (-0.0, 0.0),
+        (-1, None),
+        ("5", None),
+        (True, None),
+        (float("nan"), None),
+        (float("inf"), None),
+        (10**400, None),
+        (315_576_000_000, 315_576_000_000.0),
+        (315_576_000_001, None),
+    ],
+)
+def test_a_body_retry_after_is_read_only_as_a_bounded_number(
+    retry_after: Any, seconds: float | None
+) -> None:
+    for body in (
+        {"detail": "throttled", "retry_after": retry_after},
+        {"error": {"message": "throttled", "retry_after": retry_after}},
+    ):
+        error = sm.classify((429, {}, body))
+        assert error.category is C.RATE_LIMITED
+        assert error.retry_after_seconds == seconds, body
+        if seconds is not None:
+            assert math.copysign(1.0, error.retry_after_seconds) == 1.0  # no -0.0
+
+
+@pytest.mark.requirement("ER-244")
+def test_the_body_retry_after_is_a_floor_and_yields_to_headers_and_retry_info() -> None:
+    error = _classify_entry("replicate-429-body-retry-after")
+    assert error.retry_after_seconds == 5.0
+    wait = _turn().send(sm.ModelFailed(error))
+    assert isinstance(wait, sm.Wait) and wait.seconds >= 5.0
+    body = {"retry_after": 5}
+    assert sm.classify((429, {"retry-after": "2"}, body)).retry_after_seconds == 2.0
+    google = {
+        "error": {
+            "code": 429,
+            "retry_after": 5,
+            "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "7s"}],
+        }
+    }
+    assert sm.classify((429, {}, google)).retry_after_seconds == 7.0

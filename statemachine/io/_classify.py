@@ -28,9 +28,10 @@ table in code. In short, the body is read as well as the status:
   ``finish_reason == "content_filter"``, a ``content_filter`` or
   ``content_policy_violation`` code) is ``content_filtered``.
 * An error *event* inside an HTTP 200 stream (``{"type": "error", "error":
-  {"type": "overloaded_error"}}``) is classified by its error type; so is a Bedrock
-  event-stream exception frame, whose type travels in its ``:exception-type`` header
-  (botocore's ``EventStreamError`` carries it as its error code).
+  {"type": "overloaded_error"}}``) is classified by its error type, else by the HTTP
+  status its numeric ``error.code`` names (OpenRouter); so is a Bedrock event-stream
+  exception frame, whose type travels in its ``:exception-type`` header (botocore's
+  ``EventStreamError`` carries it as its error code).
 * A body that arrives wrapped in a JSON array (Vertex's ``[{"error": ...}]``) is read
   by its first element.
 * Connection errors and timeouts (the SDKs' ``APIConnectionError`` and
@@ -48,7 +49,8 @@ The vendor's code (or error type), HTTP status and body are kept on the
 ``ModelError``; its response headers are carried through, so the engine honours
 ``retry-after-ms`` and ``retry-after``. A delay (seconds or milliseconds) is also
 copied onto ``retry_after_seconds``, and without one the body's own delay (Gemini's
-``RetryInfo.retryDelay``, ``specs/retry-after.md``); an HTTP-date is measured against
+``RetryInfo.retryDelay``, else Replicate's numeric ``retry_after``,
+``specs/retry-after.md``); an HTTP-date is measured against
 the ``wall`` time ``classify`` is given (``None``: left in the headers, for the engine
 to measure against the wall time of the step that takes the error). Nothing here
 raises: input that matches no shape is ``unknown``, carrying its ``repr``.
@@ -107,9 +109,17 @@ _CONTEXT_PHRASES = (
     "inputs must have less than",  # TGI: "`inputs` must have less than N tokens"
     "tokens + max_new_tokens must be",  # TGI: "`inputs` tokens + `max_new_tokens` must be <= N"
     "maximum prompt length",  # xAI: "This model's maximum prompt length is N but the ..."
+    "exceeded model token limit",  # Moonshot: "Your request exceeded model token limit: N"
+    "input token length too long",  # Moonshot's documented 400
+    "range of input length should be",  # DashScope (Qwen): "... should be [1, 983616]"
+    "model only supports up to",  # Vertex Gemini: "input token count is N but model only ..."
 )
 """Said (any casing, backticks ignored) by a 400, 413, 422, 200 or status-less error
 whose request does not fit the model's context."""
+_OUTPUT_LIMIT_PHRASES = ("max tokens must be",)
+"""Said by an error about the output limit the request asked for, which a smaller
+context does not fix (Cohere: "too many tokens: max tokens must be less than or equal
+to 4096, the maximum output for this model"): it overrides row 3's phrases."""
 _STATUS_CONTEXT_PHRASES = {
     429: (
         "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
@@ -142,8 +152,27 @@ _KEY_REASONS = frozenset({"API_KEY_INVALID"})
 _CONTEXT_CODES = frozenset(
     {"context_length_exceeded", "string_above_max_length", "exceed_context_size_error"}
 )
-_QUOTA_CODES = frozenset({"insufficient_quota", "billing_error", "billing_hard_limit_reached"})
-_FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "refusal"})
+_QUOTA_CODES = frozenset(
+    {
+        "insufficient_quota",
+        "billing_error",
+        "billing_hard_limit_reached",
+        "exceeded_current_quota_error",  # Moonshot (403, 429)
+        "Arrearage",  # DashScope (400): the account is in arrears
+    }
+)
+_FILTER_CODES = frozenset(
+    {
+        "content_filter",
+        "content_policy_violation",
+        "refusal",
+        "data_inspection_failed",  # DashScope's OpenAI-compatible code
+        "DataInspectionFailed",  # DashScope's own
+    }
+)
+_FILTER_PHRASES = ("your input was flagged",)
+"""Said (any status) when a moderation step refused the request (OpenRouter's 403:
+"... requires moderation on ... Your input was flagged for ...")."""
 _GEMINI_BLOCKS = frozenset(
     {"SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"}
 )
@@ -456,10 +485,15 @@ def _from_parts(
         # no filter code named: the finish reason is what stopped it (a stream's refusal
         # event has a type, "message_delta", that names no error)
         return make(ErrorCategory.CONTENT_FILTERED, named or fields.finish)
+    if any(phrase in lowered for phrase in _FILTER_PHRASES):
+        return make(ErrorCategory.CONTENT_FILTERED, vendor or "content_filter")
     if (status in {400, 413, 422, None, 200}) and (
         code in _CONTEXT_CODES
         or etype in _CONTEXT_CODES
-        or any(phrase in lowered for phrase in _CONTEXT_PHRASES)
+        or (
+            any(phrase in lowered for phrase in _CONTEXT_PHRASES)
+            and not any(phrase in lowered for phrase in _OUTPUT_LIMIT_PHRASES)
+        )
     ):
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status in _STATUS_CONTEXT_PHRASES and any(
@@ -469,8 +503,13 @@ def _from_parts(
         # retrying is futile, reducing is not
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status is None or 200 <= status < 400:
-        # An error event inside a successful (streamed) response: its type decides.
-        return make(_by_type(etype, code))
+        # An error event inside a successful (streamed) response: its type decides,
+        # else the HTTP status its body names (OpenRouter's numeric ``error.code``)
+        by_type = _by_type(etype, code)
+        if by_type is ErrorCategory.UNKNOWN and fields.status is not None:
+            echoed = _from_parts(fields.status, headers, body, fallback_message)
+            return make(echoed.category, echoed.code)
+        return make(by_type)
     if status == 429:
         return make(ErrorCategory.RATE_LIMITED, vendor or "rate_limited")
     key = fields.reason if fields.reason in _KEY_REASONS else None
@@ -532,7 +571,10 @@ class _Fields:
     reason: str | None = None
     """Google's ``ErrorInfo.reason`` (``API_KEY_INVALID``)."""
     delay: float | None = None
-    """Google's ``RetryInfo.retryDelay``, in seconds."""
+    """Google's ``RetryInfo.retryDelay``, else a numeric ``retry_after`` (Replicate's),
+    in seconds."""
+    status: int | None = None
+    """An HTTP error status the body names as its numeric ``error.code`` (400-599)."""
 
 
 _NO_FIELDS = _Fields()
@@ -565,16 +607,22 @@ def _error_fields(body: Any) -> _Fields:
     if etype == "error":  # the Anthropic envelope without an inner object
         etype = None
     raw_code = err.get("code")
+    echoed = None
     if isinstance(raw_code, int) and not isinstance(raw_code, bool):
         # a number is a status (the HTTP one echoed by Gemini, vLLM, llama.cpp), not a
         # name: the vendor's name is Gemini's ``status`` ("RESOURCE_EXHAUSTED") or the type
         code = _str(err.get("status")) if isinstance(err.get("status"), str) else None
+        echoed = raw_code if 400 <= raw_code <= 599 else None
     else:
         code = _str(raw_code)
     details = err.get("details")
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
     reason, delay = _google_details(details)
+    if delay is None:
+        delay = _seconds_field(err.get("retry_after"))
+        if delay is None and err is not body:
+            delay = _seconds_field(body.get("retry_after"))
     raw_message, detail = err.get("message"), body.get("detail")
     message = _str(raw_message) or _str(detail)  # a detail: FastAPI's, Mistral's 401
     problems = next(
@@ -586,7 +634,7 @@ def _error_fields(body: Any) -> _Fields:
         or (_str(delta.get("stop_reason")) if isinstance(delta, Mapping) else None)
         or _finish_reason(body)
     )
-    return _Fields(etype, code, message, problems, finish, reason, delay)
+    return _Fields(etype, code, message, problems, finish, reason, delay, echoed)
 
 
 def _google_details(details: Any) -> tuple[str | None, float | None]:
@@ -615,6 +663,21 @@ def _duration(raw: Any) -> float | None:
     if found is None or int(found[1]) > MAX_RETRY_DELAY:
         return None
     return float(raw[:-1])
+
+
+def _seconds_field(raw: Any) -> float | None:
+    """A body's ``retry_after`` as seconds: a finite JSON number from 0 to
+    :data:`MAX_RETRY_DELAY`, else ``None`` (a string, a bool, a negative or a longer
+    delay is no delay)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    try:
+        seconds = float(raw)
+    except OverflowError:
+        return None
+    if not 0.0 <= seconds <= MAX_RETRY_DELAY:  # NaN fails both
+        return None
+    return seconds + 0.0
 
 
 def _finish_reason(body: Mapping[str, Any]) -> str | None:
