@@ -574,3 +574,54 @@ def test_the_body_retry_after_is_a_floor_and_yields_to_headers_and_retry_info() 
         }
     }
     assert sm.classify((429, {}, google)).retry_after_seconds == 7.0
+
+
+@pytest.mark.requirement("ER-240")
+def test_a_vertex_limit_that_is_not_tokens_is_not_an_overflow() -> None:
+    """Vertex says "model only supports up to" of other counts too (video files): only
+    its token wording is an overflow."""
+    videos = {
+        "error": {
+            "code": 400,
+            "message": "Unable to submit request because it has 12 video files but the model "
+            "only supports up to 10.",
+            "status": "INVALID_ARGUMENT",
+        }
+    }
+    assert sm.classify((400, {}, videos)).category is C.INVALID_REQUEST
+
+
+@pytest.mark.requirement("ER-242")
+def test_a_flagged_input_keeps_the_vendors_code() -> None:
+    body = {"error": {"message": "Your input was flagged for violence", "type": "guardrail"}}
+    error = sm.classify((403, {}, body))
+    assert (error.category, error.code) == (C.CONTENT_FILTERED, "guardrail")
+
+
+@pytest.mark.requirement("ER-243")
+def test_the_status_a_code_names_spans_400_to_599() -> None:
+    for code, category in ((599, C.OVERLOADED), (500, C.OVERLOADED), (399, C.UNKNOWN)):
+        body = {"error": {"code": code, "message": "upstream"}}
+        assert sm.classify((200, {}, body)).category is category, code
+
+
+@pytest.mark.requirement("ER-243", "ER-177")
+def test_a_stream_frame_is_not_read_by_a_numeric_code() -> None:
+    """An AWS event-stream frame's type is in its headers and decides alone: a numeric
+    code in its payload changes nothing (and the frame is not read again and again)."""
+    headers = {":message-type": "exception", ":exception-type": "modelStreamErrorException"}
+    error = sm.classify((200, headers, b'{"message": "x", "code": 500}'))
+    assert error.category is C.UNKNOWN
+    assert error.code == "modelStreamErrorException"
+    assert error.body == {"message": "x", "code": 500}
+
+
+@pytest.mark.requirement("ER-244")
+def test_a_top_level_retry_after_is_read_beside_an_error_object_or_string() -> None:
+    for body in (
+        {"error": {"message": "slow"}, "retry_after": 5},
+        {"error": "Too many requests", "retry_after": 5},
+    ):
+        assert sm.classify((429, {}, body)).retry_after_seconds == 5.0, body
+    inner_first = {"error": {"message": "slow", "retry_after": 2}, "retry_after": 5}
+    assert sm.classify((429, {}, inner_first)).retry_after_seconds == 2.0

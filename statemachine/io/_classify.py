@@ -112,7 +112,7 @@ _CONTEXT_PHRASES = (
     "exceeded model token limit",  # Moonshot: "Your request exceeded model token limit: N"
     "input token length too long",  # Moonshot's documented 400
     "range of input length should be",  # DashScope (Qwen): "... should be [1, 983616]"
-    "model only supports up to",  # Vertex Gemini: "input token count is N but model only ..."
+    "input token count is",  # Vertex Gemini: "the input token count is N but model only ..."
 )
 """Said (any casing, backticks ignored) by a 400, 413, 422, 200 or status-less error
 whose request does not fit the model's context."""
@@ -440,10 +440,12 @@ def _from_parts(
 ) -> ModelError:
     fields = _error_fields(body)
     etype, code = fields.etype, fields.code
+    frame = False
     if headers:
         etype = etype or _header_type(headers)
         if headers.get(":message-type") in _FRAME_KINDS:
             status = None  # an event-stream frame's error is an event inside the stream
+            frame = True
     text = fields.message or fallback_message
     if text:
         message = _clip(text)
@@ -506,7 +508,8 @@ def _from_parts(
         # An error event inside a successful (streamed) response: its type decides,
         # else the HTTP status its body names (OpenRouter's numeric ``error.code``)
         by_type = _by_type(etype, code)
-        if by_type is ErrorCategory.UNKNOWN and fields.status is not None:
+        if by_type is ErrorCategory.UNKNOWN and fields.status is not None and not frame:
+            # (a frame's type is in its headers, and decides alone)
             echoed = _from_parts(fields.status, headers, body, fallback_message)
             return make(echoed.category, echoed.code)
         return make(by_type)
@@ -598,7 +601,7 @@ def _error_fields(body: Any) -> _Fields:
         return _NO_FIELDS
     inner = body.get("error")
     if isinstance(inner, str):  # {"error": "message"} (some gateways, xAI, TGI)
-        return _Fields(message=inner)
+        return _Fields(message=inner, delay=_seconds_field(body.get("retry_after")))
     if inner is None and isinstance(body.get("Error"), Mapping):  # botocore
         aws = body["Error"]
         return _Fields(etype=_str(aws.get("Code")), message=_str(aws.get("Message")))
