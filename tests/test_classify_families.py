@@ -625,3 +625,19 @@ def test_a_top_level_retry_after_is_read_beside_an_error_object_or_string() -> N
         assert sm.classify((429, {}, body)).retry_after_seconds == 5.0, body
     inner_first = {"error": {"message": "slow", "retry_after": 2}, "retry_after": 5}
     assert sm.classify((429, {}, inner_first)).retry_after_seconds == 2.0
+
+
+@pytest.mark.requirement("ER-243", "ER-171")
+def test_a_streamed_overflow_in_a_500s_words_reduces_the_context() -> None:
+    """llama.cpp reports a context that filled mid-stream as an error event in the 200
+    it began, typed ``server_error`` with code 500: the 500's overflow wording decides
+    before the type's ``overloaded`` (a retry would fill it again)."""
+    body = {
+        "error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}
+    }
+    error = sm.classify((200, {}, body))
+    assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, "server_error")
+    other = {"error": {"code": 500, "message": "out of memory", "type": "server_error"}}
+    assert sm.classify((200, {}, other)).category is C.OVERLOADED
+    wording_only = {"error": {"message": "Context size has been exceeded.", "type": "server_error"}}
+    assert sm.classify((200, {}, wording_only)).category is C.OVERLOADED  # no status named

@@ -506,7 +506,13 @@ def _from_parts(
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status is None or 200 <= status < 400:
         # An error event inside a successful (streamed) response: its type decides,
-        # else the HTTP status its body names (OpenRouter's numeric ``error.code``)
+        # else the HTTP status its body names (OpenRouter's numeric ``error.code``);
+        # that status's overflow wording first (llama.cpp's 500 in a stream it began)
+        echo = fields.status
+        if echo in _STATUS_CONTEXT_PHRASES and any(
+            phrase in lowered for phrase in _STATUS_CONTEXT_PHRASES[echo]
+        ):
+            return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
         by_type = _by_type(etype, code)
         if by_type is ErrorCategory.UNKNOWN and fields.status is not None and not frame:
             # (a frame's type is in its headers, and decides alone)
