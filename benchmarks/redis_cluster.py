@@ -163,6 +163,7 @@ class Cluster:
         )
         self.wait(self.healthy, deadline, "the cluster to be healthy")
         self.wait(self.replicated, deadline, "every master's replicas to be in sync")
+        self.wait(self.acknowledged, deadline, "every master's replicas to acknowledge a write")
 
     def _answers(self, port: int) -> bool:
         import redis
@@ -288,6 +289,39 @@ class Cluster:
             if isinstance(value, dict) and value.get("state") == "online"
         ]
 
+    def acknowledged(self) -> bool:
+        """Whether every live master's ``replicas`` replicas acknowledge a write (``WAIT``)
+        within 100 ms. A replica its master lists as online right after its first sync
+        may not acknowledge for up to a second (Redis 7 starts sending it writes and
+        acknowledgement requests only once it has heard from it again), so a store with
+        ``replicas`` set would find its first write unacknowledged."""
+        import redis
+        from redis.crc import key_slot
+
+        try:
+            masters = [row for row in self.nodes(self.live()[0]) if row["role"] == "master"]
+            for row in masters:
+                if row["failed"] or not row["slots"]:
+                    continue
+                low, high = row["slots"][0]
+                key = next(
+                    f"probe:{{{i}}}"
+                    for i in range(100_000)
+                    if low <= key_slot(f"{{{i}}}".encode()) <= high
+                )
+                client = self.node(row["port"], 1.0)
+                try:
+                    client.set(key, "1")
+                    acked = int(client.execute_command("WAIT", self.replicas, 100))
+                    client.delete(key)
+                finally:
+                    client.close()
+                if acked < self.replicas:
+                    return False
+        except (redis.exceptions.RedisError, StopIteration):
+            return False
+        return True
+
     def replicated(self) -> bool:
         """Whether every live master has ``replicas`` replicas in sync."""
         import redis
@@ -315,6 +349,7 @@ class Cluster:
         self.wait(lambda: self._answers(port), deadline, f"node {port} to restart")
         self.wait(lambda: self._in_sync(port), deadline, f"node {port} to sync as a replica")
         self.wait(self.healthy, deadline, "the cluster to be healthy again")
+        self.wait(self.acknowledged, deadline, "every master's replicas to acknowledge a write")
 
     def _in_sync(self, port: int) -> bool:
         """Whether the node on ``port`` is a replica its master counts as in sync."""
