@@ -487,7 +487,7 @@ def _from_parts(
         # no filter code named: the finish reason is what stopped it (a stream's refusal
         # event has a type, "message_delta", that names no error)
         return make(ErrorCategory.CONTENT_FILTERED, named or fields.finish)
-    if any(phrase in lowered for phrase in _FILTER_PHRASES):
+    if lowered and any(phrase in lowered for phrase in _FILTER_PHRASES):
         return make(ErrorCategory.CONTENT_FILTERED, vendor or "content_filter")
     if (status in {400, 413, 422, None, 200}) and (
         code in _CONTEXT_CODES
@@ -628,10 +628,10 @@ def _error_fields(body: Any) -> _Fields:
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
     reason, delay = _google_details(details)
-    if delay is None:
-        delay = _seconds_field(err.get("retry_after"))
-        if delay is None and err is not body:
-            delay = _seconds_field(body.get("retry_after"))
+    if delay is None and "retry_after" in err:
+        delay = _seconds_field(err["retry_after"])
+    if delay is None and err is not body and "retry_after" in body:
+        delay = _seconds_field(body["retry_after"])
     raw_message, detail = err.get("message"), body.get("detail")
     message = _str(raw_message) or _str(detail)  # a detail: FastAPI's, Mistral's 401
     problems = next(
