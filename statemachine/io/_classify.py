@@ -506,17 +506,16 @@ def _from_parts(
         return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
     if status is None or 200 <= status < 400:
         # An error event inside a successful (streamed) response: its type decides,
-        # else the HTTP status its body names (OpenRouter's numeric ``error.code``);
-        # that status's overflow wording first (llama.cpp's 500 in a stream it began)
-        echo = fields.status
-        if echo in _STATUS_CONTEXT_PHRASES and any(
-            phrase in lowered for phrase in _STATUS_CONTEXT_PHRASES[echo]
-        ):
-            return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
+        # else the HTTP status its body names (OpenRouter's numeric ``error.code``), whose
+        # overflow wording comes before the type (llama.cpp's 500 in a stream it began);
+        # a frame's type is in its headers, and decides alone
         by_type = _by_type(etype, code)
-        if by_type is ErrorCategory.UNKNOWN and fields.status is not None and not frame:
-            # (a frame's type is in its headers, and decides alone)
-            echoed = _from_parts(fields.status, headers, body, fallback_message)
+        echo = None if frame else fields.status
+        if echo is not None and (
+            by_type is ErrorCategory.UNKNOWN
+            or any(phrase in lowered for phrase in _STATUS_CONTEXT_PHRASES.get(echo, ()))
+        ):
+            echoed = _from_parts(echo, headers, body, fallback_message)
             return make(echoed.category, echoed.code)
         return make(by_type)
     if status == 429:
@@ -607,7 +606,7 @@ def _error_fields(body: Any) -> _Fields:
         return _NO_FIELDS
     inner = body.get("error")
     if isinstance(inner, str):  # {"error": "message"} (some gateways, xAI, TGI)
-        return _Fields(message=inner, delay=_seconds_field(body.get("retry_after")))
+        return _Fields(message=inner, delay=_retry_after_field(body))
     if inner is None and isinstance(body.get("Error"), Mapping):  # botocore
         aws = body["Error"]
         return _Fields(etype=_str(aws.get("Code")), message=_str(aws.get("Message")))
@@ -628,10 +627,8 @@ def _error_fields(body: Any) -> _Fields:
     if code is None and isinstance(details, Mapping):
         code = _str(details.get("error_code"))
     reason, delay = _google_details(details)
-    if delay is None and "retry_after" in err:
-        delay = _seconds_field(err["retry_after"])
-    if delay is None and err is not body and "retry_after" in body:
-        delay = _seconds_field(body["retry_after"])
+    if delay is None:
+        delay = _retry_after_field(err, body)
     raw_message, detail = err.get("message"), body.get("detail")
     message = _str(raw_message) or _str(detail)  # a detail: FastAPI's, Mistral's 401
     problems = next(
@@ -674,19 +671,21 @@ def _duration(raw: Any) -> float | None:
     return float(raw[:-1])
 
 
-def _seconds_field(raw: Any) -> float | None:
-    """A body's ``retry_after`` as seconds: a finite JSON number from 0 to
-    :data:`MAX_RETRY_DELAY`, else ``None`` (a string, a bool, a negative or a longer
-    delay is no delay)."""
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        return None
-    try:
-        seconds = float(raw)
-    except OverflowError:
-        return None
-    if not 0.0 <= seconds <= MAX_RETRY_DELAY:  # NaN fails both
-        return None
-    return seconds + 0.0
+def _retry_after_field(*places: Mapping[str, Any]) -> float | None:
+    """The first usable ``retry_after`` of ``places`` (the error object, then the body)
+    as seconds: a finite JSON number from 0 to :data:`MAX_RETRY_DELAY` (a string, a
+    bool, a negative or a longer delay is no delay)."""
+    for place in places:
+        raw = place.get("retry_after")
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            continue
+        try:
+            seconds = float(raw)
+        except OverflowError:
+            continue
+        if 0.0 <= seconds <= MAX_RETRY_DELAY:  # NaN fails both
+            return seconds + 0.0
+    return None
 
 
 def _finish_reason(body: Mapping[str, Any]) -> str | None:
