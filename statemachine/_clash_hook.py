@@ -16,6 +16,7 @@ Standard library only, and nothing here imports ``statemachine``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -76,9 +77,24 @@ class ShadowCheck:
                 continue
             for directory in spec.submodule_search_locations or ():
                 if foreign_modules(directory):
+                    _refuse_command_line()
                     raise ImportError(message(other_distribution()), name=name)
             return spec
         return None
+
+
+def _refuse_command_line() -> None:
+    """Under ``python -m statemachine``, say the clash as the CLI does and exit 2:
+    an ``ImportError`` here would reach the user behind runpy's "Error while finding
+    module specification" prefix, with exit code 1. (runpy sets ``sys.argv[0]`` to
+    ``-m`` while it looks the module up.)"""
+    argv = getattr(sys, "orig_argv", [])
+    if sys.argv[:1] == ["-m"] and any(
+        flag == "-m" and module.split(".")[0] == "statemachine"
+        for flag, module in itertools.pairwise(argv)
+    ):
+        sys.stderr.write(f"statemachine: error: {message(other_distribution())}\n")
+        raise SystemExit(2)
 
 
 def install() -> None:

@@ -285,6 +285,9 @@ def test_a_shadowed_install_in_a_venv_is_reported_with_the_fix(
             [python, *argv], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path
         )
         assert shadowed.returncode != 0, argv
+        if argv[0] == "-m":  # said as the CLI says it, not behind runpy's prefix
+            assert shadowed.returncode == 2, shadowed.stderr
+            assert shadowed.stderr.startswith("statemachine: error: two distributions")
         assert "two distributions install the import name 'statemachine'" in shadowed.stderr
         assert "python-statemachine 2.5.0" in shadowed.stderr
         assert "pip uninstall -y python-statemachine" in shadowed.stderr
