@@ -34,15 +34,14 @@ that matches no shape is ``unknown``, carrying its ``repr``.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import json
 import math
 import re
 import reprlib
 from collections import deque
-from collections.abc import Callable, Container, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Collection, Container, Mapping
+from typing import Any, Literal, NamedTuple
 
 import attrs
 
@@ -436,51 +435,30 @@ class _Error(NamedTuple):
     """Google's ``ErrorInfo.reason``."""
 
 
-@attrs.frozen
-class _Names:
-    """Matches an error whose code, else whose type, is one of ``names`` (the name)."""
-
-    names: frozenset[str]
-
-    def __call__(self, error: _Error) -> str | None:
-        if error.code in self.names:
-            return error.code
-        return error.etype if error.etype in self.names else None
+def _names(error: _Error, rule: _Rule) -> str | None:
+    """The error's code, else its type, when it is one of the rule's names."""
+    if error.code in rule.of:
+        return error.code
+    return error.etype if error.etype in rule.of else None
 
 
-@attrs.frozen
-class _Says:
-    """Matches an error that says one of ``phrases`` and none of ``unless`` (the phrase)."""
-
-    phrases: tuple[str, ...]
-    unless: tuple[str, ...] = ()
-
-    def __call__(self, error: _Error) -> str | None:
-        said = error.said
-        for phrase in self.phrases:
-            if phrase in said:
-                return None if any(word in said for word in self.unless) else phrase
-        return None
+def _says(error: _Error, rule: _Rule) -> str | None:
+    """The first of the rule's phrases the error says, unless it says one of ``unless``."""
+    said = error.said
+    for phrase in rule.of:
+        if phrase in said:
+            return None if any(word in said for word in rule.unless) else phrase
+    return None
 
 
-@attrs.frozen
-class _Is:
-    """Matches an error whose ``field`` (``finish`` or ``reason``) is one of ``values``."""
-
-    field: str
-    values: frozenset[str]
-
-    def __call__(self, error: _Error) -> str | None:
-        value: str | None = getattr(error, self.field)
-        return value if value in self.values else None
+def _finishes(error: _Error, rule: _Rule) -> str | None:
+    """The reply's stop, finish or block reason, when it is one of the rule's."""
+    return error.finish if error.finish in rule.of else None
 
 
-class _Keeps(enum.Enum):
-    """The code a rule keeps, before its ``otherwise``."""
-
-    VENDOR = "the vendor's name for the error: its code, else its type"
-    MATCH = "the name or reason that matched"
-    NOTHING = "none: the rule's ``otherwise``"
+def _reason(error: _Error, rule: _Rule) -> str | None:
+    """Google's ``ErrorInfo`` reason, when it is one of the rule's."""
+    return error.reason if error.reason in rule.of else None
 
 
 class _ServerErrors:
@@ -504,11 +482,17 @@ class _Rule:
     """The row's id there (``3c``); its number is the mapping's row."""
     category: ErrorCategory
     statuses: Container[int | None] | None = None
-    """The statuses it applies to (``None``: the status of an error event in a
-    stream); ``None``: every status."""
-    when: Callable[[_Error], str | None] | None = None
-    """What it matches; ``None``: the status alone decides."""
-    keeps: _Keeps = _Keeps.VENDOR
+    """The statuses it applies to (``None`` among them: an error event in a stream, an
+    exception with no status); ``None``: every status."""
+    when: Callable[[_Error, _Rule], str | None] | None = None
+    """What it matches, and so what it returns: one of its names or phrases (``of``)
+    the error has; ``None``: the status alone decides."""
+    of: Collection[str] = ()
+    unless: tuple[str, ...] = ()
+    """Phrases that veto a match of ``_says``."""
+    keeps: Literal["vendor", "match", "nothing"] = "vendor"
+    """The code kept: the vendor's name for the error (its code, else its type), the
+    name or reason that matched, or nothing but ``otherwise``."""
     otherwise: str | None = None
     """The code when what it keeps is ``None``."""
     before_type: bool = False
@@ -517,46 +501,46 @@ class _Rule:
 
     def gives(self, error: _Error, matched: str | None, status: int | None) -> _Verdict:
         """The category and the code of an error this rule matched."""
-        if self.keeps is _Keeps.VENDOR:
+        if self.keeps == "vendor":
             code = error.code or error.etype
         else:
-            code = matched if self.keeps is _Keeps.MATCH else None
+            code = matched if self.keeps == "match" else None
         if code is None and self.otherwise is _HTTP_STATUS:
             return self.category, f"http_{status}"
         return self.category, code or self.otherwise
 
 
+_C = ErrorCategory
 _RULES = (
     # row 1: a spent quota or balance is never retried, whatever the status (ER-41)
-    _Rule("1a", ErrorCategory.UNKNOWN, when=_Names(_QUOTA_CODES), otherwise="payment_required"),
-    _Rule("1b", ErrorCategory.UNKNOWN, statuses={402}, otherwise="payment_required"),
-    _Rule("1c", ErrorCategory.UNKNOWN, when=_Says(_CREDIT_PHRASES), keeps=_Keeps.NOTHING,
+    _Rule("1a", _C.UNKNOWN, when=_names, of=_QUOTA_CODES, otherwise="payment_required"),
+    _Rule("1b", _C.UNKNOWN, statuses={402}, otherwise="payment_required"),
+    _Rule("1c", _C.UNKNOWN, when=_says, of=_CREDIT_PHRASES, keeps="nothing",
           otherwise="payment_required"),  # ER-174
     # row 2: a refusal or a content filter, whatever the status (ER-242)
-    _Rule("2a", ErrorCategory.CONTENT_FILTERED, when=_Names(_FILTER_CODES), keeps=_Keeps.MATCH),
-    _Rule("2b", ErrorCategory.CONTENT_FILTERED, when=_Is("finish", _STOPPED), keeps=_Keeps.MATCH),
-    _Rule("2c", ErrorCategory.CONTENT_FILTERED, when=_Says(_FILTER_PHRASES),
-          otherwise="content_filter"),
+    _Rule("2a", _C.CONTENT_FILTERED, when=_names, of=_FILTER_CODES, keeps="match"),
+    _Rule("2b", _C.CONTENT_FILTERED, when=_finishes, of=_STOPPED, keeps="match"),
+    _Rule("2c", _C.CONTENT_FILTERED, when=_says, of=_FILTER_PHRASES, otherwise="content_filter"),
     # row 3: a request that does not fit; only a smaller one helps (ER-170, ER-240)
-    _Rule("3a", ErrorCategory.CONTEXT_LENGTH_EXCEEDED, statuses=_CONTEXT_STATUSES,
-          when=_Names(_CONTEXT_CODES)),
-    _Rule("3b", ErrorCategory.CONTEXT_LENGTH_EXCEEDED, statuses=_CONTEXT_STATUSES,
-          when=_Says(_CONTEXT_PHRASES, unless=_OUTPUT_LIMIT_PHRASES)),
-    _Rule("3c", ErrorCategory.CONTEXT_LENGTH_EXCEEDED, statuses={429},
-          when=_Says(_TOO_LARGE_PHRASES), before_type=True),  # ER-95
-    _Rule("3d", ErrorCategory.CONTEXT_LENGTH_EXCEEDED, statuses={500},
-          when=_Says(_OVERFLOW_500_PHRASES), before_type=True),  # ER-171
+    _Rule("3a", _C.CONTEXT_LENGTH_EXCEEDED, statuses=_CONTEXT_STATUSES, when=_names,
+          of=_CONTEXT_CODES),
+    _Rule("3b", _C.CONTEXT_LENGTH_EXCEEDED, statuses=_CONTEXT_STATUSES, when=_says,
+          of=_CONTEXT_PHRASES, unless=_OUTPUT_LIMIT_PHRASES),
+    _Rule("3c", _C.CONTEXT_LENGTH_EXCEEDED, statuses={429}, when=_says, of=_TOO_LARGE_PHRASES,
+          before_type=True),  # ER-95
+    _Rule("3d", _C.CONTEXT_LENGTH_EXCEEDED, statuses={500}, when=_says,
+          of=_OVERFLOW_500_PHRASES, before_type=True),  # ER-171
     # (row 4, an error event in a stream, is the first special case: _verdict)
-    _Rule("5", ErrorCategory.RATE_LIMITED, statuses={429}, otherwise="rate_limited"),
+    _Rule("5", _C.RATE_LIMITED, statuses={429}, otherwise="rate_limited"),
     # row 6: the key (ER-173)
-    _Rule("6a", ErrorCategory.AUTH_ERROR, statuses={400, 401, 403},
-          when=_Is("reason", _KEY_REASONS), keeps=_Keeps.MATCH),
-    _Rule("6b", ErrorCategory.AUTH_ERROR, statuses={401, 403}),
-    _Rule("6c", ErrorCategory.AUTH_ERROR, statuses={400}, when=_Says(_KEY_PHRASES)),
+    _Rule("6a", _C.AUTH_ERROR, statuses={400, 401, 403}, when=_reason, of=_KEY_REASONS,
+          keeps="match"),
+    _Rule("6b", _C.AUTH_ERROR, statuses={401, 403}),
+    _Rule("6c", _C.AUTH_ERROR, statuses={400}, when=_says, of=_KEY_PHRASES),
     # row 7: the server's trouble, worth a retry
-    _Rule("7a", ErrorCategory.OVERLOADED, statuses={408, 409}, otherwise=_HTTP_STATUS),
-    _Rule("7b", ErrorCategory.OVERLOADED, statuses=_ServerErrors(), otherwise=_HTTP_STATUS),
-    _Rule("8", ErrorCategory.INVALID_REQUEST, statuses={400, 404, 413, 422}),
+    _Rule("7a", _C.OVERLOADED, statuses={408, 409}, otherwise=_HTTP_STATUS),
+    _Rule("7b", _C.OVERLOADED, statuses=_ServerErrors(), otherwise=_HTTP_STATUS),
+    _Rule("8", _C.INVALID_REQUEST, statuses={400, 404, 413, 422}),
     # (row 9, any other status, is the second special case: by type, else unknown)
 )  # fmt: skip
 """``specs/classification.md``'s table of rules, in order: the first that matches decides."""
@@ -569,7 +553,7 @@ def _first_rule(error: _Error, status: int | None) -> tuple[_Rule, str | None] |
             continue
         if rule.when is None:
             return rule, None
-        matched = rule.when(error)
+        matched = rule.when(error, rule)
         if matched is not None:
             return rule, matched
     return None
