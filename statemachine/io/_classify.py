@@ -3,33 +3,23 @@
 One boundary, as httpcore translates its errors at one place: every shape a model
 provider hands back on failure (an SDK exception, an ``httpx`` response, a ``(status,
 headers, body)`` triple, botocore's errors and event-stream frames, a reply that is a
-refusal) comes out here in the taxonomy. The body is read as well as the status.
+refusal) is read into a status, headers and a body, and the body into the few facts
+the rules read (:class:`_Error`). :data:`_RULES` is ``specs/classification.md``'s table
+of rules: each row names the statuses it applies to, what it matches, the category it
+gives and the code it keeps, and the first row that matches decides. What no row takes
+is one of two special cases (:func:`_verdict`): an error event inside a stream, which
+its type decides (else the HTTP status its numeric code names), or an error of a status
+no row names, which its type decides, else nothing (``unknown``). A vendor's new
+wording or code is a phrase or a name added to a row's vocabulary, a new kind of error
+a new row.
 
-Theory of operation. Each input shape is read into a status, headers and a body, and
-the body into the few facts the rules read (:class:`_Error`: the vendor's code and
-type, what the server says in text, a stop or finish reason, Google's ``ErrorInfo``
-reason). :data:`_RULES` is ``specs/classification.md``'s table of rules, in order:
-each row names the statuses it applies to, what it matches, the category it gives
-and the code it keeps, and the first row that matches decides. What no row takes is
-one of two special cases (:func:`_verdict`): an error event inside a stream, which
-its type decides (else the HTTP status its numeric code names), or an error no row
-names, which its type decides, else its status. A vendor's new wording or code is a
-phrase or a name added to a row's vocabulary below, a new kind of error a new row.
-
-Any body costs a bounded time: only its first :data:`MAX_BODY` bytes (and the last
+Any body costs a bounded time (ER-58): its first :data:`MAX_BODY` bytes (and the last
 ones of a longer body, where a stream's error event is) are read, at most
-:data:`MAX_SSE_LINES` SSE lines are parsed, JSON too deep to parse is text, and a huge
-parsed body is kept as a bounded copy.
-
-The vendor's code (or error type), HTTP status and body are kept on the
-``ModelError``; its response headers are carried through, so the engine honours
-``retry-after-ms`` and ``retry-after``. A delay (seconds or milliseconds) is also
-copied onto ``retry_after_seconds``, and without one the body's own delay (Gemini's
-``RetryInfo.retryDelay``, else Replicate's numeric ``retry_after``,
-``specs/retry-after.md``); an HTTP-date is measured against the ``wall`` time
-``classify`` is given (``None``: left in the headers, for the engine to measure
-against the wall time of the step that takes the error). Nothing here raises: input
-that matches no shape is ``unknown``, carrying its ``repr``.
+:data:`MAX_SSE_LINES` SSE lines parsed, JSON too deep to parse is text, and a huge
+parsed body is kept as a bounded copy. The vendor's code, the status, the body and the
+headers are kept on the ``ModelError``; a delay the headers or the body ask for is
+copied onto ``retry_after_seconds`` (``specs/retry-after.md``). Nothing here raises:
+input that matches no shape is ``unknown``, carrying its ``repr``.
 """
 
 from __future__ import annotations
@@ -166,45 +156,33 @@ _KEY_PHRASES = (
     "api key expired",  # Gemini (400): "API key expired. Please renew the API key."
 )
 """Said by a 400 whose API key is invalid or expired (ER-173)."""
-_RATE_TYPES = frozenset(
-    {"rate_limit_error", "rate_limit_exceeded", "requests", "tokens", "throttlingexception"}
-)
-_OVERLOAD_TYPES = frozenset(
-    {
-        "overloaded_error",
-        "api_error",
-        "server_error",
-        "service_unavailable",
-        "timeout_error",
-        "serviceunavailableexception",
-        "internalserverexception",
-        "modeltimeoutexception",
-    }
-)
-_AUTH_TYPES = frozenset(
-    {"authentication_error", "permission_error", "invalid_api_key", "permission_denied"}
-)
-_INVALID_TYPES = frozenset(
-    {
-        "invalid_request_error",
-        "not_found_error",
-        "request_too_large",
-        "model_not_found",
-        "validationexception",
-    }
-)
-"""The by-type names, lower case: a name is looked up in lower case, so Bedrock's
-event-stream ``throttlingException`` and its HTTP ``ThrottlingException`` are one name."""
+_C = ErrorCategory
 _BY_TYPE = {
-    name: category
-    for names, category in (
-        (_RATE_TYPES, ErrorCategory.RATE_LIMITED),
-        (_OVERLOAD_TYPES, ErrorCategory.OVERLOADED),
-        (_AUTH_TYPES, ErrorCategory.AUTH_ERROR),
-        (_INVALID_TYPES, ErrorCategory.INVALID_REQUEST),
-    )
-    for name in names
+    "rate_limit_error": _C.RATE_LIMITED,
+    "rate_limit_exceeded": _C.RATE_LIMITED,
+    "requests": _C.RATE_LIMITED,
+    "tokens": _C.RATE_LIMITED,
+    "throttlingexception": _C.RATE_LIMITED,
+    "overloaded_error": _C.OVERLOADED,
+    "api_error": _C.OVERLOADED,
+    "server_error": _C.OVERLOADED,
+    "service_unavailable": _C.OVERLOADED,
+    "timeout_error": _C.OVERLOADED,
+    "serviceunavailableexception": _C.OVERLOADED,
+    "internalserverexception": _C.OVERLOADED,
+    "modeltimeoutexception": _C.OVERLOADED,
+    "authentication_error": _C.AUTH_ERROR,
+    "permission_error": _C.AUTH_ERROR,
+    "invalid_api_key": _C.AUTH_ERROR,
+    "permission_denied": _C.AUTH_ERROR,
+    "invalid_request_error": _C.INVALID_REQUEST,
+    "not_found_error": _C.INVALID_REQUEST,
+    "request_too_large": _C.INVALID_REQUEST,
+    "model_not_found": _C.INVALID_REQUEST,
+    "validationexception": _C.INVALID_REQUEST,
 }
+"""The category an error's type or code names, in lower case (rows 4 and 9): Bedrock's
+event-stream ``throttlingException`` and its HTTP ``ThrottlingException`` are one name."""
 _FRAME_KINDS = frozenset({"exception", "error"})
 """``:message-type`` values of an AWS event-stream frame that carries an error: its status
 is the stream's (200), or botocore's ``to_response_dict`` marker (400), never the error's."""
@@ -510,10 +488,9 @@ class _Rule:
         return self.category, code or self.otherwise
 
 
-_C = ErrorCategory
 _RULES = (
     # row 1: a spent quota or balance is never retried, whatever the status (ER-41)
-    _Rule("1a", _C.UNKNOWN, when=_names, of=_QUOTA_CODES, otherwise="payment_required"),
+    _Rule("1a", _C.UNKNOWN, when=_names, of=_QUOTA_CODES),
     _Rule("1b", _C.UNKNOWN, statuses={402}, otherwise="payment_required"),
     _Rule("1c", _C.UNKNOWN, when=_says, of=_CREDIT_PHRASES, keeps="nothing",
           otherwise="payment_required"),  # ER-174
