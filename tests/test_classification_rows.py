@@ -12,6 +12,8 @@ from the module (a test that read the table would move with a mutated table).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -586,3 +588,90 @@ def test_a_short_repr_cuts_bytes_text_and_containers() -> None:
     text = sm.classify({"k": "t" * 300}).message
     assert "..." in text and text.count("t") < 205
     assert "..." not in sm.classify({"k": "t" * 150}).message
+
+
+# -- the table of rules in code, as the spec documents it --------------------------------
+
+SPEC = Path(__file__).resolve().parent.parent / "specs" / "classification.md"
+
+
+def _spec_rules() -> list[list[str]]:
+    """The rows of the spec's "table of rules in code", as lists of cells."""
+    text = SPEC.read_text(encoding="utf-8")
+    start = text.index("## The table of rules in code")
+    section = text[start : text.index("\n## ", start + 1)]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split(" | ")] for line in section.splitlines()
+    ]
+    return [row for row in rows if re.fullmatch(r"\d+[a-z]?", row[0])]
+
+
+def _statuses(cell: str) -> Any:
+    if cell == "any":
+        return None
+    if cell.startswith("500 and up, but 501"):
+        return "server errors"
+    words = re.findall(r"\d+|none", cell.partition("(")[0])
+    return {None if word == "none" else int(word) for word in words}
+
+
+def _code_kept(rule: Any) -> str:
+    if rule.keeps == "match":
+        return "the reason" if rule.when.__name__ in {"_finishes", "_reason"} else "the name"
+    if rule.keeps == "nothing":
+        return f"`{rule.otherwise}`"
+    if rule.otherwise is None:
+        return "vendor's"
+    otherwise = "http_<status>" if rule.otherwise == "http_<status>" else rule.otherwise
+    return f"vendor's, else `{otherwise}`"
+
+
+@pytest.mark.requirement("ER-40")
+def test_the_spec_documents_every_rule_of_the_table_by_its_id() -> None:
+    """specs/classification.md lists the rules of ``_RULES`` in their order, each by its
+    id with the statuses it reads, the constant it matches, its category and the code it
+    keeps: a rule added, dropped, moved or changed in the code without the spec (or the
+    other way round) fails here. (This test reads the private table on purpose: it
+    checks a document against the code, not the code's behaviour.)"""
+    from statemachine.io import _classify
+
+    documented = _spec_rules()
+    assert [row[0] for row in documented] == [rule.id for rule in _classify._RULES]
+    for row, rule in zip(documented, _classify._RULES, strict=True):
+        _, statuses, matches, category, kept, _requirements = row
+        assert category == f"`{rule.category.value}`", rule.id
+        if isinstance(rule.statuses, set | frozenset):
+            assert _statuses(statuses) == set(rule.statuses), rule.id
+        else:
+            expected = None if rule.statuses is None else "server errors"
+            assert _statuses(statuses) == expected, rule.id
+        if rule.when is None:
+            assert matches == "the status alone", rule.id
+        else:
+            constant = next(name for name, value in vars(_classify).items() if value is rule.of)
+            assert f"`{constant}`" in matches, rule.id
+            for word in (*rule.of, *rule.unless):  # each name or phrase written out
+                assert word in matches, (rule.id, word)
+        assert kept.startswith(_code_kept(rule)), (rule.id, kept)
+        assert ("before the event's type" in matches) == rule.before_type, rule.id
+
+
+@pytest.mark.requirement("ER-243", "ER-95")
+def test_in_a_stream_only_a_named_statuss_overflow_wording_comes_before_the_type() -> None:
+    """An in-stream error whose type names a category (OpenAI's ``tokens``: rate
+    limited) and whose numeric code names a 429: the 429's request-too-large wording
+    (rule 3c) decides before the type; any other rule of the named status (row 1's 402,
+    row 5's 429) does not, the type does."""
+    too_large = {
+        "error": {"code": 429, "type": "tokens", "message": "Request too large for gpt-4o"}
+    }
+    error = _classify(200, too_large)
+    assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, "tokens")
+    for code in (429, 402):
+        typed = {"error": {"code": code, "type": "tokens", "message": NEUTRAL}}
+        assert _classify(None, typed).category is C.RATE_LIMITED, code
+    untyped = {"error": {"code": 402, "message": NEUTRAL}}
+    assert (_classify(None, untyped).category, _classify(None, untyped).code) == (
+        C.UNKNOWN,
+        "payment_required",
+    )

@@ -1,59 +1,25 @@
 """``classify``: turn what a real provider gives you into a ``ModelError``.
 
 One boundary, as httpcore translates its errors at one place: every shape a model
-provider hands back on failure goes through here, and comes out in the taxonomy.
-``specs/classification.md`` holds the mapping as a table; this module is that
-table in code. In short, the body is read as well as the status:
+provider hands back on failure (an SDK exception, an ``httpx`` response, a ``(status,
+headers, body)`` triple, botocore's errors and event-stream frames, a reply that is a
+refusal) is read into a status, headers and a body, and the body into the few facts
+the rules read (:class:`_Error`). :data:`_RULES` is ``specs/classification.md``'s table
+of rules: each row names the statuses it applies to, what it matches, the category it
+gives and the code it keeps, and the first row that matches decides. What no row takes
+is one of two special cases (:func:`_verdict`): an error event inside a stream, which
+its type decides (else the HTTP status its numeric code names), or an error of a status
+no row names, which its type decides, else nothing (``unknown``). A vendor's new
+wording or code is a phrase or a name added to a row's vocabulary, a new kind of error
+a new row.
 
-* ``insufficient_quota`` (OpenAI's "out of credit", sent as HTTP 429) is **not** a
-  rate limit: waiting does not refill an account. It is ``unknown`` (not retried),
-  with ``code="insufficient_quota"``; so are 402 and Anthropic's ``billing_error``,
-  and, ``code="payment_required"``, a message saying the credits are spent (Anthropic
-  "credit balance is too low", xAI "used all available credits"; sent as 400, 403 or
-  429).
-* 529, 503, other 5xx (but 501), 408 and 409 are ``overloaded`` (retryable); both
-  official SDKs retry these statuses themselves, and so do we, once.
-* 400, 413 or 422 whose body says the context overflowed (Anthropic "prompt is too
-  long", OpenAI ``context_length_exceeded`` / "maximum context length", vLLM "maximum
-  model length", TGI "`inputs` must have less than", xAI "maximum prompt length") are
-  ``context_length_exceeded``, and so is a 500 in a self-hosted server's words
-  (llama.cpp "Context size has been exceeded"); other 400, 404 and 422 are
-  ``invalid_request``, but a 400 whose body says the API key is invalid or expired
-  (Gemini's ``API_KEY_INVALID``, xAI "Incorrect API key provided") is ``auth_error``.
-* A 429 whose message says the request itself is too large ("Request too large ...
-  on tokens per min (TPM): Limit 30000, Requested 36000. The input or output tokens
-  must be reduced", OpenAI) is ``context_length_exceeded`` too (ER-95): it can never
-  fit the per-minute limit, so waiting is futile and only a smaller request helps.
-* A refusal (Anthropic ``stop_reason == "refusal"``) or a content filter (OpenAI
-  ``finish_reason == "content_filter"``, a ``content_filter`` or
-  ``content_policy_violation`` code) is ``content_filtered``.
-* An error *event* inside an HTTP 200 stream (``{"type": "error", "error":
-  {"type": "overloaded_error"}}``) is classified by its error type, else by the HTTP
-  status its numeric ``error.code`` names (OpenRouter); so is a Bedrock event-stream
-  exception frame, whose type travels in its ``:exception-type`` header (botocore's
-  ``EventStreamError`` carries it as its error code).
-* A body that arrives wrapped in a JSON array (Vertex's ``[{"error": ...}]``) is read
-  by its first element.
-* Connection errors and timeouts (the SDKs' ``APIConnectionError`` and
-  ``APITimeoutError``, ``httpx`` transport errors, builtin ``TimeoutError`` and
-  ``ConnectionError``) are ``overloaded`` (retryable) with ``code`` set to
-  ``"timeout"`` or ``"connection_error"``: the request may not have reached a
-  healthy server, and a backoff is the right answer to both.
-
-* Any body costs a bounded time: only its first :data:`MAX_BODY` bytes (and the last
-  ones of a longer body, where a stream's error event is) are read, at most
-  :data:`MAX_SSE_LINES` SSE lines are parsed, JSON too deep to parse is text, and a
-  huge parsed body is kept as a bounded copy.
-
-The vendor's code (or error type), HTTP status and body are kept on the
-``ModelError``; its response headers are carried through, so the engine honours
-``retry-after-ms`` and ``retry-after``. A delay (seconds or milliseconds) is also
-copied onto ``retry_after_seconds``, and without one the body's own delay (Gemini's
-``RetryInfo.retryDelay``, else Replicate's numeric ``retry_after``,
-``specs/retry-after.md``); an HTTP-date is measured against
-the ``wall`` time ``classify`` is given (``None``: left in the headers, for the engine
-to measure against the wall time of the step that takes the error). Nothing here
-raises: input that matches no shape is ``unknown``, carrying its ``repr``.
+Any body costs a bounded time (ER-58): its first :data:`MAX_BODY` bytes (and the last
+ones of a longer body, where a stream's error event is) are read, at most
+:data:`MAX_SSE_LINES` SSE lines parsed, JSON too deep to parse is text, and a huge
+parsed body is kept as a bounded copy. The vendor's code, the status, the body and the
+headers are kept on the ``ModelError``; a delay the headers or the body ask for is
+copied onto ``retry_after_seconds`` (``specs/retry-after.md``). Nothing here raises:
+input that matches no shape is ``unknown``, carrying its ``repr``.
 """
 
 from __future__ import annotations
@@ -64,8 +30,8 @@ import math
 import re
 import reprlib
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Container, Mapping
+from typing import Any, Literal, NamedTuple
 
 import attrs
 
@@ -93,7 +59,56 @@ of text is kept as a bounded copy (breadth first: the top-level fields come firs
 MAX_BODY_STRING = 4096
 """Characters of one string a bounded copy keeps (so one huge string cannot starve
 the fields next to it of the ``MAX_BODY`` characters)."""
+MAX_DETAILS = 16
+"""Entries of a Google ``error.details`` list read for its ``ErrorInfo`` reason and its
+``RetryInfo`` delay (Gemini sends three or four)."""
+MAX_RETRY_DELAY = 315_576_000_000
+"""Seconds: the largest ``google.protobuf.Duration`` (10,000 years). A longer
+``retryDelay`` is no Duration, so no delay."""
+_DURATION = re.compile(r"([0-9]{1,12})(?:\.[0-9]{1,9})?s")
+"""A ``google.protobuf.Duration`` in its JSON form: seconds, up to nine decimals, ``s``."""
 
+# -- what the rules match: each vendor's words and names ----------------------------
+
+_QUOTA_CODES = frozenset(
+    {
+        "insufficient_quota",
+        "billing_error",
+        "billing_hard_limit_reached",
+        "exceeded_current_quota_error",  # Moonshot (403, 429)
+        "Arrearage",  # DashScope (400): the account is in arrears
+    }
+)
+"""Codes or types of a spent quota or balance: waiting does not refill an account."""
+_CREDIT_PHRASES = (
+    "credit balance is too low",  # Anthropic (400): "Your credit balance is too low ..."
+    "used all available credits",  # xAI (429, 403): "Your team ... has either used all ..."
+)
+"""Said (any status) when the account has no credit left."""
+_FILTER_CODES = frozenset(
+    {
+        "content_filter",
+        "content_policy_violation",
+        "refusal",
+        "data_inspection_failed",  # DashScope's OpenAI-compatible code
+        "DataInspectionFailed",  # DashScope's own
+    }
+)
+_GEMINI_BLOCKS = frozenset(
+    {"SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"}
+)
+"""Gemini's ``finishReason`` / ``promptFeedback.blockReason`` values that mean its
+filters stopped the reply (a 200 with no text, or with a cut candidate)."""
+_STOPPED = frozenset({"refusal", "content_filter"}) | _GEMINI_BLOCKS
+_FILTER_PHRASES = ("your input was flagged",)
+"""Said (any status) when a moderation step refused the request (OpenRouter's 403:
+"... requires moderation on ... Your input was flagged for ...")."""
+_CONTEXT_STATUSES = frozenset({400, 413, 422, None, 200})
+"""Where a context overflow is read by its code or its common wording: a bad request,
+and an error event in a stream."""
+_CONTEXT_CODES = frozenset(
+    {"context_length_exceeded", "string_above_max_length", "exceed_context_size_error"}
+)
 _CONTEXT_PHRASES = (
     "prompt is too long",
     "context length",  # also OpenAI's and vLLM's "maximum context length"
@@ -114,114 +129,63 @@ _CONTEXT_PHRASES = (
     "range of input length should be",  # DashScope (Qwen): "... should be [1, 983616]"
     "input token count is",  # Vertex Gemini: "the input token count is N but model only ..."
 )
-"""Said (any casing, backticks ignored) by a 400, 413, 422, 200 or status-less error
-whose request does not fit the model's context."""
+"""Said (any casing, backticks ignored) by an error whose request does not fit the
+model's context."""
 _OUTPUT_LIMIT_PHRASES = ("max tokens must be",)
 """Said by an error about the output limit the request asked for, which a smaller
 context does not fix (Cohere: "too many tokens: max tokens must be less than or equal
-to 4096, the maximum output for this model"): it overrides row 3's phrases."""
-_STATUS_CONTEXT_PHRASES = {
-    429: (
-        "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
-        "must be reduced",  # OpenAI: "The input or output tokens must be reduced ..."
-    ),
-    500: (
-        "context size has been exceeded",  # llama.cpp server, the context full mid-way
-        "exceeds the available context size",  # llama.cpp server, before it answered 400
-        "longer than the maximum model length",  # vLLM's words behind Xinference's 500
-    ),
-}
-"""Said by a 429 for a request larger than the per-minute limit itself (ER-95), never by
-an ordinary rate limit ("Rate limit reached ... Please try again"), and by a 500 of a
-self-hosted server whose context overflowed (ER-171): waiting is futile for both, only a
-smaller request helps. Fewer phrases than a 400's: a 500's wording is read only where a
-server is known to mean a context overflow by it."""
-_CREDIT_PHRASES = (
-    "credit balance is too low",  # Anthropic (400): "Your credit balance is too low ..."
-    "used all available credits",  # xAI (429, 403): "Your team ... has either used all ..."
+to 4096, the maximum output for this model"): it overrides the context phrases."""
+_TOO_LARGE_PHRASES = (
+    "request too large",  # OpenAI: "Request too large for gpt-4o ... on tokens per min"
+    "must be reduced",  # OpenAI: "The input or output tokens must be reduced ..."
 )
-"""Said (any status) when the account has no credit left: waiting does not refill it."""
+"""Said by a 429 for a request larger than the per-minute limit itself (ER-95), never by
+an ordinary rate limit ("Rate limit reached ... Please try again")."""
+_OVERFLOW_500_PHRASES = (
+    "context size has been exceeded",  # llama.cpp server, the context full mid-way
+    "exceeds the available context size",  # llama.cpp server, before it answered 400
+    "longer than the maximum model length",  # vLLM's words behind Xinference's 500
+)
+"""Said by a 500 of a self-hosted server whose context overflowed (ER-171); fewer than
+a 400's: a 500's wording is read only where a server is known to mean an overflow."""
+_KEY_REASONS = frozenset({"API_KEY_INVALID"})
+"""Gemini's ``google.rpc.ErrorInfo`` reasons for a key it refuses, sent with HTTP 400."""
 _KEY_PHRASES = (
     "incorrect api key provided",  # xAI (400)
     "api key not valid",  # Gemini (400): "API key not valid. Please pass a valid API key."
     "api key expired",  # Gemini (400): "API key expired. Please renew the API key."
 )
 """Said by a 400 whose API key is invalid or expired (ER-173)."""
-_KEY_REASONS = frozenset({"API_KEY_INVALID"})
-"""Gemini's ``google.rpc.ErrorInfo`` reasons for a key it refuses, sent with HTTP 400."""
-_CONTEXT_CODES = frozenset(
-    {"context_length_exceeded", "string_above_max_length", "exceed_context_size_error"}
-)
-_QUOTA_CODES = frozenset(
-    {
-        "insufficient_quota",
-        "billing_error",
-        "billing_hard_limit_reached",
-        "exceeded_current_quota_error",  # Moonshot (403, 429)
-        "Arrearage",  # DashScope (400): the account is in arrears
-    }
-)
-_FILTER_CODES = frozenset(
-    {
-        "content_filter",
-        "content_policy_violation",
-        "refusal",
-        "data_inspection_failed",  # DashScope's OpenAI-compatible code
-        "DataInspectionFailed",  # DashScope's own
-    }
-)
-_FILTER_PHRASES = ("your input was flagged",)
-"""Said (any status) when a moderation step refused the request (OpenRouter's 403:
-"... requires moderation on ... Your input was flagged for ...")."""
-_GEMINI_BLOCKS = frozenset(
-    {"SAFETY", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "RECITATION"}
-)
-"""Gemini's ``finishReason`` / ``promptFeedback.blockReason`` values that mean its
-filters stopped the reply (a 200 with no text, or with a cut candidate)."""
-_STOPPED = frozenset({"refusal", "content_filter"}) | _GEMINI_BLOCKS
-_RATE_TYPES = frozenset(
-    {"rate_limit_error", "rate_limit_exceeded", "requests", "tokens", "throttlingexception"}
-)
-_OVERLOAD_TYPES = frozenset(
-    {
-        "overloaded_error",
-        "api_error",
-        "server_error",
-        "service_unavailable",
-        "timeout_error",
-        "serviceunavailableexception",
-        "internalserverexception",
-        "modeltimeoutexception",
-    }
-)
-_AUTH_TYPES = frozenset(
-    {"authentication_error", "permission_error", "invalid_api_key", "permission_denied"}
-)
-_INVALID_TYPES = frozenset(
-    {
-        "invalid_request_error",
-        "not_found_error",
-        "request_too_large",
-        "model_not_found",
-        "validationexception",
-    }
-)
-"""The by-type names, lower case: a name is looked up in lower case, so Bedrock's
+_C = ErrorCategory
+_BY_TYPE = {
+    "rate_limit_error": _C.RATE_LIMITED,
+    "rate_limit_exceeded": _C.RATE_LIMITED,
+    "requests": _C.RATE_LIMITED,
+    "tokens": _C.RATE_LIMITED,
+    "throttlingexception": _C.RATE_LIMITED,
+    "overloaded_error": _C.OVERLOADED,
+    "api_error": _C.OVERLOADED,
+    "server_error": _C.OVERLOADED,
+    "service_unavailable": _C.OVERLOADED,
+    "timeout_error": _C.OVERLOADED,
+    "serviceunavailableexception": _C.OVERLOADED,
+    "internalserverexception": _C.OVERLOADED,
+    "modeltimeoutexception": _C.OVERLOADED,
+    "authentication_error": _C.AUTH_ERROR,
+    "permission_error": _C.AUTH_ERROR,
+    "invalid_api_key": _C.AUTH_ERROR,
+    "permission_denied": _C.AUTH_ERROR,
+    "invalid_request_error": _C.INVALID_REQUEST,
+    "not_found_error": _C.INVALID_REQUEST,
+    "request_too_large": _C.INVALID_REQUEST,
+    "model_not_found": _C.INVALID_REQUEST,
+    "validationexception": _C.INVALID_REQUEST,
+}
+"""The category an error's type or code names, in lower case (rows 4 and 9): Bedrock's
 event-stream ``throttlingException`` and its HTTP ``ThrottlingException`` are one name."""
-_OVERLOADED_4XX = frozenset({408, 409})
-"""Request timeout and conflict: the server's trouble, worth a retry (every 5xx but 501
-is too: 500, 502-504, Cloudflare's 520-524, Anthropic's 529)."""
 _FRAME_KINDS = frozenset({"exception", "error"})
 """``:message-type`` values of an AWS event-stream frame that carries an error: its status
 is the stream's (200), or botocore's ``to_response_dict`` marker (400), never the error's."""
-MAX_DETAILS = 16
-"""Entries of a Google ``error.details`` list read for its ``ErrorInfo`` reason and its
-``RetryInfo`` delay (Gemini sends three or four)."""
-MAX_RETRY_DELAY = 315_576_000_000
-"""Seconds: the largest ``google.protobuf.Duration`` (10,000 years). A longer
-``retryDelay`` is no Duration, so no delay."""
-_DURATION = re.compile(r"([0-9]{1,12})(?:\.[0-9]{1,9})?s")
-"""A ``google.protobuf.Duration`` in its JSON form: seconds, up to nine decimals, ``s``."""
 
 
 def classify(obj: object, *, wall: float | None = None) -> ModelError:
@@ -400,52 +364,222 @@ def plain_data(obj: object) -> Any:
 def _refusal_of_reply(obj: object) -> ModelError | None:
     """An SDK reply that is itself a refusal: Anthropic ``stop_reason``, OpenAI
     ``finish_reason`` / ``message.refusal``. The body is kept as plain JSON."""
-    stop = getattr(obj, "stop_reason", None)
-    if stop == "refusal":
-        return ModelError(
-            ErrorCategory.CONTENT_FILTERED,
-            "the model refused",
-            code="refusal",
-            status=200,
-            body=_bounded(plain_data(obj)),
-        )
+    said = _refusal_said(obj)
+    if said is None:
+        return None
+    message, code = said
+    return ModelError(
+        ErrorCategory.CONTENT_FILTERED,
+        message,
+        code=code,
+        status=200,
+        body=_bounded(plain_data(obj)),
+    )
+
+
+def _refusal_said(obj: object) -> tuple[str, str] | None:
+    """(message, code) of a reply that is a refusal, else ``None``."""
+    if getattr(obj, "stop_reason", None) == "refusal":
+        return "the model refused", "refusal"
     choices = getattr(obj, "choices", None)
-    if isinstance(choices, list | tuple) and choices:
-        choice = choices[0]
-        if getattr(choice, "finish_reason", None) == "content_filter":
-            return ModelError(
-                ErrorCategory.CONTENT_FILTERED,
-                "the reply was stopped by the content filter",
-                code="content_filter",
-                status=200,
-                body=_bounded(plain_data(obj)),
-            )
-        refusal = getattr(getattr(choice, "message", None), "refusal", None)
-        if isinstance(refusal, str) and refusal:
-            return ModelError(
-                ErrorCategory.CONTENT_FILTERED,
-                _clip(refusal),
-                code="refusal",
-                status=200,
-                body=_bounded(plain_data(obj)),
-            )
+    if not isinstance(choices, list | tuple) or not choices:
+        return None
+    choice = choices[0]
+    if getattr(choice, "finish_reason", None) == "content_filter":
+        return "the reply was stopped by the content filter", "content_filter"
+    refusal = getattr(getattr(choice, "message", None), "refusal", None)
+    if isinstance(refusal, str) and refusal:
+        return _clip(refusal), "refusal"
     return None
 
 
-# -- the table ----------------------------------------------------------------------
+# -- the rules ----------------------------------------------------------------------
+
+
+class _Error(NamedTuple):
+    """What the rules read of one error."""
+
+    code: str | None
+    """The vendor's code: ``error.code`` as text, Gemini's ``status``, Anthropic's
+    ``details.error_code``."""
+    etype: str | None
+    """The error's type: the body's (botocore's ``Error.Code`` too), else an AWS header's."""
+    said: str
+    """What the server says in text, lower case and without backticks; ``""`` when it
+    says nothing in text (a validator's problem list may echo the request: never read)."""
+    finish: str | None
+    """The stop or finish reason of a reply, or Gemini's block reason."""
+    reason: str | None
+    """Google's ``ErrorInfo.reason``."""
+
+
+def _names(error: _Error, rule: _Rule) -> str | None:
+    """The error's code, else its type, when it is one of the rule's names."""
+    if error.code in rule.of:
+        return error.code
+    return error.etype if error.etype in rule.of else None
+
+
+def _says(error: _Error, rule: _Rule) -> str | None:
+    """The first of the rule's phrases the error says, unless it says one of ``unless``."""
+    said = error.said
+    for phrase in rule.of:
+        if phrase in said:
+            return None if any(word in said for word in rule.unless) else phrase
+    return None
+
+
+def _finishes(error: _Error, rule: _Rule) -> str | None:
+    """The reply's stop, finish or block reason, when it is one of the rule's."""
+    return error.finish if error.finish in rule.of else None
+
+
+def _reason(error: _Error, rule: _Rule) -> str | None:
+    """Google's ``ErrorInfo`` reason, when it is one of the rule's."""
+    return error.reason if error.reason in rule.of else None
+
+
+class _ServerErrors:
+    """Every status from 500 up, but 501 (Not Implemented: a retry changes nothing)."""
+
+    def __contains__(self, status: object) -> bool:
+        return isinstance(status, int) and status >= 500 and status != 501
+
+
+_Verdict = tuple[ErrorCategory, str | None]
+"""A category and the code kept."""
+_HTTP_STATUS = "http_<status>"
+"""A rule's ``otherwise`` that stands for ``http_`` and the status (``http_503``)."""
+
+
+@attrs.frozen
+class _Rule:
+    """A row of ``specs/classification.md``'s table of rules."""
+
+    id: str
+    """The row's id there (``3c``); its number is the mapping's row."""
+    category: ErrorCategory
+    statuses: Container[int | None] | None = None
+    """The statuses it applies to (``None`` among them: an error event in a stream, an
+    exception with no status); ``None``: every status."""
+    when: Callable[[_Error, _Rule], str | None] | None = None
+    """What it matches, and so what it returns: one of its names or phrases (``of``)
+    the error has; ``None``: the status alone decides."""
+    of: Collection[str] = ()
+    unless: tuple[str, ...] = ()
+    """Phrases that veto a match of ``_says``."""
+    keeps: Literal["vendor", "match", "nothing"] = "vendor"
+    """The code kept: the vendor's name for the error (its code, else its type), the
+    name or reason that matched, or nothing but ``otherwise``."""
+    otherwise: str | None = None
+    """The code when what it keeps is ``None``."""
+    before_type: bool = False
+    """Read, for the status an in-stream error's numeric code names, before the event's
+    own type (row 4)."""
+
+    def gives(self, error: _Error, matched: str | None, status: int | None) -> _Verdict:
+        """The category and the code of an error this rule matched."""
+        if self.keeps == "vendor":
+            code = error.code or error.etype
+        else:
+            code = matched if self.keeps == "match" else None
+        if code is None and self.otherwise is _HTTP_STATUS:
+            return self.category, f"http_{status}"
+        return self.category, code or self.otherwise
+
+
+_RULES = (
+    # row 1: a spent quota or balance is never retried, whatever the status (ER-41)
+    _Rule("1a", _C.UNKNOWN, when=_names, of=_QUOTA_CODES),
+    _Rule("1b", _C.UNKNOWN, statuses={402}, otherwise="payment_required"),
+    _Rule("1c", _C.UNKNOWN, when=_says, of=_CREDIT_PHRASES, keeps="nothing",
+          otherwise="payment_required"),  # ER-174
+    # row 2: a refusal or a content filter, whatever the status (ER-242)
+    _Rule("2a", _C.CONTENT_FILTERED, when=_names, of=_FILTER_CODES, keeps="match"),
+    _Rule("2b", _C.CONTENT_FILTERED, when=_finishes, of=_STOPPED, keeps="match"),
+    _Rule("2c", _C.CONTENT_FILTERED, when=_says, of=_FILTER_PHRASES, otherwise="content_filter"),
+    # row 3: a request that does not fit; only a smaller one helps (ER-170, ER-240)
+    _Rule("3a", _C.CONTEXT_LENGTH_EXCEEDED, statuses=_CONTEXT_STATUSES, when=_names,
+          of=_CONTEXT_CODES),
+    _Rule("3b", _C.CONTEXT_LENGTH_EXCEEDED, statuses=_CONTEXT_STATUSES, when=_says,
+          of=_CONTEXT_PHRASES, unless=_OUTPUT_LIMIT_PHRASES),
+    _Rule("3c", _C.CONTEXT_LENGTH_EXCEEDED, statuses={429}, when=_says, of=_TOO_LARGE_PHRASES,
+          before_type=True),  # ER-95
+    _Rule("3d", _C.CONTEXT_LENGTH_EXCEEDED, statuses={500}, when=_says,
+          of=_OVERFLOW_500_PHRASES, before_type=True),  # ER-171
+    # (row 4, an error event in a stream, is the first special case: _verdict)
+    _Rule("5", _C.RATE_LIMITED, statuses={429}, otherwise="rate_limited"),
+    # row 6: the key (ER-173)
+    _Rule("6a", _C.AUTH_ERROR, statuses={400, 401, 403}, when=_reason, of=_KEY_REASONS,
+          keeps="match"),
+    _Rule("6b", _C.AUTH_ERROR, statuses={401, 403}),
+    _Rule("6c", _C.AUTH_ERROR, statuses={400}, when=_says, of=_KEY_PHRASES),
+    # row 7: the server's trouble, worth a retry
+    _Rule("7a", _C.OVERLOADED, statuses={408, 409}, otherwise=_HTTP_STATUS),
+    _Rule("7b", _C.OVERLOADED, statuses=_ServerErrors(), otherwise=_HTTP_STATUS),
+    _Rule("8", _C.INVALID_REQUEST, statuses={400, 404, 413, 422}),
+    # (row 9, any other status, is the second special case: by type, else unknown)
+)  # fmt: skip
+"""``specs/classification.md``'s table of rules, in order: the first that matches decides."""
+
+
+def _first_rule(error: _Error, status: int | None) -> tuple[_Rule, str | None] | None:
+    """The first rule that matches an error of ``status``, and what it matched."""
+    for rule in _RULES:
+        if rule.statuses is not None and status not in rule.statuses:
+            continue
+        if rule.when is None:
+            return rule, None
+        matched = rule.when(error, rule)
+        if matched is not None:
+            return rule, matched
+    return None
+
+
+def _verdict(error: _Error, status: int | None, echo: int | None) -> _Verdict:
+    """The category and code of an error of ``status``: the first rule that matches,
+    else an error event in a stream (row 4) or an error no rule names (row 9).
+
+    ``echo`` is the HTTP error status an in-stream error names as its numeric code.
+    """
+    found = _first_rule(error, status)
+    if found is not None:
+        return found[0].gives(error, found[1], status)
+    by_type = _by_type(error)
+    vendor = error.code or error.etype
+    if status is None or 200 <= status < 400:
+        # an error event inside a (streamed) response: its type decides, else the status
+        # its code names (OpenRouter), whose overflow wording comes before the type
+        # (llama.cpp's 500 in a stream it began)
+        if echo is None:
+            return by_type, vendor
+        found = _first_rule(error, echo)
+        if found is not None and (by_type is ErrorCategory.UNKNOWN or found[0].before_type):
+            return found[0].gives(error, found[1], echo)
+        status = echo
+    if by_type is not ErrorCategory.UNKNOWN:
+        return by_type, vendor
+    return ErrorCategory.UNKNOWN, vendor or f"http_{status}"
+
+
+def _by_type(error: _Error) -> ErrorCategory:
+    for name in (error.code, error.etype):
+        if name is not None:
+            category = _BY_TYPE.get(name.lower())
+            if category is not None:
+                return category
+    return ErrorCategory.UNKNOWN
 
 
 def _from_parts(
     status: int | None, headers: Headers | None, body: Any, fallback_message: str | None
 ) -> ModelError:
     fields = _error_fields(body)
-    etype, code = fields.etype, fields.code
-    frame = False
+    etype, echo = fields.etype, fields.status
     if headers:
         etype = etype or _header_type(headers)
         if headers.get(":message-type") in _FRAME_KINDS:
-            status = None  # an event-stream frame's error is an event inside the stream
-            frame = True
+            status = echo = None  # a frame's error is an event in the stream: its type decides
     text = fields.message or fallback_message
     if text:
         message = _clip(text)
@@ -453,86 +587,20 @@ def _from_parts(
         message = _clip(json_text(_bounded(fields.problems)))
     else:
         message = f"HTTP {status}" if status else ""
-    # the phrases are read from what the server says in text, never from a message that
-    # is an object (a validator's problems): that may echo the request itself
-    lowered = message.lower().replace("`", "") if text else ""
-    vendor = code or etype
-
-    # the server's requested wait, carried on the field too; the headers stay
-    # a delay, else the body's own (Gemini's RetryInfo); a date waits for a wall time
-    # (classify's ``wall``, or the engine's step)
+    said = message.lower().replace("`", "") if text else ""
+    error = _Error(fields.code, etype, said, fields.finish, fields.reason)
+    category, code = _verdict(error, status, echo)
+    # a delay, else the body's own; a date waits for a wall time (classify's, or the step's)
     waited = header_retry_after(headers, None) if headers else None
-    if waited is None:
-        waited = fields.delay
-
-    kept = _bounded(body)
-
-    def make(category: ErrorCategory, code_: str | None = vendor) -> ModelError:
-        return ModelError(
-            category,
-            message,
-            retry_after_seconds=waited,
-            headers=headers,
-            code=code_,
-            status=status,
-            body=kept,
-        )
-
-    if code in _QUOTA_CODES or etype in _QUOTA_CODES or status == 402:
-        return make(ErrorCategory.UNKNOWN, vendor or "payment_required")
-    if any(phrase in lowered for phrase in _CREDIT_PHRASES):
-        return make(ErrorCategory.UNKNOWN, "payment_required")
-    if code in _FILTER_CODES or etype in _FILTER_CODES or fields.finish in _STOPPED:
-        named = next((name for name in (code, etype) if name in _FILTER_CODES), None)
-        # no filter code named: the finish reason is what stopped it (a stream's refusal
-        # event has a type, "message_delta", that names no error)
-        return make(ErrorCategory.CONTENT_FILTERED, named or fields.finish)
-    if lowered and any(phrase in lowered for phrase in _FILTER_PHRASES):
-        return make(ErrorCategory.CONTENT_FILTERED, vendor or "content_filter")
-    if (status in {400, 413, 422, None, 200}) and (
-        code in _CONTEXT_CODES
-        or etype in _CONTEXT_CODES
-        or (
-            any(phrase in lowered for phrase in _CONTEXT_PHRASES)
-            and not any(phrase in lowered for phrase in _OUTPUT_LIMIT_PHRASES)
-        )
-    ):
-        return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
-    if status in _STATUS_CONTEXT_PHRASES and any(
-        phrase in lowered for phrase in _STATUS_CONTEXT_PHRASES[status]
-    ):
-        # larger than the per-minute limit, or than a self-hosted model's context:
-        # retrying is futile, reducing is not
-        return make(ErrorCategory.CONTEXT_LENGTH_EXCEEDED)
-    if status is None or 200 <= status < 400:
-        # An error event inside a successful (streamed) response: its type decides,
-        # else the HTTP status its body names (OpenRouter's numeric ``error.code``), whose
-        # overflow wording comes before the type (llama.cpp's 500 in a stream it began);
-        # a frame's type is in its headers, and decides alone
-        by_type = _by_type(etype, code)
-        echo = None if frame else fields.status
-        if echo is not None and (
-            by_type is ErrorCategory.UNKNOWN
-            or any(phrase in lowered for phrase in _STATUS_CONTEXT_PHRASES.get(echo, ()))
-        ):
-            echoed = _from_parts(echo, headers, body, fallback_message)
-            return make(echoed.category, echoed.code)
-        return make(by_type)
-    if status == 429:
-        return make(ErrorCategory.RATE_LIMITED, vendor or "rate_limited")
-    key = fields.reason if fields.reason in _KEY_REASONS else None
-    if status in {401, 403} or (
-        status == 400 and (key or any(phrase in lowered for phrase in _KEY_PHRASES))
-    ):
-        return make(ErrorCategory.AUTH_ERROR, key or vendor)
-    if status in _OVERLOADED_4XX or (status >= 500 and status != 501):
-        return make(ErrorCategory.OVERLOADED, vendor or f"http_{status}")
-    if status in {400, 404, 413, 422}:
-        return make(ErrorCategory.INVALID_REQUEST)
-    by_type = _by_type(etype, code)
-    if by_type is not ErrorCategory.UNKNOWN:
-        return make(by_type)
-    return make(ErrorCategory.UNKNOWN, vendor or f"http_{status}")
+    return ModelError(
+        category,
+        message,
+        retry_after_seconds=fields.delay if waited is None else waited,
+        headers=headers,
+        code=code,
+        status=status,
+        body=_bounded(body),
+    )
 
 
 def _header_type(headers: Headers) -> str | None:
@@ -547,17 +615,7 @@ def _header_type(headers: Headers) -> str | None:
     return None
 
 
-def _by_type(etype: str | None, code: str | None) -> ErrorCategory:
-    for name in (name.lower() for name in (code, etype) if name is not None):
-        if name in _RATE_TYPES:
-            return ErrorCategory.RATE_LIMITED
-        if name in _OVERLOAD_TYPES:
-            return ErrorCategory.OVERLOADED
-        if name in _AUTH_TYPES:
-            return ErrorCategory.AUTH_ERROR
-        if name in _INVALID_TYPES:
-            return ErrorCategory.INVALID_REQUEST
-    return ErrorCategory.UNKNOWN
+# -- reading a body -----------------------------------------------------------------
 
 
 @attrs.frozen
@@ -612,35 +670,49 @@ def _error_fields(body: Any) -> _Fields:
         return _Fields(etype=_str(aws.get("Code")), message=_str(aws.get("Message")))
     err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
     etype = _str(err.get("type"))
-    if etype == "error":  # the Anthropic envelope without an inner object
-        etype = None
-    raw_code = err.get("code")
-    echoed = None
-    if isinstance(raw_code, int) and not isinstance(raw_code, bool):
-        # a number is a status (the HTTP one echoed by Gemini, vLLM, llama.cpp), not a
-        # name: the vendor's name is Gemini's ``status`` ("RESOURCE_EXHAUSTED") or the type
-        code = _str(err.get("status")) if isinstance(err.get("status"), str) else None
-        echoed = raw_code if 400 <= raw_code <= 599 else None
-    else:
-        code = _str(raw_code)
+    code, status = _code_of(err)
     details = err.get("details")
     if code is None and isinstance(details, Mapping):
-        code = _str(details.get("error_code"))
+        code = _str(details.get("error_code"))  # Anthropic's
     reason, delay = _google_details(details)
     if delay is None:
         delay = _retry_after_field(err, body)
     raw_message, detail = err.get("message"), body.get("detail")
-    message = _str(raw_message) or _str(detail)  # a detail: FastAPI's, Mistral's 401
-    problems = next(
-        (raw for raw in (raw_message, detail) if isinstance(raw, Mapping | list) and raw), None
+    return _Fields(
+        etype=None if etype == "error" else etype,  # the Anthropic envelope, no inner object
+        code=code,
+        message=_str(raw_message) or _str(detail),  # a detail: FastAPI's, Mistral's 401
+        problems=next(
+            (raw for raw in (raw_message, detail) if isinstance(raw, Mapping | list) and raw),
+            None,
+        ),
+        finish=_stop_reason(body),
+        reason=reason,
+        delay=delay,
+        status=status,
     )
+
+
+def _code_of(err: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The error's code as text, and the HTTP error status it names when it is a number
+    (the one echoed by Gemini, vLLM, llama.cpp): a number names no vendor's error, so
+    the code is then Gemini's ``status`` ("RESOURCE_EXHAUSTED"), else none."""
+    raw = err.get("code")
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        return _str(raw), None
+    named = err.get("status")
+    return (_str(named) if isinstance(named, str) else None), (raw if 400 <= raw <= 599 else None)
+
+
+def _stop_reason(body: Mapping[str, Any]) -> str | None:
+    """A reply's stop reason (Anthropic's, also a stream's ``delta``), else its finish
+    or block reason."""
     delta = body.get("delta")
-    finish = (
+    return (
         _str(body.get("stop_reason"))
         or (_str(delta.get("stop_reason")) if isinstance(delta, Mapping) else None)
         or _finish_reason(body)
     )
-    return _Fields(etype, code, message, problems, finish, reason, delay, echoed)
 
 
 def _google_details(details: Any) -> tuple[str | None, float | None]:
