@@ -52,6 +52,17 @@ Exit status: 0 when every expectation held, 1 when one did not, 2 for a bad file
 """
 
 
+def _port(text: str) -> int:
+    """A TCP port to listen on: 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="statemachine",
@@ -179,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     vendor.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=8765,
         metavar="N",
         help="the port on 127.0.0.1 (default: 8765; 0 picks a free one)",
