@@ -163,7 +163,7 @@ def test_the_storm_shows_each_attempt_wait_and_retry_after_source() -> None:
     ]
     assert all("429 rate_limited" in i.label for i in calls[:4])
     drawn = draw(_trace("rate-limit-storm"), turn=1).timeline  # as the command draws it
-    assert "t = 0 at the first step drawn: 2026-01-01 00:00:00 UTC" in drawn
+    assert "t = 0 at the session&#x27;s first recorded step: 2026-01-01 00:00:00 UTC" in drawn
     assert [m.label for m in timeline.marks] == ["completed"]
     assert timeline.xs == tuple(sorted(timeline.xs))
 

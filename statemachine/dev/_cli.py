@@ -39,8 +39,9 @@ EXIT_USAGE = 2
 
 _SIMULATE_EPILOG = """\
 A SCENARIO is a built-in name (see --list) or a path to a .toml file; with none,
-every built-in runs. Each transition prints as a row: step, virtual time, state ->
-next state, the event (with "(auto)" for the WaitDone the simulator sends after a
+every built-in runs. Each transition prints as a row: step (from 1 in its turn; the
+--json field counts from 0, as the engine does), virtual time from the session's
+start, state -> next state, the event (with "(auto)" for the WaitDone the simulator sends after a
 Wait), the engine's action, the counters (att: attempt of the current call, ret:
 session retries used, red: context reductions) and the row: the number of the
 transition-table row that fired, as the table under the diagram numbers it

@@ -573,7 +573,9 @@ def format_turn_header(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> s
 
 
 def format_step(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
-    """One transition as a line of the trace table (long cells cut, so it aligns)."""
+    """One transition as a line of the trace table (long cells cut, so it aligns): its
+    step counted from 1 in its turn, as people count (``--json`` has the engine's
+    ``step``, from 0)."""
     event = record.event + (" (auto)" if record.auto else "")
     if record.detail:
         event += f" {record.detail}"
@@ -581,7 +583,7 @@ def format_step(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
     guard = f"{row_number(record):>3}" + (f" [{record.guard}]" if record.guard else "")
     n = layout.count
     return (
-        f"  {record.step:>{layout.step}} {record.t:>{layout.time}.3f}  "
+        f"  {record.step + 1:>{layout.step}} {record.t:>{layout.time}.3f}  "
         f"{_cell(move, layout.move)} {_cell(event, layout.event)} "
         f"{_cell(_action_text(record.action), layout.action)} "
         f"{record.attempt:>{n}} {record.session_retries:>{n}} {record.reductions:>{n}}  {guard}"
