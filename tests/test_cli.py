@@ -140,7 +140,7 @@ def test_text_trace_shows_steps_counters_and_statuses() -> None:
     assert "turn 4 (final-answer turn: tools withheld)" in out
     assert "=> session ended: error_max_turns" in out
     assert "=> limit reached: error_max_turns" in out
-    assert re.search(r"calling -> backing_off\s+ModelFailed overloaded\s+Wait \d", out)
+    assert re.search(r"calling -> backing_off\s+ModelFailed overloaded HTTP 529\s+Wait \d", out)
     assert "[transient & retries_left & wait_fits]" in out
     assert "CallModel attempt=0 model=backup" in out
     assert "2 scenario(s): all expectations held" in out

@@ -29,34 +29,17 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._events import Assembled, Cancelled, ModelFailed, ModelReplied, ToolsDone
+from ..core._actions import Finish
 from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_KIND, TERMINAL_STATES
 from ..core._trace import TraceRecord
-from ..core._usage import Usage
 from ..io._trace_file import Trace, TracedStep, TraceFileError
 from . import _timeline
 from ._diagrams import KIND_COLOURS
+from ._simulate import action_text, event_text
 
 _TAKEN = "#1565c0"
 _FAINT = "#c8c8c8"
 _FAINT_FILL = "#f7f7f7"
-
-
-def action_text(action: Action) -> str:
-    """The action of a step, in short, with what a reviewer needs (waits, statuses)."""
-    if isinstance(action, Wait):
-        return f"Wait {action.seconds:.3f}s {action.category.value}"
-    if isinstance(action, CallModel):
-        model = f" {action.model}" if action.model else ""
-        return f"CallModel{model} attempt={action.attempt}"
-    if isinstance(action, Finish):
-        return f"Finish({action.status.value})"
-    if isinstance(action, InvokeTools):
-        return "InvokeTools " + ", ".join(call.name for call in action.calls)
-    if isinstance(action, Assemble):
-        return "Assemble(reduce)" if action.reduce else "Assemble"
-    return type(action).__name__  # pragma: no cover - every action is above
 
 
 @attrs.frozen
@@ -83,60 +66,13 @@ class DrawnStep:
         """The step as a line of the step list."""
         record = self.traced.record
         at = "" if self.t is None else f"t={self.t:.3f}s  "
-        said = self.traced.detail or cause_text(record.caused_by)
+        said = self.traced.detail or event_text(record.caused_by)
         detail = f" ({said})" if said else ""
         return (
             f"turn {record.turn} step {record.step + 1}  {at}"
             f"{record.source} -> {record.dest}  {record.event}{detail}"
             f"{' [' + record.guard + ']' if record.guard else ''} / {action_text(record.action)}"
         )
-
-
-def cause_text(event: object) -> str:
-    """What a step's event says, in short, as the step list shows it (a trace file's
-    ``caused_by``: a failure's category, HTTP status and retry-after, a reply's tool
-    calls and usage, an assembled size, the tool outcomes' categories)."""
-    if isinstance(event, ModelFailed):
-        error = event.error
-        parts = [error.category.value]
-        if error.status is not None:
-            parts.append(f"HTTP {error.status}")
-        if error.retry_after_seconds is not None:
-            parts.append(f"retry_after={error.retry_after_seconds}")
-        elif error.headers is not None:
-            parts += [
-                f"{name}: {error.headers[name]}"
-                for name in ("retry-after-ms", "retry-after")
-                if name in error.headers
-            ]
-        if event.partial:
-            parts.append("partial")
-        return " ".join([*parts, *_usage_parts(event.usage, event.cost)])
-    if isinstance(event, ModelReplied):
-        calls = f"{len(event.tool_calls)} tool call(s)" if event.tool_calls else "no tool call"
-        return " ".join([calls, *_usage_parts(event.usage, event.cost)])
-    if isinstance(event, Assembled):
-        return f"size={event.size}"
-    if isinstance(event, ToolsDone):
-        failed = [o.category.value for o in event.outcomes if not o.ok and o.category is not None]
-        return f"{len(event.outcomes)} outcome(s)" + (
-            f", failed: {', '.join(failed)}" if failed else ""
-        )
-    if isinstance(event, Cancelled) and event.reason:
-        return event.reason[:80]
-    return ""
-
-
-def _usage_parts(usage: Usage | None, cost: float) -> list[str]:
-    parts = []
-    if usage is not None:
-        if usage.input_tokens is not None or usage.output_tokens is not None:
-            parts.append(f"tokens {usage.input_tokens}/{usage.output_tokens}")
-        if usage.model is not None:
-            parts.append(f"model {usage.model}")
-    if cost:
-        parts.append(f"${cost:g}")
-    return parts
 
 
 @attrs.frozen
@@ -346,7 +282,7 @@ def draw(trace: Trace, *, scenario: str | None = None, turn: int | None = None) 
     start = next((r.at for r in ran if r.at is not None), None)
     timeline = _timeline.build(
         [s.record for s in chosen],
-        details=[s.detail or cause_text(s.record.caused_by) for s in chosen],
+        details=[s.detail or event_text(s.record.caused_by) for s in chosen],
         limits=[s.limit for s in chosen],
         settings=trace.settings.get(chosen[0].scenario),
         start=start,
