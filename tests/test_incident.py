@@ -18,7 +18,7 @@ from statemachine.dev._cli import _write_all, main
 from statemachine.dev._diagrams import views
 from statemachine.dev._scenarios import builtin, builtin_names
 from statemachine.dev._simulate import result_json, run, step_json
-from statemachine.dev._telemetry_docs import scenario_records, scenario_steps, scenario_trace_lines
+from statemachine.dev._telemetry_docs import scenario_steps, scenario_trace_lines
 from statemachine.dev._timeline import CATEGORY_COLOURS, RETRY_AFTER_SOURCES, WIDTH, build
 from statemachine.dev._trace_draw import draw
 from statemachine.io._trace_file import (
@@ -258,9 +258,9 @@ def _writer_lines(**writer: object) -> list[str]:
     """A TraceWriter file of the storm's first turn, replayed from the simulator."""
     stream = io.StringIO()
     sink = TraceWriter(stream, **writer)  # type: ignore[arg-type]
-    for record, step in scenario_records(scenario_steps("rate-limit-storm")):
+    for step in scenario_steps("rate-limit-storm"):
         if step.turn == 1:
-            sink(record)
+            sink(step.record)
     return stream.getvalue().splitlines(keepends=True)
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._codec import encode
 from ..core._events import (
     Assembled,
     Cancelled,
@@ -36,6 +35,7 @@ from ..core._table import ROWS
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ..core._usage import Usage
+from ..io._trace_file import record_json
 from ._scenarios import OPEN, Scenario, Step, TurnSpec
 
 EPOCH = 1_767_225_600.0
@@ -97,7 +97,7 @@ class StepRecord:
     """This turn's own spend so far (its ``ModelReplied.cost``)."""
     turn_retries: int = 0
     """The session retries this turn has used so far (waits and fallbacks)."""
-    record: TraceRecord | None = attrs.field(default=None, eq=False, repr=False)
+    record: TraceRecord = attrs.field(kw_only=True, eq=False, repr=False)
     """The engine's own record of the transition (its event, usage and times)."""
 
 
@@ -660,40 +660,25 @@ def format_result(result: Result) -> str:
     return "\n".join(lines)
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
 def step_json(record: StepRecord) -> dict[str, Any]:
-    """A transition as one JSON object (``--json``): the simulator's view of it, and
-    the event that caused it (``caused_by``: the error's category, status and
-    retry-after, a reply's usage), as a trace file writes it."""
-    cause = None if record.record is None else record.record.caused_by
-    return {
-        "type": "step",
-        "scenario": record.scenario,
-        "turn": record.turn,
-        "final_answer": record.final_answer,
-        "step": record.step,
-        "t": record.t,
-        "state": record.source,
-        "event": record.event,
-        "detail": record.detail,
-        "auto": record.auto,
-        "guard": record.guard,
-        "next": record.dest,
-        "action": _jsonable(encode(record.action)),
-        "attempt": record.attempt,
-        "session_retries": record.session_retries,
-        "reductions": record.reductions,
-        "cost_usd": record.cost_usd,
-        "turn_cost_usd": record.turn_cost_usd,
-        "turn_retries": record.turn_retries,
-        "limit": record.limit,
-        "session_status": record.session_status,
-        "caused_by": None if cause is None else _jsonable(encode(cause)),
-        "wall": None if record.record is None else record.record.wall,
-    }
+    """A transition as one JSON object (``--json``): the trace file's ``step`` object
+    (:func:`~statemachine.io._trace_file.record_json`: the engine's record, with the
+    event that caused it) and the simulator's view of it (``cost_usd``: the session's
+    spend so far)."""
+    line = record_json(record.record)
+    line.update(
+        scenario=record.scenario,
+        final_answer=record.final_answer,
+        detail=record.detail,
+        auto=record.auto,
+        cost_usd=record.cost_usd,
+        turn_cost_usd=record.turn_cost_usd,
+        turn_retries=record.turn_retries,
+        limit=record.limit,
+        session_status=record.session_status,
+    )
+    jsonable: dict[str, Any] = json.loads(json.dumps(line, default=str))
+    return jsonable
 
 
 def result_json(result: Result) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
-from ..core._trace import TraceRecord
 from ..io._otel import (
     DURATION_BUCKETS,
     SCHEMA_URL,
@@ -55,18 +54,6 @@ def scenario_steps(scenario: Scenario | str) -> list[StepRecord]:
     return steps
 
 
-def scenario_records(steps: Iterable[StepRecord]) -> list[tuple[TraceRecord, StepRecord]]:
-    """The engine's :class:`TraceRecord` of each simulator step (its ``at`` is the
-    virtual clock), as the session's observer received it."""
-    out = []
-    for step in steps:
-        record = step.record
-        if record is None:  # pragma: no cover - the simulator keeps every record
-            raise ValueError(f"step {step.step} of turn {step.turn} holds no trace record")
-        out.append((record, step))
-    return out
-
-
 def scenario_telemetry(
     scenario: Scenario | str, telemetry: Telemetry, *, session_status: str | None = None
 ) -> list[StepRecord]:
@@ -75,8 +62,8 @@ def scenario_telemetry(
     chosen = builtin(scenario) if isinstance(scenario, str) else scenario
     steps: list[StepRecord] = []
     result = run(chosen, on_step=steps.append)
-    for record, step in scenario_records(steps):
-        telemetry.observe(record, limit=step.limit, session_status=step.session_status)
+    for step in steps:
+        telemetry.observe(step.record, limit=step.limit, session_status=step.session_status)
     telemetry.end(session_status or result.session_status)
     return steps
 
