@@ -529,7 +529,7 @@ def render_svg(dot: str, name: str) -> str:
 
 @attrs.frozen
 class Written:
-    """What :func:`write_diagrams` did."""
+    """What :func:`write_files` did."""
 
     written: tuple[Path, ...]
     """Files written (or, with ``check``, files that differ from what would be written)."""
@@ -545,15 +545,22 @@ def sources() -> dict[str, str]:
 
 
 def write_diagrams(out: Path, *, svg: bool = True, check: bool = False) -> Written:
-    """Write every diagram into ``out`` (created if needed); ``svg=False`` skips the
-    SVGs. A missing ``dot`` is not an error here: the text files are written and
-    ``svg_missing`` says the SVGs were not.
+    """:func:`write_files` of every diagram into ``out``."""
+    return write_files(out, sources(), svg=svg, check=check)
+
+
+def write_files(
+    out: Path, files: Mapping[str, str], *, svg: bool = True, check: bool = False
+) -> Written:
+    """Write ``files`` (path under ``out`` -> text; directories made as needed) and,
+    unless ``svg=False``, beside each ``.dot`` the SVG drawn from it. A missing
+    ``dot`` is not an error here: the text files are written and ``svg_missing``
+    says the SVGs were not.
 
     With ``check``, write nothing and return the files whose content differs from
     what would be written (an SVG differs when it records another ``.dot``'s
     digest, or none).
     """
-    files = sources()
     changed: list[Path] = []
     for name, text in files.items():
         path = out / name
@@ -561,28 +568,23 @@ def write_diagrams(out: Path, *, svg: bool = True, check: bool = False) -> Writt
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 changed.append(path)
         else:
-            out.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             changed.append(path)
-    missing = False
-    if svg:
-        for name, text in files.items():
-            if not name.endswith(".dot"):
-                continue
-            stem = name.removesuffix(".dot")
-            path = out / f"{stem}.svg"
-            if check:
-                if svg_source_digest(path) != dot_digest(text):
-                    changed.append(path)
-                continue
-            try:
-                drawn = render_svg(text, stem)
-            except DotMissing:
-                missing = True
-                break
-            path.write_text(drawn, encoding="utf-8")
-            changed.append(path)
-    return Written(tuple(changed), missing)
+    for name, text in files.items() if svg else ():
+        if not name.endswith(".dot"):
+            continue
+        path = out / f"{name.removesuffix('.dot')}.svg"
+        if check:
+            if svg_source_digest(path) != dot_digest(text):
+                changed.append(path)
+            continue
+        try:
+            path.write_text(render_svg(text, path.stem), encoding="utf-8")
+        except DotMissing:
+            return Written(tuple(changed), svg_missing=True)
+        changed.append(path)
+    return Written(tuple(changed), svg_missing=False)
 
 
 _MERMAID_BLOCK = re.compile(r"(```mermaid\n)(.*?)(```)", re.DOTALL)

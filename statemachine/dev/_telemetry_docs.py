@@ -545,28 +545,12 @@ def _incident_page(mermaid: str, steps: str) -> str:
 def write_documents(root: Path, *, check: bool = False) -> list[Path]:
     """Write every generated file under ``root`` (and ``docs/incident.svg``); with
     ``check``, write nothing and return the files that differ."""
-    from ._diagrams import dot_digest, render_svg, svg_source_digest  # noqa: PLC0415
+    from ._diagrams import DotMissing, write_files  # noqa: PLC0415
 
-    changed: list[Path] = []
-    files = documents()
-    for name, text in files.items():
-        path = root / name
-        if check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                changed.append(path)
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        changed.append(path)
-    dot = files["docs/incident.dot"]
-    svg = root / "docs/incident.svg"
-    if check:
-        if svg_source_digest(svg) != dot_digest(dot):
-            changed.append(svg)
-    else:
-        svg.write_text(render_svg(dot, "incident"), encoding="utf-8")
-        changed.append(svg)
-    return changed
+    done = write_files(root, documents(), check=check)
+    if done.svg_missing:
+        raise DotMissing("docs/incident.svg needs graphviz's `dot`")
+    return list(done.written)
 
 
 if __name__ == "__main__":  # pragma: no cover - a developer's command
