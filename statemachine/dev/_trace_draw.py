@@ -30,11 +30,11 @@ from collections.abc import Sequence
 import attrs
 
 from ..core._actions import Finish
-from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_KIND, TERMINAL_STATES
+from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_STATES
 from ..core._trace import TraceRecord
 from ..io._trace_file import Trace, TracedStep, TraceFileError
 from . import _timeline
-from ._diagrams import KIND_COLOURS
+from ._diagrams import KIND_COLOURS, html_table, state_kind
 from ._simulate import action_text, event_text
 
 _TAKEN = "#1565c0"
@@ -55,11 +55,20 @@ class DrawnStep:
     """Seconds from the session's first recorded step, if the trace has the time."""
 
     @property
+    def event(self) -> str:
+        """``Event [guards]``."""
+        record = self.traced.record
+        return record.event + (f" [{record.guard}]" if record.guard else "")
+
+    @property
+    def action(self) -> str:
+        """The action, in short (:func:`~statemachine.dev._simulate.action_text`)."""
+        return action_text(self.traced.record.action)
+
+    @property
     def label(self) -> str:
         """``name: Event [guards] / action``: the step's edge label."""
-        record = self.traced.record
-        guard = f" [{record.guard}]" if record.guard else ""
-        return f"{self.name}: {record.event}{guard} / {action_text(record.action)}"
+        return f"{self.name}: {self.event} / {self.action}"
 
     @property
     def line(self) -> str:
@@ -68,10 +77,10 @@ class DrawnStep:
         at = "" if self.t is None else f"t={self.t:.3f}s  "
         said = self.traced.detail or event_text(record.caused_by)
         detail = f" ({said})" if said else ""
+        guard = f" [{record.guard}]" if record.guard else ""
         return (
-            f"turn {record.turn} step {record.step + 1}  {at}"
-            f"{record.source} -> {record.dest}  {record.event}{detail}"
-            f"{' [' + record.guard + ']' if record.guard else ''} / {action_text(record.action)}"
+            f"turn {record.turn} step {record.step + 1}  {at}{record.source} -> {record.dest}  "
+            f"{record.event}{detail}{guard} / {self.action}"
         )
 
 
@@ -138,10 +147,6 @@ def _quote(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _kind(state: str) -> str:
-    return TERMINAL_KIND.get(state, "running")
-
-
 def _visited_and_taken(steps: Sequence[DrawnStep]) -> tuple[set[str], set[tuple[str, str]]]:
     """The states the steps pass through, and the (source, dest) pairs they take."""
     pairs = {(s.traced.record.source, s.traced.record.dest) for s in steps}
@@ -158,28 +163,6 @@ def _html_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _steps_table(steps: Sequence[DrawnStep]) -> str:
-    """Every step, numbered, as an HTML-like graphviz label: ``Event [guards]``, the
-    state entered and the action."""
-    head = "".join(
-        f'<TD ALIGN="LEFT" BGCOLOR="#eeeeee"><B>{h}</B></TD>'
-        for h in ("#", "event [guards]", "to: action")
-    )
-    lines = [f"<TR>{head}</TR>"]
-    for step in steps:
-        record = step.traced.record
-        event = record.event + (f" [{record.guard}]" if record.guard else "")
-        cells = (step.name, event, f"{record.dest}: {action_text(record.action)}")
-        lines.append(
-            "<TR>" + "".join(f'<TD ALIGN="LEFT">{_html_text(c)}</TD>' for c in cells) + "</TR>"
-        )
-    return (
-        '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">'
-        + "".join(lines)
-        + "</TABLE>>"
-    )
-
-
 def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
     """The graphviz source, drawn top to bottom at page width: the machine faint, each
     pair of states a step took one bold edge labelled with the steps' numbers, and
@@ -194,7 +177,7 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
         '  __start [label="", shape=point, width=0.15];',
     ]
     for state in STATES:
-        kind = _kind(state)
+        kind = state_kind(state)
         fill, line = KIND_COLOURS[kind]
         label = state if kind == "running" else f"{state}\n({kind})"
         periph = 1 if state in RUNNING_STATES else 2
@@ -224,7 +207,8 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
             f"label={_quote(' ' + _names(names) + ' ')}, color={_quote(_TAKEN)}, "
             f"fontcolor={_quote(_TAKEN)}, penwidth=2.2];"
         )
-    lines.append(f'  steps [label={_steps_table(steps)}, shape=plaintext, style="", fontsize=11];')
+    table = html_table((s.name, s.event, f"{s.traced.record.dest}: {s.action}") for s in steps)
+    lines.append(f'  steps [label={table}, shape=plaintext, style="", fontsize=11];')
     lines.append("  { rank=sink; steps; }")
     lines.extend(f"  {state} -> steps [style=invis];" for state in TERMINAL_STATES)
     lines.append("}")
@@ -250,7 +234,7 @@ def mermaid_source(title: str, steps: Sequence[DrawnStep]) -> str:
         ),
     ]
     for state in STATES:
-        kind = _kind(state)
+        kind = state_kind(state)
         style = kind if state in visited else "faint"
         shape = f'(["{state}"])' if kind != "running" else f'("{state}")'
         lines.append(f"  {state}{shape}:::{style}")
