@@ -225,65 +225,98 @@ _CANCELLED = Cancelled("host")
 
 def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""
-    kind, variant = step.kind, step.variant
-    if kind == "ModelFailed":
-        if variant.endswith(":late"):
-            _run_out(ctx, session, clock)
-        failure = ctx.failures.get(variant)
-        if failure is None:
-            error, partial, _ = _model_error(ctx, variant)
-            failure = ctx.failures[variant] = ModelFailed(error, partial=partial)
-        return failure
-    if kind == "Assembled":
-        request = f"t{turn.index}s{len(turn.actions)}"
-        overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
-        if variant == "shrunk":
-            return Assembled(request, max(overflowed - 1, 0))
-        if variant == "same_size":
-            return Assembled(request, overflowed)
-        if variant == "same_request":
-            return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
-        return Assembled(request, _SIZE)
-    if kind == "CannotShrink":
-        return _CANNOT_SHRINK
-    if kind == "ModelReplied" and variant not in ("late", "costly"):
-        key = (variant, turn.index)
-        reply = ctx.replies.get(key)
-        if reply is None:
-            reply = ctx.replies[key] = _reply(ctx, variant, turn.index)
-        return reply
-    if kind == "ModelReplied":
+    build = _BUILDERS.get(step.kind)
+    if build is None:  # pragma: no cover - every step kind the checker sends is here
+        raise ValueError(f"step: unknown kind {step.kind!r}")
+    return build(ctx, step.variant, session, turn, clock)
+
+
+def _failure(
+    ctx: _Ctx, variant: str, session: SessionState, _t: TurnState, clock: _Clock
+) -> object:
+    if variant.endswith(":late"):
+        _run_out(ctx, session, clock)
+    failure = ctx.failures.get(variant)
+    if failure is None:
+        error, partial, _ = _model_error(ctx, variant)
+        failure = ctx.failures[variant] = ModelFailed(error, partial=partial)
+    return failure
+
+
+def _assembled(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _Clock) -> object:
+    overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
+    request = (
+        turn.overflowed_request
+        if variant == "same_request"
+        else f"t{turn.index}s{len(turn.actions)}"
+    )
+    size = {
+        "shrunk": max(overflowed - 1, 0),
+        "same_size": overflowed,
+        "same_request": max(overflowed - 1, 0),
+    }
+    return Assembled(request, size.get(variant, _SIZE))
+
+
+def _replied(
+    ctx: _Ctx, variant: str, session: SessionState, turn: TurnState, clock: _Clock
+) -> object:
+    if variant in ("late", "costly"):
         return _reply(ctx, variant, turn.index, session, clock)
-    if kind == "WaitDone":
-        action = turn.actions[-1] if turn.actions else None
-        if type(action) is Wait and math.isfinite(action.seconds):
-            clock.now += action.seconds
-        return _WAIT_DONE
-    if kind == "ToolsDone":
-        outcomes = []
-        for i, call in enumerate(turn.in_flight):
-            if variant == "conflict" and i == 0:
-                outcomes.append(
-                    ToolOutcome(call.id, False, "locked", ToolErrorCategory.CONCURRENCY_CONFLICT)
-                )
-            elif variant == "denied":
-                outcomes.append(
-                    ToolOutcome(call.id, False, "denied", ToolErrorCategory.PERMISSION_DENIED)
-                )
-            elif variant == "fail":
-                outcomes.append(
-                    ToolOutcome(call.id, False, "it failed", ToolErrorCategory.EXECUTION_FAILED)
-                )
-            elif variant == "crash" and call.provider == "p":
-                outcomes.append(
-                    ToolOutcome(call.id, False, "plugin died", ToolErrorCategory.PROCESS_CRASHED)
-                )
-            else:
-                outcomes.append(ToolOutcome(call.id, True, "done"))
-        return ToolsDone(tuple(outcomes))
-    if kind == "Cancelled":
-        return _CANCELLED if variant == _CANCELLED.reason else Cancelled(variant)
-    raise ValueError(f"step: unknown kind {kind!r}")  # pragma: no cover
+    key = (variant, turn.index)
+    reply = ctx.replies.get(key)
+    if reply is None:
+        reply = ctx.replies[key] = _reply(ctx, variant, turn.index)
+    return reply
+
+
+def _wait_done(_c: _Ctx, _v: str, _s: SessionState, turn: TurnState, clock: _Clock) -> object:
+    action = turn.actions[-1] if turn.actions else None
+    if type(action) is Wait and math.isfinite(action.seconds):
+        clock.now += action.seconds
+    return _WAIT_DONE
+
+
+_OUTCOMES = {
+    "conflict": ("locked", ToolErrorCategory.CONCURRENCY_CONFLICT),
+    "denied": ("denied", ToolErrorCategory.PERMISSION_DENIED),
+    "fail": ("it failed", ToolErrorCategory.EXECUTION_FAILED),
+    "crash": ("plugin died", ToolErrorCategory.PROCESS_CRASHED),
+}
+"""A ``ToolsDone`` variant's failed outcome: the first call's for ``conflict``, every
+call's for ``denied`` and ``fail``, ``p``'s calls' for ``crash``; the others succeed."""
+
+
+def _tools_done(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _Clock) -> object:
+    failed = _OUTCOMES.get(variant)
+    outcomes = []
+    for i, call in enumerate(turn.in_flight):
+        fails = failed is not None and (
+            (variant == "conflict" and i == 0)
+            or variant in ("denied", "fail")
+            or (variant == "crash" and call.provider == "p")
+        )
+        if fails and failed is not None:
+            outcomes.append(ToolOutcome(call.id, False, failed[0], failed[1]))
+        else:
+            outcomes.append(ToolOutcome(call.id, True, "done"))
+    return ToolsDone(tuple(outcomes))
+
+
+def _cancelled(_c: _Ctx, variant: str, _s: SessionState, _t: TurnState, _k: _Clock) -> object:
+    return _CANCELLED if variant == _CANCELLED.reason else Cancelled(variant)
+
+
+_BUILDERS = {
+    "ModelFailed": _failure,
+    "Assembled": _assembled,
+    "CannotShrink": lambda *_: _CANNOT_SHRINK,
+    "ModelReplied": _replied,
+    "WaitDone": _wait_done,
+    "ToolsDone": _tools_done,
+    "Cancelled": _cancelled,
+}
+"""Each step kind's event builder: ``(ctx, variant, session, turn, clock) -> event``."""
 
 
 def _reply(
