@@ -1,21 +1,11 @@
 """The command line: ``python -m statemachine`` (or ``statemachine``).
 
-Subcommands:
-
-* ``simulate [SCENARIO...]``: run scripted failure storms through the real engine
-  on a virtual clock and print their traces; with no argument, every built-in.
-* ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
-* ``check``: the exhaustive model check (``statemachine.dev.check``).
-* ``trace FILE``: draw a recorded turn (``simulate --json`` output, or a
-  ``TraceWriter`` file) as a timeline and on the machine: SVG, mermaid, and with
-  ``--html`` one page.
-* ``vendor [--script FILE] [--port N]``: a loopback model vendor answering like
-  Anthropic and OpenAI from a script, for running SDK examples offline.
-
-Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
-(``diagram --check``), or the SVGs could not be drawn under ``--require-svg``
-(or ``trace`` needs ``dot`` for the machine's SVG); 2 bad usage, a bad scenario file,
-a trace file this engine cannot draw, or an output ``trace`` cannot write.
+One subcommand per tool of ``statemachine.dev``: ``simulate``, ``diagram``, ``check``,
+``trace`` and ``vendor`` (``--help`` says what each does). Exit codes: 0 success; 1 a
+scenario's expectations failed, or diagrams drifted (``diagram --check``), or the SVGs
+could not be drawn under ``--require-svg`` (or ``trace`` needs ``dot`` for the
+machine's SVG); 2 bad usage, a bad scenario or script file, a trace file this engine
+cannot draw, or an output ``trace`` cannot write.
 """
 
 from __future__ import annotations

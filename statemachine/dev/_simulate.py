@@ -660,23 +660,27 @@ def format_result(result: Result) -> str:
     return "\n".join(lines)
 
 
+_SIMULATOR_KEYS = (
+    "scenario",
+    "final_answer",
+    "detail",
+    "auto",
+    "cost_usd",
+    "turn_cost_usd",
+    "turn_retries",
+    "limit",
+    "session_status",
+)
+"""What ``--json`` adds to a trace file's step: the simulator's view of it."""
+
+
 def step_json(record: StepRecord) -> dict[str, Any]:
     """A transition as one JSON object (``--json``): the trace file's ``step`` object
     (:func:`~statemachine.io._trace_file.record_json`: the engine's record, with the
     event that caused it) and the simulator's view of it (``cost_usd``: the session's
     spend so far)."""
     line = record_json(record.record)
-    line.update(
-        scenario=record.scenario,
-        final_answer=record.final_answer,
-        detail=record.detail,
-        auto=record.auto,
-        cost_usd=record.cost_usd,
-        turn_cost_usd=record.turn_cost_usd,
-        turn_retries=record.turn_retries,
-        limit=record.limit,
-        session_status=record.session_status,
-    )
+    line.update((name, getattr(record, name)) for name in _SIMULATOR_KEYS)
     jsonable: dict[str, Any] = json.loads(json.dumps(line, default=str))
     return jsonable
 

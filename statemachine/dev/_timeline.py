@@ -285,9 +285,7 @@ class _Collector:
         if self.model is not None and trigger in ("ModelFailed", "ModelReplied", "Cancelled"):
             self._end_call(index, event, detail, record.guard)
         if self.wait is not None and trigger in ("WaitDone", "Cancelled"):
-            start, kind, label, said = self.wait
-            self.items.append(Item("waits", start, index, start + 1, label, _WAIT_FILL[kind], said))
-            self.wait = None
+            self._end_wait(index)
         if self.tools is not None and trigger in ("ToolsDone", "Cancelled"):
             self.items.append(_tool_item(self.tools, index, event, detail))
             self.tools = None
@@ -328,9 +326,14 @@ class _Collector:
                     Item(lane, start, None, start + 1, "no outcome", "#ffffff", "still running")
                 )
         if self.wait is not None:
-            start, kind, label, said = self.wait
-            self.items.append(Item("waits", start, None, start + 1, label, _WAIT_FILL[kind], said))
+            self._end_wait(None)
         return self.items
+
+    def _end_wait(self, index: int | None) -> None:
+        assert self.wait is not None  # noqa: S101 - the caller checked
+        start, kind, label, said = self.wait
+        self.items.append(Item("waits", start, index, start + 1, label, _WAIT_FILL[kind], said))
+        self.wait = None
 
 
 def _tool_item(opened: tuple[int, InvokeTools], index: int, event: object, detail: str) -> Item:
@@ -452,6 +455,23 @@ def _text(x: float, y: float, text: str, *, size: int = _FONT, **extra: str) -> 
     return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{more}>{escape(text)}</text>'
 
 
+def _label(x: float, y: float, text: str, classes: str, step: int, colour: str = "") -> str:
+    """A label on a white ground that selects ``step`` when clicked (a mark's: bold, in
+    its ``colour``)."""
+    ground = (
+        f'<rect class="label-bg" x="{x - 2:.1f}" y="{y - _FONT + 1:.1f}" '
+        f'width="{_width(text) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
+    )
+    css, data = f"label {classes}", str(step)
+    if colour:
+        return (
+            ground
+            + "\n"
+            + _text(x, y, text, fill=colour, font_weight="bold", class_=css, data_step=data)
+        )
+    return f"{ground}\n{_text(x, y, text, class_=css, data_step=data)}"
+
+
 def _classes(item: Item) -> str:
     steps = {item.start + 1, item.step}
     if item.end is not None:
@@ -502,11 +522,7 @@ def _lane(
             "</rect>"
         )
         out.append(bar)
-        out.append(
-            f'<rect class="label-bg" x="{left - 2:.1f}" y="{y - _FONT + 1:.1f}" '
-            f'width="{_width(item.label) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
-        )
-        out.append(_text(left, y, item.label, class_=f"label {classes}", data_step=str(item.step)))
+        out.append(_label(left, y, item.label, classes, item.step))
         for n, provider in enumerate(item.crashed):
             cx = x0 + 6 + n * 12
             cy = bar_top + _BAR / 2
@@ -560,21 +576,7 @@ def _svg(
             f'<line class="mark s{mark.step}" x1="{x:.1f}" y1="{label_y - _FONT + 2:.1f}" '
             f'x2="{x:.1f}" y2="{axis:.1f}" stroke="{colour}" stroke-width="1.5"{dash}/>'
         )
-        labels.append(
-            f'<rect class="label-bg" x="{left - 2:.1f}" y="{label_y - _FONT + 1:.1f}" '
-            f'width="{_width(mark.label) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
-        )
-        labels.append(
-            _text(
-                left,
-                label_y,
-                mark.label,
-                fill=colour,
-                font_weight="bold",
-                class_=f"label s{mark.step}",
-                data_step=str(mark.step),
-            )
-        )
+        labels.append(_label(left, label_y, mark.label, f"s{mark.step}", mark.step, colour))
     out.extend(lanes_out)
     out.extend(labels)
     out.append(
