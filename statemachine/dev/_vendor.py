@@ -201,7 +201,9 @@ def _handler(owner: LoopbackVendor) -> type[BaseHTTPRequestHandler]:
                 body = raw
             canned = owner.answer(self.path.split("?")[0], dict(self.headers.items()), body)
             payload = (
-                canned.body if isinstance(canned.body, bytes) else json.dumps(canned.body).encode()
+                canned.body
+                if isinstance(canned.body, bytes)
+                else json.dumps(canned.body, allow_nan=False).encode()
             )
             self.send_response(canned.status)
             self.send_header("content-type", canned.content_type)
@@ -294,7 +296,7 @@ def openai_completion(
             {
                 "id": call_id,
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
+                "function": {"name": name, "arguments": json.dumps(args, allow_nan=False)},
             }
             for call_id, name, args in tool_calls
         ]
