@@ -4,6 +4,7 @@ built for the node they are sent to."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import attrs
@@ -132,51 +133,48 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> tuple[Step, ...
     return steps
 
 
+def _variants(kind: str, *variants: str) -> tuple[Step, ...]:
+    return tuple(Step(kind, variant) for variant in variants)
+
+
+_STATE_STEPS: dict[str, tuple[Step, ...]] = {
+    IDLE: (Step(START),),
+    "assembling": (Step("Assembled", "fresh"), Step("CannotShrink")),
+    REDUCING_CONTEXT: (
+        *_variants("Assembled", "shrunk", "same_size", "same_request"),
+        Step("CannotShrink"),
+    ),
+    CALLING: (
+        *_variants("ModelFailed", *(category.value for category in ErrorCategory)),
+        *_variants("ModelFailed", "rate_limited:partial", "auth_error:partial"),
+        *_variants("ModelFailed", "content_filtered:partial", "rate_limited:too_long"),
+        *_variants("ModelFailed", "overloaded:header_ms", "rate_limited:garbage"),
+        *_variants("ModelReplied", "none", "p", "pq", "doom", "terminal"),
+    ),
+    BACKING_OFF: (Step("WaitDone"),),
+    BACKING_OFF_TOOLS: (Step("WaitDone"),),
+    "invoking_tools": _variants("ToolsDone", "ok", "fail", "conflict"),
+}
+"""The representative steps of a running state, before those the settings or the
+node add (:func:`_new_steps`)."""
+
+
 def _new_steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
     state = turn.state
     settings = ctx.settings
     if state in TERMINAL_STATES:
         if session.status is not None:
             return []
-        return [Step(_NEW_TURN), *(Step(_END, how) for how in ("completed", "cancelled", "failed"))]
-    steps: list[Step] = []
-    if state == IDLE:
-        steps.append(Step(START))
-    elif state == "assembling":
-        steps += [Step("Assembled", "fresh"), Step("CannotShrink")]
-    elif state == REDUCING_CONTEXT:
-        steps += [
-            Step("Assembled", "shrunk"),
-            Step("Assembled", "same_size"),
-            Step("Assembled", "same_request"),
-            Step("CannotShrink"),
-        ]
-    elif state == CALLING:
-        steps += [Step("ModelFailed", category.value) for category in ErrorCategory]
-        steps += [
-            Step("ModelFailed", "rate_limited:partial"),
-            Step("ModelFailed", "auth_error:partial"),
-            Step("ModelFailed", "content_filtered:partial"),
-            Step("ModelFailed", "rate_limited:too_long"),
-            Step("ModelFailed", "overloaded:header_ms"),
-            Step("ModelFailed", "rate_limited:garbage"),
-            Step("ModelReplied", "none"),
-            Step("ModelReplied", "p"),
-            Step("ModelReplied", "pq"),
-            Step("ModelReplied", "doom"),
-            Step("ModelReplied", "terminal"),
-        ]
+        return [Step(_NEW_TURN), *_variants(_END, "completed", "cancelled", "failed")]
+    steps = list(_STATE_STEPS.get(state, ()))
+    if state == CALLING:
         if settings.breaker_threshold > 1:
             steps.append(Step("ModelReplied", "p_many"))
         if settings.max_wall_clock_s is not None:
             steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
         if settings.max_cost_usd is not None:
             steps.append(Step("ModelReplied", "costly"))
-    elif state in (BACKING_OFF, BACKING_OFF_TOOLS):
-        steps.append(Step("WaitDone"))
     elif state == "invoking_tools":
-        steps += [Step("ToolsDone", "ok"), Step("ToolsDone", "fail")]
-        steps.append(Step("ToolsDone", "conflict"))
         if settings.denial_threshold is not None or settings.denial_window is not None:
             steps.append(Step("ToolsDone", "denied"))
         if any(call.provider == "p" for call in turn.in_flight):
@@ -245,17 +243,10 @@ def _failure(
 
 def _assembled(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _Clock) -> object:
     overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
-    request = (
-        turn.overflowed_request
-        if variant == "same_request"
-        else f"t{turn.index}s{len(turn.actions)}"
-    )
-    size = {
-        "shrunk": max(overflowed - 1, 0),
-        "same_size": overflowed,
-        "same_request": max(overflowed - 1, 0),
-    }
-    return Assembled(request, size.get(variant, _SIZE))
+    if variant == "same_request":
+        return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
+    size = {"shrunk": max(overflowed - 1, 0), "same_size": overflowed}.get(variant, _SIZE)
+    return Assembled(f"t{turn.index}s{len(turn.actions)}", size)
 
 
 def _replied(
@@ -277,30 +268,28 @@ def _wait_done(_c: _Ctx, _v: str, _s: SessionState, turn: TurnState, clock: _Clo
     return _WAIT_DONE
 
 
-_OUTCOMES = {
-    "conflict": ("locked", ToolErrorCategory.CONCURRENCY_CONFLICT),
-    "denied": ("denied", ToolErrorCategory.PERMISSION_DENIED),
-    "fail": ("it failed", ToolErrorCategory.EXECUTION_FAILED),
-    "crash": ("plugin died", ToolErrorCategory.PROCESS_CRASHED),
+_FAILURES: dict[str, tuple[str, ToolErrorCategory, Callable[[int, ToolCall], bool]]] = {
+    "conflict": ("locked", ToolErrorCategory.CONCURRENCY_CONFLICT, lambda i, _call: i == 0),
+    "denied": ("denied", ToolErrorCategory.PERMISSION_DENIED, lambda _i, _call: True),
+    "fail": ("it failed", ToolErrorCategory.EXECUTION_FAILED, lambda _i, _call: True),
+    "crash": ("plugin died", ToolErrorCategory.PROCESS_CRASHED, lambda _i, c: c.provider == "p"),
 }
-"""A ``ToolsDone`` variant's failed outcome: the first call's for ``conflict``, every
-call's for ``denied`` and ``fail``, ``p``'s calls' for ``crash``; the others succeed."""
+"""A ``ToolsDone`` variant's failure (content, category) and which calls (index, call)
+it fails; the other calls, and every call of ``ok``, succeed."""
 
 
 def _tools_done(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _Clock) -> object:
-    failed = _OUTCOMES.get(variant)
-    outcomes = []
-    for i, call in enumerate(turn.in_flight):
-        fails = failed is not None and (
-            (variant == "conflict" and i == 0)
-            or variant in ("denied", "fail")
-            or (variant == "crash" and call.provider == "p")
+    if variant not in _FAILURES:
+        return ToolsDone(tuple(ToolOutcome(call.id, True, "done") for call in turn.in_flight))
+    content, category, fails = _FAILURES[variant]
+    return ToolsDone(
+        tuple(
+            ToolOutcome(call.id, False, content, category)
+            if fails(i, call)
+            else ToolOutcome(call.id, True, "done")
+            for i, call in enumerate(turn.in_flight)
         )
-        if fails and failed is not None:
-            outcomes.append(ToolOutcome(call.id, False, failed[0], failed[1]))
-        else:
-            outcomes.append(ToolOutcome(call.id, True, "done"))
-    return ToolsDone(tuple(outcomes))
+    )
 
 
 def _cancelled(_c: _Ctx, variant: str, _s: SessionState, _t: TurnState, _k: _Clock) -> object:
