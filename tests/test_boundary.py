@@ -1041,5 +1041,5 @@ def test_a_production_trace_file_tells_each_steps_error(tmp_path: Path) -> None:
     writer.close()
     lines = [step.line for step in draw(load_trace(path)).steps]
     assert "(size=900)" in lines[1]
-    assert "(rate_limited HTTP 429 retry_after=2.0)" in lines[2]
+    assert "(rate_limited retry_after=2s HTTP 429)" in lines[2]
     assert "(no tool call tokens 900/12 model m-2026 $0.01)" in lines[4]

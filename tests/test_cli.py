@@ -48,7 +48,15 @@ def _run(*argv: str) -> tuple[int, str, str]:
         (["--help"], ["simulate", "diagram", "check", "vendor"]),
         (
             ["simulate", "--help"],
-            ["--json", "--real-time", "--seed", "--list", "--spans", "SCENARIO", "docs/simulate.md"],
+            [
+                "--json",
+                "--real-time",
+                "--seed",
+                "--list",
+                "--spans",
+                "SCENARIO",
+                "docs/simulate.md",
+            ],
         ),
         (["diagram", "--help"], ["--out", "--check", "--require-svg"]),
         (["vendor", "--help"], ["--script", "--port", "ANTHROPIC_BASE_URL", "docs/drivers.md"]),
@@ -132,7 +140,7 @@ def test_text_trace_shows_steps_counters_and_statuses() -> None:
     assert "turn 4 (final-answer turn: tools withheld)" in out
     assert "=> session ended: error_max_turns" in out
     assert "=> limit reached: error_max_turns" in out
-    assert re.search(r"calling -> backing_off\s+ModelFailed overloaded\s+Wait \d", out)
+    assert re.search(r"calling -> backing_off\s+ModelFailed overloaded HTTP 529\s+Wait \d", out)
     assert "[transient & retries_left & wait_fits]" in out
     assert "CallModel attempt=0 model=backup" in out
     assert "2 scenario(s): all expectations held" in out
@@ -392,6 +400,21 @@ def test_the_default_vendor_script_answers_each_vendor_and_starts_over() -> None
     ("text", "problem"),
     [
         ("[[anthropic]]\nstatus = 429\nretry_after = -1\n", "anthropic[1]: retry_after: expected"),
+        ("[[openai]]\nstatus = 429\nretry_after = inf\n", "openai[1]: retry_after: expected"),
+        ("[[anthropic]]\ntool = 't'\narguments = {a = nan}\n", "arguments: not JSON data: a: nan"),
+        (
+            "[[openai]]\ntool = 't'\narguments = {a = [1, {b = -inf}]}\n",
+            "openai[1]: arguments: not JSON data: a[1].b: -inf",
+        ),
+        (
+            "[[anthropic]]\ntool = 't'\narguments = {at = 1979-05-27T07:32:00Z}\n",
+            "anthropic[1]: arguments: not JSON data: at: a datetime",
+        ),
+        (
+            "[[openai]]\ntool = 't'\narguments = {on = 1979-05-27}\n",
+            "openai[1]: arguments: not JSON data: on: a date",
+        ),
+        ("[[openai]]\ntool = ''\n", "openai[1]: tool: expected a non-empty string"),
         ("[[openai]]\ntext = 'a'\n[[openai]]\nstatuss = 500\n", "openai[2]: unknown key 'statuss'"),
         ("[[gemini]]\nstatus = 200\n", "unknown table 'gemini'"),
         ("[[anthropic]]\nstatus = 302\n", "anthropic[1]: status: expected 200 or an error"),
@@ -430,6 +453,18 @@ def test_the_vendor_command_refuses_a_port_in_use_and_a_missing_script(tmp_path:
     code, _, err = _run("vendor", "--script", str(tmp_path / "missing.toml"))
     assert code == 2
     assert "missing.toml: cannot read the script" in err
+
+
+@pytest.mark.requirement("ER-68")
+@pytest.mark.parametrize("port", ["70000", "-1", "65536", "http"])
+def test_the_vendor_command_refuses_a_port_out_of_range(
+    port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A port that is not 0..65535: exit 2 naming it, never a traceback."""
+    assert main(["vendor", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"argument --port: expected a port from 0 to 65535, got {port!r}" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.requirement("ER-68")

@@ -18,7 +18,7 @@ from statemachine.dev._cli import _write_all, main
 from statemachine.dev._diagrams import views
 from statemachine.dev._scenarios import builtin, builtin_names
 from statemachine.dev._simulate import result_json, run, step_json
-from statemachine.dev._telemetry_docs import scenario_records, scenario_steps, scenario_trace_lines
+from statemachine.dev._telemetry_docs import scenario_steps, scenario_trace_lines
 from statemachine.dev._timeline import CATEGORY_COLOURS, RETRY_AFTER_SOURCES, WIDTH, build
 from statemachine.dev._trace_draw import draw
 from statemachine.io._trace_file import (
@@ -163,7 +163,7 @@ def test_the_storm_shows_each_attempt_wait_and_retry_after_source() -> None:
     ]
     assert all("429 rate_limited" in i.label for i in calls[:4])
     drawn = draw(_trace("rate-limit-storm"), turn=1).timeline  # as the command draws it
-    assert "t = 0 at the first step drawn: 2026-01-01 00:00:00 UTC" in drawn
+    assert "t = 0 at the session&#x27;s first recorded step: 2026-01-01 00:00:00 UTC" in drawn
     assert [m.label for m in timeline.marks] == ["completed"]
     assert timeline.xs == tuple(sorted(timeline.xs))
 
@@ -258,9 +258,9 @@ def _writer_lines(**writer: object) -> list[str]:
     """A TraceWriter file of the storm's first turn, replayed from the simulator."""
     stream = io.StringIO()
     sink = TraceWriter(stream, **writer)  # type: ignore[arg-type]
-    for record, step in scenario_records(scenario_steps("rate-limit-storm")):
+    for step in scenario_steps("rate-limit-storm"):
         if step.turn == 1:
-            sink(record)
+            sink(step.record)
     return stream.getvalue().splitlines(keepends=True)
 
 

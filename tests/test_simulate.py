@@ -242,7 +242,7 @@ BAD_FILES = [
     pytest.param(
         '[[turn]]\nexpect_status = "done"\nsteps = [{event = "WaitDone"}]\n',
         2,
-        "turn[1].expect_status: 'done' is not one of completed",
+        ("turn[1].expect_status: must be one of completed", "got a string 'done'"),
         id="bad-expected-status",
     ),
     pytest.param(
@@ -287,7 +287,7 @@ BAD_FILES = [
 @pytest.mark.requirement("ER-65")
 @pytest.mark.parametrize(("text", "line", "problem"), BAD_FILES)
 def test_bad_scenario_files_name_file_line_and_problem(
-    tmp_path: Path, text: str, line: int, problem: str
+    tmp_path: Path, text: str, line: int, problem: str | tuple[str, ...]
 ) -> None:
     """A bad file is refused with ``<file>:<line>: <path>: <problem>``."""
     path = _scenario(text, tmp_path)
@@ -295,7 +295,8 @@ def test_bad_scenario_files_name_file_line_and_problem(
         load(path)
     message = str(caught.value)
     assert message.startswith(f"{path}:{line}: "), message
-    assert problem in message
+    for part in (problem,) if isinstance(problem, str) else problem:
+        assert part in message
     assert isinstance(caught.value, sm.ConfigError)
 
 

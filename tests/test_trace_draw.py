@@ -132,11 +132,17 @@ def test_every_scenario_reads_and_draws(name: str) -> None:
     drawing = draw(trace)
     steps = [json.loads(line) for line in lines if '"type": "step"' in line]
     assert len(drawing.steps) == len(steps)
+    several = len({raw["turn"] for raw in steps}) > 1
     for number, (drawn, raw) in enumerate(zip(drawing.steps, steps, strict=True), start=1):
+        # named as simulate numbers it: from 1 in its turn, after its turn if several
+        name = f"{raw['step'] + 1}"
+        assert drawn.name == (f"{raw['turn']}.{name}" if several else name)
+        assert drawn.line.startswith(f"turn {raw['turn']} step {name}  t={raw['t']:.3f}s  ")
         assert drawn.number == number
-        assert f'<TD ALIGN="LEFT">{number}</TD><TD ALIGN="LEFT">{raw["event"]}' in drawing.dot
+        assert f'<TD ALIGN="LEFT">{drawn.name}</TD><TD ALIGN="LEFT">{raw["event"]}' in drawing.dot
         assert f'class="chip s{number}" data-step="{number}"' in drawing.timeline
-        assert drawn.label.startswith(f"{number}: {raw['event']}")
+        assert f'font-size="11">{drawn.name} {raw["next"]}</text>' in drawing.timeline
+        assert drawn.label.startswith(f"{drawn.name}: {raw['event']}")
         action = drawn.traced.record.action
         if isinstance(action, Wait):
             assert f"Wait {action.seconds:.3f}s {action.category.value}" in drawn.label
@@ -151,6 +157,30 @@ def test_every_scenario_reads_and_draws(name: str) -> None:
         if isinstance(s.traced.record.action, Finish)
     ]
     assert ", ".join(statuses) in drawing.title
+
+
+@pytest.mark.requirement("ER-131")
+def test_one_numbering_and_the_sessions_time_in_simulate_the_list_and_the_drawings() -> None:
+    """A step has one name everywhere: simulate's table, the step list, the edge labels
+    and the path strip count from 1 in its turn (``2.3`` where several turns are
+    drawn); times are seconds from the session's first recorded step, not the host's
+    raw clock (a TraceWriter file whose clock read 5 s at the start)."""
+    file = io.StringIO()
+    _, seen = recorded_session(file)
+    trace = read_trace(file.getvalue().splitlines())
+    both = draw(trace)
+    assert [s.name for s in both.steps] == [f"{r.turn}.{r.step + 1}" for r in seen]
+    assert both.steps[0].line.startswith("turn 1 step 1  t=0.000s  idle -> assembling")
+    second = draw(trace, turn=2)
+    start = next(r for r in seen if r.turn == 2)
+    assert second.steps[0].line.startswith(f"turn 2 step 1  t={start.at - 5.0:.3f}s  ")
+    assert second.steps[2].label.startswith("3: ModelFailed")
+    assert 'font-size="11">3 backing_off</text>' in second.timeline
+    assert "t = 0 at the session&#x27;s first recorded step" in second.timeline
+    code, out, _ = run("simulate", "rate-limit-storm")
+    assert code == 0
+    assert re.search(r"^ +1 +0\.000  idle -> assembling ", out, re.MULTILINE)
+    assert not re.search(r"^ +0 +\d+\.\d{3}  ", out, re.MULTILINE)
 
 
 @pytest.mark.requirement("ER-131")

@@ -1,21 +1,11 @@
 """The command line: ``python -m statemachine`` (or ``statemachine``).
 
-Subcommands:
-
-* ``simulate [SCENARIO...]``: run scripted failure storms through the real engine
-  on a virtual clock and print their traces; with no argument, every built-in.
-* ``diagram [--out DIR]``: draw the machine into ``diagrams/``.
-* ``check``: the exhaustive model check (``statemachine.dev.check``).
-* ``trace FILE``: draw a recorded turn (``simulate --json`` output, or a
-  ``TraceWriter`` file) as a timeline and on the machine: SVG, mermaid, and with
-  ``--html`` one page.
-* ``vendor [--script FILE] [--port N]``: a loopback model vendor answering like
-  Anthropic and OpenAI from a script, for running SDK examples offline.
-
-Exit codes: 0 success; 1 a scenario's expectations failed, or diagrams drifted
-(``diagram --check``), or the SVGs could not be drawn under ``--require-svg``
-(or ``trace`` needs ``dot`` for the machine's SVG); 2 bad usage, a bad scenario file,
-a trace file this engine cannot draw, or an output ``trace`` cannot write.
+One subcommand per tool of ``statemachine.dev``: ``simulate``, ``diagram``, ``check``,
+``trace`` and ``vendor`` (``--help`` says what each does). Exit codes: 0 success; 1 a
+scenario's expectations failed, or diagrams drifted (``diagram --check``), or the SVGs
+could not be drawn under ``--require-svg`` (or ``trace`` needs ``dot`` for the
+machine's SVG); 2 bad usage, a bad scenario or script file, a trace file this engine
+cannot draw, or an output ``trace`` cannot write.
 """
 
 from __future__ import annotations
@@ -39,8 +29,9 @@ EXIT_USAGE = 2
 
 _SIMULATE_EPILOG = """\
 A SCENARIO is a built-in name (see --list) or a path to a .toml file; with none,
-every built-in runs. Each transition prints as a row: step, virtual time, state ->
-next state, the event (with "(auto)" for the WaitDone the simulator sends after a
+every built-in runs. Each transition prints as a row: step (from 1 in its turn; the
+--json field counts from 0, as the engine does), virtual time from the session's
+start, state -> next state, the event (with "(auto)" for the WaitDone the simulator sends after a
 Wait), the engine's action, the counters (att: attempt of the current call, ret:
 session retries used, red: context reductions) and the row: the number of the
 transition-table row that fired, as the table under the diagram numbers it
@@ -50,6 +41,17 @@ whole). Under each turn: its status, its own cost and retries, and the session's
 totals. The scenario file format and the built-ins: docs/simulate.md.
 Exit status: 0 when every expectation held, 1 when one did not, 2 for a bad file.
 """
+
+
+def _port(text: str) -> int:
+    """A TCP port to listen on: 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return port
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -179,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     vendor.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=8765,
         metavar="N",
         help="the port on 127.0.0.1 (default: 8765; 0 picks a free one)",

@@ -170,7 +170,8 @@ def views() -> tuple[View, ...]:
 # -- transitions glue -------------------------------------------------------------
 
 
-def _kind(state: str) -> str:
+def state_kind(state: str) -> str:
+    """``running``, or a terminal state's kind (``TERMINAL_KIND``)."""
     return TERMINAL_KIND.get(state, "running")
 
 
@@ -214,7 +215,7 @@ class _DotGraph(_gv.Graph):
         container.node("__start", label="", shape="point", width="0.15")
         for state in states:
             name = state["name"]
-            kind = _kind(name)
+            kind = state_kind(name)
             fill, line = KIND_COLOURS[kind]
             label = name if kind == "running" else f"{name}\\n({kind})"
             if name not in lit:
@@ -298,41 +299,47 @@ def _html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _group_line(source: str) -> str:
-    return f'<TR><TD COLSPAN="3" ALIGN="LEFT" BGCOLOR="#f5f5f5"><B>from {source}</B></TD></TR>'
+def html_table(rows: Iterable[str | tuple[str, str, str]]) -> str:
+    """Rows of ``#``, ``event [guards]`` and ``to: action`` under that head (a string
+    among them: a group's heading), escaped, as an HTML-like graphviz label."""
+    head = ("#", "event [guards]", "to: action")
+    lines = ["<TR>" + "".join(f'<TD ALIGN="LEFT" BGCOLOR="#eeeeee"><B>{h}</B></TD>' for h in head)]
+    for row in rows:
+        if isinstance(row, str):
+            lines.append(
+                f'<TR><TD COLSPAN="3" ALIGN="LEFT" BGCOLOR="#f5f5f5"><B>{_html(row)}</B></TD>'
+            )
+        else:
+            lines.append("<TR>" + "".join(f'<TD ALIGN="LEFT">{_html(c)}</TD>' for c in row))
+    return (
+        '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">'
+        + "</TR>".join(lines)
+        + "</TR></TABLE>>"
+    )
 
 
 def _rows_table(highlight: frozenset[RowKey] | None = None) -> str:
     """The compact view's table: every row (or every row of ``highlight``), numbered,
-    as an HTML-like graphviz label."""
-
-    def line(*cells: str) -> str:
-        return "<TR>" + "".join(f'<TD ALIGN="LEFT">{c}</TD>' for c in cells) + "</TR>"
-
-    head = "".join(
-        f'<TD ALIGN="LEFT" BGCOLOR="#eeeeee"><B>{h}</B></TD>'
-        for h in ("#", "event [guards]", "to: action")
-    )
-    lines = [f"<TR>{head}</TR>"]
-    cancels = [n for n, row in enumerate(ROWS, 1) if row.event == "Cancelled"]
+    grouped by the state they leave."""
+    rows: list[str | tuple[str, str, str]] = []
     source = None
     for number, row in enumerate(ROWS, 1):
         if row.event == "Cancelled" or (highlight is not None and row_key(row) not in highlight):
             continue
-        if row.source != source:  # the rows are grouped by the state they leave
+        if row.source != source:
             source = row.source
-            lines.append(_group_line(source))
-        event = row.event + (f" [{' &amp; '.join(row.guards)}]" if row.guards else "")
-        action = action_label(row.effect, row.status or None)
-        lines.append(line(str(number), event, f"{row.dest}: {_html(action)}"))
+            rows.append(f"from {source}")
+        event = row.event + (f" [{row.label}]" if row.guards else "")
+        rows.append(
+            (str(number), event, f"{row.dest}: {action_label(row.effect, row.status or None)}")
+        )
+    cancels = [n for n, row in enumerate(ROWS, 1) if row.event == "Cancelled"]
     if cancels and highlight is None:  # one from every running state: one line
-        lines.append(_group_line("every running state"))
-        lines.append(line(_ranges(cancels), "Cancelled", "failed: Finish(cancelled)"))
-    return (
-        '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">'
-        + "".join(lines)
-        + "</TABLE>>"
-    )
+        rows += [
+            "from every running state",
+            (_ranges(cancels), "Cancelled", "failed: Finish(cancelled)"),
+        ]
+    return html_table(rows)
 
 
 def _compact_legend(title: str, highlight: frozenset[RowKey] | None = None) -> str:
@@ -369,7 +376,7 @@ class _MermaidGraph(_mm.Graph):
         for state in states:
             name = state["name"]
             container.append(f'state "{name}" as {name}')
-            kind = _kind(name)
+            kind = state_kind(name)
             if kind != "running":
                 container.append(f"class {name} s_{kind}")
 
@@ -529,7 +536,7 @@ def render_svg(dot: str, name: str) -> str:
 
 @attrs.frozen
 class Written:
-    """What :func:`write_diagrams` did."""
+    """What :func:`write_files` did."""
 
     written: tuple[Path, ...]
     """Files written (or, with ``check``, files that differ from what would be written)."""
@@ -545,15 +552,22 @@ def sources() -> dict[str, str]:
 
 
 def write_diagrams(out: Path, *, svg: bool = True, check: bool = False) -> Written:
-    """Write every diagram into ``out`` (created if needed); ``svg=False`` skips the
-    SVGs. A missing ``dot`` is not an error here: the text files are written and
-    ``svg_missing`` says the SVGs were not.
+    """:func:`write_files` of every diagram into ``out``."""
+    return write_files(out, sources(), svg=svg, check=check)
+
+
+def write_files(
+    out: Path, files: Mapping[str, str], *, svg: bool = True, check: bool = False
+) -> Written:
+    """Write ``files`` (path under ``out`` -> text; directories made as needed) and,
+    unless ``svg=False``, beside each ``.dot`` the SVG drawn from it. A missing
+    ``dot`` is not an error here: the text files are written and ``svg_missing``
+    says the SVGs were not.
 
     With ``check``, write nothing and return the files whose content differs from
     what would be written (an SVG differs when it records another ``.dot``'s
     digest, or none).
     """
-    files = sources()
     changed: list[Path] = []
     for name, text in files.items():
         path = out / name
@@ -561,28 +575,23 @@ def write_diagrams(out: Path, *, svg: bool = True, check: bool = False) -> Writt
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 changed.append(path)
         else:
-            out.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             changed.append(path)
-    missing = False
-    if svg:
-        for name, text in files.items():
-            if not name.endswith(".dot"):
-                continue
-            stem = name.removesuffix(".dot")
-            path = out / f"{stem}.svg"
-            if check:
-                if svg_source_digest(path) != dot_digest(text):
-                    changed.append(path)
-                continue
-            try:
-                drawn = render_svg(text, stem)
-            except DotMissing:
-                missing = True
-                break
-            path.write_text(drawn, encoding="utf-8")
-            changed.append(path)
-    return Written(tuple(changed), missing)
+    for name, text in files.items() if svg else ():
+        if not name.endswith(".dot"):
+            continue
+        path = out / f"{name.removesuffix('.dot')}.svg"
+        if check:
+            if svg_source_digest(path) != dot_digest(text):
+                changed.append(path)
+            continue
+        try:
+            path.write_text(render_svg(text, path.stem), encoding="utf-8")
+        except DotMissing:
+            return Written(tuple(changed), svg_missing=True)
+        changed.append(path)
+    return Written(tuple(changed), svg_missing=False)
 
 
 _MERMAID_BLOCK = re.compile(r"(```mermaid\n)(.*?)(```)", re.DOTALL)

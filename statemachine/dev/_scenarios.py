@@ -3,50 +3,13 @@
 A scenario scripts what the world does to an agent (the model fails, the context
 overflows, a plugin crashes) and what the engine must end with. The simulator
 (``python -m statemachine simulate``) drives the real engine through it on a virtual
-clock. The schema::
-
-    description = "one line shown above the trace"
-    seed = 0                                   # jitter seed (default 0)
-    expect_turn_status = "completed"           # the last turn's TurnStatus
-    expect_session_status = "open"             # a SessionStatus, or "open"
-    expect_retries_used = 3                    # session retries (waits + fallbacks)
-
-    [settings]                                 # sm.Settings fields; omitted = defaults
-    fallback_models = ["backup"]
-
-    [[turn]]                                   # one per turn, in order
-    repeat = 1                                 # play this turn n times
-    expect_status = "completed"                # this turn's TurnStatus
-    expect_fallbacks = 0                       # moves down fallback_models
-    steps = [                                  # one event per line
-      {event = "Assembled", size = 1200},
-      {event = "ModelFailed", category = "rate_limited", retry_after = 2, repeat = 3},
-      {event = "ModelReplied", cost = 0.002},
-    ]
-
-Step keys: ``event`` (required) and, for any event, ``repeat`` (send it n times, at
-most :data:`MAX_REPEAT`; a turn's ``repeat`` too, and a scenario scripts at most
-:data:`MAX_EVENTS` events in all),
-``takes`` (virtual seconds the host spent before the event arrived) and
-``expect_action`` (the action the engine must answer with: ``Assemble``,
-``CallModel``, ``Wait``, ``InvokeTools`` or ``Finish``). Per event:
-
-* ``Assembled``: ``size`` (int, required), ``request`` (any; default a string naming
-  the turn and size);
-* ``CannotShrink``, ``WaitDone``: nothing;
-* ``ModelFailed``: ``category`` (required), ``message``, ``retry_after`` (seconds),
-  ``headers`` (a table of raw HTTP headers: ``retry-after``, ``retry-after-ms``),
-  ``partial`` (bool), ``code``, ``status``;
-* ``ModelReplied``: ``cost`` (USD), ``reply`` (any), ``tool_calls``: a list of
-  ``{provider, name, arguments, id}`` (``id`` defaults to ``c<turn>.<n>``);
-* ``ToolsDone``: ``outcomes``: a list of ``{ok, content, category, call_id}``;
-  without ``call_id`` the outcomes go, in order, to the calls of the last
-  ``InvokeTools``;
-* ``Cancelled``: ``reason``.
-
-A ``Wait`` is honoured by the simulator: the virtual clock moves by its seconds and
-it sends ``WaitDone`` itself, unless the next scripted step is a ``WaitDone`` (to
-add ``takes``) or a ``Cancelled`` (to abandon the turn mid-backoff).
+clock. The format, every key with an example, is ``docs/simulate.md`` ("Your own
+scenarios"): top-level ``description``, ``seed``, ``expect_*`` and ``end``, a
+``[settings]`` table, and one ``[[turn]]`` each, whose ``steps`` are one event each. Each
+key's check is a row of a table here (:data:`TOP_KEYS`, :data:`TURN_KEYS`,
+:data:`STEP_KEYS`, :data:`EVENT_KEYS`, :data:`CALL_KEYS`, :data:`OUTCOME_KEYS`), read by
+one function. A ``repeat`` is at most :data:`MAX_REPEAT`, and a scenario scripts at most
+:data:`MAX_EVENTS` events in all.
 
 Errors name the file, the line and the problem, with the path of the offending
 value (``turn[2].steps[3]``, counted from 1): :class:`ScenarioError`.
@@ -60,7 +23,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -81,44 +44,12 @@ ACTIONS = ("Assemble", "CallModel", "Wait", "InvokeTools", "Finish")
 OPEN = "open"
 """``expect_session_status`` for a session that has not ended."""
 
-_COMMON = ("event", "repeat", "takes", "expect_action")
-_EVENT_KEYS: dict[str, tuple[str, ...]] = {
-    "Assembled": ("size", "request"),
-    "CannotShrink": (),
-    "ModelReplied": ("cost", "reply", "tool_calls"),
-    "ModelFailed": (
-        "category",
-        "message",
-        "retry_after",
-        "headers",
-        "partial",
-        "code",
-        "status",
-        "cost",
-    ),
-    "WaitDone": (),
-    "ToolsDone": ("outcomes",),
-    "Cancelled": ("reason",),
-}
-_TOP_KEYS = (
-    "description",
-    "seed",
-    "expect_turn_status",
-    "expect_session_status",
-    "expect_retries_used",
-    "end",
-    "settings",
-    "turn",
-)
-_TURN_KEYS = ("steps", "repeat", "expect_status", "expect_fallbacks")
 MAX_REPEAT = 10_000
 """The most a step's or a turn's ``repeat`` may be: an engine turn takes a few dozen
 events on any sane settings, and ten thousand turns run in seconds."""
 MAX_EVENTS = 1_000_000
 """The most events a scenario may script in all (each turn's repeat times its steps'
 repeats, summed), so that a run always ends in reasonable time."""
-_CALL_KEYS = ("provider", "name", "arguments", "id", "terminates_turn")
-_OUTCOME_KEYS = ("ok", "content", "category", "call_id")
 
 
 class ScenarioError(ConfigError):
@@ -269,24 +200,33 @@ class _Checker:
     def fail(self, line: int | None, path: str, problem: str) -> ScenarioError:
         return ScenarioError(f"{self.source}:{line or 1}", path, problem)
 
-    def unknown_keys(
-        self,
-        table: Mapping[str, Any],
-        known: tuple[str, ...],
-        line: int,
-        path: str,
-        table_line: int | None = None,
-    ) -> None:
-        """Refuse a key not in ``known``; with ``table_line`` (a ``[[table]]``'s header)
-        the error points at the key's own line in that table."""
-        for key in table:
-            if key not in known:
-                found = self.lines.key(key, table_line) if table_line is not None else None
-                raise self.fail(
-                    found or line,
-                    f"{path}.{key}" if path else key,
-                    f"unknown key (known: {', '.join(known)})",
-                )
+    def table(
+        self, raw: Any, keys: Mapping[str, _Key], path: str, line_of: Callable[[str], int]
+    ) -> dict[str, Any]:
+        """The values of table ``raw`` at ``path``, each checked (and converted) by its
+        row of ``keys``; ``line_of(key)`` is the line an error names."""
+        if not isinstance(raw, dict):
+            raise self.fail(line_of(""), path, f"must be a table, got {_kind(raw)} {raw!r}")
+        for key in raw:
+            if key not in keys:
+                known = ", ".join(keys)
+                raise self.fail(line_of(key), _at(path, key), f"unknown key (known: {known})")
+        values: dict[str, Any] = {}
+        for key, spec in keys.items():
+            if key not in raw:
+                if spec.required:
+                    raise self.fail(line_of(key), path, f"needs '{key}' ({spec.expected})")
+                continue
+            value = raw[key]
+            if not spec.ok(value):
+                problem = f"must be {spec.expected}, got {_kind(value)} {value!r}"
+                raise self.fail(line_of(key), _at(path, key), problem)
+            values[key] = value if spec.convert is None else spec.convert(value)
+        return values
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
 
 
 def _kind(value: Any) -> str:
@@ -300,146 +240,142 @@ def _kind(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _want(
-    check: _Checker,
-    value: Any,
-    ok: Callable[[Any], bool],
-    expected: str,
-    line: int,
-    path: str,
-) -> Any:
-    if not ok(value):
-        raise check.fail(line, path, f"must be {expected}, got {_kind(value)} {value!r}")
-    return value
+class _Key(NamedTuple):
+    """One key of a table: the values it takes (and in words), whether the table must
+    have it, and what its value becomes (``None``: itself)."""
+
+    ok: Callable[[Any], bool]
+    expected: str
+    required: bool = False
+    convert: Callable[[Any], Any] | None = None
 
 
-def _is_int(minimum: int, maximum: int | None = None) -> Callable[[Any], bool]:
-    return lambda v: (
-        isinstance(v, int)
-        and not isinstance(v, bool)
-        and v >= minimum
-        and (maximum is None or v <= maximum)
+def _count(minimum: int = 0, maximum: int | None = None) -> _Key:
+    def ok(v: Any) -> bool:
+        return type(v) is int and v >= minimum and (maximum is None or v <= maximum)
+
+    if maximum is None:
+        return _Key(ok, f"an integer >= {minimum}")
+    return _Key(ok, f"an integer from {minimum} to {maximum}")
+
+
+def _one_of(values: Iterable[Any], convert: Callable[[Any], Any] | None = None) -> _Key:
+    names = tuple(getattr(v, "value", v) for v in values)
+    return _Key(
+        lambda v: type(v) is str and v in names, f"one of {', '.join(names)}", False, convert
     )
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return type(v) in (int, float) and math.isfinite(v) and v >= 0
 
 
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
+_ANY = _Key(lambda _v: True, "any value")
+_NUMBER = _Key(_is_number, "a number >= 0")
+_TEXT = _Key(lambda v: type(v) is str, "a string")
+_NAME = _Key(lambda v: type(v) is str and v != "", "a non-empty string")
+_BOOL = _Key(lambda v: type(v) is bool, "true or false")
+_REPEAT = _count(1, MAX_REPEAT)
 
 
-def _is_table(v: Any) -> bool:
-    return isinstance(v, dict)
+def _non_empty(what: str, required: bool = False) -> _Key:
+    return _Key(lambda v: type(v) is list and bool(v), what, required)
 
 
-def _enum(
-    check: _Checker, kind: type[Any], value: Any, line: int, path: str, extra: str = ""
-) -> Any:
-    names = [member.value for member in kind]
-    if extra:
-        names.append(extra)
-    if not isinstance(value, str) or value not in names:
-        raise check.fail(line, path, f"{value!r} is not one of {', '.join(names)}")
-    return value if value == extra else kind(value)
-
-
-def _is_bool(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
-def _is_list(v: Any) -> bool:
-    return isinstance(v, list)
-
-
-def _is_name(v: Any) -> bool:
-    return isinstance(v, str) and bool(v)
-
-
-def _is_headers(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
-
-
-def _one_of(values: Iterable[str]) -> tuple[Callable[[Any], bool], str]:
-    names = tuple(values)
-    return (lambda v: v in names), f"one of {', '.join(names)}"
-
-
-_Field = tuple[Callable[[Any], bool], str, bool]
-"""(predicate, what it expects, required) of one key."""
-
-_ANY: _Field = (lambda _v: True, "any value", False)
-_NUMBER: _Field = (_is_number, "a number >= 0", False)
-_TEXT: _Field = (_is_str, "a string", False)
-_COMMON_FIELDS: dict[str, _Field] = {
-    "repeat": (_is_int(1, MAX_REPEAT), f"an integer from 1 to {MAX_REPEAT}", False),
-    "takes": _NUMBER,
-    "expect_action": (*_one_of(ACTIONS), False),
+TOP_KEYS: dict[str, _Key] = {
+    "description": _TEXT,
+    "seed": _count(),
+    "expect_turn_status": _one_of(TurnStatus, TurnStatus),
+    "expect_session_status": _one_of([*SessionStatus, OPEN]),
+    "expect_retries_used": _count(),
+    "end": _one_of(("completed", "cancelled", "failed")),
+    "settings": _Key(lambda v: type(v) is dict, "a [settings] table"),
+    "turn": _non_empty("an array of [[turn]] tables"),
 }
-_FIELDS: dict[str, dict[str, _Field]] = {
-    "Assembled": {"size": (_is_int(0), "an integer >= 0", True), "request": _ANY},
+"""A scenario's top-level keys (``expect_session_status`` also takes :data:`OPEN`)."""
+TURN_KEYS: dict[str, _Key] = {
+    "steps": _non_empty("a non-empty array of {event = ...}", required=True),
+    "repeat": _REPEAT,
+    "expect_status": _one_of(TurnStatus, TurnStatus),
+    "expect_fallbacks": _count(),
+}
+STEP_KEYS: dict[str, _Key] = {
+    "event": _one_of(EVENTS)._replace(required=True),
+    "repeat": _REPEAT,
+    "takes": _NUMBER,
+    "expect_action": _one_of(ACTIONS),
+}
+"""The keys any step may have; its event's own are :data:`EVENT_KEYS`."""
+EVENT_KEYS: dict[str, dict[str, _Key]] = {
+    "Assembled": {"size": _count()._replace(required=True), "request": _ANY},
     "CannotShrink": {},
     "ModelReplied": {
         "cost": _NUMBER,
         "reply": _ANY,
-        "tool_calls": (_is_list, "an array of {provider, name, ...}", False),
+        "tool_calls": _Key(lambda v: type(v) is list, "an array of {provider, name, ...}"),
     },
     "ModelFailed": {
-        "category": (*_one_of(ErrorCategory), True),
+        "category": _one_of(ErrorCategory)._replace(required=True),
         "message": _TEXT,
         "retry_after": _NUMBER,
-        "headers": (_is_headers, "a table of header names to string values", False),
-        "partial": (_is_bool, "true or false", False),
-        "cost": _NUMBER,
+        "headers": _Key(
+            lambda v: type(v) is dict and all(type(x) is str for x in v.values()),
+            "a table of header names to string values",
+        ),
+        "partial": _BOOL,
         "code": _TEXT,
-        "status": (_is_int(100), "an HTTP status code", False),
+        "status": _Key(_count(100).ok, "an HTTP status code"),
+        "cost": _NUMBER,
     },
     "WaitDone": {},
-    "ToolsDone": {"outcomes": (_is_list, "an array of {ok = ...}", True)},
+    "ToolsDone": {
+        "outcomes": _Key(lambda v: type(v) is list, "an array of {ok = ...}", required=True)
+    },
     "Cancelled": {"reason": _TEXT},
 }
-
-
-def _fields(
-    check: _Checker, raw: Mapping[str, Any], spec: Mapping[str, _Field], line: int, path: str
-) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for key, (ok, expected, required) in spec.items():
-        if key in raw:
-            values[key] = _want(check, raw[key], ok, expected, line, f"{path}.{key}")
-        elif required:
-            raise check.fail(line, path, f"needs '{key}' ({expected})")
-    return values
+CALL_KEYS: dict[str, _Key] = {
+    "provider": _NAME._replace(required=True),
+    "name": _NAME._replace(required=True),
+    "arguments": _ANY,
+    "id": _NAME,
+    "terminates_turn": _BOOL,
+}
+"""The keys of a ``ModelReplied`` step's ``tool_calls``; ``id`` defaults to ``c<turn>.<n>``."""
+OUTCOME_KEYS: dict[str, _Key] = {
+    "ok": _BOOL._replace(required=True),
+    "content": _ANY,
+    "category": _one_of(ToolErrorCategory, ToolErrorCategory),
+    "call_id": _NAME,
+}
+"""The keys of a ``ToolsDone`` step's ``outcomes``; without ``call_id`` the outcomes go,
+in order, to the calls of the last ``InvokeTools``."""
 
 
 def _step(check: _Checker, raw: Any, turn: int, index: int) -> Step:
     path = f"turn[{turn + 1}].steps[{index + 1}]"
     line = check.lines.step(turn, index)
-    _want(check, raw, _is_table, "a table like {event = ...}", line, path)
+    if not isinstance(raw, dict):
+        raise check.fail(line, path, f"must be a table like {{event = ...}}, got {raw!r}")
     event = raw.get("event")
-    if event is None:
-        raise check.fail(line, path, f"has no 'event' key (one of {', '.join(EVENTS)})")
     if event not in EVENTS:
-        raise check.fail(
-            line, f"{path}.event", f"unknown event {event!r} (one of {', '.join(EVENTS)})"
-        )
-    check.unknown_keys(raw, _COMMON + tuple(_FIELDS[event]), line, path)
-    common = _fields(check, raw, _COMMON_FIELDS, line, path)
-    fields = _fields(check, raw, _FIELDS[event], line, path)
+        named = f"unknown event {event!r}" if event is not None else "has no 'event' key"
+        where = f"{path}.event" if event is not None else path
+        raise check.fail(line, where, f"{named} (one of {', '.join(EVENTS)})")
+    values = check.table(raw, {**STEP_KEYS, **EVENT_KEYS[str(event)]}, path, lambda _k: line)
     if event == "ModelReplied":
-        fields["tool_calls"] = tuple(
-            _call(check, call, line, f"{path}.tool_calls[{i + 1}]")
-            for i, call in enumerate(fields.get("tool_calls", ()))
+        values["tool_calls"] = tuple(
+            ToolCallSpec(**check.table(call, CALL_KEYS, f"{path}.tool_calls[{i}]", lambda _k: line))
+            for i, call in enumerate(values.get("tool_calls", ()), 1)
         )
     if event == "ToolsDone":
-        fields["outcomes"] = tuple(
-            _outcome(check, item, line, f"{path}.outcomes[{i + 1}]")
-            for i, item in enumerate(fields["outcomes"])
+        values["outcomes"] = tuple(
+            _outcome(check, item, f"{path}.outcomes[{i}]", line)
+            for i, item in enumerate(values["outcomes"], 1)
         )
+    common = {key: values.pop(key) for key in STEP_KEYS if key in values}
     return Step(
-        event,
-        fields,
+        common["event"],
+        values,
         common.get("repeat", 1),
         float(common.get("takes", 0.0)),
         common.get("expect_action"),
@@ -448,97 +384,22 @@ def _step(check: _Checker, raw: Any, turn: int, index: int) -> Step:
     )
 
 
-def _call(check: _Checker, raw: Any, line: int, path: str) -> ToolCallSpec:
-    _want(check, raw, _is_table, "a table {provider, name, ...}", line, path)
-    check.unknown_keys(raw, _CALL_KEYS, line, path)
-    nonempty = "a non-empty string"
-    values = {}
-    for key in ("provider", "name"):
-        if key not in raw:
-            raise check.fail(line, path, f"a tool call needs '{key}'")
-        values[key] = _want(check, raw[key], _is_name, nonempty, line, f"{path}.{key}")
-    if "id" in raw:
-        values["id"] = _want(check, raw["id"], _is_name, nonempty, line, f"{path}.id")
-    terminal = _want(
-        check,
-        raw.get("terminates_turn", False),
-        _is_bool,
-        "true or false",
-        line,
-        f"{path}.terminates_turn",
-    )
-    return ToolCallSpec(arguments=raw.get("arguments"), terminates_turn=terminal, **values)
-
-
-def _outcome(check: _Checker, raw: Any, line: int, path: str) -> OutcomeSpec:
-    _want(check, raw, _is_table, "a table {ok = ...}", line, path)
-    check.unknown_keys(raw, _OUTCOME_KEYS, line, path)
-    if "ok" not in raw:
-        raise check.fail(line, path, "an outcome needs 'ok' (true or false)")
-    ok = _want(check, raw["ok"], _is_bool, "true or false", line, f"{path}.ok")
-    category = None
-    if "category" in raw:
-        if ok:
-            raise check.fail(line, f"{path}.category", "a successful outcome has no error category")
-        category = _enum(check, ToolErrorCategory, raw["category"], line, f"{path}.category")
-    call_id = None
-    if "call_id" in raw:
-        call_id = _want(
-            check,
-            raw["call_id"],
-            _is_name,
-            "a non-empty string",
-            line,
-            f"{path}.call_id",
-        )
-    return OutcomeSpec(ok, raw.get("content", ""), category, call_id)
+def _outcome(check: _Checker, raw: Any, path: str, line: int) -> OutcomeSpec:
+    values = check.table(raw, OUTCOME_KEYS, path, lambda _key: line)
+    if values["ok"] and "category" in values:
+        raise check.fail(line, f"{path}.category", "a successful outcome has no error category")
+    return OutcomeSpec(**values)
 
 
 def _turn(check: _Checker, raw: Any, index: int) -> TurnSpec:
     path = f"turn[{index + 1}]"
     line = check.lines.turn(index)
-    _want(check, raw, _is_table, "a [[turn]] table", line, path)
-    check.unknown_keys(raw, _TURN_KEYS, line, path, table_line=line)
-
-    def at(key: str) -> int:
-        return check.lines.key(key, line) or line
-
-    if "steps" not in raw:
-        raise check.fail(line, path, "has no 'steps' (an array of {event = ...})")
-    steps = _want(
-        check,
-        raw["steps"],
-        lambda v: isinstance(v, list) and bool(v),
-        "a non-empty array",
-        at("steps"),
-        f"{path}.steps",
-    )
-    repeat = _want(
-        check,
-        raw.get("repeat", 1),
-        _is_int(1, MAX_REPEAT),
-        f"an integer from 1 to {MAX_REPEAT}",
-        at("repeat"),
-        f"{path}.repeat",
-    )
-    status = raw.get("expect_status")
-    if status is not None:
-        status = _enum(check, TurnStatus, status, at("expect_status"), f"{path}.expect_status")
-    fallbacks = raw.get("expect_fallbacks")
-    if fallbacks is not None:
-        _want(
-            check,
-            fallbacks,
-            _is_int(0),
-            "an integer >= 0",
-            at("expect_fallbacks"),
-            f"{path}.expect_fallbacks",
-        )
+    values = check.table(raw, TURN_KEYS, path, lambda key: check.lines.key(key, line) or line)
     return TurnSpec(
-        tuple(_step(check, step, index, i) for i, step in enumerate(steps)),
-        repeat,
-        status,
-        fallbacks,
+        tuple(_step(check, step, index, i) for i, step in enumerate(values["steps"])),
+        values.get("repeat", 1),
+        values.get("expect_status"),
+        values.get("expect_fallbacks"),
         path,
         line,
     )
@@ -570,103 +431,37 @@ def parse(text: str, source: str, name: str) -> Scenario:
         raise ScenarioError(f"{source}:{line}", "", f"invalid TOML: {message}") from None
     lines = _Lines(text)
     check = _Checker(source, lines)
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise check.fail(
-                lines.key(key, None), key, f"unknown key (known: {', '.join(_TOP_KEYS)})"
-            )
-    top = lines.key
-    description = _want(
-        check,
-        data.get("description", ""),
-        _is_str,
-        "a string",
-        top("description", None) or 1,
-        "description",
-    )
-    seed = _want(
-        check, data.get("seed", 0), _is_int(0), "an integer >= 0", top("seed", None) or 1, "seed"
-    )
-    table = data.get("settings", {})
-    settings_line = lines.settings or 1
-    _want(check, table, _is_table, "a [settings] table", settings_line, "settings")
+
+    def line_of(key: str) -> int:
+        if key == "settings":
+            return lines.settings or 1
+        return lines.key(key, None) or 1
+
+    values = check.table(data, TOP_KEYS, "", line_of)
+    if "turn" not in values:
+        raise check.fail(1, "turn", "the scenario has no [[turn]] table")
+    table = values.get("settings", {})
     try:
         settings = Settings.from_dict(table, source="[settings]")
     except ConfigError as exc:
-        field = str(exc).split(":", 1)[0]
-        line = lines.key(field, lines.settings) or settings_line
-        raise check.fail(line, f"settings.{field}", str(exc).split(":", 1)[1].strip()) from None
-    expect_turn = data.get("expect_turn_status")
-    if expect_turn is not None:
-        expect_turn = _enum(
-            check,
-            TurnStatus,
-            expect_turn,
-            top("expect_turn_status", None) or 1,
-            "expect_turn_status",
-        )
-    expect_session = data.get("expect_session_status")
-    if expect_session is not None:
-        expect_session = str(
-            _enum(
-                check,
-                SessionStatus,
-                expect_session,
-                top("expect_session_status", None) or 1,
-                "expect_session_status",
-                OPEN,
-            )
-        )
-    expect_retries = data.get("expect_retries_used")
-    if expect_retries is not None:
-        _want(
-            check,
-            expect_retries,
-            _is_int(0),
-            "an integer >= 0",
-            top("expect_retries_used", None) or 1,
-            "expect_retries_used",
-        )
-    end = data.get("end")
-    if end is not None:
-        ends = ("completed", "cancelled", "failed")
-        _want(
-            check,
-            end,
-            lambda v: v in ends,
-            f"one of {', '.join(ends)}",
-            top("end", None) or 1,
-            "end",
-        )
-    turns = data.get("turn")
-    if turns is None:
-        raise check.fail(1, "turn", "the scenario has no [[turn]] table")
-    _want(
-        check,
-        turns,
-        lambda v: isinstance(v, list) and bool(v),
-        "an array of [[turn]] tables",
-        1,
-        "turn",
-    )
-    specs = tuple(_turn(check, raw, i) for i, raw in enumerate(turns))
+        field, problem = str(exc).split(":", 1)
+        at = lines.key(field, lines.settings) or lines.settings
+        raise check.fail(at, f"settings.{field}", problem.strip()) from None
+    specs = tuple(_turn(check, raw, i) for i, raw in enumerate(values["turn"]))
     _check_events(check, specs)
     return Scenario(
         name=name,
         source=source,
-        description=description,
-        seed=seed,
+        description=values.get("description", ""),
+        seed=values.get("seed", 0),
         settings=settings,
         settings_table=dict(table),
         turns=specs,
-        expect_turn_status=expect_turn,
-        expect_session_status=expect_session,
-        expect_retries_used=expect_retries,
-        end=end,
-        expect_lines={
-            key: lines.key(key, None) or 1
-            for key in ("expect_turn_status", "expect_session_status", "expect_retries_used")
-        },
+        expect_turn_status=values.get("expect_turn_status"),
+        expect_session_status=values.get("expect_session_status"),
+        expect_retries_used=values.get("expect_retries_used"),
+        end=values.get("end"),
+        expect_lines={key: line_of(key) for key in TOP_KEYS if key.startswith("expect_")},
     )
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 
 from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._codec import encode
 from ..core._events import (
     Assembled,
     Cancelled,
@@ -35,6 +34,8 @@ from ..core._session import Session, Turn
 from ..core._table import ROWS
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
+from ..core._usage import Usage
+from ..io._trace_file import record_json
 from ._scenarios import OPEN, Scenario, Step, TurnSpec
 
 EPOCH = 1_767_225_600.0
@@ -96,7 +97,7 @@ class StepRecord:
     """This turn's own spend so far (its ``ModelReplied.cost``)."""
     turn_retries: int = 0
     """The session retries this turn has used so far (waits and fallbacks)."""
-    record: TraceRecord | None = attrs.field(default=None, eq=False, repr=False)
+    record: TraceRecord = attrs.field(kw_only=True, eq=False, repr=False)
     """The engine's own record of the transition (its event, usage and times)."""
 
 
@@ -133,14 +134,13 @@ class Result:
 # -- the events a step stands for -----------------------------------------------
 
 
-def _event(step: Step, turn: int, action: Action | None) -> tuple[object, str]:
-    """The engine event of ``step`` in turn ``turn``, and a short description of it."""
+def _event(step: Step, turn: int, action: Action | None) -> object:
+    """The engine event of ``step`` in turn ``turn`` (``action``: the one it answers)."""
     fields = step.fields
     kind = step.event
     if kind == "Assembled":
         size = fields["size"]
-        request = fields.get("request", f"turn {turn} context ({size} tokens)")
-        return Assembled(request, size), f"size={size}"
+        return Assembled(fields.get("request", f"turn {turn} context ({size} tokens)"), size)
     if kind == "ModelFailed":
         error = ModelError(
             fields["category"],
@@ -150,49 +150,88 @@ def _event(step: Step, turn: int, action: Action | None) -> tuple[object, str]:
             code=fields.get("code"),
             status=fields.get("status"),
         )
-        detail = str(fields["category"])
-        if "retry_after" in fields:
-            detail += f" retry_after={fields['retry_after']:g}s"
-        for name, value in fields.get("headers", {}).items():
-            detail += f" {name}: {value}"
-        if fields.get("partial"):
-            detail += " (partial stream)"
-        cost = fields.get("cost", 0.0)
-        if cost:
-            detail += f" (billed ${cost:g})"
-        return ModelFailed(error, partial=fields.get("partial", False), cost=cost), detail
+        return ModelFailed(
+            error, partial=fields.get("partial", False), cost=fields.get("cost", 0.0)
+        )
     if kind == "ModelReplied":
         calls = tuple(
             ToolCall(
-                spec.id or f"c{turn}.{i + 1}",
+                spec.id or f"c{turn}.{i}",
                 spec.provider,
                 spec.name,
                 spec.arguments,
                 terminates_turn=spec.terminates_turn,
             )
-            for i, spec in enumerate(fields["tool_calls"])
+            for i, spec in enumerate(fields["tool_calls"], 1)
         )
-        cost = fields.get("cost", 0.0)
-        detail = f"cost=${cost:g}"
-        if calls:
-            detail += " calls " + ", ".join(_call_text(call) for call in calls)
-        return ModelReplied(calls, cost, fields.get("reply")), detail
+        return ModelReplied(calls, fields.get("cost", 0.0), fields.get("reply"))
     if kind == "ToolsDone":
         invoked = action.calls if isinstance(action, InvokeTools) else ()
-        outcomes = []
-        for i, spec in enumerate(fields["outcomes"]):
-            call_id = spec.call_id or (invoked[i].id if i < len(invoked) else f"?{i + 1}")
-            outcomes.append(ToolOutcome(call_id, spec.ok, spec.content, spec.category))
-        detail = ", ".join(
-            f"{o.call_id} {'ok' if o.ok else (o.category or 'unknown')}" for o in outcomes
+        return ToolsDone(
+            tuple(
+                ToolOutcome(
+                    spec.call_id or (invoked[i].id if i < len(invoked) else f"?{i + 1}"),
+                    spec.ok,
+                    spec.content,
+                    spec.category,
+                )
+                for i, spec in enumerate(fields["outcomes"])
+            )
         )
-        return ToolsDone(tuple(outcomes)), detail
     if kind == "Cancelled":
-        reason = fields.get("reason", "")
-        return Cancelled(reason), reason
-    if kind == "CannotShrink":
-        return CannotShrink(), ""
-    return WaitDone(), ""
+        return Cancelled(fields.get("reason", ""))
+    return CannotShrink() if kind == "CannotShrink" else WaitDone()
+
+
+def event_text(event: object) -> str:
+    """What an event says, in short, as simulate's table, the step list and the
+    timeline show it: a failure's category, retry-after, HTTP status and usage, a
+    reply's tool calls and usage, an assembled size, each tool outcome, a reason."""
+    if isinstance(event, ModelFailed):
+        error = event.error
+        headers: Mapping[str, str] = error.headers or {}
+        parts = [error.category.value]
+        if error.retry_after_seconds is not None:
+            parts.append(f"retry_after={_number(error.retry_after_seconds)}s")
+        else:
+            parts += [
+                f"{h}: {headers[h]}" for h in ("retry-after-ms", "retry-after") if h in headers
+            ]
+        if event.partial:
+            parts.append("partial stream")
+        if error.status is not None:
+            parts.append(f"HTTP {error.status}")
+        return " ".join([*parts, *_usage_parts(event.usage, event.cost)])
+    if isinstance(event, ModelReplied):
+        calls = ", ".join(_call_text(call) for call in event.tool_calls)
+        return " ".join(
+            [f"calls {calls}" if calls else "no tool call", *_usage_parts(event.usage, event.cost)]
+        )
+    if isinstance(event, Assembled):
+        return f"size={event.size}"
+    if isinstance(event, ToolsDone):
+        return ", ".join(
+            f"{o.call_id} {'ok' if o.ok else (o.category or 'unknown')}" for o in event.outcomes
+        )
+    if isinstance(event, Cancelled):
+        return event.reason[:80]
+    return ""
+
+
+def _number(value: object) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else repr(value)
+
+
+def _usage_parts(usage: Usage | None, cost: float) -> list[str]:
+    parts = []
+    if usage is not None:
+        if usage.input_tokens is not None or usage.output_tokens is not None:
+            parts.append(f"tokens {usage.input_tokens}/{usage.output_tokens}")
+        if usage.model is not None:
+            parts.append(f"model {usage.model}")
+    if cost:
+        parts.append(f"${cost:g}")
+    return parts
 
 
 def _call_text(call: ToolCall) -> str:
@@ -331,24 +370,24 @@ class _Run:
             if upcoming is None:
                 raise _Failed(
                     f"{where(spec.line)}: {spec.path}: the steps ran out in state "
-                    f"{turn.state!r}; the engine asked for {_action_text(action)}"
+                    f"{turn.state!r}; the engine asked for {action_text(action)}"
                 )
             step = script.pop()
             if isinstance(action, Wait) and step.event == "WaitDone":
                 self.advance(action.seconds)
             self.advance(step.takes)
             try:
-                event, detail = _event(step, turn.index, action)
+                event = _event(step, turn.index, action)
                 action = turn.send(event, at=self.clock.now, wall=self.clock.wall())
             except (IllegalEvent, TypeError, ValueError) as exc:
                 raise _Failed(f"{where(step.line)}: {step.path}: {exc}") from None
             if isinstance(event, ModelReplied):
                 self.turn_cost += event.cost
-            self.emit(turn, detail, False)
+            self.emit(turn, event_text(event), False)
             if step.expect_action and type(action).__name__ != step.expect_action:
                 raise _Failed(
                     f"{where(step.line)}: {step.path}: expected the engine to answer "
-                    f"{step.expect_action}, it answered {_action_text(action)}"
+                    f"{step.expect_action}, it answered {action_text(action)}"
                 )
         left = script.peek()
         if left is not None:
@@ -449,31 +488,27 @@ def _check_scenario(
 # -- presenting ------------------------------------------------------------------
 
 
-def _action_text(action: Action | None) -> str:
+def action_text(action: Action | None) -> str:
+    """An action, in short, with what a reviewer needs (the attempt and model, the
+    wait's seconds and category, the calls, the status and how it came about)."""
     if isinstance(action, Assemble):
         text = "Assemble(reduce)" if action.reduce else "Assemble"
-        if action.withhold_tools:
-            text += " final-answer (no tools)"
-        return text
+        return text + (" final-answer (no tools)" if action.withhold_tools else "")
     if isinstance(action, CallModel):
         text = f"CallModel attempt={action.attempt}"
-        if action.model is not None:
-            text += f" model={action.model}"
-        if action.withhold_tools:
-            text += " no tools"
-        return text
+        text += f" model={action.model}" if action.model is not None else ""
+        return text + (" no tools" if action.withhold_tools else "")
     if isinstance(action, Wait):
-        return f"Wait {action.seconds:.3f}s"
+        return f"Wait {action.seconds:.3f}s {action.category.value}"
     if isinstance(action, InvokeTools):
-        calls = ", ".join(f"{c.id}={c.provider}.{c.name}" for c in action.calls)
+        calls = ", ".join(f"{c.id}={c.name}" for c in action.calls)
         return f"InvokeTools {calls or '(none)'}"
     if isinstance(action, Finish):
-        text = f"Finish {action.status.value}"
+        text = f"Finish({action.status.value})"
         errors = sum(1 for r in action.tool_results if r.is_error)
         if action.tool_results:
             text += f" results={len(action.tool_results)}"
-            if errors:
-                text += f" ({errors} error)"
+            text += f" ({errors} error)" if errors else ""
         if action.fallbacks:
             text += f" via {' -> '.join(f.to_model for f in action.fallbacks)}"
         if action.retry_at is not None:
@@ -573,7 +608,9 @@ def format_turn_header(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> s
 
 
 def format_step(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
-    """One transition as a line of the trace table (long cells cut, so it aligns)."""
+    """One transition as a line of the trace table (long cells cut, so it aligns): its
+    step counted from 1 in its turn, as people count (``--json`` has the engine's
+    ``step``, from 0)."""
     event = record.event + (" (auto)" if record.auto else "")
     if record.detail:
         event += f" {record.detail}"
@@ -581,9 +618,9 @@ def format_step(record: StepRecord, layout: Layout = DEFAULT_LAYOUT) -> str:
     guard = f"{row_number(record):>3}" + (f" [{record.guard}]" if record.guard else "")
     n = layout.count
     return (
-        f"  {record.step:>{layout.step}} {record.t:>{layout.time}.3f}  "
+        f"  {record.step + 1:>{layout.step}} {record.t:>{layout.time}.3f}  "
         f"{_cell(move, layout.move)} {_cell(event, layout.event)} "
-        f"{_cell(_action_text(record.action), layout.action)} "
+        f"{_cell(action_text(record.action), layout.action)} "
         f"{record.attempt:>{n}} {record.session_retries:>{n}} {record.reductions:>{n}}  {guard}"
     ).rstrip()
 
@@ -623,40 +660,29 @@ def format_result(result: Result) -> str:
     return "\n".join(lines)
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+_SIMULATOR_KEYS = (
+    "scenario",
+    "final_answer",
+    "detail",
+    "auto",
+    "cost_usd",
+    "turn_cost_usd",
+    "turn_retries",
+    "limit",
+    "session_status",
+)
+"""What ``--json`` adds to a trace file's step: the simulator's view of it."""
 
 
 def step_json(record: StepRecord) -> dict[str, Any]:
-    """A transition as one JSON object (``--json``): the simulator's view of it, and
-    the event that caused it (``caused_by``: the error's category, status and
-    retry-after, a reply's usage), as a trace file writes it."""
-    cause = None if record.record is None else record.record.caused_by
-    return {
-        "type": "step",
-        "scenario": record.scenario,
-        "turn": record.turn,
-        "final_answer": record.final_answer,
-        "step": record.step,
-        "t": record.t,
-        "state": record.source,
-        "event": record.event,
-        "detail": record.detail,
-        "auto": record.auto,
-        "guard": record.guard,
-        "next": record.dest,
-        "action": _jsonable(encode(record.action)),
-        "attempt": record.attempt,
-        "session_retries": record.session_retries,
-        "reductions": record.reductions,
-        "cost_usd": record.cost_usd,
-        "turn_cost_usd": record.turn_cost_usd,
-        "turn_retries": record.turn_retries,
-        "limit": record.limit,
-        "session_status": record.session_status,
-        "caused_by": None if cause is None else _jsonable(encode(cause)),
-        "wall": None if record.record is None else record.record.wall,
-    }
+    """A transition as one JSON object (``--json``): the trace file's ``step`` object
+    (:func:`~statemachine.io._trace_file.record_json`: the engine's record, with the
+    event that caused it) and the simulator's view of it (``cost_usd``: the session's
+    spend so far)."""
+    line = record_json(record.record)
+    line.update((name, getattr(record, name)) for name in _SIMULATOR_KEYS)
+    jsonable: dict[str, Any] = json.loads(json.dumps(line, default=str))
+    return jsonable
 
 
 def result_json(result: Result) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
-from ..core._trace import TraceRecord
 from ..io._otel import (
     DURATION_BUCKETS,
     SCHEMA_URL,
@@ -55,18 +54,6 @@ def scenario_steps(scenario: Scenario | str) -> list[StepRecord]:
     return steps
 
 
-def scenario_records(steps: Iterable[StepRecord]) -> list[tuple[TraceRecord, StepRecord]]:
-    """The engine's :class:`TraceRecord` of each simulator step (its ``at`` is the
-    virtual clock), as the session's observer received it."""
-    out = []
-    for step in steps:
-        record = step.record
-        if record is None:  # pragma: no cover - the simulator keeps every record
-            raise ValueError(f"step {step.step} of turn {step.turn} holds no trace record")
-        out.append((record, step))
-    return out
-
-
 def scenario_telemetry(
     scenario: Scenario | str, telemetry: Telemetry, *, session_status: str | None = None
 ) -> list[StepRecord]:
@@ -75,8 +62,8 @@ def scenario_telemetry(
     chosen = builtin(scenario) if isinstance(scenario, str) else scenario
     steps: list[StepRecord] = []
     result = run(chosen, on_step=steps.append)
-    for record, step in scenario_records(steps):
-        telemetry.observe(record, limit=step.limit, session_status=step.session_status)
+    for step in steps:
+        telemetry.observe(step.record, limit=step.limit, session_status=step.session_status)
     telemetry.end(session_status or result.session_status)
     return steps
 
@@ -526,7 +513,10 @@ def _incident_page(mermaid: str, steps: str) -> str:
         "body, or the backoff), the tool calls, the limits and the final status, on the "
         "session's clock. Then on the machine: every state, the edges the turn took in "
         "bold, one edge per pair of states labelled with the numbers of the steps that "
-        "took it, and a table of the steps (event, guards, action). FILE is what "
+        "took it, and a table of the steps (event, guards, action). Steps are counted "
+        "from 1 in each turn, as `simulate` prints them (`2.3`, turn 2's third step, in a "
+        "drawing of several turns), and times are seconds from the session's first "
+        "recorded step. FILE is what "
         "`simulate --json` prints or what a `TraceWriter` observer wrote; `--html PAGE` "
         "writes one self-contained page with the timeline beside a step list to click "
         "through.\n\n"
@@ -555,28 +545,12 @@ def _incident_page(mermaid: str, steps: str) -> str:
 def write_documents(root: Path, *, check: bool = False) -> list[Path]:
     """Write every generated file under ``root`` (and ``docs/incident.svg``); with
     ``check``, write nothing and return the files that differ."""
-    from ._diagrams import dot_digest, render_svg, svg_source_digest  # noqa: PLC0415
+    from ._diagrams import DotMissing, write_files  # noqa: PLC0415
 
-    changed: list[Path] = []
-    files = documents()
-    for name, text in files.items():
-        path = root / name
-        if check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                changed.append(path)
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        changed.append(path)
-    dot = files["docs/incident.dot"]
-    svg = root / "docs/incident.svg"
-    if check:
-        if svg_source_digest(svg) != dot_digest(dot):
-            changed.append(svg)
-    else:
-        svg.write_text(render_svg(dot, "incident"), encoding="utf-8")
-        changed.append(svg)
-    return changed
+    done = write_files(root, documents(), check=check)
+    if done.svg_missing:
+        raise DotMissing("docs/incident.svg needs graphviz's `dot`")
+    return list(done.written)
 
 
 if __name__ == "__main__":  # pragma: no cover - a developer's command

@@ -1,7 +1,8 @@
 """A recorded turn as a timeline: what an on-call engineer reads first.
 
-Time runs left to right (the session's clock, from the first drawn step; the
-subtitle gives the wall-clock time of that origin when the trace records one). The
+Time runs left to right on the session's clock, from its first recorded step (t = 0;
+the subtitle gives its wall-clock time when the trace records one): the axis starts at
+the first drawn step, and its ticks read session time. The
 *model* lane has one bar per call attempt, coloured by its outcome's error category
 (or green for a reply), named with the model when it changes (a fallback); the
 *waits* lane the waits between attempts, labelled with their seconds and where the
@@ -17,8 +18,10 @@ before (a zero-length call still shows as a bar); the ticks are placed at their 
 times. The SVG is :data:`WIDTH` px wide at its own scale (no viewBox scaling) and no
 text is smaller than :data:`SMALLEST_FONT_PX`, so it reads at page width.
 
-Every drawn item carries ``data-step`` (the step a click selects) and a class ``sN``
-for each step it belongs to, so a page can link items and the step list.
+Steps are named as people count them (:func:`step_name`), as ``simulate`` and the step
+list name them. Every drawn item also carries ``data-step`` (the place in the drawing,
+from 1, of the step a click selects) and a class ``sN`` for each step it belongs to, so a
+page can link items and the step list.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ class Item:
     start: int
     end: int | None
     step: int
-    """The step number (from 1) a click on it selects."""
+    """The place in the drawing (from 1) of the step a click on it selects."""
     label: str
     fill: str
     detail: str
@@ -142,7 +145,9 @@ class Timeline:
     items: tuple[Item, ...]
     marks: tuple[Mark, ...]
     origin: str
-    """What t = 0 is: the session clock's reading, with its wall-clock time if known."""
+    """What t = 0 is: the session's first recorded step, with its wall-clock time if known."""
+    names: tuple[str, ...]
+    """Each step's name (:func:`step_name`), in order."""
     xs: tuple[float, ...]
     """The x (px) of each step, in order."""
     svg: str
@@ -220,20 +225,29 @@ def _limit_label(limit: str, settings: Settings | None) -> str:
     return f"limit: {bound} = {value:g}" if value is not None else f"limit: {bound}"
 
 
+def step_name(record: TraceRecord, several_turns: bool) -> str:
+    """A step as people count it: its place in its turn from 1 (``3``: the turn's third
+    step, its start the first), after its turn in a drawing of several (``2.3``)."""
+    return f"{record.turn}.{record.step + 1}" if several_turns else str(record.step + 1)
+
+
 def build(
     records: Sequence[TraceRecord],
     *,
     details: Sequence[str] = (),
     limits: Sequence[str | None] = (),
     settings: Settings | None = None,
+    start: float | None = None,
     anchor: float | None = None,
     title: str = "",
 ) -> Timeline:
     """The timeline of ``records`` (in order), with, per record, the simulator's
     ``details`` and the ``limits`` that had fired (both optional), the trace's
-    ``settings`` (for the bounds' values) and ``anchor``, the Unix time of the first
-    record, if known."""
-    collect = _Collector(len({r.turn for r in records}) > 1, settings)
+    ``settings`` (for the bounds' values), ``start``, the session clock's reading at
+    the session's first recorded step (t = 0; default: the first record's), and
+    ``anchor``, the Unix time of that moment, if known."""
+    several = len({r.turn for r in records}) > 1
+    collect = _Collector(several, settings)
     for index, record in enumerate(records):
         collect.step(
             index,
@@ -242,10 +256,10 @@ def build(
             limits[index] if index < len(limits) else None,
         )
     items = collect.close()
-    times = _times(records)
+    times = _times(records, start)
     xs = _positions(times)
-    origin = _origin(anchor)
-    timeline = Timeline(tuple(items), tuple(collect.marks), origin, tuple(xs), "")
+    names = tuple(step_name(r, several) for r in records)
+    timeline = Timeline(tuple(items), tuple(collect.marks), _origin(anchor), names, tuple(xs), "")
     return attrs.evolve(timeline, svg=_svg(timeline, records, times, title))
 
 
@@ -271,9 +285,7 @@ class _Collector:
         if self.model is not None and trigger in ("ModelFailed", "ModelReplied", "Cancelled"):
             self._end_call(index, event, detail, record.guard)
         if self.wait is not None and trigger in ("WaitDone", "Cancelled"):
-            start, kind, label, said = self.wait
-            self.items.append(Item("waits", start, index, start + 1, label, _WAIT_FILL[kind], said))
-            self.wait = None
+            self._end_wait(index)
         if self.tools is not None and trigger in ("ToolsDone", "Cancelled"):
             self.items.append(_tool_item(self.tools, index, event, detail))
             self.tools = None
@@ -314,9 +326,14 @@ class _Collector:
                     Item(lane, start, None, start + 1, "no outcome", "#ffffff", "still running")
                 )
         if self.wait is not None:
-            start, kind, label, said = self.wait
-            self.items.append(Item("waits", start, None, start + 1, label, _WAIT_FILL[kind], said))
+            self._end_wait(None)
         return self.items
+
+    def _end_wait(self, index: int | None) -> None:
+        assert self.wait is not None  # noqa: S101 - the caller checked
+        start, kind, label, said = self.wait
+        self.items.append(Item("waits", start, index, start + 1, label, _WAIT_FILL[kind], said))
+        self.wait = None
 
 
 def _tool_item(opened: tuple[int, InvokeTools], index: int, event: object, detail: str) -> Item:
@@ -341,19 +358,19 @@ def _tool_item(opened: tuple[int, InvokeTools], index: int, event: object, detai
     return Item("tools", start, index, index + 1, said, fill, detail or said, crashed)
 
 
-def _times(records: Sequence[TraceRecord]) -> list[float]:
-    """Each record's clock reading, relative to the first known one (an unknown time
-    takes the one before it)."""
+def _times(records: Sequence[TraceRecord], start: float | None) -> list[float]:
+    """Each record's clock reading, relative to ``start`` (default: the first known
+    one); an unknown time takes the one before it."""
     raw = [r.at for r in records]
     known = [t for t in raw if t is not None]
     if not known:
         return [0.0] * len(raw)
-    first = known[0]
+    origin = known[0] if start is None else start
     out: list[float] = []
-    current = first
+    current = known[0]
     for t in raw:
         current = t if t is not None else current
-        out.append(current - first)
+        out.append(current - origin)
     return out
 
 
@@ -385,13 +402,14 @@ def _positions(times: Sequence[float]) -> list[float]:
 
 
 def _origin(anchor: float | None) -> str:
+    origin = "t = 0 at the session's first recorded step"
     if anchor is None:
-        return "t = 0 at the first step drawn (the trace records no wall-clock time)"
+        return f"{origin} (the trace records no wall-clock time)"
     try:
         moment = datetime.datetime.fromtimestamp(anchor, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
-        return "t = 0 at the first step drawn (its wall-clock time is out of range)"
-    return f"t = 0 at the first step drawn: {moment:%Y-%m-%d %H:%M:%S} UTC"
+        return f"{origin} (its wall-clock time is out of range)"
+    return f"{origin}: {moment:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _x_at(time: float, times: Sequence[float], xs: Sequence[float]) -> float | None:
@@ -437,6 +455,23 @@ def _text(x: float, y: float, text: str, *, size: int = _FONT, **extra: str) -> 
     return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{more}>{escape(text)}</text>'
 
 
+def _label(x: float, y: float, text: str, classes: str, step: int, colour: str = "") -> str:
+    """A label on a white ground that selects ``step`` when clicked (a mark's: bold, in
+    its ``colour``)."""
+    ground = (
+        f'<rect class="label-bg" x="{x - 2:.1f}" y="{y - _FONT + 1:.1f}" '
+        f'width="{_width(text) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
+    )
+    css, data = f"label {classes}", str(step)
+    if colour:
+        return (
+            ground
+            + "\n"
+            + _text(x, y, text, fill=colour, font_weight="bold", class_=css, data_step=data)
+        )
+    return f"{ground}\n{_text(x, y, text, class_=css, data_step=data)}"
+
+
 def _classes(item: Item) -> str:
     steps = {item.start + 1, item.step}
     if item.end is not None:
@@ -445,10 +480,11 @@ def _classes(item: Item) -> str:
 
 
 def _lane(
-    out: list[str], top: float, name: str, items: Sequence[Item], xs: Sequence[float]
+    out: list[str], top: float, name: str, items: Sequence[Item], timeline: Timeline
 ) -> float:
     """Draw one lane from ``top``: its labels in rows above the bars; the lane's
     bottom."""
+    xs = timeline.xs
     rows = _Rows()
     placed: list[tuple[Item, float, float, float, int]] = []
     for item in sorted(items, key=lambda i: xs[i.start]):
@@ -482,14 +518,11 @@ def _lane(
             f'<rect class="bar {classes}" data-step="{item.step}" x="{x0:.1f}" '
             f'y="{bar_top:.1f}" width="{max(4.0, x1 - x0 - 1):.1f}" height="{_BAR}" '
             f'fill="{item.fill}" stroke="{stroke}" stroke-width="1" rx="2">'
-            f"<title>{escape(f'step {item.step}: {item.detail}')}</title></rect>"
+            f"<title>{escape(f'step {timeline.names[item.step - 1]}: {item.detail}')}</title>"
+            "</rect>"
         )
         out.append(bar)
-        out.append(
-            f'<rect class="label-bg" x="{left - 2:.1f}" y="{y - _FONT + 1:.1f}" '
-            f'width="{_width(item.label) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
-        )
-        out.append(_text(left, y, item.label, class_=f"label {classes}", data_step=str(item.step)))
+        out.append(_label(left, y, item.label, classes, item.step))
         for n, provider in enumerate(item.crashed):
             cx = x0 + 6 + n * 12
             cy = bar_top + _BAR / 2
@@ -510,7 +543,7 @@ def _svg(
     for line in textwrap.wrap(title, int((WIDTH - 24) / (16 * 0.62))) or [""]:
         out.append(_text(12, y, line, size=16, font_weight="bold"))
         y += 20
-    span = times[-1] if times else 0.0
+    span = times[-1] - times[0] if times else 0.0
     out.append(_text(12, y, f"{timeline.origin}; {_num(span)} s drawn", fill="#455a64"))
     y += 22
     y = _legend(out, y, timeline)
@@ -531,7 +564,7 @@ def _svg(
         chosen = [i for i in timeline.items if i.lane == lane]
         if lane == "tools" and not chosen:
             continue
-        y = _lane(lanes_out, y, name, chosen, xs)
+        y = _lane(lanes_out, y, name, chosen, timeline)
     axis = y + 4
     labels: list[str] = []
     for mark, left, row in mark_rows:  # the lines under the lanes, the labels over them
@@ -543,21 +576,7 @@ def _svg(
             f'<line class="mark s{mark.step}" x1="{x:.1f}" y1="{label_y - _FONT + 2:.1f}" '
             f'x2="{x:.1f}" y2="{axis:.1f}" stroke="{colour}" stroke-width="1.5"{dash}/>'
         )
-        labels.append(
-            f'<rect class="label-bg" x="{left - 2:.1f}" y="{label_y - _FONT + 1:.1f}" '
-            f'width="{_width(mark.label) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
-        )
-        labels.append(
-            _text(
-                left,
-                label_y,
-                mark.label,
-                fill=colour,
-                font_weight="bold",
-                class_=f"label s{mark.step}",
-                data_step=str(mark.step),
-            )
-        )
+        labels.append(_label(left, label_y, mark.label, f"s{mark.step}", mark.step, colour))
     out.extend(lanes_out)
     out.extend(labels)
     out.append(
@@ -565,7 +584,7 @@ def _svg(
         'stroke="#d32f2f" stroke-width="2" visibility="hidden"/>'
     )
     y = _axis(out, axis, times, xs)
-    y = _strip(out, y + 10, records, xs)
+    y = _strip(out, y + 10, records, timeline)
     height = math.ceil(y + 10)
     body = "\n".join(out)
     return (
@@ -610,12 +629,12 @@ def _axis(out: list[str], y: float, times: Sequence[float], xs: Sequence[float])
     out.append(
         f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{_RIGHT + 20}" y2="{y:.1f}" stroke="#37474f"/>'
     )
-    total = times[-1] if times else 0.0
+    first, last = (times[0], times[-1]) if times else (0.0, 0.0)
     shown: list[float] = []
-    if total > 0:
-        step = _tick_step(total, _RIGHT - _LEFT)
-        k = 0
-        while k * step <= total * (1 + 1e-9):
+    if last > first:
+        step = _tick_step(last - first, _RIGHT - _LEFT)
+        k = math.ceil(first / step - 1e-9)
+        while k * step <= last + (last - first) * 1e-9:
             moment = k * step
             x = _x_at(moment, times, xs)
             k += 1
@@ -633,8 +652,8 @@ def _axis(out: list[str], y: float, times: Sequence[float], xs: Sequence[float])
     return y + 26
 
 
-def _strip(out: list[str], y: float, records: Sequence[TraceRecord], xs: Sequence[float]) -> float:
-    """The path on the machine: each step's number and the state it entered, in order,
+def _strip(out: list[str], y: float, records: Sequence[TraceRecord], timeline: Timeline) -> float:
+    """The path on the machine: each step's name and the state it entered, in order,
     wrapped at the page's width."""
     out.append(_text(12, y + 12, "path on the machine: step, state entered", font_weight="bold"))
     y += 20
@@ -642,14 +661,14 @@ def _strip(out: list[str], y: float, records: Sequence[TraceRecord], xs: Sequenc
     for index, record in enumerate(records):
         number = index + 1
         dest = record.dest
-        label = f"{number} {dest}"
+        label = f"{timeline.names[index]} {dest}"
         width = _width(label, _SMALL) + 4
         if x + width > WIDTH - 8:
             x = 12.0
             y += _ROW + 6
         fill, line = KIND_COLOURS[TERMINAL_KIND.get(dest, "running")]
         out.append(
-            f'<g class="chip s{number}" data-step="{number}" data-x="{xs[index]:.1f}">'
+            f'<g class="chip s{number}" data-step="{number}" data-x="{timeline.xs[index]:.1f}">'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{_ROW + 2}" '
             f'rx="3" fill="{fill}" stroke="{line}"/>'
             + _text(x + 5, y + _ROW - 2, label, size=_SMALL)

@@ -1,16 +1,19 @@
 """A recorded turn drawn (``python -m statemachine trace FILE``): as a timeline
 (:mod:`statemachine.dev._timeline`, what an incident is read from) and on the machine.
 
-On the machine, the whole table is drawn faintly (every state, every (source, dest)
-pair of a row as a dashed grey edge) and each pair of states the trace took as one
-bold edge labelled with the numbers of its steps; the table under the machine gives
-every step: ``3 | ModelFailed [transient & retries_left & wait_fits] | backing_off:
-Wait 2.000s rate_limited``. Drawn top to bottom, it reads at page width. States the
-turn visited keep their colours (terminal states by
-:data:`~statemachine.core._table.TERMINAL_KIND`), the others are greyed, and the title
-names the final status. The same drawing comes as graphviz source (rendered to SVG
-by ``dot``) and as a mermaid flowchart, one labelled edge per step. :func:`html_page`
-makes one self-contained page of the timeline beside a step list, linked both ways.
+Steps are named as ``simulate`` numbers them, from 1 in each turn (``3``; ``2.3`` in a
+drawing of several turns: :func:`~statemachine.dev._timeline.step_name`), and timed on
+the session's clock from its first recorded step. On the machine, the whole table is
+drawn faintly (every state, every (source, dest) pair of a row as a dashed grey edge)
+and each pair of states the trace took as one bold edge labelled with the names of its
+steps; the table under the machine gives every step: ``3 | ModelFailed [transient &
+retries_left & wait_fits] | backing_off: Wait 2.000s rate_limited``. Drawn top to
+bottom, it reads at page width. States the turn visited keep their colours (terminal
+states by :data:`~statemachine.core._table.TERMINAL_KIND`), the others are greyed, and
+the title names the final status. The same drawing comes as graphviz source (rendered
+to SVG by ``dot``) and as a mermaid flowchart, one labelled edge per step.
+:func:`html_page` makes one self-contained page of the timeline beside a step list,
+linked both ways.
 
 Input comes from :func:`statemachine.io._trace_file.read_trace`, which refuses any
 step that is not a row of this engine's table, so nothing here can draw a row the
@@ -26,109 +29,59 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._events import Assembled, Cancelled, ModelFailed, ModelReplied, ToolsDone
-from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_KIND, TERMINAL_STATES
-from ..core._usage import Usage
+from ..core._actions import Finish
+from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_STATES
+from ..core._trace import TraceRecord
 from ..io._trace_file import Trace, TracedStep, TraceFileError
 from . import _timeline
-from ._diagrams import KIND_COLOURS
+from ._diagrams import KIND_COLOURS, html_table, state_kind
+from ._simulate import action_text, event_text
 
 _TAKEN = "#1565c0"
 _FAINT = "#c8c8c8"
 _FAINT_FILL = "#f7f7f7"
 
 
-def action_text(action: Action) -> str:
-    """The action of a step, in short, with what a reviewer needs (waits, statuses)."""
-    if isinstance(action, Wait):
-        return f"Wait {action.seconds:.3f}s {action.category.value}"
-    if isinstance(action, CallModel):
-        model = f" {action.model}" if action.model else ""
-        return f"CallModel{model} attempt={action.attempt}"
-    if isinstance(action, Finish):
-        return f"Finish({action.status.value})"
-    if isinstance(action, InvokeTools):
-        return "InvokeTools " + ", ".join(call.name for call in action.calls)
-    if isinstance(action, Assemble):
-        return "Assemble(reduce)" if action.reduce else "Assemble"
-    return type(action).__name__  # pragma: no cover - every action is above
-
-
 @attrs.frozen
 class DrawnStep:
-    """One numbered step of a drawing."""
+    """One step of a drawing."""
 
     number: int
-    """From 1, in the order taken."""
+    """Its place in the drawing, from 1, in the order taken (the page's ``#step_N``)."""
     traced: TracedStep
+    name: str
+    """The step as people count it (:func:`~statemachine.dev._timeline.step_name`)."""
+    t: float | None = None
+    """Seconds from the session's first recorded step, if the trace has the time."""
+
+    @property
+    def event(self) -> str:
+        """``Event [guards]``."""
+        record = self.traced.record
+        return record.event + (f" [{record.guard}]" if record.guard else "")
+
+    @property
+    def action(self) -> str:
+        """The action, in short (:func:`~statemachine.dev._simulate.action_text`)."""
+        return action_text(self.traced.record.action)
 
     @property
     def label(self) -> str:
-        """``n: Event [guards] / action``: the step's edge label."""
-        record = self.traced.record
-        guard = f" [{record.guard}]" if record.guard else ""
-        return f"{self.number}: {record.event}{guard} / {action_text(record.action)}"
+        """``name: Event [guards] / action``: the step's edge label."""
+        return f"{self.name}: {self.event} / {self.action}"
 
     @property
     def line(self) -> str:
         """The step as a line of the step list."""
         record = self.traced.record
-        at = "" if record.at is None else f"t={record.at:.3f}s  "
-        said = self.traced.detail or cause_text(record.caused_by)
+        at = "" if self.t is None else f"t={self.t:.3f}s  "
+        said = self.traced.detail or event_text(record.caused_by)
         detail = f" ({said})" if said else ""
+        guard = f" [{record.guard}]" if record.guard else ""
         return (
-            f"{self.number:>3}. turn {record.turn} step {record.step}  {at}"
-            f"{record.source} -> {record.dest}  {record.event}{detail}"
-            f"{' [' + record.guard + ']' if record.guard else ''} / {action_text(record.action)}"
+            f"turn {record.turn} step {record.step + 1}  {at}{record.source} -> {record.dest}  "
+            f"{record.event}{detail}{guard} / {self.action}"
         )
-
-
-def cause_text(event: object) -> str:
-    """What a step's event says, in short, as the step list shows it (a trace file's
-    ``caused_by``: a failure's category, HTTP status and retry-after, a reply's tool
-    calls and usage, an assembled size, the tool outcomes' categories)."""
-    if isinstance(event, ModelFailed):
-        error = event.error
-        parts = [error.category.value]
-        if error.status is not None:
-            parts.append(f"HTTP {error.status}")
-        if error.retry_after_seconds is not None:
-            parts.append(f"retry_after={error.retry_after_seconds}")
-        elif error.headers is not None:
-            parts += [
-                f"{name}: {error.headers[name]}"
-                for name in ("retry-after-ms", "retry-after")
-                if name in error.headers
-            ]
-        if event.partial:
-            parts.append("partial")
-        return " ".join([*parts, *_usage_parts(event.usage, event.cost)])
-    if isinstance(event, ModelReplied):
-        calls = f"{len(event.tool_calls)} tool call(s)" if event.tool_calls else "no tool call"
-        return " ".join([calls, *_usage_parts(event.usage, event.cost)])
-    if isinstance(event, Assembled):
-        return f"size={event.size}"
-    if isinstance(event, ToolsDone):
-        failed = [o.category.value for o in event.outcomes if not o.ok and o.category is not None]
-        return f"{len(event.outcomes)} outcome(s)" + (
-            f", failed: {', '.join(failed)}" if failed else ""
-        )
-    if isinstance(event, Cancelled) and event.reason:
-        return event.reason[:80]
-    return ""
-
-
-def _usage_parts(usage: Usage | None, cost: float) -> list[str]:
-    parts = []
-    if usage is not None:
-        if usage.input_tokens is not None or usage.output_tokens is not None:
-            parts.append(f"tokens {usage.input_tokens}/{usage.output_tokens}")
-        if usage.model is not None:
-            parts.append(f"model {usage.model}")
-    if cost:
-        parts.append(f"${cost:g}")
-    return parts
 
 
 @attrs.frozen
@@ -194,47 +147,20 @@ def _quote(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _kind(state: str) -> str:
-    return TERMINAL_KIND.get(state, "running")
-
-
 def _visited_and_taken(steps: Sequence[DrawnStep]) -> tuple[set[str], set[tuple[str, str]]]:
     """The states the steps pass through, and the (source, dest) pairs they take."""
     pairs = {(s.traced.record.source, s.traced.record.dest) for s in steps}
     return {state for pair in pairs for state in pair}, pairs
 
 
-def _numbers(numbers: Sequence[int]) -> str:
-    """Step numbers as an edge label: a long run shortened to its first and last."""
-    if len(numbers) > 6:
-        return f"{numbers[0]}, {numbers[1]}, {numbers[2]} ... {numbers[-1]} ({len(numbers)}x)"
-    return ", ".join(map(str, numbers))
+def _names(names: Sequence[str]) -> str:
+    """Step names as an edge label: a long run shortened to its first and last."""
+    listed = ", ".join(names)
+    return listed if len(listed) <= 16 else f"{names[0]} ... {names[-1]} ({len(names)}x)"
 
 
 def _html_text(text: str) -> str:
     return html.escape(text, quote=False)
-
-
-def _steps_table(steps: Sequence[DrawnStep]) -> str:
-    """Every step, numbered, as an HTML-like graphviz label: ``Event [guards]``, the
-    state entered and the action."""
-    head = "".join(
-        f'<TD ALIGN="LEFT" BGCOLOR="#eeeeee"><B>{h}</B></TD>'
-        for h in ("#", "event [guards]", "to: action")
-    )
-    lines = [f"<TR>{head}</TR>"]
-    for step in steps:
-        record = step.traced.record
-        event = record.event + (f" [{record.guard}]" if record.guard else "")
-        cells = (str(step.number), event, f"{record.dest}: {action_text(record.action)}")
-        lines.append(
-            "<TR>" + "".join(f'<TD ALIGN="LEFT">{_html_text(c)}</TD>' for c in cells) + "</TR>"
-        )
-    return (
-        '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">'
-        + "".join(lines)
-        + "</TABLE>>"
-    )
 
 
 def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
@@ -251,7 +177,7 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
         '  __start [label="", shape=point, width=0.15];',
     ]
     for state in STATES:
-        kind = _kind(state)
+        kind = state_kind(state)
         fill, line = KIND_COLOURS[kind]
         label = state if kind == "running" else f"{state}\n({kind})"
         periph = 1 if state in RUNNING_STATES else 2
@@ -266,22 +192,23 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
                 f"color={_quote(_FAINT)}, fontcolor={_quote('#9e9e9e')}, peripheries={periph}];"
             )
     lines.append(f"  __start -> idle [color={_quote(_TAKEN if 'idle' in visited else _FAINT)}];")
-    numbered: dict[tuple[str, str], list[int]] = {}
+    numbered: dict[tuple[str, str], list[str]] = {}
     for step in steps:
         record = step.traced.record
-        numbered.setdefault((record.source, record.dest), []).append(step.number)
+        numbered.setdefault((record.source, record.dest), []).append(step.name)
     for source, dest in dict.fromkeys((row.source, row.dest) for row in ROWS):
         if (source, dest) not in numbered:
             lines.append(
                 f"  {source} -> {dest} [color={_quote(_FAINT)}, style=dashed, arrowsize=0.6];"
             )
-    for (source, dest), numbers in numbered.items():
+    for (source, dest), names in numbered.items():
         lines.append(
             f'  {source} -> {dest} [id="pair_{source}__{dest}", '
-            f"label={_quote(' ' + _numbers(numbers) + ' ')}, color={_quote(_TAKEN)}, "
+            f"label={_quote(' ' + _names(names) + ' ')}, color={_quote(_TAKEN)}, "
             f"fontcolor={_quote(_TAKEN)}, penwidth=2.2];"
         )
-    lines.append(f'  steps [label={_steps_table(steps)}, shape=plaintext, style="", fontsize=11];')
+    table = html_table((s.name, s.event, f"{s.traced.record.dest}: {s.action}") for s in steps)
+    lines.append(f'  steps [label={table}, shape=plaintext, style="", fontsize=11];')
     lines.append("  { rank=sink; steps; }")
     lines.extend(f"  {state} -> steps [style=invis];" for state in TERMINAL_STATES)
     lines.append("}")
@@ -307,7 +234,7 @@ def mermaid_source(title: str, steps: Sequence[DrawnStep]) -> str:
         ),
     ]
     for state in STATES:
-        kind = _kind(state)
+        kind = state_kind(state)
         style = kind if state in visited else "faint"
         shape = f'(["{state}"])' if kind != "running" else f'("{state}")'
         lines.append(f"  {state}{shape}:::{style}")
@@ -333,31 +260,38 @@ def mermaid_source(title: str, steps: Sequence[DrawnStep]) -> str:
 def draw(trace: Trace, *, scenario: str | None = None, turn: int | None = None) -> Drawing:
     """The drawing of ``trace`` (one scenario; all its turns, or ``turn``)."""
     chosen = select(trace, scenario, turn)
-    steps = tuple(DrawnStep(i, s) for i, s in enumerate(chosen, start=1))
     title = _title(trace, chosen)
+    # t = 0: the session's first recorded step (in the file, drawn or not)
+    ran = [s.record for s in trace.steps if s.scenario == chosen[0].scenario]
+    start = next((r.at for r in ran if r.at is not None), None)
     timeline = _timeline.build(
         [s.record for s in chosen],
-        details=[s.detail or cause_text(s.record.caused_by) for s in chosen],
+        details=[s.detail or event_text(s.record.caused_by) for s in chosen],
         limits=[s.limit for s in chosen],
         settings=trace.settings.get(chosen[0].scenario),
-        anchor=_anchor(trace, chosen),
+        start=start,
+        anchor=_anchor(trace.anchor, ran, start),
         title=title,
+    )
+    steps = tuple(
+        DrawnStep(i, s, name, None if s.record.at is None or start is None else s.record.at - start)
+        for i, (s, name) in enumerate(zip(chosen, timeline.names, strict=True), start=1)
     )
     return Drawing(
         title, steps, dot_source(title, steps), mermaid_source(title, steps), timeline.svg
     )
 
 
-def _anchor(trace: Trace, steps: Sequence[TracedStep]) -> float | None:
-    """The Unix time of the first drawn step: from the header's anchor, else from the
-    first step that records its wall-clock time."""
-    first = steps[0].record.at
-    if trace.anchor is not None and first is not None:
-        return trace.anchor + first
-    for step in steps:
-        record = step.record
-        if record.wall is not None and record.at is not None and first is not None:
-            return record.wall - (record.at - first)
+def _anchor(anchor: float | None, ran: Sequence[TraceRecord], start: float | None) -> float | None:
+    """The Unix time of the session clock's ``start``: from the header's anchor (the
+    Unix time of the clock's 0), else from the first step that records its wall time."""
+    if start is None:
+        return None
+    if anchor is not None:
+        return anchor + start
+    for record in ran:
+        if record.wall is not None and record.at is not None:
+            return record.wall - (record.at - start)
     return None
 
 
@@ -423,7 +357,7 @@ _SCRIPT = """
 def html_page(drawing: Drawing) -> str:
     """One self-contained page: the timeline (at its own width, never scaled down)
     beside the clickable step list, linked both ways: a step selected in the list
-    (click, arrow keys, ``#step_N`` in the address) highlights its bars, marks and
+    (click, arrow keys, ``#step_N`` in the address: the list's N-th) highlights its bars, marks and
     place on the path strip, and a click on any of those selects its step. No
     external resource: styles and script are inline."""
     items = "\n".join(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 import tomllib
 from collections import deque
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core._exceptions import ConfigError
+from ..core._json_data import json_problem
 
 ANTHROPIC = "/v1/messages"
 OPENAI = "/v1/chat/completions"
@@ -199,7 +201,9 @@ def _handler(owner: LoopbackVendor) -> type[BaseHTTPRequestHandler]:
                 body = raw
             canned = owner.answer(self.path.split("?")[0], dict(self.headers.items()), body)
             payload = (
-                canned.body if isinstance(canned.body, bytes) else json.dumps(canned.body).encode()
+                canned.body
+                if isinstance(canned.body, bytes)
+                else json.dumps(canned.body, allow_nan=False).encode()
             )
             self.send_response(canned.status)
             self.send_header("content-type", canned.content_type)
@@ -292,7 +296,7 @@ def openai_completion(
             {
                 "id": call_id,
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
+                "function": {"name": name, "arguments": json.dumps(args, allow_nan=False)},
             }
             for call_id, name, args in tool_calls
         ]
@@ -344,7 +348,6 @@ def openai_stream(
 
 # -- script files ---------------------------------------------------------------------
 
-_KEYS = ("status", "retry_after", "message", "text", "tool", "arguments")
 _ANTHROPIC_ERRORS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -402,43 +405,64 @@ def load_script(path: str | Path) -> dict[str, list[Canned]]:
     return parse_script(text, str(path))
 
 
+def _expect(ok: Callable[[Any], bool], what: str) -> Callable[[Any], str | None]:
+    return lambda value: None if ok(value) else f"expected {what}, got {value!r:.80}"
+
+
+def _arguments_problem(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f"expected a table, got {value!r:.80}"
+    found = json_problem(value)
+    return None if found is None else f"not JSON data: {found}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_KEYS: dict[str, Callable[[Any], str | None]] = {
+    "status": _expect(
+        lambda v: type(v) is int and (v == 200 or 400 <= v <= 599),
+        "200 or an error status (400..599)",
+    ),
+    "retry_after": _expect(
+        lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "seconds (a finite number >= 0)"
+    ),
+    "message": _expect(lambda v: isinstance(v, str), "a string"),
+    "text": _expect(lambda v: isinstance(v, str), "a string"),
+    "tool": _expect(lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "arguments": _arguments_problem,
+}
+"""Each key a script's table may have, and why a value of it is refused (``None``: it
+is not). An ``arguments`` table must be JSON data: no NaN, infinity or TOML date."""
+_REPLY_ONLY = ("text", "tool", "arguments")
+_ERROR_ONLY = ("retry_after", "message")
+
+
 def _canned(vendor: str, entry: dict[str, Any], where: str, number: int) -> Canned:
-    for key in entry:
+    for key, value in entry.items():
         if key not in _KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; expected one of {', '.join(_KEYS)}")
-    status = entry.get("status", 200)
-    if not isinstance(status, int) or isinstance(status, bool) or not 200 <= status <= 599:
-        raise ConfigError(f"{where}: status: expected an HTTP status 200..599, got {status!r}")
-    for key in ("message", "text", "tool"):
-        if key in entry and not isinstance(entry[key], str):
-            raise ConfigError(f"{where}: {key}: expected a string, got {entry[key]!r}")
-    if "arguments" in entry and not isinstance(entry["arguments"], dict):
-        raise ConfigError(f"{where}: arguments: expected a table, got {entry['arguments']!r}")
+        problem = _KEYS[key](value)
+        if problem is not None:
+            raise ConfigError(f"{where}: {key}: {problem}")
     if "arguments" in entry and "tool" not in entry:
         raise ConfigError(f"{where}: arguments: given without a tool")
+    status: int = entry.get("status", 200)
+    for key in _ERROR_ONLY if status == 200 else _REPLY_ONLY:
+        if key in entry:
+            only = "an error (status >= 400)" if status == 200 else "a reply (status 200)"
+            raise ConfigError(f"{where}: {key}: only {only} has one")
     if status == 200:
-        for key in ("retry_after", "message"):
-            if key in entry:
-                raise ConfigError(f"{where}: {key}: only an error (status >= 400) has one")
         tool = entry.get("tool")
         calls = () if tool is None else ((f"call_{number}", tool, entry.get("arguments", {})),)
         if vendor == "anthropic":
             ids = tuple((f"toolu_{n}", name, args) for n, name, args in calls)
             return anthropic_message(entry.get("text", ""), tool_uses=ids)
         return openai_completion(entry.get("text"), tool_calls=calls)
-    if status < 400:
-        raise ConfigError(f"{where}: status: expected 200 or an error (400..599), got {status}")
-    for key in ("text", "tool", "arguments"):
-        if key in entry:
-            raise ConfigError(f"{where}: {key}: only a reply (status 200) has one")
-    headers: dict[str, str] = {}
+    headers = {}
     if "retry_after" in entry:
-        seconds = entry["retry_after"]
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
-            raise ConfigError(
-                f"{where}: retry_after: expected seconds (a number >= 0), got {seconds!r}"
-            )
-        headers["retry_after"] = f"{seconds:g}"
+        headers["retry_after"] = f"{entry['retry_after']:g}"
     message = entry.get("message", f"scripted {status}")
     if vendor == "anthropic":
         return anthropic_error(

@@ -1,39 +1,15 @@
 """``statemachine check``: an exhaustive model check of the turn engine.
 
-The checker explores, breadth first, the *abstract* state space of a session: the
-turn's state x the counters that bound it (the call's attempt, the session's
-retries, the turn's reductions, the fallback model in use, the final-answer flag,
-the crash count of a tool provider, the turn counter, whether the wall clock ran
-out, which limit fired). It drives the **real engine**: every node holds a concrete
-``Session``/``Turn`` (with an injected clock) and every edge is one representative
-event sent to a clone of it -- each error category, a partial stream, usable,
-too-long and garbage retry-afters, tool outcomes including ``process_crashed``,
-shrinking and non-shrinking reassemblies, ``CannotShrink``, ``Cancelled``, a clock
-that has run out. Then it proves, over every node and edge it found:
-
-* **no illegal loop** (ER-29): every edge within a turn leaves the ranking function
-  ``(session retries left, reductions left, fallbacks left, call retries left)``
-  (lexicographic; the last counts only while a call is in flight) no greater, and
-  every edge *into* a recovery state (``backing_off``, ``reducing_context``, a
-  fallback ``calling``) strictly smaller; the turn graph is acyclic, and every
-  reachable node reaches a terminal one without ``Cancelled``;
-* **required reactions** (ER-3, 5, 6, 7, 8, 9, 10, 11, 13, 16, 18, 19, 20, 22, 23,
-  24, 31, 32): each category's edges against the table of ``design/api.md``;
-* **illegal events** (ER-27): every (state, event) pair with no row raises
-  ``IllegalEvent`` and changes nothing;
-* **reachability**: every state and every ``TurnStatus`` the settings allow: the
-  ends of the rows :func:`row_reason` finds no reason against (no retries, no
-  fallbacks, a wall clock every wait of some kind crosses, a ceiling spent first...).
-  Each row the exploration does not fire is reported with that reason.
-
-Counters are explored exactly while the space is small (the defaults are). With
-huge caps they are *accelerated*: the call's attempt, the reductions, crash counts
-and the turn counter, once they have left zero and are more than ``saturation``
-steps from their cap, jump to ``cap - saturation``; the session's retries collapse
-their middle into one value, from which a synthetic ``jump`` step leads close to
-the ceiling. Guards read a counter only as ``counter < cap``, so every guard
-valuation stays reachable (``specs/invariants.md`` has the argument) and the space
-stays small.
+The checker explores, breadth first, the *abstract* state space of a session (the
+turn's state x the counters that bound it), driving the **real engine**: every node
+holds a concrete ``Session``/``Turn`` on an injected clock, and every edge is one
+representative event (:mod:`._events`) sent to a copy of it. Over every node and edge
+it proves the properties :mod:`._properties` and :mod:`._explore` check: no illegal
+loop (a ranking function, an acyclic turn graph, a terminal state always in reach),
+the required reaction to each event, illegal events refused, and every state and
+status the settings allow reached, each row not fired reported with
+:func:`row_reason`'s reason. ``specs/invariants.md`` states each property and the
+argument for the accelerated counters used when caps are huge.
 
 To check a mutated table, pass ``rows`` (and ``effects`` for extra effect
 functions): the sessions run it in a ``Dispatch`` of its own.
@@ -105,37 +81,20 @@ def check(
     if k is not None and k < 1:
         raise ConfigError(f"saturation: must be >= 1, got {k!r}")
     table = tuple(rows) if rows is not None else _table.ROWS
-    last_steps = frozenset(
-        state
-        for state in RUNNING_STATES
-        if all(row.dest in TERMINAL_STATES for row in table if row.source == state)
-        and any(row.source == state and row.event != "Cancelled" for row in table)
-    )
     dispatch = Dispatch(table, effects) if rows is not None or effects else DISPATCH
-    ctx = _Ctx(settings, k, settings.max_turns is not None, last_steps, dispatch)
+    ctx = _Ctx(settings, k, settings.max_turns is not None, _last_steps(table), dispatch)
     started = time.perf_counter()
     explorer = _Explorer(ctx, table)
-    engine_log = logging.getLogger("statemachine")
-    was_disabled = engine_log.disabled
-    engine_log.disabled = True  # the explored failures are not incidents to log
-    # The nodes are kept to the end, so the cycle collector would only scan them again
-    # and again (a third of the time); the copies not kept have their one cycle broken.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        explorer.run()
-        longest = explorer.check_termination()
-    finally:
-        engine_log.disabled = was_disabled
-        if collecting:
-            gc.enable()
-    reached_states = frozenset(node.ts.state for node in explorer.nodes)
-    reached_statuses = frozenset(
-        node.turn.status.value for node in explorer.nodes if node.turn.status is not None
-    )
-    reached_session = frozenset(
-        node.state.status.value for node in explorer.nodes if node.state.status is not None
-    )
+    longest = _explore(explorer)
+    return _report(explorer, exact, longest, time.perf_counter() - started)
+
+
+def _report(explorer: _Explorer, exact: bool, longest: int, seconds: float) -> CheckReport:
+    """The report of a finished exploration, once the reachability it must show and
+    the bound on a turn's steps are checked."""
+    settings, nodes, table = explorer.ctx.settings, explorer.nodes, explorer.rows
+    reached_states = frozenset(node.ts.state for node in nodes)
+    reached_statuses = frozenset(n.turn.status.value for n in nodes if n.turn.status is not None)
     required_states, required_statuses = _required(settings)
     for state in sorted(required_states - reached_states):
         explorer.violate("reachability", f"state {state!r} is never reached", None)
@@ -147,15 +106,17 @@ def check(
     return CheckReport(
         settings=settings,
         exact=exact,
-        states=len(explorer.nodes),
+        states=len(nodes),
         edges=explorer.edges,
         longest_turn=longest,
         step_bound=bound,
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
         violations=tuple(explorer.violations),
         reached_states=reached_states,
         reached_statuses=reached_statuses,
-        reached_session_statuses=reached_session,
+        reached_session_statuses=frozenset(
+            n.state.status.value for n in nodes if n.state.status is not None
+        ),
         required_states=required_states,
         required_statuses=required_statuses,
         rows=table,
@@ -166,6 +127,34 @@ def check(
             if i not in explorer.row_paths
         },
     )
+
+
+def _last_steps(table: Sequence[Row]) -> frozenset[str]:
+    """The running states all of whose rows (and at least one) lead to a terminal one."""
+    return frozenset(
+        state
+        for state in RUNNING_STATES
+        if all(row.dest in TERMINAL_STATES for row in table if row.source == state)
+        and any(row.source == state and row.event != "Cancelled" for row in table)
+    )
+
+
+def _explore(explorer: _Explorer) -> int:
+    """Run the exploration and the termination check; the longest turn."""
+    engine_log = logging.getLogger("statemachine")
+    was_disabled = engine_log.disabled
+    engine_log.disabled = True  # the explored failures are not incidents to log
+    # The nodes are kept to the end, so the cycle collector would only scan them again
+    # and again (a third of the time); the copies not kept have their one cycle broken.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        explorer.run()
+        return explorer.check_termination()
+    finally:
+        engine_log.disabled = was_disabled
+        if collecting:
+            gc.enable()
 
 
 _NO_REASON = "these settings allow it: a dead row, or an event the check's representatives lack"

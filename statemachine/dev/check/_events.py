@@ -4,6 +4,7 @@ built for the node they are sent to."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import attrs
@@ -132,51 +133,48 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> tuple[Step, ...
     return steps
 
 
+def _variants(kind: str, *variants: str) -> tuple[Step, ...]:
+    return tuple(Step(kind, variant) for variant in variants)
+
+
+_STATE_STEPS: dict[str, tuple[Step, ...]] = {
+    IDLE: (Step(START),),
+    "assembling": (Step("Assembled", "fresh"), Step("CannotShrink")),
+    REDUCING_CONTEXT: (
+        *_variants("Assembled", "shrunk", "same_size", "same_request"),
+        Step("CannotShrink"),
+    ),
+    CALLING: (
+        *_variants("ModelFailed", *(category.value for category in ErrorCategory)),
+        *_variants("ModelFailed", "rate_limited:partial", "auth_error:partial"),
+        *_variants("ModelFailed", "content_filtered:partial", "rate_limited:too_long"),
+        *_variants("ModelFailed", "overloaded:header_ms", "rate_limited:garbage"),
+        *_variants("ModelReplied", "none", "p", "pq", "doom", "terminal"),
+    ),
+    BACKING_OFF: (Step("WaitDone"),),
+    BACKING_OFF_TOOLS: (Step("WaitDone"),),
+    "invoking_tools": _variants("ToolsDone", "ok", "fail", "conflict"),
+}
+"""The representative steps of a running state, before those the settings or the
+node add (:func:`_new_steps`)."""
+
+
 def _new_steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
     state = turn.state
     settings = ctx.settings
     if state in TERMINAL_STATES:
         if session.status is not None:
             return []
-        return [Step(_NEW_TURN), *(Step(_END, how) for how in ("completed", "cancelled", "failed"))]
-    steps: list[Step] = []
-    if state == IDLE:
-        steps.append(Step(START))
-    elif state == "assembling":
-        steps += [Step("Assembled", "fresh"), Step("CannotShrink")]
-    elif state == REDUCING_CONTEXT:
-        steps += [
-            Step("Assembled", "shrunk"),
-            Step("Assembled", "same_size"),
-            Step("Assembled", "same_request"),
-            Step("CannotShrink"),
-        ]
-    elif state == CALLING:
-        steps += [Step("ModelFailed", category.value) for category in ErrorCategory]
-        steps += [
-            Step("ModelFailed", "rate_limited:partial"),
-            Step("ModelFailed", "auth_error:partial"),
-            Step("ModelFailed", "content_filtered:partial"),
-            Step("ModelFailed", "rate_limited:too_long"),
-            Step("ModelFailed", "overloaded:header_ms"),
-            Step("ModelFailed", "rate_limited:garbage"),
-            Step("ModelReplied", "none"),
-            Step("ModelReplied", "p"),
-            Step("ModelReplied", "pq"),
-            Step("ModelReplied", "doom"),
-            Step("ModelReplied", "terminal"),
-        ]
+        return [Step(_NEW_TURN), *_variants(_END, "completed", "cancelled", "failed")]
+    steps = list(_STATE_STEPS.get(state, ()))
+    if state == CALLING:
         if settings.breaker_threshold > 1:
             steps.append(Step("ModelReplied", "p_many"))
         if settings.max_wall_clock_s is not None:
             steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
         if settings.max_cost_usd is not None:
             steps.append(Step("ModelReplied", "costly"))
-    elif state in (BACKING_OFF, BACKING_OFF_TOOLS):
-        steps.append(Step("WaitDone"))
     elif state == "invoking_tools":
-        steps += [Step("ToolsDone", "ok"), Step("ToolsDone", "fail")]
-        steps.append(Step("ToolsDone", "conflict"))
         if settings.denial_threshold is not None or settings.denial_window is not None:
             steps.append(Step("ToolsDone", "denied"))
         if any(call.provider == "p" for call in turn.in_flight):
@@ -225,65 +223,89 @@ _CANCELLED = Cancelled("host")
 
 def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""
-    kind, variant = step.kind, step.variant
-    if kind == "ModelFailed":
-        if variant.endswith(":late"):
-            _run_out(ctx, session, clock)
-        failure = ctx.failures.get(variant)
-        if failure is None:
-            error, partial, _ = _model_error(ctx, variant)
-            failure = ctx.failures[variant] = ModelFailed(error, partial=partial)
-        return failure
-    if kind == "Assembled":
-        request = f"t{turn.index}s{len(turn.actions)}"
-        overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
-        if variant == "shrunk":
-            return Assembled(request, max(overflowed - 1, 0))
-        if variant == "same_size":
-            return Assembled(request, overflowed)
-        if variant == "same_request":
-            return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
-        return Assembled(request, _SIZE)
-    if kind == "CannotShrink":
-        return _CANNOT_SHRINK
-    if kind == "ModelReplied" and variant not in ("late", "costly"):
-        key = (variant, turn.index)
-        reply = ctx.replies.get(key)
-        if reply is None:
-            reply = ctx.replies[key] = _reply(ctx, variant, turn.index)
-        return reply
-    if kind == "ModelReplied":
+    build = _BUILDERS.get(step.kind)
+    if build is None:  # pragma: no cover - every step kind the checker sends is here
+        raise ValueError(f"step: unknown kind {step.kind!r}")
+    return build(ctx, step.variant, session, turn, clock)
+
+
+def _failure(
+    ctx: _Ctx, variant: str, session: SessionState, _t: TurnState, clock: _Clock
+) -> object:
+    if variant.endswith(":late"):
+        _run_out(ctx, session, clock)
+    failure = ctx.failures.get(variant)
+    if failure is None:
+        error, partial, _ = _model_error(ctx, variant)
+        failure = ctx.failures[variant] = ModelFailed(error, partial=partial)
+    return failure
+
+
+def _assembled(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _Clock) -> object:
+    overflowed = turn.overflowed_size if turn.overflowed_size is not None else _SIZE
+    if variant == "same_request":
+        return Assembled(turn.overflowed_request, max(overflowed - 1, 0))
+    size = {"shrunk": max(overflowed - 1, 0), "same_size": overflowed}.get(variant, _SIZE)
+    return Assembled(f"t{turn.index}s{len(turn.actions)}", size)
+
+
+def _replied(
+    ctx: _Ctx, variant: str, session: SessionState, turn: TurnState, clock: _Clock
+) -> object:
+    if variant in ("late", "costly"):
         return _reply(ctx, variant, turn.index, session, clock)
-    if kind == "WaitDone":
-        action = turn.actions[-1] if turn.actions else None
-        if type(action) is Wait and math.isfinite(action.seconds):
-            clock.now += action.seconds
-        return _WAIT_DONE
-    if kind == "ToolsDone":
-        outcomes = []
-        for i, call in enumerate(turn.in_flight):
-            if variant == "conflict" and i == 0:
-                outcomes.append(
-                    ToolOutcome(call.id, False, "locked", ToolErrorCategory.CONCURRENCY_CONFLICT)
-                )
-            elif variant == "denied":
-                outcomes.append(
-                    ToolOutcome(call.id, False, "denied", ToolErrorCategory.PERMISSION_DENIED)
-                )
-            elif variant == "fail":
-                outcomes.append(
-                    ToolOutcome(call.id, False, "it failed", ToolErrorCategory.EXECUTION_FAILED)
-                )
-            elif variant == "crash" and call.provider == "p":
-                outcomes.append(
-                    ToolOutcome(call.id, False, "plugin died", ToolErrorCategory.PROCESS_CRASHED)
-                )
-            else:
-                outcomes.append(ToolOutcome(call.id, True, "done"))
-        return ToolsDone(tuple(outcomes))
-    if kind == "Cancelled":
-        return _CANCELLED if variant == _CANCELLED.reason else Cancelled(variant)
-    raise ValueError(f"step: unknown kind {kind!r}")  # pragma: no cover
+    key = (variant, turn.index)
+    reply = ctx.replies.get(key)
+    if reply is None:
+        reply = ctx.replies[key] = _reply(ctx, variant, turn.index)
+    return reply
+
+
+def _wait_done(_c: _Ctx, _v: str, _s: SessionState, turn: TurnState, clock: _Clock) -> object:
+    action = turn.actions[-1] if turn.actions else None
+    if type(action) is Wait and math.isfinite(action.seconds):
+        clock.now += action.seconds
+    return _WAIT_DONE
+
+
+_FAILURES: dict[str, tuple[str, ToolErrorCategory, Callable[[int, ToolCall], bool]]] = {
+    "conflict": ("locked", ToolErrorCategory.CONCURRENCY_CONFLICT, lambda i, _call: i == 0),
+    "denied": ("denied", ToolErrorCategory.PERMISSION_DENIED, lambda _i, _call: True),
+    "fail": ("it failed", ToolErrorCategory.EXECUTION_FAILED, lambda _i, _call: True),
+    "crash": ("plugin died", ToolErrorCategory.PROCESS_CRASHED, lambda _i, c: c.provider == "p"),
+}
+"""A ``ToolsDone`` variant's failure (content, category) and which calls (index, call)
+it fails; the other calls, and every call of ``ok``, succeed."""
+
+
+def _tools_done(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _Clock) -> object:
+    if variant not in _FAILURES:
+        return ToolsDone(tuple(ToolOutcome(call.id, True, "done") for call in turn.in_flight))
+    content, category, fails = _FAILURES[variant]
+    return ToolsDone(
+        tuple(
+            ToolOutcome(call.id, False, content, category)
+            if fails(i, call)
+            else ToolOutcome(call.id, True, "done")
+            for i, call in enumerate(turn.in_flight)
+        )
+    )
+
+
+def _cancelled(_c: _Ctx, variant: str, _s: SessionState, _t: TurnState, _k: _Clock) -> object:
+    return _CANCELLED if variant == _CANCELLED.reason else Cancelled(variant)
+
+
+_BUILDERS = {
+    "ModelFailed": _failure,
+    "Assembled": _assembled,
+    "CannotShrink": lambda *_: _CANNOT_SHRINK,
+    "ModelReplied": _replied,
+    "WaitDone": _wait_done,
+    "ToolsDone": _tools_done,
+    "Cancelled": _cancelled,
+}
+"""Each step kind's event builder: ``(ctx, variant, session, turn, clock) -> event``."""
 
 
 def _reply(

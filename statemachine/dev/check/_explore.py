@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...core._backoff import wait_seconds
@@ -221,22 +221,9 @@ class _Explorer(Properties):
         """Acyclic turn graph, every node reaches a terminal one; the longest turn."""
         n = len(self.nodes)
         intra = [self.intra_turn(i) for i in range(n)]  # read three times below
-        # Kahn's algorithm over intra-turn edges
-        indegree = [0] * n
-        for i in range(n):
-            for d, _ in intra[i]:
-                indegree[d] += 1
-        order = [i for i in range(n) if indegree[i] == 0]
-        head = 0
-        while head < len(order):
-            i = order[head]
-            head += 1
-            for d, _ in intra[i]:
-                indegree[d] -= 1
-                if indegree[d] == 0:
-                    order.append(d)
+        order = _topological_order(intra)
         if len(order) < n:
-            stuck = min(i for i in range(n) if indegree[i] > 0)
+            stuck = min(set(range(n)) - set(order))
             self.violate(
                 "ER-29",
                 f"loop: a turn can cycle forever through {self.nodes[stuck].turn.state!r}",
@@ -249,23 +236,37 @@ class _Explorer(Properties):
             changed = False
             for i in reversed(order):
                 if not done[i] and any(done[d] for d, s in intra[i] if s.kind != "Cancelled"):
-                    done[i] = True
-                    changed = True
-        for i in range(n):
-            if not done[i] and not self.exhausted and not self.stop_at(i):
-                self.violate(
-                    "ER-29",
-                    f"stuck: no way to a terminal state (but Cancelled) from "
-                    f"{self.nodes[i].turn.state!r}",
-                    _At(i),
-                )
-                break
+                    done[i] = changed = True
+        dead_end = next((i for i in range(n) if not done[i] and not self.stop_at(i)), None)
+        if dead_end is not None and not self.exhausted:
+            self.violate(
+                "ER-29",
+                f"stuck: no way to a terminal state (but Cancelled) from "
+                f"{self.nodes[dead_end].turn.state!r}",
+                _At(dead_end),
+            )
         # the longest turn: longest path from an idle node, in steps
         longest = [0] * n
         for i in reversed(order):
             longest[i] = max((1 + longest[d] for d, _ in intra[i]), default=0)
         idle = [longest[i] for i in range(n) if self.nodes[i].turn.state == IDLE]
         return max(idle, default=0)
+
+
+def _topological_order(successors: Sequence[Sequence[tuple[int, Step]]]) -> list[int]:
+    """Kahn's algorithm: the nodes in an order where every edge goes forward; those on
+    or behind a cycle are missing from it."""
+    indegree = [0] * len(successors)
+    for edges in successors:
+        for d, _ in edges:
+            indegree[d] += 1
+    order = [i for i, count in enumerate(indegree) if count == 0]
+    for i in order:  # grows while it is read
+        for d, _ in successors[i]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                order.append(d)
+    return order
 
 
 def _required(settings: Settings) -> tuple[frozenset[str], frozenset[str]]:
@@ -300,49 +301,51 @@ def row_reason(settings: Settings, row: Row) -> str | None:
     spent first, a first turn that is already the final-answer turn. A reason that
     starts with "may" marks a row whose reach depends on the jitter draws or on a
     value the check's representative events do not use: it is not required, and it
-    may be reached all the same.
+    may be reached all the same. The rows of :data:`_REASONS` are read in order.
     """
-    guards = row.guards
-    if row.event == "Cancelled" and row.source in (IDLE, "assembling", CALLING):
-        return None
-    if row.source in (IDLE, "assembling"):
-        return None
-    if row.source == CALLING and ("final_answer" in guards or guards in _ANY_TURN_GUARDS):
+    if _every_turn_reaches(row):
         return None
     first = _first_turn_is_final(settings)
     if first is not None:
         return first
-    if row.source == REDUCING_CONTEXT or "reductions_left" in guards:
-        if settings.max_context_reductions == 0:
-            return "max_context_reductions = 0: a context overflow is never reduced"
-        return None
-    if row.source == "backing_off_tools" or "conflict_retry" in guards:
-        if settings.max_conflict_retries == 0:
-            return "max_conflict_retries = 0: a conflicting call is never re-invoked"
-        return _first_wait_reason(settings)
-    if "trips_denial_breaker" in guards:
-        return _denial_reason(settings)
-    if "trips_breaker" in guards:
-        return _crash_reason(settings)
-    if row.source == BACKING_OFF or "wait_fits" in guards:
-        return _retry_reason(settings) or _first_wait_reason(settings)
-    if "fallback_left" in guards:
-        if not settings.fallback_models:
-            return "fallback_models is empty: there is no model to fall back to"
-        if settings.session_retry_ceiling == 0:
-            return _NO_CEILING
-        return None
-    if "ceiling_reached" in guards:
-        return _ceiling_reason(settings)
-    if "wait_crosses_wall_clock" in guards:
-        return _crosses_reason(settings)
-    if "server_wait_too_long" in guards:
-        return _deferred_reason(settings)
-    if guards == ("transient",):
-        return _spent_reason(settings)
-    if "retries_left" in guards:
-        return _retry_reason(settings)
+    for matches, reason in _REASONS:
+        if matches(row):
+            return reason(settings)
     return None
+
+
+def _every_turn_reaches(row: Row) -> bool:
+    """The start, the first assembly, a cancel before any wait, and the ``calling``
+    rows a final-answer turn takes as well as a regular one."""
+    if row.source in (IDLE, "assembling"):
+        return True
+    if row.source != CALLING:
+        return False
+    return (
+        row.event == "Cancelled" or "final_answer" in row.guards or row.guards in _ANY_TURN_GUARDS
+    )
+
+
+def _reduce_reason(settings: Settings) -> str | None:
+    if settings.max_context_reductions == 0:
+        return "max_context_reductions = 0: a context overflow is never reduced"
+    return None
+
+
+def _conflict_reason(settings: Settings) -> str | None:
+    if settings.max_conflict_retries == 0:
+        return "max_conflict_retries = 0: a conflicting call is never re-invoked"
+    return _first_wait_reason(settings)
+
+
+def _fallback_reason(settings: Settings) -> str | None:
+    if not settings.fallback_models:
+        return "fallback_models is empty: there is no model to fall back to"
+    return _NO_CEILING if settings.session_retry_ceiling == 0 else None
+
+
+def _wait_reason(settings: Settings) -> str | None:
+    return _retry_reason(settings) or _first_wait_reason(settings)
 
 
 def _denial_reason(settings: Settings) -> str | None:
@@ -529,6 +532,23 @@ def _spent_reason(settings: Settings) -> str | None:
         )
     what = f"the sum of the {retries} waits of one call"
     return _fits(settings, what, *_waits(settings, retries))
+
+
+_REASONS: tuple[tuple[Callable[[Row], bool], Callable[[Settings], str | None]], ...] = (
+    (lambda r: r.source == REDUCING_CONTEXT or "reductions_left" in r.guards, _reduce_reason),
+    (lambda r: r.source == "backing_off_tools" or "conflict_retry" in r.guards, _conflict_reason),
+    (lambda r: "trips_denial_breaker" in r.guards, _denial_reason),
+    (lambda r: "trips_breaker" in r.guards, _crash_reason),
+    (lambda r: r.source == BACKING_OFF or "wait_fits" in r.guards, _wait_reason),
+    (lambda r: "fallback_left" in r.guards, _fallback_reason),
+    (lambda r: "ceiling_reached" in r.guards, _ceiling_reason),
+    (lambda r: "wait_crosses_wall_clock" in r.guards, _crosses_reason),
+    (lambda r: "server_wait_too_long" in r.guards, _deferred_reason),
+    (lambda r: r.guards == ("transient",), _spent_reason),
+    (lambda r: "retries_left" in r.guards, _retry_reason),
+)
+"""(which rows, why they may not be reached): the first row that matches gives the
+reason (``None``: the row must be reached)."""
 
 
 def _space(settings: Settings) -> int:

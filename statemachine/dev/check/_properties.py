@@ -3,6 +3,8 @@ the final-answer turn, breakers, tool results) and that illegal events change no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ...core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
 from ...core._events import (
     Assembled,
@@ -15,6 +17,8 @@ from ...core._events import (
 )
 from ...core._exceptions import IllegalEvent
 from ...core._model_error import ModelError
+from ...core._settings import Settings
+from ...core._state import SessionState, TurnState
 from ...core._table import (
     BACKING_OFF,
     CALLING,
@@ -22,6 +26,7 @@ from ...core._table import (
     TERMINAL_STATES,
 )
 from ...core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
+from ...core._tool_calls import ToolCall, ToolOutcome
 from ._abstraction import _clone, _key, _Node, _rank
 from ._events import RECOVERY_STATES, Step, _At, _Ctx, _model_error
 
@@ -92,18 +97,9 @@ class Properties:
         """What any action must respect: the final-answer turn, breakers, Finish."""
         turn, dest = node.ts, node.ts.state
         v = self.violate
-        # the final-answer turn (ER-16) and the breakers (ER-18)
-        if turn.final_answer:
-            if type(action) is Wait:
-                v("ER-16", "final-answer turn waits to retry", path)
-            if type(action) is InvokeTools:
-                v("ER-16", "final-answer turn invokes tools", path)
-            if type(action) is CallModel and (action.attempt or not action.withhold_tools):
-                v("ER-16", f"final-answer turn call is not one tool-less attempt: {action!r}", path)
-            if type(action) is Assemble and (
-                not action.withhold_tools or not action.instruction or action.reduce
-            ):
-                v("ER-16", f"final-answer turn assembles wrongly: {action!r}", path)
+        problem = _final_answer_problem(action) if turn.final_answer else None
+        if problem is not None:
+            v("ER-16", problem, path)
         if type(action) is InvokeTools:
             blocked = [c.provider for c in action.calls if c.provider in source.state.tripped]
             if blocked:
@@ -116,7 +112,6 @@ class Properties:
                     f"a re-invocation that is not the first conflict, alone: {action!r}",
                     path,
                 )
-
         if type(action) is Finish and action.status is not turn.status:
             v("ER-30", f"Finish status {action.status} but turn status {turn.status}", path)
         if type(action) is Finish and dest not in TERMINAL_STATES:
@@ -125,13 +120,7 @@ class Properties:
             v("ER-29", f"terminal state {dest!r} reached with {action!r}", path)
 
     def check_event(
-        self,
-        source: _Node,
-        node: _Node,
-        step: Step,
-        event: object,
-        action: Action,
-        path: _At,
+        self, source: _Node, node: _Node, step: Step, event: object, action: Action, path: _At
     ) -> None:
         """The required reaction to each kind of event."""
         src_state = source.ts.state
@@ -152,19 +141,14 @@ class Properties:
             )
             if shrank and not (type(action) is CallModel and action.attempt == 0):
                 v("ER-7", f"a shrunk reassembly is not called: {action!r}", path)
-            if not shrank and not (
-                type(action) is Finish and action.status is TurnStatus.CONTEXT_EXHAUSTED
-            ):
+            if not shrank and _status(action) is not TurnStatus.CONTEXT_EXHAUSTED:
                 v("ER-8", f"a context that cannot shrink gave {action!r}", path)
-        elif isinstance(event, WaitDone) and src_state == BACKING_OFF:
-            prev = source.turn.action
-            if not (
-                type(action) is CallModel
-                and action.request == source.ts.request
-                and action.attempt == source.ts.attempt + 1
-                and type(prev) is Wait
-            ):
-                v("ER-1", f"WaitDone did not resend the same request, attempt+1: {action!r}", path)
+        elif (
+            isinstance(event, WaitDone)
+            and src_state == BACKING_OFF
+            and not _resends(source, action)
+        ):
+            v("ER-1", f"WaitDone did not resend the same request, attempt+1: {action!r}", path)
 
     def check_failure(
         self,
@@ -203,23 +187,10 @@ class Properties:
         """A rate limit or an overload: wait, fall back, or one of the bounded ends."""
         settings = self.ctx.settings
         v = self.violate
-        status = action.status if type(action) is Finish else None
-        turn = source.ts
-        session = source.state
+        turn, session = source.ts, source.state
         _, _, honoured = _model_error(self.ctx, step.variant)
         if type(action) is Wait:
-            if turn.final_answer:
-                v("ER-16", "final-answer turn retried", path)
-            if turn.attempt >= settings.max_retries:
-                v("ER-5", f"retry beyond max_retries at attempt {turn.attempt}", path)
-            if session.retries >= settings.session_retry_ceiling:
-                v("ER-5", f"retry at the session ceiling ({session.retries})", path)
-            self.check_wait(action, turn.attempt, honoured, path)
-            limit = settings.max_wall_clock_s
-            if limit is not None and source.session.elapsed_s + action.seconds > limit:
-                v("ER-19", f"a wait crossing max_wall_clock_s was taken: {action!r}", path)
-            if honoured is not None and honoured > settings.max_server_wait_s:
-                v("ER-20", f"a server wait beyond max_server_wait_s was taken: {action!r}", path)
+            self.check_retry_wait(source, action, honoured, path)
         elif type(action) is CallModel:
             models = settings.fallback_models
             index = turn.model_index + 1
@@ -233,25 +204,30 @@ class Properties:
                 v("ER-23", f"transient failure answered by {action!r}", path)
             if session.retries >= settings.session_retry_ceiling:
                 v("ER-5", f"fallback at the session ceiling ({session.retries})", path)
-        elif status is TurnStatus.RETRY_DEFERRED:
-            if honoured is None or honoured <= settings.max_server_wait_s:
-                v("ER-20", f"retry_deferred without a too-long server wait: {action!r}", path)
-            elif type(action) is Finish and action.retry_at is None:
-                v("ER-20", "retry_deferred without retry_at", path)
-        elif status not in (
-            TurnStatus.RETRIES_EXHAUSTED,
-            TurnStatus.RETRY_CEILING_REACHED,
-            TurnStatus.BUDGET_EXHAUSTED,
-        ):
-            v("ER-1", f"transient failure answered by {action!r}", path)
-        elif (
-            status is TurnStatus.RETRIES_EXHAUSTED
-            and not turn.final_answer
-            and turn.attempt < settings.max_retries
-            and settings.max_wall_clock_s is None
-            and honoured is None
-        ):
-            v("ER-5", "retries_exhausted with retries left", path)
+        else:
+            found = _transient_end_problem(settings, turn, action, honoured)
+            if found is not None:
+                v(*found, path)
+
+    def check_retry_wait(
+        self, source: _Node, action: Wait, honoured: float | None, path: _At
+    ) -> None:
+        """A transient failure's wait: within the caps, the backoff and the clocks."""
+        settings = self.ctx.settings
+        v = self.violate
+        turn, session = source.ts, source.state
+        if turn.final_answer:
+            v("ER-16", "final-answer turn retried", path)
+        if turn.attempt >= settings.max_retries:
+            v("ER-5", f"retry beyond max_retries at attempt {turn.attempt}", path)
+        if session.retries >= settings.session_retry_ceiling:
+            v("ER-5", f"retry at the session ceiling ({session.retries})", path)
+        self.check_wait(action, turn.attempt, honoured, path)
+        limit = settings.max_wall_clock_s
+        if limit is not None and source.session.elapsed_s + action.seconds > limit:
+            v("ER-19", f"a wait crossing max_wall_clock_s was taken: {action!r}", path)
+        if honoured is not None and honoured > settings.max_server_wait_s:
+            v("ER-20", f"a server wait beyond max_server_wait_s was taken: {action!r}", path)
 
     def check_wait(self, action: Wait, attempt: int, honoured: float | None, path: _At) -> None:
         settings = self.ctx.settings
@@ -274,13 +250,8 @@ class Properties:
                 path,
             )
 
-    def check_tools(  # noqa: PLR0915 - the round re-derived in one place, in order
-        self,
-        source: _Node,
-        node: _Node,
-        event: ToolsDone,
-        action: Action,
-        path: _At,
+    def check_tools(
+        self, source: _Node, node: _Node, event: ToolsDone, action: Action, path: _At
     ) -> None:
         """A tool round, re-derived from its outcomes: deaths (not calls) count toward
         a provider's breaker (ER-89), denials toward the denial breaker (ER-84/85), a
@@ -288,54 +259,13 @@ class Properties:
         Finish mirrors every call's latest outcome (ER-12) and terminal tools (ER-83)."""
         settings = self.ctx.settings
         v = self.violate
-        before, after = source.state, node.state
-        in_flight = source.ts.in_flight
         by_call = {o.call_id: o for o in event.outcomes}
-        crash = ToolErrorCategory.PROCESS_CRASHED
-        died: dict[str, bool] = {}
-        for call in in_flight:
-            died[call.provider] = died.get(call.provider, False) or (
-                by_call[call.id].category is crash
-            )
-        trips = False
-        for provider, crashed in died.items():
-            count = (before.breakers or {}).get(provider, 0) + 1 if crashed else 0
-            if (after.breakers or {}).get(provider, 0) != count:
-                v(
-                    "ER-89",
-                    f"{provider}: {count} crashes in a row, the session says "
-                    f"{(after.breakers or {}).get(provider, 0)}",
-                    path,
-                )
-            trips = trips or (crashed and count >= settings.breaker_threshold)
-            if settings.breaker_window is not None and crashed:
-                log = ((before.crash_logs or {}).get(provider, "") + "1")[
-                    -settings.breaker_window :
-                ]
-                trips = trips or log.count("1") >= settings.breaker_window_threshold  # type: ignore[operator]
-        denied = False
-        run, log = before.denials, before.denial_log
-        for call in in_flight:
-            hit = by_call[call.id].category is ToolErrorCategory.PERMISSION_DENIED
-            if settings.denial_threshold is not None:
-                run = run + 1 if hit else 0
-                denied = denied or run >= settings.denial_threshold
-            if settings.denial_window is not None:
-                log = (log + ("1" if hit else "0"))[-settings.denial_window :]
-                denied = denied or (hit and log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
-        conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
-        if source.ts.pending:
-            retried = by_call[source.ts.pending[0]].category is conflict and (
-                source.ts.conflict_attempt < settings.max_conflict_retries
-            )
-            retry = retried or len(source.ts.pending) > 1
-        else:
-            retry = settings.max_conflict_retries > 0 and any(
-                o.category is conflict for o in event.outcomes
-            )
-        retry = retry and not (trips or denied)
+        trips = self.check_crashes(source, node, by_call, path)
+        denied = _denial_trips(settings, source.state, source.ts.in_flight, by_call)
+        retry = _conflict_retry(settings, source.ts, event, by_call) and not (trips or denied)
+        before, after = source.state, node.state
         if type(action) is Wait:
-            if not retry or action.category is not conflict:
+            if not retry or action.category is not ToolErrorCategory.CONCURRENCY_CONFLICT:
                 v("ER-86", f"a Wait after a tool round that has nothing to retry: {action!r}", path)
             if after.tool_retries != before.tool_retries + 1:
                 v("ER-86", "a conflict's wait was not counted in tool_retries", path)
@@ -347,25 +277,63 @@ class Properties:
             return
         if retry and settings.max_wall_clock_s is None:
             v("ER-86", "a conflict with re-invocations left went to the model", path)
-        breaker = trips or denied
-        expected = TurnStatus.BREAKER_OPEN if breaker else TurnStatus.COMPLETED
+        expected = TurnStatus.BREAKER_OPEN if trips or denied else TurnStatus.COMPLETED
         if action.status is not expected:
             v("ER-13", f"tool outcomes gave {action.status}, expected {expected}", path)
         if trips and not after.tripped:
             v("ER-13", "a breaker tripped but no provider is open", path)
         if denied and after.limit is None:
             v("ER-84", "the denial breaker tripped but no limit fired", path)
+        self.check_results(source, node, action, trips or denied, path)
+
+    def check_crashes(
+        self, source: _Node, node: _Node, by_call: dict[str, ToolOutcome], path: _At
+    ) -> bool:
+        """Each provider's crash count after the round (a death counts once, a round
+        without one resets it: ER-89); whether a breaker trips."""
+        settings = self.ctx.settings
+        before, after = source.state, node.state
+        died: dict[str, bool] = {}
+        for call in source.ts.in_flight:
+            crashed = by_call[call.id].category is ToolErrorCategory.PROCESS_CRASHED
+            died[call.provider] = died.get(call.provider, False) or crashed
+        trips = False
+        for provider, crashed in died.items():
+            count = (before.breakers or {}).get(provider, 0) + 1 if crashed else 0
+            now = (after.breakers or {}).get(provider, 0)
+            if now != count:
+                self.violate(
+                    "ER-89", f"{provider}: {count} crashes in a row, the session says {now}", path
+                )
+            trips = trips or (crashed and count >= settings.breaker_threshold)
+            window = settings.breaker_window
+            if window is not None and crashed:
+                log = ((before.crash_logs or {}).get(provider, "") + "1")[-window:]
+                trips = trips or log.count("1") >= (settings.breaker_window_threshold or 0)
+        return trips
+
+    def check_results(
+        self, source: _Node, node: _Node, action: Finish, breaker: bool, path: _At
+    ) -> None:
+        """The Finish holds one result per call, mirroring its latest outcome (ER-12),
+        and is done when a terminal tool succeeded and no breaker tripped (ER-83)."""
         latest = {o.call_id: o for o in node.ts.outcomes}
         calls = source.ts.calls
         if len(action.tool_results) != len(calls) or set(latest) != {c.id for c in calls}:
-            v("ER-12", f"tool results do not mirror the calls: {action.tool_results!r}", path)
+            self.violate(
+                "ER-12", f"tool results do not mirror the calls: {action.tool_results!r}", path
+            )
             return
         for result in action.tool_results:
             if result.is_error != (not latest[result.call_id].ok):
-                v("ER-12", f"tool result {result.call_id} does not mirror its outcome", path)
+                self.violate(
+                    "ER-12", f"tool result {result.call_id} does not mirror its outcome", path
+                )
         terminal = not breaker and any(c.terminates_turn and latest[c.id].ok for c in calls)
         if action.done != terminal:
-            v("ER-83", f"Finish.done is {action.done}, the terminal tools say {terminal}", path)
+            self.violate(
+                "ER-83", f"Finish.done is {action.done}, the terminal tools say {terminal}", path
+            )
 
     def check_illegal(self, index: int) -> None:
         """Every event with no row in this state raises IllegalEvent, changes nothing."""
@@ -402,3 +370,98 @@ class Properties:
                 )
 
     # -- global properties ---------------------------------------------------------
+
+
+def _denial_trips(
+    settings: Settings,
+    before: SessionState,
+    in_flight: Sequence[ToolCall],
+    by_call: dict[str, ToolOutcome],
+) -> bool:
+    """Whether the round's denials, in call order, trip the denial breaker (ER-84/85)."""
+    denied = False
+    run, log = before.denials, before.denial_log
+    for call in in_flight:
+        hit = by_call[call.id].category is ToolErrorCategory.PERMISSION_DENIED
+        if settings.denial_threshold is not None:
+            run = run + 1 if hit else 0
+            denied = denied or run >= settings.denial_threshold
+        if settings.denial_window is not None:
+            log = (log + ("1" if hit else "0"))[-settings.denial_window :]
+            denied = denied or (hit and log.count("1") >= (settings.denial_window_threshold or 0))
+    return denied
+
+
+def _conflict_retry(
+    settings: Settings, turn: TurnState, event: ToolsDone, by_call: dict[str, ToolOutcome]
+) -> bool:
+    """Whether the round leaves a conflicting call to re-invoke (ER-86), breakers aside."""
+    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
+    if turn.pending:
+        first = by_call[turn.pending[0]].category is conflict
+        return (first and turn.conflict_attempt < settings.max_conflict_retries) or len(
+            turn.pending
+        ) > 1
+    return settings.max_conflict_retries > 0 and any(o.category is conflict for o in event.outcomes)
+
+
+def _status(action: Action) -> TurnStatus | None:
+    return action.status if type(action) is Finish else None
+
+
+def _final_answer_problem(action: Action) -> str | None:
+    """Why a final-answer turn may not emit ``action`` (ER-16), if it may not."""
+    if type(action) is Wait:
+        return "final-answer turn waits to retry"
+    if type(action) is InvokeTools:
+        return "final-answer turn invokes tools"
+    if type(action) is CallModel and (action.attempt or not action.withhold_tools):
+        return f"final-answer turn call is not one tool-less attempt: {action!r}"
+    if type(action) is Assemble and (
+        not action.withhold_tools or not action.instruction or action.reduce
+    ):
+        return f"final-answer turn assembles wrongly: {action!r}"
+    return None
+
+
+def _resends(source: _Node, action: Action) -> bool:
+    """Whether ``action``, after a WaitDone that ends a Wait, resends the same request
+    as the next attempt (ER-1)."""
+    return (
+        type(action) is CallModel
+        and action.request == source.ts.request
+        and action.attempt == source.ts.attempt + 1
+        and type(source.turn.action) is Wait
+    )
+
+
+_BOUNDED_ENDS = (
+    TurnStatus.RETRIES_EXHAUSTED,
+    TurnStatus.RETRY_CEILING_REACHED,
+    TurnStatus.BUDGET_EXHAUSTED,
+)
+
+
+def _transient_end_problem(
+    settings: Settings, turn: TurnState, action: Action, honoured: float | None
+) -> tuple[str, str] | None:
+    """(requirement, message) when a transient failure's Finish is not one of its
+    bounded ends, or is one it had no reason for."""
+    status = _status(action)
+    if status is TurnStatus.RETRY_DEFERRED:
+        if honoured is None or honoured <= settings.max_server_wait_s:
+            return "ER-20", f"retry_deferred without a too-long server wait: {action!r}"
+        if type(action) is Finish and action.retry_at is None:
+            return "ER-20", "retry_deferred without retry_at"
+        return None
+    if status not in _BOUNDED_ENDS:
+        return "ER-1", f"transient failure answered by {action!r}"
+    if (
+        status is TurnStatus.RETRIES_EXHAUSTED
+        and not turn.final_answer
+        and turn.attempt < settings.max_retries
+        and settings.max_wall_clock_s is None
+        and honoured is None
+    ):
+        return "ER-5", "retries_exhausted with retries left"
+    return None
