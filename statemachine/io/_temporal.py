@@ -1,28 +1,13 @@
-"""The engine inside Temporal workflows: the engine decides, Temporal remembers.
+"""The engine inside Temporal workflows, behind :mod:`statemachine.temporal` (whose
+docstring lists the pieces): the activities over a host's providers, the workflow-side
+driver, and the ready-made workflow, each usable on its own.
 
-Three layers, each usable on its own:
-
-* **Activities** (:class:`Activities`): the providers of the drivers (objects with
-  ``assemble`` / ``complete`` / ``invoke``, sync or async) wrapped as three Temporal
-  activities. A model call's exception is classified *inside* the activity
-  (``sm.classify``) and returned as data, never raised: the workflow gives it to the
-  engine as ``ModelFailed``, so the engine, not Temporal's retry policy, reacts to
-  each category. A tool's exception becomes a failed ``ToolOutcome``, as in the
-  drivers.
-* **The workflow-side driver** (:func:`run_turn`): ``sm.arun_turn`` for workflow code.
-  Every ``CallModel`` is exactly one activity attempt (``RetryPolicy(maximum_attempts=1)``),
-  every ``Wait`` is a durable timer (``workflow.sleep``), the tool calls of a round are
-  concurrent activities; a cancelled workflow sends ``Cancelled()`` to the turn.
-  :func:`new_session` / :func:`restore_session` build sessions on workflow time.
-* **A ready-made workflow** (:class:`SessionWorkflow`): runs a session's turns until
-  the model answers or the session ends; status and trace queries, continue-as-new
-  carrying the snapshot, an optional durable sleep through ``retry_deferred``, updates
-  for a person's input where the session waits for one, and the conversation sent
-  whole or (``store_conversation``) once per record to the context activities' store.
-
-Everything the workflow holds is JSON data on the wire (the engine's codec), so the
-default data converter serialises it and :mod:`._temporal_replay` can read it back
-from a history.
+Failures cross the activity boundary as data, never raised: a model call's exception
+is classified inside the activity and becomes ``ModelFailed``, so the engine, not
+Temporal's retry policy, reacts to each category; a tool's becomes a failed
+``ToolOutcome``. Everything the workflow holds is JSON data on the wire (the engine's
+codec), so the default data converter serialises it and :mod:`._temporal_replay` can
+read it back from a history.
 """
 
 from __future__ import annotations
@@ -154,20 +139,19 @@ def _value(data: Any, kind: type, where: str) -> Any:
 def model_event_data(event: ModelReplied | ModelFailed) -> dict[str, Any]:
     """A model activity's result as JSON data (the reply as its JSON form; the usage
     when the provider reported one)."""
-    usage = None if event.usage is None else encode(event.usage)
     if isinstance(event, ModelReplied):
-        replied = {
+        kind = "replied"
+        data = {
             "tool_calls": encode(event.tool_calls),
             "cost": event.cost,
             "reply": event.reply_data,
         }
-        if usage is not None:
-            replied["usage"] = usage
-        return {"replied": replied}
-    failed = {"error": encode(event.error), "partial": event.partial, "cost": event.cost}
-    if usage is not None:
-        failed["usage"] = usage
-    return {"failed": failed}
+    else:
+        kind = "failed"
+        data = {"error": encode(event.error), "partial": event.partial, "cost": event.cost}
+    if event.usage is not None:
+        data["usage"] = encode(event.usage)
+    return {kind: data}
 
 
 def _usage_of(data: dict[str, Any], where: str) -> Usage | None:
