@@ -164,13 +164,13 @@ def _instruments(provider: metrics.MeterProvider | None) -> _Instruments:
             _GLOBAL_INSTRUMENTS.append(_Instruments(meter))
         return _GLOBAL_INSTRUMENTS[0]
     try:
-        return _INSTRUMENTS[provider]
-    except KeyError:
-        pass
+        made = _INSTRUMENTS.get(provider)
     except TypeError:  # not weakly referenceable: not shared
         return _Instruments(metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL))
-    made = _Instruments(metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL))
-    _INSTRUMENTS[provider] = made
+    if made is None:
+        made = _INSTRUMENTS[provider] = _Instruments(
+            metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL)
+        )
     return made
 
 

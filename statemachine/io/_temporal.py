@@ -405,6 +405,14 @@ def _contract(message: str) -> ApplicationError:
     return ApplicationError(message, type="ProviderContractError", non_retryable=True)
 
 
+def _returned(method: str, event: object, *kinds: type) -> Any:
+    """``event`` if ``method`` returned one of ``kinds``, else a contract error."""
+    if not isinstance(event, kinds):
+        names = " or ".join(kind.__name__ for kind in kinds)
+        raise _contract(f"{method} must return {names}, got {event!r}")
+    return event
+
+
 class Activities:
     """The three activities over a host's providers, as the drivers take them.
 
@@ -462,11 +470,7 @@ class Activities:
             event = await _call(self._context.assemble, action)  # type: ignore[attr-defined]
         finally:
             _CONVERSATION.reset(token)
-        if not isinstance(event, Assembled | CannotShrink):
-            raise _contract(
-                f"context.assemble must return Assembled or CannotShrink, got {event!r}"
-            )
-        return context_event_data(event)
+        return context_event_data(_returned("context.assemble", event, Assembled, CannotShrink))
 
     @activity.defn(name=COMPLETE)
     async def complete(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -479,11 +483,7 @@ class Activities:
             raise _contract(str(provider_bug(action, exc))) from exc
         except Exception as exc:
             event = ModelFailed(classify(exc))
-        if not isinstance(event, ModelReplied | ModelFailed):
-            raise _contract(
-                f"model.complete must return ModelReplied or ModelFailed, got {event!r}"
-            )
-        return model_event_data(event)
+        return model_event_data(_returned("model.complete", event, ModelReplied, ModelFailed))
 
     @activity.defn(name=INVOKE)
     async def invoke(self, data: dict[str, Any]) -> dict[str, Any]:
