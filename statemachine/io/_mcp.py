@@ -352,10 +352,8 @@ class MCPStdioTools:
             )
         # The call failed, the process died or its pipes closed first: a dead
         # process (or transport) is the cause.
-        if conn.alive and _connection_lost(request):
-            await race(conn.down(), _EXIT_GRACE_S)  # the pipe's end can beat its flag
-        if not conn.alive:
-            info = await self._record_crash(conn)
+        info = await self._crashed(conn, _connection_lost(request))
+        if info is not None:
             return _failed(call, ToolErrorCategory.PROCESS_CRASHED, self._crash_text(call, info))
         exc = request.exception() if not request.cancelled() else None
         return _error_outcome(call, exc)
@@ -397,14 +395,17 @@ class MCPStdioTools:
             self._conn = conn
             return conn
         error = ready.exception() if not ready.cancelled() else None  # (also: retrieved)
-        if conn.alive:  # a failed handshake: most often the process is dying
-            await race(conn.down(), _EXIT_GRACE_S)
-        if not conn.alive:
-            info = await self._record_crash(conn)
-            await self._stop(conn)
-            return info
+        info = await self._crashed(conn, True)  # a failed handshake: most often a dying process
         await self._stop(conn)
-        return self._start_failed(conn, redact(f"MCP handshake failed: {error!r}"))
+        return info or self._start_failed(conn, redact(f"MCP handshake failed: {error!r}"))
+
+    async def _crashed(self, conn: _Connection, lost: bool) -> ExitInfo | None:
+        """The crash behind a failure, if the process died or its pipes closed; after
+        a failure that looks ``lost``, waited for a moment (the pipe's end can beat
+        the process's exit flag)."""
+        if lost and conn.alive:
+            await race(conn.down(), _EXIT_GRACE_S)
+        return None if conn.alive else await self._record_crash(conn)
 
     def _start_failed(self, conn: _Connection, reason: str) -> ExitInfo:
         self._last_exit = ExitInfo(conn.watched.pid, None, None, conn.watched.stderr_tail(), reason)
