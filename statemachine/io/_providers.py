@@ -281,29 +281,16 @@ class _Base:
         cost = (tokens_in or 0) * price_in / 1_000_000 + (tokens_out or 0) * price_out / 1_000_000
         return cost if math.isfinite(cost) else sys.float_info.max
 
-    def _usage(
-        self,
-        *,
-        input_tokens: int | None,
-        output_tokens: int | None,
-        cached_tokens: int | None,
-        model: Any,
-        response_id: Any,
-        finish_reason: Any,
-        cache_creation_tokens: int | None = None,
-        reasoning_tokens: int | None = None,
-    ) -> Usage:
+    def _usage(self, **reported: Any) -> Usage:
+        """A :class:`Usage` of what a response ``reported`` (token counts; its model,
+        response id and finish reason as reported, checked here), priced, saying where
+        the call went."""
         provider, address, port = self._where
+        for name in ("model", "response_id", "finish_reason"):
+            reported[name] = _label(reported.get(name))
         return Usage(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
-            cost_usd=self._cost(input_tokens, output_tokens),
-            model=_label(model),
-            response_id=_label(response_id),
-            finish_reason=_label(finish_reason),
-            cache_creation_tokens=cache_creation_tokens,
-            reasoning_tokens=reasoning_tokens,
+            **reported,
+            cost_usd=self._cost(reported.get("input_tokens"), reported.get("output_tokens")),
             provider_name=provider,
             server_address=address,
             server_port=port,
@@ -313,14 +300,30 @@ class _Base:
     def _raised(self, exc: Exception) -> ModelFailed:
         """The event of an SDK call that raised ``exc``: what a driver would send
         (``ModelFailed(classify(exc))``), with a usage saying where the call went."""
-        provider, address, port = self._where
-        where = Usage(
-            provider_name=provider,
-            server_address=address,
-            server_port=port,
-            streamed=self.streams,
-        )
-        return ModelFailed(classify(exc), usage=where)
+        return ModelFailed(classify(exc), usage=self._usage())
+
+    def _answer(
+        self, create: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> ModelReplied | ModelFailed:
+        """The event of ``create(**kwargs)``, a sync SDK call."""
+        try:
+            response = create(**kwargs)
+        except Exception as exc:
+            return self._raised(exc)
+        return self._event(response)
+
+    async def _aanswer(
+        self, create: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> ModelReplied | ModelFailed:
+        """The event of ``await create(**kwargs)``, an async SDK call."""
+        try:
+            response = await create(**kwargs)
+        except Exception as exc:
+            return self._raised(exc)
+        return self._event(response)
+
+    def _event(self, response: Any) -> ModelReplied | ModelFailed:
+        raise NotImplementedError  # pragma: no cover - each API reads its own
 
     def _usage_of(self, response: Any, reported: Any = None) -> Usage:
         """The :class:`Usage` of ``response`` (``reported``: a usage object seen apart
@@ -422,32 +425,21 @@ class AnthropicModel(_AnthropicBase):
 
     def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
-        kwargs = self._kwargs(action)
-        try:
-            message = self.client.messages.create(**kwargs)
-        except Exception as exc:
-            return self._raised(exc)
-        return self._event(message)
+        return self._answer(self.client.messages.create, self._kwargs(action))
 
 
-class _Streaming:
-    """The streaming switch of the async providers.
+class _Streaming(_Base):
+    """The streaming switch of the async providers: with ``on_text`` (a function or
+    coroutine function of one text delta) the call streams, and a failure comes back
+    as the module docstring says; one before any delta or usage as a driver sends it,
+    ``ModelFailed(classify(exc))``. (A driver ``model_timeout_s`` cancels the call from
+    outside and is neither marked partial nor charged: with streaming, prefer the SDK
+    client's own timeout.)"""
 
-    With ``on_text`` (a function or coroutine function of one text delta) the call
-    streams and every text delta goes to it as it arrives. A failure *after* a delta
-    was delivered comes back as ``ModelFailed(classify(exc), partial=True)``: the
-    engine never resends it and ends the turn ``stream_interrupted``. A failure
-    before any delta but after the stream reported its usage (Anthropic's
-    ``message_start``, an OpenAI chunk with ``usage``) comes back as
-    ``ModelFailed(classify(exc), partial=False)``: the engine retries it or not as
-    its category says, and counts its spend. Either carries the usage and the cost
-    reported so far. A failure before both is returned as ``ModelFailed(classify(exc))``,
-    as a driver would send it, and retried as usual. (A driver ``model_timeout_s``
-    cancels the call from outside and is neither marked partial nor charged: with
-    streaming, prefer the SDK client's own timeout.)
-    """
-
-    on_text: TextSink | None
+    def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
+        self.streams = on_text is not None
+        super().__init__(client, **kwargs)
+        self.on_text = on_text
 
     async def _deliver(self, text: str | None) -> None:
         if text and self.on_text is not None:
@@ -461,24 +453,15 @@ def _broken(exc: Exception, delivered: bool, usage: Usage) -> ModelFailed:
     return ModelFailed(classify(exc), partial=delivered, cost=_charged(usage), usage=usage)
 
 
-class AsyncAnthropicModel(_AnthropicBase, _Streaming):
+class AsyncAnthropicModel(_Streaming, _AnthropicBase):
     """An asyncio model provider on ``anthropic.AsyncAnthropic``: ``messages.create``,
     or ``messages.stream`` when ``on_text`` is given (see :class:`_Streaming`)."""
-
-    def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
-        self.streams = on_text is not None
-        super().__init__(client, **kwargs)
-        self.on_text = on_text
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a refusal comes back as ``ModelFailed(content_filtered)``."""
         kwargs = self._kwargs(action)
         if self.on_text is None:
-            try:
-                message = await self.client.messages.create(**kwargs)
-            except Exception as exc:
-                return self._raised(exc)
-            return self._event(message)
+            return await self._aanswer(self.client.messages.create, kwargs)
         delivered = False
         stream: Any = None
         started: Any = None  # the message of message_start, should the snapshot be unreadable
@@ -570,15 +553,10 @@ class OpenAIModel(_OpenAIBase):
 
     def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
-        kwargs = self._kwargs(action)
-        try:
-            completion = self.client.chat.completions.create(**kwargs)
-        except Exception as exc:
-            return self._raised(exc)
-        return self._event(completion)
+        return self._answer(self.client.chat.completions.create, self._kwargs(action))
 
 
-class AsyncOpenAIModel(_OpenAIBase, _Streaming):
+class AsyncOpenAIModel(_Streaming, _OpenAIBase):
     """An asyncio model provider on ``openai.AsyncOpenAI``: ``chat.completions.create``,
     streamed (``stream=True``, chunks accumulated by the SDK's
     ``ChatCompletionStreamState``) when ``on_text`` is given (see :class:`_Streaming`).
@@ -588,20 +566,11 @@ class AsyncOpenAIModel(_OpenAIBase, _Streaming):
     set ``stream_options`` themselves (``stream_options=None`` for a server that
     refuses the option: its streamed calls are then not charged)."""
 
-    def __init__(self, client: Any, *, on_text: TextSink | None = None, **kwargs: Any) -> None:
-        self.streams = on_text is not None
-        super().__init__(client, **kwargs)
-        self.on_text = on_text
-
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
         """Call the model; a content filter comes back as ``ModelFailed(content_filtered)``."""
         kwargs = self._kwargs(action)
         if self.on_text is None:
-            try:
-                completion = await self.client.chat.completions.create(**kwargs)
-            except Exception as exc:
-                return self._raised(exc)
-            return self._event(completion)
+            return await self._aanswer(self.client.chat.completions.create, kwargs)
         from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: PLC0415
 
         state: Any = ChatCompletionStreamState()

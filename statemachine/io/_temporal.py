@@ -1,28 +1,13 @@
-"""The engine inside Temporal workflows: the engine decides, Temporal remembers.
+"""The engine inside Temporal workflows, behind :mod:`statemachine.temporal` (whose
+docstring lists the pieces): the activities over a host's providers, the workflow-side
+driver, and the ready-made workflow, each usable on its own.
 
-Three layers, each usable on its own:
-
-* **Activities** (:class:`Activities`): the providers of the drivers (objects with
-  ``assemble`` / ``complete`` / ``invoke``, sync or async) wrapped as three Temporal
-  activities. A model call's exception is classified *inside* the activity
-  (``sm.classify``) and returned as data, never raised: the workflow gives it to the
-  engine as ``ModelFailed``, so the engine, not Temporal's retry policy, reacts to
-  each category. A tool's exception becomes a failed ``ToolOutcome``, as in the
-  drivers.
-* **The workflow-side driver** (:func:`run_turn`): ``sm.arun_turn`` for workflow code.
-  Every ``CallModel`` is exactly one activity attempt (``RetryPolicy(maximum_attempts=1)``),
-  every ``Wait`` is a durable timer (``workflow.sleep``), the tool calls of a round are
-  concurrent activities; a cancelled workflow sends ``Cancelled()`` to the turn.
-  :func:`new_session` / :func:`restore_session` build sessions on workflow time.
-* **A ready-made workflow** (:class:`SessionWorkflow`): runs a session's turns until
-  the model answers or the session ends; status and trace queries, continue-as-new
-  carrying the snapshot, an optional durable sleep through ``retry_deferred``, updates
-  for a person's input where the session waits for one, and the conversation sent
-  whole or (``store_conversation``) once per record to the context activities' store.
-
-Everything the workflow holds is JSON data on the wire (the engine's codec), so the
-default data converter serialises it and :mod:`._temporal_replay` can read it back
-from a history.
+Failures cross the activity boundary as data, never raised: a model call's exception
+is classified inside the activity and becomes ``ModelFailed``, so the engine, not
+Temporal's retry policy, reacts to each category; a tool's becomes a failed
+``ToolOutcome``. Everything the workflow holds is JSON data on the wire (the engine's
+codec), so the default data converter serialises it and :mod:`._temporal_replay` can
+read it back from a history.
 """
 
 from __future__ import annotations
@@ -154,20 +139,19 @@ def _value(data: Any, kind: type, where: str) -> Any:
 def model_event_data(event: ModelReplied | ModelFailed) -> dict[str, Any]:
     """A model activity's result as JSON data (the reply as its JSON form; the usage
     when the provider reported one)."""
-    usage = None if event.usage is None else encode(event.usage)
     if isinstance(event, ModelReplied):
-        replied = {
+        kind = "replied"
+        data = {
             "tool_calls": encode(event.tool_calls),
             "cost": event.cost,
             "reply": event.reply_data,
         }
-        if usage is not None:
-            replied["usage"] = usage
-        return {"replied": replied}
-    failed = {"error": encode(event.error), "partial": event.partial, "cost": event.cost}
-    if usage is not None:
-        failed["usage"] = usage
-    return {"failed": failed}
+    else:
+        kind = "failed"
+        data = {"error": encode(event.error), "partial": event.partial, "cost": event.cost}
+    if event.usage is not None:
+        data["usage"] = encode(event.usage)
+    return {kind: data}
 
 
 def _usage_of(data: dict[str, Any], where: str) -> Usage | None:
@@ -197,6 +181,11 @@ def model_event(data: Any) -> ModelReplied | ModelFailed:
     raise TypeError(f"a model activity result must hold 'replied' or 'failed', got {data!r:.200}")
 
 
+def tool_outcome_of(data: Any) -> ToolOutcome:
+    """The outcome a tool activity's result stands for."""
+    return _value(data, ToolOutcome, "ToolOutcome")  # type: ignore[no-any-return]
+
+
 def context_event_data(event: Assembled | CannotShrink) -> dict[str, Any]:
     """A context activity's result as JSON data."""
     if isinstance(event, Assembled):
@@ -221,14 +210,16 @@ MODEL_LOST = "the model activity missed its heartbeat (its worker died or hung)"
 TOOL_LOST = "the tool activity missed its heartbeat (its worker died or hung)"
 
 
-def timed_out_model(message: str) -> ModelFailed:
-    """What a model activity that ran out of time (or whose worker died) stands for:
-    ``overloaded`` with ``code="timeout"``, as the drivers' ``model_timeout_s``."""
-    return ModelFailed(ModelError(ErrorCategory.OVERLOADED, message, code="timeout"))
+def model_timed_out(lost: bool, details: Sequence[Any] = ()) -> ModelFailed:
+    """What a model activity that ran out of time stands for (``lost``: it missed its
+    heartbeat, its worker died or hung): see :func:`lost_model`."""
+    return lost_model(MODEL_LOST if lost else MODEL_TIMED_OUT, details)
 
 
-def timed_out_tool(call: ToolCall, message: str) -> ToolOutcome:
-    """What a tool activity that ran out of time stands for: a ``timeout`` outcome."""
+def tool_timed_out(call: ToolCall, lost: bool) -> ToolOutcome:
+    """What a tool activity that ran out of time (or missed its heartbeat) stands for:
+    a ``timeout`` outcome."""
+    message = TOOL_LOST if lost else TOOL_TIMED_OUT
     return ToolOutcome(call.id, ok=False, content=message, category=ToolErrorCategory.TIMEOUT)
 
 
@@ -317,15 +308,6 @@ class Talk:
             self.records = []
 
 
-async def _call_with(method: Callable[..., Any], *arguments: Any) -> Any:
-    if inspect.iscoroutinefunction(method):
-        return await method(*arguments)
-    result = await asyncio.to_thread(method, *arguments)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
 _CONVERSATION: contextvars.ContextVar[Conversation] = contextvars.ContextVar(
     "statemachine.temporal.conversation"
 )
@@ -343,12 +325,12 @@ def conversation() -> Conversation:
         ) from None
 
 
-async def _call(method: Callable[[Any], Any], argument: Any) -> Any:
-    """``method(argument)``: awaited when it is a coroutine function, else on a thread
-    (a sync SDK call must not block the worker's event loop)."""
+async def _call(method: Callable[..., Any], *arguments: Any) -> Any:
+    """``method(*arguments)``: awaited when it is a coroutine function, else on a
+    thread (a sync SDK call must not block the worker's event loop)."""
     if inspect.iscoroutinefunction(method):
-        return await method(argument)
-    result = await asyncio.to_thread(method, argument)
+        return await method(*arguments)
+    result = await asyncio.to_thread(method, *arguments)
     if inspect.isawaitable(result):
         result = await result
     return result
@@ -404,12 +386,13 @@ async def _heartbeating(method: Callable[[Any], Any], argument: Any) -> Any:
 
 
 def lost_model(message: str, details: Sequence[Any]) -> ModelFailed:
-    """What a model activity whose worker was lost stands for: ``overloaded`` with
-    ``code="timeout"``, charged what the vendor had reported (the last heartbeat's
-    details, from :func:`report_usage`; nothing when it reported nothing)."""
+    """What a model activity that ran out of time, or whose worker was lost, stands
+    for: ``overloaded`` with ``code="timeout"`` (as the drivers' ``model_timeout_s``),
+    charged what the vendor had reported (the last heartbeat's details, from
+    :func:`report_usage`; nothing when it reported nothing)."""
     reported = details[-1] if details else None
     if not isinstance(reported, dict):
-        return timed_out_model(message)
+        reported = {}
     cost = reported.get("cost", 0.0)
     cost = cost if type(cost) in (int, float) and 0 <= cost < float("inf") else 0.0
     raw = reported.get("usage")
@@ -420,6 +403,14 @@ def lost_model(message: str, details: Sequence[Any]) -> ModelFailed:
 
 def _contract(message: str) -> ApplicationError:
     return ApplicationError(message, type="ProviderContractError", non_retryable=True)
+
+
+def _returned(method: str, event: object, *kinds: type) -> Any:
+    """``event`` if ``method`` returned one of ``kinds``, else a contract error."""
+    if not isinstance(event, kinds):
+        names = " or ".join(kind.__name__ for kind in kinds)
+        raise _contract(f"{method} must return {names}, got {event!r}")
+    return event
 
 
 class Activities:
@@ -472,18 +463,14 @@ class Activities:
                     "the workflow keeps its conversation in the context activities' store "
                     "(SessionInput.store_conversation), but Activities got no conversations="
                 )
-            await _call_with(self._conversations.append, kept["key"], kept["from"], turns)
-            turns = await _call_with(self._conversations.load, kept["key"])
+            await _call(self._conversations.append, kept["key"], kept["from"], turns)
+            turns = await _call(self._conversations.load, kept["key"])
         token = _CONVERSATION.set(Conversation(data.get("prompt"), tuple(turns)))
         try:
             event = await _call(self._context.assemble, action)  # type: ignore[attr-defined]
         finally:
             _CONVERSATION.reset(token)
-        if not isinstance(event, Assembled | CannotShrink):
-            raise _contract(
-                f"context.assemble must return Assembled or CannotShrink, got {event!r}"
-            )
-        return context_event_data(event)
+        return context_event_data(_returned("context.assemble", event, Assembled, CannotShrink))
 
     @activity.defn(name=COMPLETE)
     async def complete(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -496,11 +483,7 @@ class Activities:
             raise _contract(str(provider_bug(action, exc))) from exc
         except Exception as exc:
             event = ModelFailed(classify(exc))
-        if not isinstance(event, ModelReplied | ModelFailed):
-            raise _contract(
-                f"model.complete must return ModelReplied or ModelFailed, got {event!r}"
-            )
-        return model_event_data(event)
+        return model_event_data(_returned("model.complete", event, ModelReplied, ModelFailed))
 
     @activity.defn(name=INVOKE)
     async def invoke(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -649,8 +632,8 @@ class _Activities:
             data = await self._run(COMPLETE, encode(action), self._model, self._heartbeat)
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
-                message = MODEL_LOST if err.cause.type is TimeoutType.HEARTBEAT else MODEL_TIMED_OUT
-                return lost_model(message, err.cause.last_heartbeat_details)
+                lost = err.cause.type is TimeoutType.HEARTBEAT
+                return model_timed_out(lost, err.cause.last_heartbeat_details)
             raise _failed("model", err) from err
         return model_event(data)
 
@@ -662,10 +645,9 @@ class _Activities:
             data = await self._run(INVOKE, encode(call), self._tool, self._heartbeat)
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
-                lost = err.cause.type is TimeoutType.HEARTBEAT
-                return timed_out_tool(call, TOOL_LOST if lost else TOOL_TIMED_OUT)
+                return tool_timed_out(call, err.cause.type is TimeoutType.HEARTBEAT)
             raise _failed("tool", err) from err
-        return _value(data, ToolOutcome, "ToolOutcome")  # type: ignore[no-any-return]
+        return tool_outcome_of(data)
 
     async def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -1022,24 +1004,16 @@ async def session_loop(
     """Run the session's turns: the ready-made workflow's body, also run by the
     replay check. Returns the final report, or a :class:`Continue`. ``key`` names the
     conversation in the context activities' store (``store_conversation``)."""
-    session = open_session(data, io, workflow_id, [holder.observe])
-    holder.session = session
-    kept = key if data.store_conversation else None
+    session = holder.session = open_session(data, io, workflow_id, [holder.observe])
     if data.store_conversation and key is None:
         raise ConfigError("store_conversation: the session loop needs the conversation's key")
-    talk = Talk(data.prompt, data.turns, kept, data.sent)
+    talk = Talk(data.prompt, data.turns, key if data.store_conversation else None, data.sent)
     ran, deferred = 0, data.deferred
-    wait = float(data.await_human_s)
     gate = _approval(data, io, holder) if data.approve_tools else None
     while session.status is None:
         turn = session.current_turn
         if turn is None or turn.done:
-            if wait and session.limit_reached is not None:
-                given = await io.human(holder, RAISE_LIMIT, wait)
-                if given is not None:  # checked by the update's validator
-                    session = raised(session, given["settings"], io.now, [holder.observe])
-                    holder.session = session
-                    talk.records.append({"human": RAISE_LIMIT, "settings": given["settings"]})
+            session = await _raise_limit(data, io, holder, session, talk)
             turn = session.new_turn()
         try:
             finish = await drive(turn, io, talk, gate)
@@ -1050,91 +1024,114 @@ async def session_loop(
         talk.records.append(turn_record(finish, turn.index))
         holder.reply = finish.reply
         ran += 1
-        if finish.done and session.status is None:
-            session.end(SessionStatus.COMPLETED)
-            break
         deferred = deferred + 1 if finish.status is TurnStatus.RETRY_DEFERRED else 0
-        if deferred and deferred <= data.sleep_through_deferred:
-            retry_at = finish.retry_at if finish.retry_at is not None else io.now()
-            await io.sleep(max(0.0, retry_at - io.now()))
-        elif finish.status is TurnStatus.AUTH_ERROR and wait:
-            given = await io.human(holder, CREDENTIALS, wait)
-            if given is None:
-                session.end(SessionStatus.FAILED, reason="no new credentials in time")
-                break
-            talk.records.append({"human": CREDENTIALS, "ref": given["ref"]})
-        elif finish.status not in _GOES_ON:
-            if session.status is None:  # the conversation cannot go on: Report.status says so
-                session.end(SessionStatus.FAILED, reason=f"a turn ended {finish.status.value}")
+        if not await _goes_on(data, io, holder, session, talk, finish, deferred):
             break
         if session.status is None and (ran >= data.turns_per_run or io.continue_as_new_suggested()):
             return Continue(session.snapshot(), talk.records, deferred, talk.sent)
     return report(session, data.runs, holder.reply)
 
 
-_COUNTS = {
-    "sleep_through_deferred": 0,
-    "turns_per_run": 1,
-    "runs": 0,
-    "deferred": 0,
-    "sent": 0,
+async def _raise_limit(
+    data: SessionInput, io: TurnIO, holder: Holder, session: Session, talk: Talk
+) -> Session:
+    """The session the next turn runs in: after a limit fired, with the settings a
+    person raised within ``await_human_s``, if one did."""
+    wait = float(data.await_human_s)
+    if wait and session.limit_reached is not None:
+        given = await io.human(holder, RAISE_LIMIT, wait)
+        if given is not None:  # checked by the update's validator
+            session = holder.session = raised(session, given["settings"], io.now, [holder.observe])
+            talk.records.append({"human": RAISE_LIMIT, "settings": given["settings"]})
+    return session
+
+
+async def _goes_on(
+    data: SessionInput,
+    io: TurnIO,
+    holder: Holder,
+    session: Session,
+    talk: Talk,
+    finish: Finish,
+    deferred: int,
+) -> bool:
+    """Whether the session's next turn runs after ``finish`` (``deferred``: the turns
+    in a row that ended ``retry_deferred``), once it slept through a deferral or a
+    person gave new credentials; it ends the session where it cannot go on."""
+    if finish.done and session.status is None:
+        session.end(SessionStatus.COMPLETED)
+        return False
+    wait = float(data.await_human_s)
+    if deferred and deferred <= data.sleep_through_deferred:
+        retry_at = finish.retry_at if finish.retry_at is not None else io.now()
+        await io.sleep(max(0.0, retry_at - io.now()))
+    elif finish.status is TurnStatus.AUTH_ERROR and wait:
+        given = await io.human(holder, CREDENTIALS, wait)
+        if given is None:
+            session.end(SessionStatus.FAILED, reason="no new credentials in time")
+            return False
+        talk.records.append({"human": CREDENTIALS, "ref": given["ref"]})
+    elif finish.status not in _GOES_ON:
+        if session.status is None:  # the conversation cannot go on: Report.status says so
+            session.end(SessionStatus.FAILED, reason=f"a turn ended {finish.status.value}")
+        return False
+    return True
+
+
+def _count(least: int) -> tuple[Callable[[Any], bool], str]:
+    # a bool is an int here: the first release's sleep_through_deferred was a bool
+    return (lambda value: isinstance(value, int) and value >= least), f"an int >= {least}"
+
+
+def _seconds(value: Any) -> bool:
+    return value is None or (type(value) in (int, float) and 0 < value < float("inf"))
+
+
+def _name(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and bool(value))
+
+
+_SECONDS = (_seconds, "a finite number > 0 or None")
+_BOOL = (lambda value: isinstance(value, bool)), "a bool"
+_TABLE = (lambda value: isinstance(value, dict)), "a table"
+_INPUT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "sleep_through_deferred": _count(0),
+    "turns_per_run": _count(1),
+    "runs": _count(0),
+    "deferred": _count(0),
+    "sent": _count(0),
+    "await_human_s": ((lambda value: _seconds(value or None)), _SECONDS[1]),
+    "approve_tools": (
+        (lambda value: isinstance(value, list) and all(isinstance(t, str) and t for t in value)),
+        "a list of tool names",
+    ),
+    "store_conversation": _BOOL,
+    "fail_workflow": _BOOL,
+    "settings": _TABLE,
+    "snapshot": ((lambda value: value is None or isinstance(value, dict)), _TABLE[1]),
+    "turns": ((lambda value: isinstance(value, list)), "a list"),
+    "seed": ((lambda value: value is None or type(value) is int), "an int or None"),
+    "session_id": (_name, "a non-empty str or None"),
+    "task_queue": (_name, "a non-empty str or None"),
+    "activity_timeout_s": _SECONDS,
+    "heartbeat_timeout_s": _SECONDS,
 }
-"""The input's count fields and the least value each may take."""
+"""The input's fields that are checked, in order: what each must hold, and its wording."""
 
 
 def check_input(data: SessionInput) -> SessionInput:
     """``data`` if its fields hold what the workflow can run with, else
     ``ConfigError`` naming the first field that does not (a bug error: it fails the
     workflow, where a failing workflow task would be retried forever)."""
-    for name, least in _COUNTS.items():
+    for name, (holds, what) in _INPUT_FIELDS.items():
         value = getattr(data, name)
-        # a bool is an int here: the first release's sleep_through_deferred was a bool
-        if not isinstance(value, int) or value < least:
-            raise ConfigError(f"SessionInput.{name}: must be an int >= {least}, got {value!r:.60}")
-    _check_seconds("await_human_s", data.await_human_s or None)
-    tools = data.approve_tools
-    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
-        raise ConfigError(
-            f"SessionInput.approve_tools: must be a list of tool names, got {tools!r:.60}"
-        )
-    if tools and not data.await_human_s:
-        raise ConfigError(
-            "SessionInput.approve_tools: needs await_human_s > 0 to wait for a decision"
-        )
-    if not isinstance(data.store_conversation, bool):
-        raise ConfigError(
-            f"SessionInput.store_conversation: must be a bool, got {data.store_conversation!r:.60}"
-        )
-    if not isinstance(data.fail_workflow, bool):
-        raise ConfigError(
-            f"SessionInput.fail_workflow: must be a bool, got {data.fail_workflow!r:.60}"
-        )
-    if not isinstance(data.settings, dict):
-        raise ConfigError(f"SessionInput.settings: must be a table, got {data.settings!r:.60}")
-    if data.snapshot is not None and not isinstance(data.snapshot, dict):
-        raise ConfigError(f"SessionInput.snapshot: must be a table, got {data.snapshot!r:.60}")
-    if not isinstance(data.turns, list):
-        raise ConfigError(f"SessionInput.turns: must be a list, got {data.turns!r:.60}")
-    if data.seed is not None and type(data.seed) is not int:
-        raise ConfigError(f"SessionInput.seed: must be an int or None, got {data.seed!r:.60}")
-    for name in ("session_id", "task_queue"):
-        value = getattr(data, name)
-        if value is not None and (not isinstance(value, str) or not value):
+        if not holds(value):
+            raise ConfigError(f"SessionInput.{name}: must be {what}, got {value!r:.60}")
+        if name == "approve_tools" and value and not data.await_human_s:
             raise ConfigError(
-                f"SessionInput.{name}: must be a non-empty str or None, got {value!r:.60}"
+                "SessionInput.approve_tools: needs await_human_s > 0 to wait for a decision"
             )
-    for name in ("activity_timeout_s", "heartbeat_timeout_s"):
-        _check_seconds(name, getattr(data, name))
     return data
-
-
-def _check_seconds(name: str, timeout: object) -> None:
-    if timeout is not None and (
-        type(timeout) not in (int, float) or not 0 < timeout < float("inf")  # type: ignore[operator]
-    ):
-        raise ConfigError(
-            f"SessionInput.{name}: must be a finite number > 0 or None, got {timeout!r:.60}"
-        )
 
 
 FAILED_SESSION = "SessionFailed"

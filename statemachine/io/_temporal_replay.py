@@ -33,7 +33,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 
 from ..core._actions import Assemble, CallModel
-from ..core._codec import decode, encode
+from ..core._codec import encode
 from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied
 from ..core._exceptions import ConfigError, InvalidValue
 from ..core._settings import Settings
@@ -44,10 +44,6 @@ from ._temporal import (
     COMPLETE,
     FAILED_SESSION,
     INVOKE,
-    MODEL_LOST,
-    MODEL_TIMED_OUT,
-    TOOL_LOST,
-    TOOL_TIMED_OUT,
     WORKFLOW,
     Continue,
     Holder,
@@ -58,10 +54,11 @@ from ._temporal import (
     conversation_key,
     fails_workflow,
     human_input,
-    lost_model,
     model_event,
+    model_timed_out,
     session_loop,
-    timed_out_tool,
+    tool_outcome_of,
+    tool_timed_out,
 )
 
 __all__ = ["Drift", "check_replay"]
@@ -176,46 +173,45 @@ class _History:
         return False  # the end of the run is compared instead (see check_replay)
 
     async def assemble(self, action: Assemble, talk: Talk) -> Assembled | CannotShrink:
-        event = self._activity(ASSEMBLE, talk.data(action), f"{action!r:.200}")
-        result = self._result(event)
-        if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            raise _Found(None)  # the workflow failed there (a context activity bug)
-        self._advance(result.event_id)
-        return context_event(self._payload(result.activity_task_completed_event_attributes))
+        (result,) = self._answered(ASSEMBLE, [(talk.data(action), f"{action!r:.200}")])
+        return context_event(self._completed(result))  # else the context activity's bug
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
-        event = self._activity(COMPLETE, encode(action), f"{action!r:.200}")
-        result = self._result(event)
-        self._advance(result.event_id)
+        (result,) = self._answered(COMPLETE, [(encode(action), f"{action!r:.200}")])
         if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-            message = MODEL_LOST if _heartbeat(result) else MODEL_TIMED_OUT
             info = result.activity_task_timed_out_event_attributes.failure.timeout_failure_info
             payloads = list(info.last_heartbeat_details.payloads)
             details = self._converter.from_payloads(payloads) if payloads else []
-            return lost_model(message, details)
-        if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            raise _Found(None)
-        return model_event(self._payload(result.activity_task_completed_event_attributes))
+            return model_timed_out(_heartbeat(result), details)
+        return model_event(self._completed(result))
 
     async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
-        scheduled = [self._activity(INVOKE, encode(call), f"{call!r:.200}") for call in calls]
+        results = self._answered(INVOKE, [(encode(call), f"{call!r:.200}") for call in calls])
+        return tuple(
+            tool_timed_out(call, _heartbeat(result))
+            if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT
+            else tool_outcome_of(self._completed(result))
+            for call, result in zip(calls, results, strict=True)
+        )
+
+    def _answered(self, name: str, inputs: list[tuple[Any, str]]) -> list[HistoryEvent]:
+        """The results of activities ``name`` scheduled with ``inputs`` (data, what it
+        is), compared with the history's next commands; the workflow time is then the
+        one the last result was delivered at."""
+        scheduled = [self._activity(name, data, what) for data, what in inputs]
         results = [self._result(event) for event in scheduled]
         self._advance(max(r.event_id for r in results))
-        outcomes = []
-        for call, result in zip(calls, results, strict=True):
-            if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-                lost = _heartbeat(result)
-                outcomes.append(timed_out_tool(call, TOOL_LOST if lost else TOOL_TIMED_OUT))
-            elif result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-                data = self._payload(result.activity_task_completed_event_attributes)
-                outcomes.append(_outcome(data))
-            else:
-                raise _Found(None)
-        return tuple(outcomes)
+        return results
 
-    def _timer(self, expected: str, seconds: float) -> HistoryEvent:
+    def _completed(self, result: HistoryEvent) -> Any:
+        """A completed activity's result (the history ends where one failed)."""
+        if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            raise _Found(None)
+        return self._payload(result.activity_task_completed_event_attributes)
+
+    def _timer(self, expected: str, seconds: float) -> tuple[HistoryEvent, HistoryEvent | None]:
         """The next event, a timer of ``seconds`` (a drift naming ``expected``
-        otherwise), taken."""
+        otherwise), taken, and the event of its firing, if it fired."""
         event = self._next(expected)
         if event.event_type != _E.EVENT_TYPE_TIMER_STARTED:
             self._drift(event, expected, _described(event))
@@ -224,18 +220,19 @@ class _History:
         if found != _nanos(seconds):
             self._drift(event, expected, f"a timer of {found} ns ({found / 1e9!r} s)")
         self.index += 1
-        return event
+        return event, self._fired.get(attributes.timer_id)
 
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        event = self._timer(f"a timer of {_nanos(seconds)} ns ({seconds!r} s)", seconds)
-        fired = self._fired.get(event.timer_started_event_attributes.timer_id)
+    def _fire(self, fired: HistoryEvent | None) -> None:
+        """Go on past a timer's firing (cancelled first: the workflow's cancel)."""
         if self._cancelled_before(fired):
             raise asyncio.CancelledError
         if fired is None:
             raise _Found(None)
         self._advance(fired.event_id)
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._fire(self._timer(f"a timer of {_nanos(seconds)} ns ({seconds!r} s)", seconds)[1])
 
     async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
         """The wait for a person: the timer of ``wait_condition``'s timeout, and the
@@ -243,8 +240,7 @@ class _History:
         updates' inbox, ``holder``, is the live workflow's: here the history is.)"""
         del holder
         expected = f"a wait for {kind} of {_nanos(timeout_s)} ns ({timeout_s!r} s)"
-        event = self._timer(expected, timeout_s)
-        fired = self._fired.get(event.timer_started_event_attributes.timer_id)
+        event, fired = self._timer(expected, timeout_s)
         limit = fired.event_id if fired is not None else 1 << 62
         update = next(
             (
@@ -264,11 +260,7 @@ class _History:
                 return human_input(request.input.name, argument)
             except ValueError as exc:
                 self._drift(update, f"an input for {kind}", f"an update {exc}")
-        if self._cancelled_before(fired):
-            raise asyncio.CancelledError
-        if fired is None:
-            raise _Found(None)
-        self._advance(fired.event_id)
+        self._fire(fired)
         return None
 
     # -- reading the history -------------------------------------------------------
@@ -361,13 +353,6 @@ def _heartbeat(timed_out: HistoryEvent) -> bool:
     """Whether an activity timed out for a missed heartbeat (its worker was lost)."""
     failure = timed_out.activity_task_timed_out_event_attributes.failure
     return bool(failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_HEARTBEAT)
-
-
-def _outcome(data: Any) -> ToolOutcome:
-    value = decode(data, "ToolOutcome")
-    if not isinstance(value, ToolOutcome):
-        raise TypeError(f"a tool activity result must be an encoded ToolOutcome, got {data!r:.200}")
-    return value
 
 
 def _described(event: HistoryEvent) -> str:
@@ -489,40 +474,36 @@ def check_replay(
 def _compare_end(
     recorded: _History, end: HistoryEvent, outcome: Any, data: SessionInput
 ) -> Drift | None:
+    """The run's end (``outcome``) against the event that closed the recorded run."""
     index = recorded.index
-    if not isinstance(outcome, Continue) and fails_workflow(data, outcome):
-        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-            return Drift(
-                index, end.event_id, f"the run to fail ({FAILED_SESSION})", _described(end)
-            )
-        failure = end.workflow_execution_failed_event_attributes.failure
-        kind = failure.application_failure_info.type
-        if kind != FAILED_SESSION:
-            return Drift(index, end.event_id, f"a {FAILED_SESSION} failure", f"a {kind!r} failure")
-        return None
     if isinstance(outcome, Continue):
-        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
-            return Drift(index, end.event_id, "continue-as-new", _described(end))
+        expected, kind = "continue-as-new", _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    elif fails_workflow(data, outcome):
+        expected, kind = (
+            f"the run to fail ({FAILED_SESSION})",
+            _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+        )
+    else:
+        expected, kind = "the run to complete", _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    if end.event_type != kind:
+        return Drift(index, end.event_id, expected, _described(end))
+    if isinstance(outcome, Continue):
         carried = recorded.input_of(end, "workflow_execution_continued_as_new_event_attributes")
-        if _json(carried.snapshot) != _json(outcome.snapshot):
-            return Drift(
-                index,
-                end.event_id,
-                f"continue-as-new carrying {_json(outcome.snapshot):.300}",
-                f"a snapshot {_json(carried.snapshot):.300}",
-            )
+        found = _json(carried.snapshot)
+        expected = f"continue-as-new carrying {_json(outcome.snapshot):.300}"
+        same = found == _json(outcome.snapshot)
+        return None if same else Drift(index, end.event_id, expected, f"a snapshot {found:.300}")
+    if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        failure = end.workflow_execution_failed_event_attributes.failure.application_failure_info
+        if failure.type != FAILED_SESSION:
+            expected = f"a {FAILED_SESSION} failure"
+            return Drift(index, end.event_id, expected, f"a {failure.type!r} failure")
         return None
-    if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
-        return Drift(index, end.event_id, "the run to complete", _described(end))
-    found = recorded.result_of(end)
-    expected = json.loads(_json(_plain(outcome)))
-    if _json(found) != _json(expected):
-        return Drift(index, end.event_id, f"the result {_json(expected):.300}", f"{found!r:.300}")
+    result = recorded.result_of(end)
+    plain = json.loads(_json(dataclasses.asdict(outcome)))
+    if _json(result) != _json(plain):
+        return Drift(index, end.event_id, f"the result {_json(plain):.300}", f"{result!r:.300}")
     return None
-
-
-def _plain(outcome: Any) -> Any:
-    return dataclasses.asdict(outcome)
 
 
 def _override(data: SessionInput, settings: Settings | None, seed: int | None) -> SessionInput:

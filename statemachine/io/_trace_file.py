@@ -370,7 +370,7 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
                 settings[None] = recorded
             anchor = _anchor(data.get("anchor"), where)
         elif kind == "summary":
-            scenario = data.get("scenario")
+            scenario = _scenario(data, where)
             status = data.get("session_status")
             statuses[scenario] = status if isinstance(status, str) else None
             recorded = _settings(data.get("settings"), where)
@@ -423,39 +423,9 @@ def _read_step(
     previous_cost: dict[str | None, float],
 ) -> TracedStep:
     values = {key: _field(data, key, kind, where) for key, kind in _STEP_FIELDS.items()}
-    scenario = data.get("scenario")
-    if scenario is not None and not isinstance(scenario, str):
-        raise TraceFileError(f"{where}: scenario: got {scenario!r:.60}")
-    key = (values["state"], values["event"], values["guard"], values["next"])
-    effect = _ROW_KEYS.get(key)
-    if effect is None:
-        guard = f" [{values['guard']}]" if values["guard"] else ""
-        raise TraceFileError(
-            f"{where}: {values['state']} -{values['event']}{guard}-> {values['next']} "
-            "is not a row of this engine's transition table (a trace of another engine "
-            "version?): it cannot be drawn on this machine"
-        )
-    try:
-        action: Action = decode(values["action"], "action")
-    except ValueError as exc:
-        raise TraceFileError(f"{where}: {exc}") from None
-    expected = ACTION_OF_EFFECT[effect]
-    if type(action) is not expected:
-        raise TraceFileError(
-            f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
-            f"emits {expected.__name__}, the step has {type(action).__name__}"
-        )
-    problem = _action_problem(action)
-    if problem is not None:
-        raise TraceFileError(f"{where}: action: {type(action).__name__}.{problem}")
-    status = _ROW_STATUSES[key]
-    if isinstance(action, Finish) and status is not None and action.status.value != status:
-        raise TraceFileError(
-            f"{where}: the row {values['state']} -{values['event']}-> {values['next']} "
-            f"finishes {status}, the step says {action.status.value}: it would be drawn wrong"
-        )
-    at = _number(data, "t", where)
-    wall = _number(data, "wall", where)
+    scenario = _scenario(data, where)
+    action = _row_action(values, where)
+    at, wall = _number(data, "t", where), _number(data, "wall", where)
     caused_by = _cause(data.get("caused_by"), values["event"], where)
     if written:
         cost = _number(data, "event_cost_usd", where) or 0.0
@@ -464,24 +434,7 @@ def _read_step(
         cost = max(0.0, total - previous_cost.get(scenario, 0.0))
         previous_cost[scenario] = total
     turn_key = (scenario, values["turn"])
-    before = last.get(turn_key)
-    if before is None:
-        if values["step"] != 0 and not written:
-            raise TraceFileError(f"{where}: turn {values['turn']} starts at step {values['step']}")
-        if values["step"] == 0 and (values["state"], values["event"]) != (IDLE, START):
-            raise TraceFileError(f"{where}: step 0 of turn {values['turn']} must be idle -start->")
-    else:
-        if values["step"] != before.step + 1:
-            raise TraceFileError(
-                f"{where}: turn {values['turn']} step {values['step']} follows step {before.step}"
-            )
-        if values["state"] != before.dest:
-            raise TraceFileError(
-                f"{where}: turn {values['turn']} step {values['step']} leaves "
-                f"{values['state']!r}, but step {before.step} ended in {before.dest!r}"
-            )
-        if before.at is not None and at is not None and at < before.at:
-            raise TraceFileError(f"{where}: time runs backwards ({at} after {before.at})")
+    _check_order(values, at, last.get(turn_key), written, where)
     record = TraceRecord(
         turn=values["turn"],
         step=values["step"],
@@ -510,6 +463,74 @@ def _read_step(
         limit=_text(data, "limit", where),
         session_status=_text(data, "session_status", where),
     )
+
+
+def _row_action(values: Mapping[str, Any], where: str) -> Action:
+    """The step's action, checked against its row of the table: the action the row
+    emits, as the engine writes it, finishing with the row's status."""
+    key = (values["state"], values["event"], values["guard"], values["next"])
+    row = f"{values['state']} -{values['event']}-> {values['next']}"
+    effect = _ROW_KEYS.get(key)
+    if effect is None:
+        guard = f" [{values['guard']}]" if values["guard"] else ""
+        raise TraceFileError(
+            f"{where}: {values['state']} -{values['event']}{guard}-> {values['next']} "
+            "is not a row of this engine's transition table (a trace of another engine "
+            "version?): it cannot be drawn on this machine"
+        )
+    try:
+        action: Action = decode(values["action"], "action")
+    except ValueError as exc:
+        raise TraceFileError(f"{where}: {exc}") from None
+    expected = ACTION_OF_EFFECT[effect]
+    if type(action) is not expected:
+        raise TraceFileError(
+            f"{where}: the row {row} emits {expected.__name__}, the step has "
+            f"{type(action).__name__}"
+        )
+    problem = _action_problem(action)
+    if problem is not None:
+        raise TraceFileError(f"{where}: action: {type(action).__name__}.{problem}")
+    status = _ROW_STATUSES[key]
+    if isinstance(action, Finish) and status is not None and action.status.value != status:
+        raise TraceFileError(
+            f"{where}: the row {row} finishes {status}, the step says "
+            f"{action.status.value}: it would be drawn wrong"
+        )
+    return action
+
+
+def _check_order(
+    values: Mapping[str, Any],
+    at: float | None,
+    before: TraceRecord | None,
+    written: bool,
+    where: str,
+) -> None:
+    """A step follows the one before it in its turn (``before``), or starts its turn."""
+    turn, step = values["turn"], values["step"]
+    if before is None:
+        if step != 0 and not written:
+            raise TraceFileError(f"{where}: turn {turn} starts at step {step}")
+        if step == 0 and (values["state"], values["event"]) != (IDLE, START):
+            raise TraceFileError(f"{where}: step 0 of turn {turn} must be idle -start->")
+        return
+    if step != before.step + 1:
+        raise TraceFileError(f"{where}: turn {turn} step {step} follows step {before.step}")
+    if values["state"] != before.dest:
+        raise TraceFileError(
+            f"{where}: turn {turn} step {step} leaves {values['state']!r}, but step "
+            f"{before.step} ended in {before.dest!r}"
+        )
+    if before.at is not None and at is not None and at < before.at:
+        raise TraceFileError(f"{where}: time runs backwards ({at} after {before.at})")
+
+
+def _scenario(data: Mapping[str, Any], where: str) -> str | None:
+    scenario = data.get("scenario")
+    if scenario is not None and not isinstance(scenario, str):
+        raise TraceFileError(f"{where}: scenario: got {scenario!r:.60}")
+    return scenario
 
 
 def _text(data: Mapping[str, Any], key: str, where: str) -> str | None:

@@ -11,8 +11,8 @@ the SDK is imported (so the quick ones are quick):
 
 Tools: ``echo(text)`` answers ``text``; ``close_stdout()`` closes the server's
 stdout and sleeps without answering, keeping the process alive;
-``close_stdout_soon()`` answers, then closes stdout 0.1 s later and keeps running.
-``HOSTILE_IGNORE_TERM=1`` in the environment makes the server ignore SIGTERM, so
+SIGUSR1 makes a serving server close its stdout while idle (between calls) and keep
+running: the test picks the moment, so no timer races the client. ``HOSTILE_IGNORE_TERM=1`` in the environment makes the server ignore SIGTERM, so
 only SIGKILL ends it.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "serve"
@@ -89,17 +88,15 @@ def close_stdout() -> str:
     return "unreachable"
 
 
-@server.tool()
-def close_stdout_soon() -> str:
-    """Answer, then close stdout a moment later (while idle) and keep running."""
+def _close_while_idle(signum: int, frame: object) -> None:
+    """SIGUSR1: say so on stderr first (so the line is written before the client can
+    see the close and end the server), then close stdout and go on idling."""
+    del signum, frame
+    os.write(2, b"closing stdout while idle, then sleeping\n")
+    _close_the_wire()
 
-    def later() -> None:
-        time.sleep(0.1)
-        _close_the_wire()
-        os.write(2, b"closed stdout while idle, sleeping\n")
 
-    threading.Thread(target=later, daemon=True).start()
-    return "closing soon"
+signal.signal(signal.SIGUSR1, _close_while_idle)
 
 
 if __name__ == "__main__":
