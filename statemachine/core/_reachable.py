@@ -463,7 +463,8 @@ def _step_problem(
     if row.source != where:
         return f"turn.path[{i}]: starts in {row.source!r}, but the turn was in {where!r}"
     if step[0] not in _ROWS_TAKEN_BY[final_answer]:
-        taken = f"{row.source} --{row.event} [{row.label}]--> {row.dest}"
+        on = f"{row.event} [{row.label}]" if row.label else row.event
+        taken = f"{row.source} --{on}--> {row.dest}"
         if final_answer:
             return f"turn.path[{i}]: {taken} never fires in the final-answer turn"
         return f"turn.path[{i}]: {taken} fires only in the final-answer turn"
