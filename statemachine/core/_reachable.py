@@ -5,21 +5,11 @@ rules here relate fields to each other, to the settings and to the transition ta
 :func:`reachable_problem` returns the first rule a state breaks (naming the key), or
 ``None``. ``restore`` and ``Session.from_state`` run it on every state they take in, and
 the model check runs it on every state it reaches, so a rule that refused a reachable
-state would fail there. The rules, in the order they are checked:
-
-* the session: a status is the limit that fired; a limit names a bound that is set and
-  reached, a tripped breaker or a doom run, and each of those implies a limit; crash
-  counts and windows below their thresholds unless tripped; retries within the
-  ceiling, jitter draws within the retries; at most ``max_turns`` + 1 turns; before
-  the first turn, nothing counted.
-* the turn: the latest; final-answer exactly when it has the instruction, and only
-  once a limit fired; an idle turn holds its defaults; counters within their settings;
-  the tool round's calls, outcomes and pending calls fit its state; costs and usages
-  belong to model calls' outcomes.
-* the path: a walk of the table from ``idle`` to the turn's state, through rows this
-  kind of turn can take (one guarded by ``final_answer`` only in the final-answer turn,
-  which never takes a row such a row comes before); each step's counters are those its
-  effect leaves, its action the one the effect emits; the last counters are the turn's.
+state would fail there. :func:`reachable_problem` lists the rules' groups in the order
+they are checked: the session's, the turn's, then its path, a walk of the table from
+``idle`` to the turn's state through rows this kind of turn can take (one guarded by
+``final_answer`` only in the final-answer turn, which never takes a row such a row comes
+before), each step leaving the counters its effect leaves, with the action it emits.
 """
 
 from __future__ import annotations
@@ -135,8 +125,6 @@ def reachable_problem(state: SessionState, settings: Settings, *, checked: int =
         or _turn_count_problem(turn, settings)
         or _round_problem(turn)
         or _conflict_problem(turn, settings)
-        or _kept_problem("costs", turn.costs, turn.path)
-        or _kept_problem("usages", turn.usages, turn.path)
         or _charge_problem(turn)
         or _path_problem(turn, state, settings, checked)
     )
@@ -384,43 +372,42 @@ def _conflict_problem(turn: TurnState, settings: Settings) -> str | None:
     pending, conflicts, state = turn.pending, turn.conflict_attempt, turn.state
     if pending and state not in _TOOL_ROUND:
         return f"turn.pending: calls wait to be re-invoked in state {state!r}"
-    if state == BACKING_OFF_TOOLS and not (pending and conflicts):
-        return "turn.pending: backing off with no conflicting call to re-invoke"
     if conflicts > settings.max_conflict_retries:
         return f"turn.conflict_attempt: {conflicts} is over max_conflict_retries"
     if conflicts and not pending:
         return "turn.conflict_attempt: counts re-invocations, but no call is pending"
     answered = {o.call_id for o in turn.outcomes} == {call.id for call in turn.calls}
-    if state == INVOKING_TOOLS and not pending and (turn.in_flight != turn.calls or turn.outcomes):
-        return "turn.in_flight: a first tool round has every call in flight, no outcome yet"
-    alone = [call.id for call in turn.in_flight] == list(pending[:1])
-    if state == INVOKING_TOOLS and pending and not (answered and conflicts and alone):
-        return "turn.in_flight: a re-invocation is the first pending call alone"
+    if state == BACKING_OFF_TOOLS and not (pending and conflicts):
+        return "turn.pending: backing off with no conflicting call to re-invoke"
     if state == BACKING_OFF_TOOLS and not answered:
         return "turn.outcomes: backing off before every call has an outcome"
-    return None
-
-
-def _kept_problem(key: str, kept: list[tuple[int, Any]] | None, path: list[Step]) -> str | None:
-    """Each entry of ``turn.<key>`` names a later model call's outcome than the last."""
-    previous = -1
-    for i, (index, _) in enumerate(kept or ()):
-        if index <= previous or index >= len(path):
-            return f"turn.{key}[{i}]: step {index} is not a later step of the turn"
-        if _row(path[index]).event not in _MODEL_OUTCOMES:
-            return f"turn.{key}[{i}]: step {index} is no model call's outcome"
-        previous = index
+    if state != INVOKING_TOOLS:
+        return None
+    if not pending and (turn.in_flight != turn.calls or turn.outcomes):
+        return "turn.in_flight: a first tool round has every call in flight, no outcome yet"
+    alone = [call.id for call in turn.in_flight] == list(pending[:1])
+    if pending and not (answered and conflicts and alone):
+        return "turn.in_flight: a re-invocation is the first pending call alone"
     return None
 
 
 def _charge_problem(turn: TurnState) -> str | None:
-    """Each cost kept is a charge, and each usage reports what its step charged."""
-    costs = turn.costs or ()
+    """Each cost and usage kept names a later model call's outcome than the one before;
+    a cost is a charge, and a usage reports what its step charged."""
+    path, costs, usages = turn.path, turn.costs or (), turn.usages or ()
+    for key, kept in (("costs", costs), ("usages", usages)):
+        previous = -1
+        for i, (index, _) in enumerate(kept):
+            if index <= previous or index >= len(path):
+                return f"turn.{key}[{i}]: step {index} is not a later step of the turn"
+            if _row(path[index]).event not in _MODEL_OUTCOMES:
+                return f"turn.{key}[{i}]: step {index} is no model call's outcome"
+            previous = index
     for i, (_, cost) in enumerate(costs):
         if not cost > 0:
             return f"turn.costs[{i}]: an event that cost nothing is not kept"
     charged = dict(costs)
-    for i, (index, usage) in enumerate(turn.usages or ()):
+    for i, (index, usage) in enumerate(usages):
         if usage.cost_usd is not None and usage.cost_usd != charged.get(index, 0.0):
             return f"turn.usages[{i}]: a cost of {usage.cost_usd!r} where the step charged another"
     return None
@@ -435,37 +422,32 @@ def _path_problem(
     path = turn.path
     if not 0 < checked <= len(path):
         checked = 0
-    previous = path[checked - 1] if checked else None
-    where = IDLE if previous is None else _row(previous).dest
+    before = path[checked - 1] if checked else None
+    where = IDLE if before is None else _row(before).dest
     for i in range(checked, len(path)):
         step = path[i]
         row = _row(step)
-        problem = _step_problem(i, step, row, previous, where, turn.final_answer, settings)
-        if problem is None:
-            problem = _action_problem(i, turn.actions[i], row, step, turn, settings)
+        if row.source != where:
+            return f"turn.path[{i}]: starts in {row.source!r}, but the turn was in {where!r}"
+        problem = _step_problem(i, step, row, before, turn, settings) or _action_problem(
+            i, turn.actions[i], row, step, turn, settings
+        )
         if problem is not None:
             return problem
-        where, previous = row.dest, step
-    return _end_problem(turn, session, where, previous)
+        where, before = row.dest, step
+    return _end_problem(turn, session, where, before)
 
 
 def _step_problem(
-    i: int,
-    step: Step,
-    row: Row,
-    before: Step | None,
-    where: str,
-    final_answer: bool,
-    settings: Settings,
+    i: int, step: Step, row: Row, before: Step | None, turn: TurnState, settings: Settings
 ) -> str | None:
-    """A row out of where the turn was, that this kind of turn can take, leaving the
-    counters its effect leaves, within their caps."""
-    if row.source != where:
-        return f"turn.path[{i}]: starts in {row.source!r}, but the turn was in {where!r}"
-    if step[0] not in _ROWS_TAKEN_BY[final_answer]:
+    """A row this kind of turn can take, leaving the counters its effect leaves (their
+    caps: the attempt resets, so each step's is checked; reductions only grow, so the
+    turn's count bounds every step's)."""
+    if step[0] not in _ROWS_TAKEN_BY[turn.final_answer]:
         on = f"{row.event} [{row.label}]" if row.label else row.event
         taken = f"{row.source} --{on}--> {row.dest}"
-        if final_answer:
+        if turn.final_answer:
             return f"turn.path[{i}]: {taken} never fires in the final-answer turn"
         return f"turn.path[{i}]: {taken} fires only in the final-answer turn"
     counters, expected = _counters(step), _moved(step, before, row.effect)
@@ -476,8 +458,6 @@ def _step_problem(
         )
     if counters[_ATTEMPT] > settings.max_retries:
         return f"turn.path[{i}]: attempt {counters[_ATTEMPT]} is over max_retries"
-    if counters[_REDUCTIONS] > settings.max_context_reductions:
-        return f"turn.path[{i}]: {counters[_REDUCTIONS]} reductions, over the cap"
     return None
 
 
@@ -527,20 +507,16 @@ def _action_problem(
     emits = ACTION_OF_EFFECT[row.effect]
     if type(action) is not emits:
         return f"turn.actions[{i}]: a {type(action).__name__} for effect {row.effect}"
-    problem = _ACTION_RULES[emits](action, row, step, turn, settings)
+    problem = _ACTION_RULES[emits](action, row, turn, _attempt(step), settings)
     return None if problem is None else f"turn.actions[{i}]: {problem}"
 
 
-def _finish(
-    action: Finish, row: Row, _step: Step, _turn: TurnState, _settings: Settings
-) -> str | None:
+def _finish(action: Finish, row: Row, *_: object) -> str | None:
     status = row.status or "completed"  # a ``complete`` row names none: it completes
     return None if action.status.value == status else f"status {action.status} for a {status} row"
 
 
-def _assemble(
-    action: Assemble, row: Row, _step: Step, turn: TurnState, _settings: Settings
-) -> str | None:
+def _assemble(action: Assemble, row: Row, turn: TurnState, *_: object) -> str | None:
     if action.reduce != (row.effect == "reduce"):
         return f"Assemble(reduce={action.reduce}) for effect {row.effect}"
     # only the final-answer turn has an instruction, and it never reduces (its rows)
@@ -549,49 +525,47 @@ def _assemble(
     return None
 
 
-def _call(
-    action: CallModel, _row: Row, step: Step, turn: TurnState, settings: Settings
-) -> str | None:
-    if action.attempt != _attempt(step):
-        return f"CallModel attempt {action.attempt}, the step says {_attempt(step)}"
+def _call(action: CallModel, _: Row, turn: TurnState, attempt: int, c: Settings) -> str | None:
+    if action.attempt != attempt:
+        return f"CallModel attempt {action.attempt}, the step says {attempt}"
     if action.withhold_tools != turn.final_answer:
         return "CallModel withhold_tools does not fit the turn"
-    if action.model != settings.model and action.model not in settings.fallback_models:
+    if action.model != c.model and action.model not in c.fallback_models:
         return "CallModel to a model the settings do not name"
     return None
 
 
-def _wait(action: Wait, row: Row, step: Step, _turn: TurnState, settings: Settings) -> str | None:
+def _wait(action: Wait, row: Row, _: TurnState, attempt: int, c: Settings) -> str | None:
     if row.effect == "tool_wait":  # before a conflicting call goes again
         if action.category is not ToolErrorCategory.CONCURRENCY_CONFLICT:
             return f"a tool round's Wait for {action.category}"
-        if action.attempt >= settings.max_conflict_retries:
+        if action.attempt >= c.max_conflict_retries:
             return f"Wait attempt {action.attempt} beyond max_conflict_retries"
         if action.retry_after is not None:
             return "a tool round's Wait names a server's retry-after"
-    elif action.attempt != _attempt(step):
+    elif action.attempt != attempt:
         return f"Wait attempt {action.attempt}, not the step's"
     elif action.retry_after is not None and not action.retry_after <= action.seconds:
         return "a wait shorter than the retry-after it honours"
     # a backoff is at most its cap times the largest jitter; a server's, max_server_wait_s
-    longest = max(settings.max_delay_ms / 1000.0 * 1.5, settings.max_server_wait_s)
+    longest = max(c.max_delay_ms / 1000.0 * 1.5, c.max_server_wait_s)
     if not (math.isfinite(action.seconds) and 0 <= action.seconds <= longest):
         return f"a wait of {action.seconds!r} s the settings cannot ask for"
     return None
 
 
-def _invoke(
-    action: InvokeTools, row: Row, _step: Step, turn: TurnState, _settings: Settings
-) -> str | None:
+def _invoke(action: InvokeTools, row: Row, turn: TurnState, *_: object) -> str | None:
     if row.effect == "reinvoke" and (len(action.calls) != 1 or action.calls[0] not in turn.calls):
         return "a re-invocation is one call of the reply"
     return None
 
 
-_ACTION_RULES: dict[type, Callable[[Any, Row, Step, TurnState, Settings], str | None]] = {
+_ACTION_RULES: dict[type, Callable[[Any, Row, TurnState, int, Settings], str | None]] = {
     Finish: _finish,
     Assemble: _assemble,
     CallModel: _call,
     Wait: _wait,
     InvokeTools: _invoke,
 }
+"""The rules on each type of action, given its row, the turn, the step's attempt and
+the settings."""
