@@ -903,3 +903,40 @@ def test_a_final_answer_turn_that_invoked_tools_is_refused() -> None:
         r"final-answer turn$",
     ):
         sm.Session.restore(data, clock=ManualClock())
+
+
+_WINDOWS = {"breaker_window": 5, "breaker_window_threshold": 3}
+_DENIAL_WINDOW = {"denial_window": 5, "denial_window_threshold": 3}
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("name", "settings", "fields"),
+    [
+        ("turns", {}, {"turns": 1}),
+        ("limit", {"max_wall_clock_s": 10}, {"limit": "error_max_wall_clock"}),
+        ("retries", {}, {"retries": 1}),
+        ("idle_s", {}, {"idle_s": 1.5}),
+        ("tool_retries", {}, {"tool_retries": 1}),
+        ("denials", {}, {"denials": 1}),
+        ("denial_log", _DENIAL_WINDOW, {"denial_log": "0"}),
+        ("crash_logs", _WINDOWS, {"crash_logs": {"fs": "1"}}),
+        ("breakers", {}, {"breakers": {"fs": 1}}),
+        ("doom_since", {}, {"doom_since": 1}),
+        ("doom_run", {}, {"doom_run": 1, "doom_last": "40d62018d8c48257259682e2"}),
+        ("finished_at", {}, {"finished_at": 0.0}),
+        ("spent", {}, {"cost_usd": 0.5}),
+    ],
+)
+def test_a_session_with_no_turn_that_counted_something_is_refused_naming_it(
+    name: str, settings: dict[str, Any], fields: dict[str, Any]
+) -> None:
+    """Before its first turn a session has counted nothing: a fresh session's snapshot
+    with one count forged (the settings it needs set) is refused naming that count; the
+    same settings alone restore."""
+    data = _fresh()
+    data["settings"].update(settings)
+    assert _restores(copy.deepcopy(data))
+    data.update(fields)
+    with pytest.raises(sm.SnapshotError, match=rf"^turn: missing, but the session has {name}\b"):
+        sm.Session.restore(data, clock=ManualClock())
