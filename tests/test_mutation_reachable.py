@@ -804,3 +804,139 @@ def test_a_tool_rounds_wait_at_its_bounds_restores(attempt: int, seconds: float)
     data = _conflicted()
     data["turn"]["actions"][-1].update(attempt=attempt, seconds=seconds)
     assert _restores(data)
+
+
+def _final_answer_turn_calling() -> dict[str, Any]:
+    """``max_turns=1``: a turn, then the final-answer turn, waiting for its reply."""
+    session = sm.Session(sm.Settings(max_turns=1), seed=1, clock=ManualClock())
+    first = session.new_turn()
+    first.start()
+    first.send(sm.Assembled({"m": 1}, 5))
+    first.send(sm.ModelReplied())
+    final = session.new_turn()
+    final.start()
+    final.send(sm.Assembled({"m": 2}, 5))
+    data = _snap(session)
+    assert data["turn"]["final_answer"] and data["turn"]["state"] == "calling"
+    return data
+
+
+def _reduced() -> dict[str, Any]:
+    """A plain turn whose call overflowed: reducing its context."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 2}, 5))
+    assert turn.send(fail("context_length_exceeded")) == sm.Assemble(reduce=True)
+    return _snap(session)
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_plain_turn_that_ended_on_the_final_answer_turns_row_is_refused() -> None:
+    """Issue 37: a plain turn whose reply asked for no tool call ends on the row guarded
+    by ``no_tool_calls``; the same snapshot naming the row guarded by ``final_answer``
+    (same effect, same action) is a state the engine cannot reach, and the engine would
+    report a row that never fired."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied())
+    data = _snap(session)
+    assert data["turn"]["path"][-1][:4] == ["calling", "ModelReplied", "no_tool_calls", "completed"]
+    assert _restores(copy.deepcopy(data))
+    data["turn"]["path"][-1][2] = "final_answer"
+    before = copy.deepcopy(data)
+    with pytest.raises(
+        sm.SnapshotError,
+        match=r"^turn\.path\[2\]: calling --ModelReplied \[final_answer\]--> completed fires "
+        r"only in the final-answer turn$",
+    ):
+        sm.Session.restore(data, clock=ManualClock())
+    assert data == before
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_final_answer_turn_that_reduced_its_context_is_refused() -> None:
+    """Issue 37: the final-answer turn's overflow ends ``context_exhausted`` (its row
+    comes first): it never reduces. Its snapshot given a real reduction's step and
+    ``Assemble(reduce=True)`` (no instruction, as a plain turn's reduction has) is
+    refused, naming the step."""
+    data = _final_answer_turn_calling()
+    reduction = _reduced()["turn"]
+    assert _restores(copy.deepcopy(data))
+    turn = data["turn"]
+    for key in ("path", "actions", "times"):
+        turn[key].append(reduction[key][-1])
+    for key in ("state", "reductions", "overflowed_size", "overflowed_request"):
+        turn[key] = reduction[key]
+    assert turn["actions"][-1] == {
+        "$type": "Assemble",
+        "reduce": True,
+        "withhold_tools": False,
+        "instruction": None,
+    }
+    before = copy.deepcopy(data)
+    with pytest.raises(
+        sm.SnapshotError,
+        match=r"^turn\.path\[2\]: calling --ModelFailed \[context_length_exceeded & "
+        r"reductions_left\]--> reducing_context never fires in the final-answer turn$",
+    ):
+        sm.Session.restore(data, clock=ManualClock())
+    assert data == before
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_final_answer_turn_that_invoked_tools_is_refused() -> None:
+    """The final-answer turn's reply is never invoked: its snapshot given a tool round
+    (the step, the calls in flight and the ``InvokeTools`` of a plain turn's) is refused."""
+    data = _final_answer_turn_calling()
+    invoking = _invoking()["turn"]
+    turn = data["turn"]
+    for key in ("path", "actions", "times"):
+        turn[key].append(invoking[key][-1])
+    for key in ("state", "calls", "in_flight", "reply"):
+        turn[key] = invoking[key]
+    with pytest.raises(
+        sm.SnapshotError,
+        match=r"^turn\.path\[2\]: calling --ModelReplied--> invoking_tools never fires in the "
+        r"final-answer turn$",
+    ):
+        sm.Session.restore(data, clock=ManualClock())
+
+
+_WINDOWS = {"breaker_window": 5, "breaker_window_threshold": 3}
+_DENIAL_WINDOW = {"denial_window": 5, "denial_window_threshold": 3}
+
+
+@pytest.mark.requirement("ER-38")
+@pytest.mark.parametrize(
+    ("name", "settings", "fields"),
+    [
+        ("turns", {}, {"turns": 1}),
+        ("limit", {"max_wall_clock_s": 10}, {"limit": "error_max_wall_clock"}),
+        ("retries", {}, {"retries": 1}),
+        ("idle_s", {}, {"idle_s": 1.5}),
+        ("tool_retries", {}, {"tool_retries": 1}),
+        ("denials", {}, {"denials": 1}),
+        ("denial_log", _DENIAL_WINDOW, {"denial_log": "0"}),
+        ("crash_logs", _WINDOWS, {"crash_logs": {"fs": "1"}}),
+        ("breakers", {}, {"breakers": {"fs": 1}}),
+        ("doom_since", {}, {"doom_since": 1}),
+        ("doom_run", {}, {"doom_run": 1, "doom_last": "40d62018d8c48257259682e2"}),
+        ("finished_at", {}, {"finished_at": 0.0}),
+        ("spent", {}, {"cost_usd": 0.5}),
+    ],
+)
+def test_a_session_with_no_turn_that_counted_something_is_refused_naming_it(
+    name: str, settings: dict[str, Any], fields: dict[str, Any]
+) -> None:
+    """Before its first turn a session has counted nothing: a fresh session's snapshot
+    with one count forged (the settings it needs set) is refused naming that count; the
+    same settings alone restore."""
+    data = _fresh()
+    data["settings"].update(settings)
+    assert _restores(copy.deepcopy(data))
+    data.update(fields)
+    with pytest.raises(sm.SnapshotError, match=rf"^turn: missing, but the session has {name}\b"):
+        sm.Session.restore(data, clock=ManualClock())
