@@ -403,6 +403,7 @@ FORGED = [
     ("huge", {"seconds": 1e308}, "beyond what the trace's settings allow"),
     ("nan", {"seconds": {"$float": "nan"}}, "is not what the engine writes"),
     ("server-too-long", {"seconds": 301.0, "retry_after": 301.0}, "at most 300 s"),
+    ("backoff-too-long", {"seconds": 100.0, "retry_after": None}, "at most 45 s"),
 ]
 
 
@@ -418,6 +419,22 @@ def test_a_forged_wait_is_refused(tmp_path: Path, case: str, changes: dict, mess
     assert code == 2, err
     assert f"{case}.jsonl:{_index_of(lines, 'Wait')}: " in err
     assert message in err
+    assert _files(tmp_path) == [source.name]
+
+
+@pytest.mark.requirement("ER-165")
+@pytest.mark.parametrize("scenario", [["a", "b"], {"name": "a"}, 7])
+def test_a_summary_whose_scenario_is_not_text_is_refused(tmp_path: Path, scenario: object) -> None:
+    """A summary naming its scenario with a list, an object or a number: exit 2 naming
+    the line and the field, never a traceback."""
+    lines = [*scenario_trace_lines("invalid-request")]
+    summary = {**json.loads(lines[-1]), "scenario": scenario}
+    source = tmp_path / "odd.jsonl"
+    source.write_text("\n".join([*lines[:-1], json.dumps(summary)]) + "\n", encoding="utf-8")
+    code, _, err = trace(str(source), "--out", str(tmp_path / "o"))
+    assert code == 2, err
+    assert f"odd.jsonl:{len(lines)}: scenario: " in err
+    assert "Traceback" not in err and err.count("\n") == 1
     assert _files(tmp_path) == [source.name]
 
 

@@ -302,13 +302,13 @@ def _anchor(raw: object, where: str) -> float | None:
     return wall - at
 
 
-def wait_bound(settings: Settings, *, tool: bool) -> float:
-    """The longest ``Wait`` the engine can emit under ``settings``: a computed backoff is
-    at most ``1.5 * max_delay_ms`` (the largest jitter), a model call's wait may be the
-    server's retry-after up to ``max_server_wait_s``, and no wait crosses
-    ``max_wall_clock_s``."""
+def wait_bound(settings: Settings, *, computed: bool) -> float:
+    """The longest ``Wait`` the engine can emit under ``settings``: a computed backoff
+    (``computed``: no server asked for the wait, or a tool conflict's) is at most
+    ``1.5 * max_delay_ms`` (the largest jitter), a wait a server asked for may be its
+    retry-after up to ``max_server_wait_s``, and no wait crosses ``max_wall_clock_s``."""
     bound = settings.max_delay_ms * 1.5 / 1000.0
-    if not tool:
+    if not computed:
         bound = max(bound, settings.max_server_wait_s)
     if settings.max_wall_clock_s is not None:
         bound = min(bound, settings.max_wall_clock_s)
@@ -400,7 +400,8 @@ def _check_waits(
             continue
         chosen = settings.get(step.scenario)
         tool = action.category is ToolErrorCategory.CONCURRENCY_CONFLICT
-        bound = wait_bound(chosen or defaults, tool=tool)
+        # the engine sets a Wait's retry_after only when a server asked for the wait
+        bound = wait_bound(chosen or defaults, computed=tool or action.retry_after is None)
         server = None if tool else (chosen or defaults).max_server_wait_s
         too_long = action.seconds > bound or (
             server is not None and action.retry_after is not None and action.retry_after > server
