@@ -34,7 +34,7 @@ from statemachine.store import (
     Worker,
 )
 from statemachine.store import _worker as store_worker
-from statemachine.store._journal import COMPACT_EVERY
+from statemachine.store._record import COMPACT_EVERY
 from statemachine.store._record import Record
 
 from .helpers import fail
@@ -1069,13 +1069,13 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     replayed: list[int] = []
     real_read, real_replay = store_worker.read_session, store_worker.replay_record
 
-    def counted_read(record: Record, check: Any, *args: Any) -> Any:
+    def counted_read(record: Record, *args: Any) -> Any:
         restores.append(record.session_id)
-        return real_read(record, check, *args)
+        return real_read(record, *args)
 
-    def counted_replay(session: Any, verdicts: Any, record: Record, entries: Any, *args: Any) -> None:
+    def counted_replay(session: Any, record: Record, entries: Any, *args: Any) -> None:
         replayed.append(len(entries))
-        real_replay(session, verdicts, record, entries, *args)
+        real_replay(session, record, entries, *args)
 
     monkeypatch.setattr(store_worker, "read_session", counted_read)
     monkeypatch.setattr(store_worker, "replay_record", counted_replay)
