@@ -34,8 +34,7 @@ from statemachine.store import (
     Worker,
 )
 from statemachine.store import _worker as store_worker
-from statemachine.store._record import COMPACT_EVERY
-from statemachine.store._record import Record
+from statemachine.store._record import COMPACT_EVERY, Record
 
 from .helpers import fail
 from .store_worker import STOP, Clock, RedisServer, next_event, settings

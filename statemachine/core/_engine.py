@@ -1016,7 +1016,7 @@ class Core:
     failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
     """The host's second-tier doom check, asked by the session's turn before it sends a
-    reply (:func:`~._session.judged`); no step calls it."""
+    reply (``Turn.judged``); no step calls it."""
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
     children: list[weakref.ref[Any]] | None

@@ -682,7 +682,7 @@ class Turn:
         time ``wall`` (defaults: the clocks' readings; the wall clock is read only for a
         ``ModelFailed`` with headers, where an HTTP-date ``retry-after`` may need it);
         return the next action (a :class:`Finish` at the end). A reply is sent with the
-        session's doom check's verdict in it (:func:`judged`)."""
+        session's doom check's verdict in it (:meth:`judged`)."""
         core = self._core
         turn = self._turn
         trigger = TRIGGERS.get(type(event))
@@ -700,7 +700,7 @@ class Turn:
         if trigger == "ModelReplied" and (
             core.doom_check is not None or event.doom_verdict is not None  # type: ignore[attr-defined]
         ):
-            event = judged(self, event, core.doom_check)  # type: ignore[arg-type]
+            event = self.judged(event)  # type: ignore[arg-type]
         if wall is not None:
             wall = wall_reading(wall)
         elif trigger == "ModelFailed" and event.error.headers is not None:  # type: ignore[attr-defined]
@@ -708,6 +708,47 @@ class Turn:
             if wall_clock is not None:
                 wall = wall_reading(wall_clock())
         return core.fire(turn, trigger, event, at, wall)
+
+    def judged(self, event: ModelReplied, check: DoomCheck | None = None) -> ModelReplied:
+        """``event``, a reply to this turn, as :meth:`send` gives it to the engine: with the
+        verdict of ``check`` (default: the session's ``doom_check``) in it
+        (``ModelReplied.doom_verdict``) where the reply's calls reach the doom-loop
+        detector and it holds none, ``check`` asked only where the engine says a verdict
+        is due (``False`` elsewhere); ``event`` itself otherwise. A verdict the event holds
+        already is the one taken (a replay asks nothing), and ``True`` where none is due
+        is refused (:class:`IllegalEvent`). Changes nothing: an exception ``check``
+        raises, or a verdict that is not a bool (``TypeError``), leaves the turn as it
+        was. A host that keeps its check outside the session (a store's worker) sends
+        ``turn.judged(reply, check)``."""
+        core, state = self._core, self._turn
+        verdict = event.doom_verdict
+        facts = None
+        if state.state == CALLING:  # the only state a reply is legal in (the engine says so)
+            facts = doom_facts(core, state, event.tool_calls, checked=True)
+        if verdict is not None:
+            if verdict and (facts is None or not facts.due):
+                raise IllegalEvent(
+                    f"ModelReplied in state {state.state!r}: doom_verdict is True, but no "
+                    "second-tier doom verdict is due at this reply (one is due when the first "
+                    "tier is one identical call short of firing, and after every "
+                    "doom_check_window calls)",
+                    event="ModelReplied",
+                    state=state.state,
+                )
+            return event
+        if check is None:
+            check = core.doom_check
+        if check is None or facts is None:
+            return event
+        window = facts.window if facts.due else None
+        verdict = False if window is None else check(window)
+        if type(verdict) is not bool:
+            raise TypeError(
+                f"doom_check: must return a bool, got {type(verdict).__name__}; nothing was changed"
+            )
+        given = copy.copy(event)  # not evolve: the reply's JSON form is taken once
+        object.__setattr__(given, "doom_verdict", verdict)
+        return given
 
     def _refuse_event(self, event: object) -> NoReturn:
         """Refuse ``event``: sent to a turn that is no longer current, or not an event."""
@@ -864,40 +905,3 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"<Turn {self.index} state={self.state!r} status={self.status!s}>"
-
-
-def judged(turn: Turn, event: ModelReplied, check: DoomCheck | None) -> ModelReplied:
-    """``event``, a reply for ``turn``, as the engine takes it: with ``check``'s verdict
-    (``ModelReplied.doom_verdict``) where the reply's calls reach the doom-loop detector
-    and the event holds none, ``check`` asked only where the engine says a verdict is
-    due (``False`` elsewhere); ``event`` itself otherwise. A verdict the event holds
-    already is the one taken (a replay asks nothing): ``True`` where none is due is
-    refused (:class:`IllegalEvent`). Changes nothing: an exception ``check`` raises, or a
-    verdict that is not a bool (``TypeError``), leaves the session as it was."""
-    state = turn._turn
-    verdict = event.doom_verdict
-    facts = None
-    if state.state == CALLING:  # the only state a reply is legal in (the engine says so)
-        facts = doom_facts(turn._core, state, event.tool_calls, checked=True)
-    if verdict is not None:
-        if verdict and (facts is None or not facts.due):
-            raise IllegalEvent(
-                f"ModelReplied in state {state.state!r}: doom_verdict is True, but no "
-                "second-tier doom verdict is due at this reply (one is due when the first "
-                "tier is one identical call short of firing, and after every "
-                "doom_check_window calls)",
-                event="ModelReplied",
-                state=state.state,
-            )
-        return event
-    if check is None or facts is None:
-        return event
-    window = facts.window if facts.due else None
-    verdict = False if window is None else check(window)
-    if type(verdict) is not bool:
-        raise TypeError(
-            f"doom_check: must return a bool, got {type(verdict).__name__}; nothing was changed"
-        )
-    given = copy.copy(event)  # not evolve: the reply's JSON form is taken once
-    object.__setattr__(given, "doom_verdict", verdict)
-    return given

@@ -54,7 +54,7 @@ from ..core._exceptions import (
 )
 from ..core._json_data import MAX_COUNT, plain_json, short_repr
 from ..core._model_error import ModelError
-from ..core._session import Session, judged
+from ..core._session import Session
 from ..core._state_text import json_text, number_text
 from ._errors import CorruptSession, corrupt
 from ._record import RECORD_VERSION, Record, parse_record
@@ -74,11 +74,6 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
     session's public methods: what a worker does live and what a replay does again.
     The action it produced (``None`` for spend and budget steps)."""
     op = step[0]
-    if op == START:
-        turn = session.current_turn
-        if turn is not None and turn.state == "idle":
-            return turn.start(at=at)
-        return session.new_turn(at=at).start(at=at)
     if op == EVENT:
         turn = session.current_turn
         if turn is None:
@@ -88,6 +83,11 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
                 state="no turn",
             )
         return turn.send(step[1], at=at, wall=wall)
+    if op == START:
+        turn = session.current_turn
+        if turn is not None and turn.state == "idle":
+            return turn.start(at=at)
+        return session.new_turn(at=at).start(at=at)
     if op == CHILD_SPEND:
         session.record_child_spend(step[1], step[2])
         return None
@@ -106,7 +106,8 @@ def take_step(session: Session, step: Step, age: float, wall: float) -> tuple[An
     at: float | None = age
     given: float | None = None
     if op == EVENT:
-        given = wall if needs_wall(step[1]) else None
+        if needs_wall(step[1]):
+            given = wall
     elif op != START:
         at = None
     return apply_step(session, step, at, given), entry_text(step, at, given)
@@ -369,7 +370,7 @@ def _with_recorded(
         asked += 1
         return recorded[asked - 1] if asked <= len(recorded) else False
 
-    step = (EVENT, judged(turn, event, answer))
+    step = (EVENT, turn.judged(event, answer))
     if asked > len(recorded):
         return step, "the step asks the doom check more often than it recorded"
     return step, _MORE if asked < len(recorded) else None

@@ -157,8 +157,9 @@ def written(
     record = previous
     added = None
     prefix: bytes | memoryview
-    if record is not None and record.appendable and record.entries + len(entries) <= limit:
-        added = entries[0] if len(entries) == 1 else ",".join(entries)
+    count = len(entries)
+    if record is not None and record.appendable and record.entries + count <= limit:
+        added = entries[0] if count == 1 else ",".join(entries)
         if added and record.entries:
             added = "," + added
         size = len(added) if added.isascii() else len(added.encode())
@@ -178,7 +179,7 @@ def written(
     else:
         prefix = memoryview(record.payload)[: record.prefix_end]  # type: ignore[arg-type]
         record.prefix_end += size  # type: ignore[operator]
-        record.entries += len(entries)
+        record.entries += count
         if record.snapshot is not None or record.journal:
             record.snapshot, record.journal = None, ()  # read: only the bytes now
     middle = record.middle
@@ -191,21 +192,16 @@ def written(
         record.middle = middle = _middle_text(keys, claim, carried)
         record.keys, record.claim, record.carried = keys, claim, carried
     record.saved_at, record.elapsed_s, record.finished_s = wall, elapsed, finished
-    record.payload = b"".join((prefix, _tail_text(added, wall, middle, elapsed, finished)))
-    return record
-
-
-def _tail_text(
-    added: str, wall: float, middle: str, elapsed: float, finished: float | None
-) -> bytes:
-    """A record's bytes after its prefix: the entries ``added`` to its journal, its
-    ``]``, and the keys after it (a float's repr written at once: the usual case)."""
+    # the tail: the entries added, the journal's end and the keys after it (a float's
+    # repr written at once: the usual case)
     saved = float.__repr__(wall) if type(wall) is float else number_text(wall)
-    age = float.__repr__(elapsed) if type(elapsed) is float else number_text(elapsed)
-    return (
+    now = float.__repr__(elapsed) if type(elapsed) is float else number_text(elapsed)
+    tail = (
         f'{added}],"saved_at":{saved}{middle}'
-        f',"elapsed_s":{age},"finished_s":{number_or_null(finished)}}}'
-    ).encode()
+        f',"elapsed_s":{now},"finished_s":{number_or_null(finished)}}}'
+    )
+    record.payload = b"".join((prefix, tail.encode()))
+    return record
 
 
 def _middle_text(

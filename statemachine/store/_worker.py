@@ -21,14 +21,15 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
 from ..core._actions import Action, Finish, InvokeTools
+from ..core._builder import build_maker
 from ..core._events import ModelReplied, ToolsDone
 from ..core._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
-from ..core._session import Session, judged
+from ..core._session import Session
 from ..core._taxonomy import SessionStatus, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
@@ -151,6 +152,13 @@ class Advanced:
         return self.status is AdvanceStatus.APPLIED
 
 
+_make_advanced: Callable[
+    [AdvanceStatus, Any, int, Action | None, tuple[ToolOutcome, ...], tuple[str, ...]], Advanced
+] = build_maker(Advanced, ("status", "_session", "version", "action", "interrupted", "ended"))
+"""``Advanced(status, session, version, action, interrupted, ended)``, made through its
+slots (every advance makes one)."""
+
+
 class _Live:
     """A session this worker holds: the ``record`` it last read or wrote, at ``version``,
     and the ``session`` that record holds (no clock, the journal's frame). Whoever takes
@@ -271,6 +279,8 @@ class Worker:
         self._remember_at_most = remember
         self._doom_check = doom_check
         self._max_bytes: int = getattr(store, "max_bytes", DEFAULT_MAX_BYTES)
+        self._max_prefix = self._max_bytes // 2
+        """A record whose prefix would grow past this is written as a snapshot anew."""
         # Our own stores take and give the record as bytes: the worker appends to them,
         # and knows them again when it reads them back. Any other store (a subclass of
         # ours included) gets and gives the record as JSON data, its snapshot anew.
@@ -500,7 +510,7 @@ class Worker:
             claim=claim,
             carried=carried,
             limit=limit if cas is not None else -1,  # a store of JSON data: a snapshot
-            max_prefix=self._max_bytes // 2,
+            max_prefix=self._max_prefix,
         )
         # a session ends with a turn's Finish (or between turns: no action then)
         ended = (action is None or type(action) is Finish) and session.status is not None
@@ -584,9 +594,10 @@ class Worker:
         """:meth:`advance` of ``live``, the session at ``expected``: its steps taken at
         its age now, the record written, the compare-and-set, the result."""
         session, record = live.session, live.record
+        observers = self._observers
         wall = self._now()
         age = self._age(record, wall)
-        mark = _mark(session) if self._observers else (0, 0)
+        mark = _mark(session) if observers else (0, 0)
         before = session.cost_usd if live.tree else 0.0
         entries = []
         for step in self._steps(live, event):
@@ -595,7 +606,7 @@ class Worker:
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
-        offset = self._clock() - age if self._observers else 0.0
+        offset = self._clock() - age if observers else 0.0
         try:
             live.version, live.record = self._write(
                 session_id,
@@ -607,27 +618,27 @@ class Worker:
                 age=age,
                 keys=keys,
                 action=action,
-                limit=COMPACT_AT_START if event is None else COMPACT_EVERY,
+                limit=COMPACT_EVERY if event is not None else COMPACT_AT_START,
             )
         except StaleWrite:
             return self._lost_race(session_id, key)
         if type(action) is Finish:
             action = self._on_clock_action(action, live.record.elapsed_s)
-        result = Advanced(
-            AdvanceStatus.APPLIED, self._handout(session_id, live), live.version, action
-        )
+        handout = self._handout(session_id, live)
+        result = _make_advanced(AdvanceStatus.APPLIED, handout, live.version, action, (), ())
         # read the session before it is remembered: from then on another thread may
         # take it out and step it (an advance that may never be stored)
-        if self._observers:
+        if observers:
             self._deliver(session, mark, offset)
-        spent = live.tree and session.cost_usd > before
-        report = (session.parent_id, session.session_id, session.cost_usd) if spent else None
+        report = None
+        if live.tree and session.cost_usd > before:
+            report = (session.parent_id, session.session_id, session.cost_usd)
         self._remember(session_id, live)
         if report is not None:
             self._report_spend(*report)
         return result
 
-    def _steps(self, live: _Live, event: object | None) -> list[Step]:
+    def _steps(self, live: _Live, event: object | None) -> Iterable[Step]:
         """The steps of an advance of ``live`` with ``event``: ``None`` starts the next
         turn (the children's totals and the ancestors' budget pulled first); an event
         is sent to the turn, with the record's carried outcomes (a ``ToolsDone``) and
@@ -643,12 +654,12 @@ class Worker:
                 event=type(event).__name__,
                 state="no turn",
             )
-        carried = live.record.carried
-        if carried and type(event) is ToolsDone:
-            event = ToolsDone((*carried, *event.outcomes))
-        elif self._doom_check is not None and type(event) is ModelReplied:
-            event = judged(turn, event, self._doom_check)
-        return [(EVENT, event)]
+        kind = type(event)
+        if kind is ToolsDone and live.record.carried:
+            event = ToolsDone((*live.record.carried, *event.outcomes))  # type: ignore[attr-defined]
+        elif kind is ModelReplied and self._doom_check is not None:
+            event = turn.judged(event, self._doom_check)  # type: ignore[arg-type]
+        return ((EVENT, event),)
 
     def _deliver(self, session: Session, mark: tuple[int, int], offset: float) -> None:
         """Pass the records of the steps taken since ``mark`` to the observers, on this
