@@ -18,6 +18,7 @@ import statemachine as sm
 from statemachine.core._codec import compact, decode, encode
 from statemachine.core._state_text import json_text
 from statemachine.store import AdvanceStatus, CorruptSession, InMemoryStore, Worker
+from statemachine.store import _held as store_held
 from statemachine.store import _record as store_record
 from statemachine.store import _worker as store_worker
 from statemachine.store._journal import EVENT, entry_text
@@ -265,7 +266,7 @@ def test_workers_sharing_sessions_agree_with_every_write(
     """Three workers advance four sessions in a random order (each loading first), the
     journal compacted every few entries: after every write, each worker's load of the
     session, and a worker that never saw it, give the session the writer holds."""
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 7)
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 7)
     monkeypatch.setattr(store_worker, "COMPACT_AT_START", 4)
     rng = random.Random(seed)
     store = InMemoryStore()
@@ -472,12 +473,12 @@ def test_a_reading_before_the_snapshots_last_step_is_read_as_that_step(
     # the time between advances passes in the store: idle time, on the wall clock
     w = Worker(store, owner="a", clock=lambda: clock[0], now=lambda: clock[0])
     r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: clock[0]))
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 0)  # every write a snapshot
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 0)  # every write a snapshot
     r = w.advance("s", None, expected_version=r.version)
     clock[0] = 5.0
     r = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
     assert json.loads(_payload(store, "s"))["journal"] == []
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 32)
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 32)
     clock[0] = 6.0
     r = w.advance("s", sm.ModelFailed(sm.ModelError("overloaded")), expected_version=r.version)
 
@@ -743,7 +744,7 @@ def test_a_result_holds_its_own_version_when_another_thread_advances_at_once() -
     w = _worker(store, "a")
     r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
     r = w.advance("s", None, expected_version=r.version)
-    real_remember = w._remember
+    real_remember = w._held.remember
     other: list[Any] = []
     armed = [True]
 
@@ -756,9 +757,9 @@ def test_a_result_holds_its_own_version_when_another_thread_advances_at_once() -
                 w.advance("s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=3)
             )
 
-    w._remember = remember_then_interleave  # type: ignore[method-assign]
+    w._held.remember = remember_then_interleave  # type: ignore[method-assign]
     third = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
-    w._remember = real_remember  # type: ignore[method-assign]
+    w._held.remember = real_remember  # type: ignore[method-assign]
     assert other and other[0].version == 4
     assert third.version == 3
     assert third.session.current_turn.state == "calling"  # type: ignore[union-attr]

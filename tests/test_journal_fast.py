@@ -199,7 +199,7 @@ def test_a_loaded_session_is_copied_when_read_and_is_the_session_as_loaded(
     wall.now += 3.0  # the two clocks disagree on what passed: the start is fixed at the load
     if moved_on:
         w.advance("s", next_event(loaded), expected_version=loaded.version)
-        assert w._live["s"].version == loaded.version + 1
+        assert w._held.live["s"].version == loaded.version + 1
     late = loaded.session
     assert late is loaded.session  # copied once
     assert late.snapshot() == eager.snapshot()

@@ -262,11 +262,25 @@ def read_entry(
         wall = walls[0] if walls else None
     if at is not None and at < 0:
         raise ValueError("at: a session clock reading before the session started")
+    recorded = op == EVENT and len(args) == 2  # the previous release's form: verdicts beside
+    step = _step(op, args[:1] if recorded else args)
     verdicts: list[bool] | None = None
-    step: Step
+    if recorded:
+        verdicts = args[1]
+        if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
+            raise ValueError("verdicts: must be a list of true/false")
+        if getattr(step[1], "doom_verdict", None) is not None:
+            raise ValueError("verdicts: beside a reply that holds its own")
+    if op in (START, EVENT) and at is None:
+        raise ValueError("at: the step recorded no clock reading")
+    return step, at, wall, verdicts
+
+
+def _step(op: object, args: list[Any]) -> Step:
+    """The step of an entry's ``op`` and ``args``, or ``ValueError``."""
     if op == START and not args:
-        step = (START,)
-    elif op == EVENT and len(args) in (1, 2):
+        return (START,)
+    if op == EVENT and len(args) == 1:
         data = args[0]
         event = None
         if type(data) is dict and data.get("$type") == "Assembled":
@@ -275,22 +289,12 @@ def read_entry(
             event = decode(data, "event")
         if type(event) not in EVENT_TYPES:
             raise ValueError(f"event: must be an encoded event, got {type(event).__name__}")
-        if len(args) == 2:
-            verdicts = args[1]
-            if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
-                raise ValueError("verdicts: must be a list of true/false")
-            if getattr(event, "doom_verdict", None) is not None:
-                raise ValueError("verdicts: beside a reply that holds its own")
-        step = (EVENT, event)
-    elif op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
-        step = (CHILD_SPEND, args[0], _amount(args[1], "child spend"))
-    elif op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
-        step = (BUDGET, None if args[0] is None else _amount(args[0], "budget", signed=True))
-    else:
-        raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
-    if op in (START, EVENT) and at is None:
-        raise ValueError("at: the step recorded no clock reading")
-    return step, at, wall, verdicts
+        return (EVENT, event)
+    if op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
+        return (CHILD_SPEND, args[0], _amount(args[1], "child spend"))
+    if op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
+        return (BUDGET, None if args[0] is None else _amount(args[0], "budget", signed=True))
+    raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
 
 
 def _size_in_range(value: Any) -> bool:

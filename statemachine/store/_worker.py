@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import json
 import os
 import socket
 import sys
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
@@ -34,67 +33,16 @@ from ..core._taxonomy import SessionStatus, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from . import _ending as ending
-from ._core import DEFAULT_MAX_BYTES, SessionStore, Stored, check_name, check_version
-from ._errors import (
-    CorruptSession,
-    InvalidSessionId,
-    RecordTooLarge,
-    SessionNotFound,
-    StaleWrite,
-    StoreError,
-    StoreUnavailable,
-)
-from ._journal import (
-    BUDGET,
-    CHILD_SPEND,
-    EVENT,
-    START,
-    Step,
-    check_record,
-    read_session,
-    replay_record,
-    take_step,
-)
-from ._memory import InMemoryStore
-from ._record import (
-    COMPACT_AT_START,
-    COMPACT_EVERY,
-    MAX_KEYS,
-    Claim,
-    Record,
-    extend,
-    parse_record,
-    read_record,
-    written,
-)
-from ._redis import RedisStore
+from . import _spend as spend
+from ._core import SessionStore, check_name, check_version
+from ._errors import StaleWrite
+from ._held import Held, Live
+from ._journal import EVENT, START, Step, read_session, take_step
+from ._record import COMPACT_AT_START, MAX_KEYS, read_record
 
-__all__ = [
-    "INTERRUPTED",
-    "AdvanceStatus",
-    "Advanced",
-    "CorruptSession",
-    "InMemoryStore",
-    "InvalidSessionId",
-    "RecordTooLarge",
-    "RedisStore",
-    "SessionNotFound",
-    "SessionStore",
-    "StaleWrite",
-    "StoreError",
-    "StoreUnavailable",
-    "Stored",
-    "Worker",
-]
-
-_T = TypeVar("_T")
 _LARGEST = sys.float_info.max
 _LIVE_SESSIONS = 1024
 """How many sessions a worker remembers its last record of, by default."""
-_MAX_DEPTH = 16
-"""How deep a turn start settles the spend of ended sessions down a session tree."""
-_ATTEMPTS = 16
-"""Compare-and-set attempts of a spend report or settlement before it gives up."""
 
 INTERRUPTED = "interrupted: worker died"
 """The content of the error outcome of a tool call whose worker died in flight."""
@@ -159,48 +107,8 @@ _make_advanced: Callable[
 slots (every advance makes one)."""
 
 
-class _Live:
-    """A session this worker holds: the ``record`` it last read or wrote, at ``version``,
-    and the ``session`` that record holds (no clock, the journal's frame). Whoever takes
-    one out of the worker's memory owns it until it puts it back (nothing else reads or
-    steps it meanwhile)."""
-
-    __slots__ = ("record", "session", "tree", "version")
-
-    def __init__(self, version: int, record: Record, session: Session) -> None:
-        self.version = version
-        self.record = record
-        self.session = session
-        self.tree = session.parent_id is not None
-        """Whether the session is a child: its spend is reported up the tree."""
-
-
 def _default_owner() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-
-
-def _spend_facts(session: Session) -> tuple[str | None, float, bool, bool]:
-    """What a parent pulls of a child: its parent's id, its total spend, whether it has
-    ended and whether it has children of its own."""
-    return (
-        session.parent_id,
-        session.cost_usd,
-        session.status is not None,
-        bool(session.child_costs),
-    )
-
-
-def _charged(child_id: str, total: float) -> Callable[[Session], list[Step] | None]:
-    """The steps that charge ``child_id``'s ``total`` to a parent: none once it holds
-    them; ``None`` when the child is not the parent's (re-created under its id)."""
-
-    def steps(parent: Session) -> list[Step] | None:
-        known = parent.child_costs
-        if child_id not in known:
-            return None
-        return [] if total <= known[child_id] else [(CHILD_SPEND, child_id, total)]
-
-    return steps
 
 
 def _mark(session: Session) -> tuple[int, int]:
@@ -276,104 +184,16 @@ class Worker:
         self._now = now
         self._count_idle = count_idle
         self._observers = tuple(observers)
-        self._remember_at_most = remember
         self._doom_check = doom_check
-        self._max_bytes: int = getattr(store, "max_bytes", DEFAULT_MAX_BYTES)
-        self._max_prefix = self._max_bytes // 2
-        """A record whose prefix would grow past this is written as a snapshot anew."""
-        # Our own stores take and give the record as bytes: the worker appends to them,
-        # and knows them again when it reads them back. Any other store (a subclass of
-        # ours included) gets and gives the record as JSON data, its snapshot anew.
-        self._payload_cas: Callable[..., int] | None = None
-        self._payload_load: Callable[[str], tuple[int, bytes]] | None = None
-        if type(store) in (InMemoryStore, RedisStore):
-            self._payload_cas = store.compare_and_set_payload  # type: ignore[attr-defined]
-            self._payload_load = store.load_payload  # type: ignore[attr-defined]
-        self._live: dict[str, _Live] = {}
-        """The last record this worker read or wrote per session, with the session it
-        holds: the next advance at that version skips reading and restoring it (the
-        compare-and-set still proves the store holds that version and incarnation).
-        Threads share it with no lock: a session is taken out by one ``pop`` (one thread
-        gets it) and put back by one assignment."""
-
-    # -- the sessions a worker holds -----------------------------------------------
-
-    def _age(self, record: Record, wall: float) -> float:
-        """The session's age at Unix time ``wall``, as ``record`` gives it (at most the
-        largest float, whatever the record's wall time)."""
-        age = record.elapsed_s
-        if self._count_idle and wall > record.saved_at:
-            age = min(age + (wall - record.saved_at), _LARGEST)
-        return age
-
-    def _remember(self, session_id: str, live: _Live) -> None:
-        """Hold ``live`` as the session's latest (its record, version and session)."""
-        if not self._remember_at_most:
-            return
-        remembered = self._live
-        # no lock: each of these dict operations is atomic, and list() copies the keys
-        # at once (another thread may pop or put meanwhile: at worst one too many is kept)
-        remembered.pop(session_id, None)  # put last: the least recently used go first
-        remembered[session_id] = live
-        over = len(remembered) - self._remember_at_most
-        if over > 0:
-            for oldest in list(remembered)[:over]:
-                remembered.pop(oldest, None)
-
-    def _recall(self, session_id: str, version: int, key: str | None) -> _Live | None:
-        """The session as the store holds it at ``version``, from what this worker wrote
-        or read last, if that is the version (and ``key`` is not among its keys: a
-        duplicate is answered from the store), taken out of the worker's memory."""
-        live = self._live.pop(session_id, None)  # atomic: taken by one thread only
-        if live is None:
-            return None
-        if live.version != version or (
-            key is not None and any(k == key for _, k in live.record.keys)
-        ):
-            self._live.setdefault(session_id, live)  # unless another was remembered meanwhile
-            return None
-        return live
-
-    def _read(self, session_id: str) -> _Live:
-        """The stored version, record and session, taken out of the worker's memory (the
-        caller puts it back with :meth:`_remember`). Finding in the store the very bytes
-        this worker last wrote or read, it decodes nothing; finding them grown by
-        journal entries (other workers' advances), it decodes and replays only those."""
-        if self._payload_load is None:
-            stored = self.store.load(session_id)
-            version, record = stored.version, parse_record(session_id, stored.record)
-        else:
-            version, payload = self._payload_load(session_id)
-            known = self._known(session_id, version, payload)
-            if known is not None:
-                return known
-            record = read_record(session_id, payload, self._max_bytes)
-        legacy_start = 0.0
-        if record.version < 3:  # its snapshot's retry_at may be a reading of a clock
-            legacy_start = self._clock() - self._age(record, self._now())
-        return _Live(version, record, read_session(record, legacy_start))
-
-    def _known(self, session_id: str, version: int, payload: bytes) -> _Live | None:
-        """The session in ``payload`` if it is the record this worker holds, or that
-        record grown by journal entries (those entries replayed on the held session,
-        and checked); ``None`` otherwise (it is then read in full)."""
-        live = self._live.pop(session_id, None)
-        if live is None:
-            return None
-        record = live.record
-        if record.payload == payload:
-            live.version = version
-            return live
-        grown = extend(record, payload)
-        if grown is None:
-            return None
-        try:
-            if grown.journal:
-                replay_record(live.session, grown, grown.journal, record.entries)
-            check_record(grown, live.session)
-        except CorruptSession:
-            return None  # read in full, which says what is wrong
-        return _Live(version, grown, live.session)
+        self._held = Held(
+            store,
+            owner=self.owner,
+            lease_s=self.lease_s,
+            clock=clock,
+            now=now,
+            count_idle=count_idle,
+            remember=remember,
+        )
 
     # -- what a caller gets -----------------------------------------------------------
 
@@ -409,26 +229,27 @@ class Worker:
         (see :meth:`_handout`)."""
         # taken out while it is copied, as an advance takes it: another thread's advance
         # of the session meanwhile reads the store instead of stepping this one
-        live = self._live.pop(session_id, None)
+        held = self._held.live
+        live = held.pop(session_id, None)
         if live is not None:
             try:
                 if live.version == version and live.session is own:
                     record = live.record
                     return self._on_clock(own, record.elapsed_s, record.saved_at, started)
             finally:
-                self._live.setdefault(session_id, live)  # unless another was remembered
-        record = read_record(session_id, payload, self._max_bytes)
+                held.setdefault(session_id, live)  # unless another was remembered meanwhile
+        record = read_record(session_id, payload, self._held.max_bytes)
         session = read_session(record)
         return self._on_clock(session, record.elapsed_s, record.saved_at, started)
 
     def _handout(
-        self, session_id: str, live: _Live, started: float | None = None
+        self, session_id: str, live: Live, started: float | None = None
     ) -> Session | Callable[[], Session]:
         """What a result gives as its session: a copy of the worker's own, made when the
         caller first asks for it (a result never looked at costs no copy), put on this
         worker's clock then (an ``APPLIED`` result's) or starting at ``started``."""
         record = live.record
-        if record.payload is None or not self._remember_at_most:
+        if record.payload is None or not self._held.remember_at_most:
             return self._on_clock(live.session, record.elapsed_s, record.saved_at, started)
         return functools.partial(
             self._copy_at, session_id, live.version, live.session, record.payload, started
@@ -441,7 +262,7 @@ class Worker:
             return attrs.evolve(action, retry_at=action.retry_at + (self._clock() - elapsed))
         return action
 
-    def _answer(self, session_id: str, status: AdvanceStatus, live: _Live) -> Advanced:
+    def _answer(self, session_id: str, status: AdvanceStatus, live: Live) -> Advanced:
         """A result that gives the stored session as it is (``live``, put back)."""
         record = live.record
         own = live.session
@@ -458,70 +279,20 @@ class Worker:
         if isinstance(action, InvokeTools) and record.carried:
             claimed = set(record.claim.calls) if record.claim else set()
             action = InvokeTools(tuple(c for c in action.calls if c.id in claimed))
-        self._remember(session_id, live)
+        self._held.remember(session_id, live)
         return Advanced(status, session, live.version, action)
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
-        live = self._read(session_id)
+        live = self._held.read(session_id)
         mine = key is not None and any(k == key for _, k in live.record.keys)
         status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
         return self._answer(session_id, status, live)
 
     def load(self, session_id: str) -> Advanced:
         """The stored session, its version and pending action (``UNCHANGED``)."""
-        return self._answer(session_id, AdvanceStatus.UNCHANGED, self._read(session_id))
+        return self._answer(session_id, AdvanceStatus.UNCHANGED, self._held.read(session_id))
 
-    # -- writing ------------------------------------------------------------------
-
-    def _write(
-        self,
-        session_id: str,
-        expected: int,
-        previous: Record | None,
-        session: Session,
-        entries: list[str],
-        *,
-        wall: float,
-        age: float,
-        keys: tuple[tuple[int, str], ...],
-        action: Action | None,
-        claim: Claim | None = None,
-        carried: tuple[ToolOutcome, ...] = (),
-        limit: int = COMPACT_EVERY,
-    ) -> tuple[int, Record]:
-        """Write ``session`` (the journal's frame), ``age`` seconds old at Unix time
-        ``wall`` after the steps of ``entries``, over the version ``expected`` of the
-        record ``previous`` (``None``: a new session): the record
-        (:func:`~._record.written`, its journal holding at most ``limit`` entries) and
-        the compare-and-set; the version and record written. A pending ``action`` that
-        invokes tools is claimed by this worker. ``StaleWrite`` if the store moved on
-        (then ``previous`` is no more the caller's to use)."""
-        if claim is None and type(action) is InvokeTools and action.calls:
-            claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
-        cas = self._payload_cas
-        record = written(
-            previous,
-            session_id,
-            session,
-            entries,
-            wall=wall,
-            age=age,
-            keys=keys,
-            claim=claim,
-            carried=carried,
-            limit=limit if cas is not None else -1,  # a store of JSON data: a snapshot
-            max_prefix=self._max_prefix,
-        )
-        # a session ends with a turn's Finish (or between turns: no action then)
-        ended = (action is None or type(action) is Finish) and session.status is not None
-        if cas is not None:
-            version = cas(
-                session_id, expected, record.payload, incarnation=record.incarnation, ended=ended
-            )
-        else:
-            data = json.loads(record.payload)  # type: ignore[arg-type]
-            version = self.store.compare_and_set(session_id, expected, data, ended=ended)
-        return version, record
+    # -- advancing ------------------------------------------------------------------
 
     def create(self, session_id: str, session: Session, *, key: str | None = None) -> Advanced:
         """Store a new session under ``session_id`` (version 1).
@@ -540,7 +311,7 @@ class Worker:
         turn = session.current_turn
         action = None if turn is None else turn.action
         own = session.copy(started=0.0)  # the journal's frame
-        version, record = self._write(
+        version, record = self._held.write(
             session_id,
             0,
             None,
@@ -551,7 +322,7 @@ class Worker:
             keys=() if key is None else ((1, key),),
             action=action,
         )
-        self._remember(session_id, _Live(version, record, own))
+        self._held.remember(session_id, Live(version, record, own))
         return Advanced(AdvanceStatus.APPLIED, session, version, action)
 
     def advance(
@@ -575,13 +346,13 @@ class Worker:
             expected = check_version(session_id, expected_version)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
-        live = self._recall(session_id, expected, key)
+        live = self._held.recall(session_id, expected, key)
         if live is not None:
             try:
                 return self._advanced(session_id, live, event, expected, key)
             except (IllegalEvent, SessionEnded, TurnInProgress):
                 pass  # maybe the store moved on: read it, and answer from there
-        live = self._read(session_id)
+        live = self._held.read(session_id)
         if key is not None and any(k == key for _, k in live.record.keys):
             return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
         if live.version != expected:
@@ -589,14 +360,15 @@ class Worker:
         return self._advanced(session_id, live, event, expected, key)
 
     def _advanced(
-        self, session_id: str, live: _Live, event: object | None, expected: int, key: str | None
+        self, session_id: str, live: Live, event: object | None, expected: int, key: str | None
     ) -> Advanced:
         """:meth:`advance` of ``live``, the session at ``expected``: its steps taken at
         its age now, the record written, the compare-and-set, the result."""
+        held = self._held
         session, record = live.session, live.record
         observers = self._observers
         wall = self._now()
-        age = self._age(record, wall)
+        age = held.age(record, wall)
         mark = _mark(session) if observers else (0, 0)
         before = session.cost_usd if live.tree else 0.0
         entries = []
@@ -608,7 +380,7 @@ class Worker:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
         offset = self._clock() - age if observers else 0.0
         try:
-            live.version, live.record = self._write(
+            live.version, live.record = held.write(
                 session_id,
                 expected,
                 record,
@@ -618,7 +390,7 @@ class Worker:
                 age=age,
                 keys=keys,
                 action=action,
-                limit=COMPACT_EVERY if event is not None else COMPACT_AT_START,
+                limit=None if event is not None else COMPACT_AT_START,
             )
         except StaleWrite:
             return self._lost_race(session_id, key)
@@ -633,19 +405,21 @@ class Worker:
         report = None
         if live.tree and session.cost_usd > before:
             report = (session.parent_id, session.session_id, session.cost_usd)
-        self._remember(session_id, live)
+        held.remember(session_id, live)
         if report is not None:
             self._report_spend(*report)
         return result
 
-    def _steps(self, live: _Live, event: object | None) -> Iterable[Step]:
+    def _steps(self, live: Live, event: object | None) -> Iterable[Step]:
         """The steps of an advance of ``live`` with ``event``: ``None`` starts the next
         turn (the children's totals and the ancestors' budget pulled first); an event
         is sent to the turn, with the record's carried outcomes (a ``ToolsDone``) and
         this worker's doom-check verdict (a reply) in it."""
         session = live.session
         if event is None:
-            return [*self._pulled_spend(session), *self._pulled_budget(session), (START,)]
+            held = self._held
+            pulled = spend.pulled_spend(held, session)
+            return [*pulled, *spend.pulled_budget(held, session), (START,)]
         turn = session.current_turn
         if turn is None:
             raise IllegalEvent(
@@ -674,128 +448,10 @@ class Worker:
             for observer in self._observers:
                 observer(shifted)
 
-    # -- spend across the session tree ----------------------------------------------
-
-    def _peek(self, session_id: str, read: Callable[[Session], _T]) -> _T | None:
-        """``read(session)`` of the stored session ``session_id``, taken before the
-        session is put back as the latest (from then on another thread may step it);
-        ``None`` when it cannot be read."""
-        try:
-            live = self._read(session_id)
-        except (SessionNotFound, CorruptSession, InvalidSessionId):
-            return None
-        value = read(live.session)
-        self._remember(session_id, live)
-        return value
-
-    def _charge(
-        self, session_id: str, steps_of: Callable[[Session], list[Step] | None]
-    ) -> tuple[str | None, str | None, float] | None:
-        """Take ``steps_of(session)`` on the stored session ``session_id`` and write it,
-        its claim and carried outcomes kept (retried on a conflict); what a spend report
-        reads of it then: its parent's id, its own and its total spend. ``None`` when it
-        cannot be read or written, or ``steps_of`` gives ``None`` (not to be charged)."""
-        for _ in range(_ATTEMPTS):
-            try:
-                live = self._read(session_id)
-            except (SessionNotFound, CorruptSession, InvalidSessionId):
-                return None
-            session, record = live.session, live.record
-            steps = steps_of(session)
-            if steps is None:
-                self._remember(session_id, live)
-                return None
-            if steps:
-                wall = self._now()
-                try:
-                    live.version, live.record = self._write(
-                        session_id,
-                        live.version,
-                        record,
-                        session,
-                        [take_step(session, step, 0.0, wall)[1] for step in steps],
-                        wall=wall,
-                        age=self._age(record, wall),
-                        keys=record.keys,
-                        action=None,  # no new action: the claim and carried outcomes stay
-                        claim=record.claim,
-                        carried=record.carried,
-                    )
-                except StaleWrite:
-                    continue
-            # read before it is remembered: another thread may step it from then on
-            facts = (session.parent_id, session.session_id, session.cost_usd)
-            self._remember(session_id, live)
-            return facts
-        return None
-
-    def _pulled_spend(
-        self, session: Session, depth: int = 0, path: frozenset[str | None] = frozenset()
-    ) -> list[Step]:
-        """Before a parent's turn starts, each child's total from its record, so a
-        report a worker never made (it died after writing the child) is not lost. A
-        child that has ended starts no turn to pull its own children's totals: they are
-        settled into its record first, down the tree (``path``: the sessions above, so
-        forged records naming each other as children end the walk)."""
-        steps: list[Step] = []
-        known = session.child_costs
-        if not known:
-            return steps
-        path = path | {session.session_id}
-        for child_id in known:
-            if child_id in path:
-                continue
-            facts = self._peek(child_id, _spend_facts)
-            if facts is None:
-                continue
-            parent_id, total, ended, parent = facts
-            if parent_id != session.session_id:
-                continue  # not this parent's child (a forged or re-created id)
-            if ended and parent and depth < _MAX_DEPTH:
-                pulled = functools.partial(self._pulled_spend, depth=depth + 1, path=path)
-                settled = self._charge(child_id, pulled)
-                total = (settled[2] if settled is not None else 0.0) or total
-            if total > known[child_id]:
-                steps.append((CHILD_SPEND, child_id, total))
-        return steps
-
-    def _pulled_budget(self, session: Session) -> list[Step]:
-        """Before a child's turn starts, its parent's remaining budget from the
-        parent's record (siblings' spend included), as a live parent would give it. A
-        parent ended ``cancelled`` or ``failed`` starts no child's turn (``SessionEnded``:
-        its :meth:`end` cascade did not reach this child yet)."""
-        parent_id = session.parent_id
-        if parent_id is None:
-            return []
-        child_id = session.session_id
-        budget = self._peek(
-            parent_id,
-            lambda parent: (
-                child_id in parent.child_costs,
-                parent.remaining_budget_usd,
-                parent.status,
-            ),
-        )
-        if budget is None or not budget[0]:
-            return []  # not this parent's child (a forged or re-created id): keep what it has
-        if budget[2] in (SessionStatus.CANCELLED, SessionStatus.FAILED):
-            raise SessionEnded(
-                f"session {child_id!r}: its parent {parent_id!r} has ended "
-                f"({budget[2].value}): it starts no turn; end it with Worker.end",
-                status=budget[2],
-            )
-        return [(BUDGET, budget[1])]
-
     def _report_spend(self, parent_id: str | None, child_id: str | None, total: float) -> None:
-        """Charge child ``child_id``'s ``total`` to the records of its parent
-        ``parent_id`` and up the tree (compare-and-set, retried on a conflict; a total is
-        a max-merge, so a repeat is harmless). A parent that is not in this store (or
-        gone) is skipped: its next turn start pulls the total."""
-        while parent_id is not None and child_id is not None:
-            up = self._charge(parent_id, _charged(child_id, total))
-            if up is None:
-                return
-            parent_id, child_id, total = up
+        """Charge a child's spend up the tree after a write that spent
+        (:func:`~._spend.report`)."""
+        spend.report(self._held, parent_id, child_id, total)
 
     # -- claims and endings ---------------------------------------------------------
 
@@ -812,7 +468,7 @@ class Worker:
         turn finishes at once. ``APPLIED`` on takeover; ``BUSY`` while another
         worker's lease holds; ``UNCHANGED`` (the pending action) otherwise.
         """
-        live = self._read(session_id)
+        live = self._held.read(session_id)
         session, record = live.session, live.record
         turn = session.current_turn
         claim = record.claim
@@ -836,7 +492,7 @@ class Worker:
             if not self._idempotent(call)
         )
         carried = (*record.carried, *interrupted)
-        age = self._age(record, wall)
+        age = self._held.age(record, wall)
         entries: list[str] = []
         action: Action | None = InvokeTools(rerun)
         if not rerun:  # nothing left to run: the outcomes are sent now
@@ -844,7 +500,7 @@ class Worker:
             entries.append(entry)
             carried = ()
         try:
-            live.version, live.record = self._write(
+            live.version, live.record = self._held.write(
                 session_id,
                 live.version,
                 record,
@@ -860,7 +516,7 @@ class Worker:
             return self._lost_race(session_id, None)
         action = self._on_clock_action(action, live.record.elapsed_s)
         handout = self._handout(session_id, live)
-        self._remember(session_id, live)
+        self._held.remember(session_id, live)
         return Advanced(AdvanceStatus.APPLIED, handout, live.version, action, interrupted)
 
     def end(
@@ -892,152 +548,76 @@ class Worker:
             raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
         if not isinstance(reason, str):
             raise TypeError(f"reason: must be a str, got {reason!r:.60}")
-        live = self._recall(session_id, expected, key) or self._read(session_id)
+        held = self._held
+        tree_reason = reason or f"parent {session_id!r} ended {chosen.value}"
+        live = held.recall(session_id, expected, key) or held.read(session_id)
         if key is not None and any(k == key for _, k in live.record.keys):
             return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
         if live.version != expected:
             return self._answer(session_id, AdvanceStatus.CONFLICT, live)
-        session = live.session
-        tree_reason = reason or f"parent {session_id!r} ended {chosen.value}"
-        children = tuple(session.child_costs)
-        if session.status is not None:
-            if session.status is not chosen:
-                self._remember(session_id, live)
-                raise SessionEnded(
-                    f"session {session_id!r} has already ended ({session.status.value})",
-                    status=session.status,
-                )
-            # a repeat of an ending: finish a cascade its worker may have died in
-            result = self._answer(session_id, AdvanceStatus.UNCHANGED, live)
-            if chosen is SessionStatus.COMPLETED:
-                return result
-            return attrs.evolve(
-                result, ended=tuple(self._cascade(session_id, children, tree_reason))
-            )
+        if live.session.status is not None:
+            return self._ended_again(session_id, live, chosen, tree_reason)
         if chosen is SessionStatus.COMPLETED:
-            own = ending.running(session)
-            self._remember(session_id, live)  # put back while the children are read
-            running = self._running_descendants(session_id, children)
-            if running or own:
-                whose = f"child session {running[0]!r}" if running else f"session {session_id!r}"
-                raise TurnInProgress(
-                    f"{whose} is running a turn: a session completes when no turn of its own or "
-                    "of its children runs; end it cancelled or failed to abandon them"
-                )
-            live = self._recall(session_id, expected, None) or self._read(session_id)
+            live = self._completable(session_id, live, expected)
             if live.version != expected:
                 return self._answer(session_id, AdvanceStatus.CONFLICT, live)
-            session, children = live.session, tuple(live.session.child_costs)
+        session, children = live.session, tuple(live.session.child_costs)
         keys = live.record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
         try:
-            self._write_end(session_id, live, chosen, reason, keys)
+            ending.write_end(held, session_id, live, chosen, reason, keys)
         except StaleWrite:
             return self._lost_race(session_id, key)
         action = self._on_clock_action(ending.pending(session), live.record.elapsed_s)
         handout = self._handout(session_id, live)
-        self._remember(session_id, live)
+        held.remember(session_id, live)
         # completed: a child whose turn started after the check above must not charge a
         # finished parent, so it is cancelled (its worker sees a CONFLICT)
-        running_only = chosen is SessionStatus.COMPLETED
-        ended = self._cascade(session_id, children, tree_reason, running_only=running_only)
+        only = chosen is SessionStatus.COMPLETED
+        ended = ending.cascade(held, session_id, children, tree_reason, running_only=only)
         return Advanced(AdvanceStatus.APPLIED, handout, live.version, action, ended=tuple(ended))
 
-    def _write_end(
-        self,
-        session_id: str,
-        live: _Live,
-        status: SessionStatus,
-        reason: str,
-        keys: tuple[tuple[int, str], ...],
-    ) -> None:
-        """End ``live``'s session with ``status`` and write it, its snapshot anew (the
-        ending is in it, not journaled), over the version it was read at (``StaleWrite``
-        if that moved on; the session is then the caller's to drop)."""
-        session, record = live.session, live.record
-        wall = self._now()
-        age = self._age(record, wall)
-        session.end(status, reason=reason, at=age)
-        live.version, live.record = self._write(
-            session_id,
-            live.version,
-            record,
-            session,
-            [],
-            wall=wall,
-            age=age,
-            keys=keys,
-            action=ending.pending(session),
-            limit=-1,
+    def _ended_again(
+        self, session_id: str, live: Live, chosen: SessionStatus, reason: str
+    ) -> Advanced:
+        """:meth:`end` of a session that has ended: ``UNCHANGED`` with the same status (a
+        cascade its worker may have died in finished), else ``SessionEnded``."""
+        status = live.session.status
+        if status is not chosen:
+            self._held.remember(session_id, live)
+            raise SessionEnded(
+                f"session {session_id!r} has already ended ({status.value})",  # type: ignore[union-attr]
+                status=status,
+            )
+        children = tuple(live.session.child_costs)
+        result = self._answer(session_id, AdvanceStatus.UNCHANGED, live)
+        if chosen is SessionStatus.COMPLETED:
+            return result
+        return attrs.evolve(
+            result, ended=tuple(ending.cascade(self._held, session_id, children, reason))
         )
 
-    def _running_descendants(
-        self, parent_id: str | None, children: tuple[str, ...], depth: int = 0
-    ) -> list[str]:
-        """The ids of the descendants in the store whose turn is running (each one's record
-        naming its parent's id)."""
-        found: list[str] = []
-        for child_id in children:
-            facts = self._peek(child_id, ending.facts)
-            if facts is None or facts[0] != parent_id or facts[1]:
-                continue
-            if facts[2]:
-                found.append(child_id)
-            if depth < ending.MAX_DEPTH:
-                found += self._running_descendants(child_id, facts[3], depth + 1)
-        return found
-
-    def _cascade(
-        self,
-        parent_id: str | None,
-        children: tuple[str, ...],
-        reason: str,
-        depth: int = 0,
-        running_only: bool = False,
-    ) -> list[str]:
-        """End ``cancelled`` each live child (of ``children``) of session ``parent_id`` in
-        the store, and theirs, down the tree (``running_only``: only those whose turn
-        runs). Returns the ids ended."""
-        ended: list[str] = []
-        for child_id in children:
-            grandchildren: tuple[str, ...] = ()
-            for _ in range(ending.ATTEMPTS):
-                try:
-                    live = self._read(child_id)
-                except (SessionNotFound, CorruptSession, InvalidSessionId):
-                    break  # gone, or not this store's: nothing left running here
-                child = live.session
-                if child.parent_id != parent_id:
-                    self._remember(child_id, live)
-                    break  # not this parent's child (a re-created id)
-                grandchildren = tuple(child.child_costs)
-                if child.status is not None or (running_only and not ending.running(child)):
-                    self._remember(child_id, live)
-                    break
-                try:
-                    self._write_end(
-                        child_id, live, SessionStatus.CANCELLED, reason, live.record.keys
-                    )
-                except StaleWrite:
-                    continue  # its worker moved it on: read it again and end that
-                self._remember(child_id, live)
-                ended.append(child_id)
-                break
-            else:
-                raise StoreError(
-                    f"session {child_id!r}: {ending.ATTEMPTS} conflicting writes in a row while "
-                    f"ending it with its parent {parent_id!r}; call end again to finish the "
-                    "cascade",
-                    session_id=child_id,
-                )
-            if grandchildren and depth < ending.MAX_DEPTH:
-                ended += self._cascade(child_id, grandchildren, reason, depth + 1, running_only)
-        return ended
+    def _completable(self, session_id: str, live: Live, expected: int) -> Live:
+        """The session ``live`` held, read again once no turn of its own or of its
+        descendants runs (``TurnInProgress`` otherwise): the session is put back while
+        they are read."""
+        own = ending.running(live.session)
+        self._held.remember(session_id, live)
+        running = ending.running_descendants(
+            self._held, session_id, tuple(live.session.child_costs)
+        )
+        if running or own:
+            whose = f"child session {running[0]!r}" if running else f"session {session_id!r}"
+            raise TurnInProgress(
+                f"{whose} is running a turn: a session completes when no turn of its own or "
+                "of its children runs; end it cancelled or failed to abandon them"
+            )
+        return self._held.recall(session_id, expected, None) or self._held.read(session_id)
 
     def delete(self, session_id: str) -> bool:
         """Remove the session's record; whether there was one."""
-        self._live.pop(session_id, None)
+        self._held.live.pop(session_id, None)
         return self.store.delete(session_id)
 
     def __repr__(self) -> str:
