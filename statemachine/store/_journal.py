@@ -460,6 +460,14 @@ def check_record(record: Record, session: Session) -> None:
     journal determines agrees with ``session``, the state the journal gives (in the
     journal's frame): its age is not before the last step, its last finish is the
     journal's, and a claim or carried outcomes belong to the tool calls in flight."""
+    _check_ages(record, session)
+    claim, carried = record.claim, record.carried
+    if claim is not None or carried:
+        _check_held_calls(record, session)
+
+
+def _check_ages(record: Record, session: Session) -> None:
+    """:func:`check_record` of ``elapsed_s`` and ``finished_s``."""
     sid = record.session_id
     last = session.last_at
     if record.elapsed_s < last:
@@ -476,9 +484,12 @@ def check_record(record: Record, session: Session) -> None:
             raise corrupt(
                 sid, "finished_s", f"{said!r}, but the last turn finished {expected!r} s before"
             )
-    claim, carried = record.claim, record.carried
-    if claim is None and not carried:
-        return
+
+
+def _check_held_calls(record: Record, session: Session) -> None:
+    """:func:`check_record` of a ``claim`` and ``carried`` outcomes: the calls in flight,
+    each claimed or answered once."""
+    sid, claim, carried = record.session_id, record.claim, record.carried
     turn = session.current_turn
     pending: Action | None = None if turn is None else turn.action
     if turn is None or turn.state != "invoking_tools" or type(pending) is not InvokeTools:

@@ -154,34 +154,13 @@ def written(
     elapsed = last if age < last else age
     finished_at = session.finished_at
     finished = None if finished_at is None else elapsed - finished_at
-    record = previous
-    added = None
-    prefix: bytes | memoryview
-    count = len(entries)
-    if record is not None and record.appendable and record.entries + count <= limit:
-        added = entries[0] if count == 1 else ",".join(entries)
-        if added and record.entries:
-            added = "," + added
-        size = len(added) if added.isascii() else len(added.encode())
-        if record.prefix_end + size > max_prefix:  # type: ignore[operator]
-            added = None
-    if added is None or record is None:
-        cache = TextCache()
-        old = TextCache() if previous is None or previous.cache is None else previous.cache
-        text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
-        incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
-        head = (
-            f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)}'
-            f',"snapshot":{text}'
-        ).encode() + _JOURNAL
-        record = Record(session_id, None, wall, incarnation=incarnation, cache=cache)
-        prefix, record.prefix_end, record.appendable, added = head, len(head), True, ""
+    grown = None if previous is None else _grown(previous, entries, limit, max_prefix)
+    prefix: bytes | memoryview | None
+    if previous is None or grown is None:
+        record = _fresh(previous, session_id, session, elapsed, wall)
+        prefix, added = record.payload, ""
     else:
-        prefix = memoryview(record.payload)[: record.prefix_end]  # type: ignore[arg-type]
-        record.prefix_end += size  # type: ignore[operator]
-        record.entries += count
-        if record.snapshot is not None or record.journal:
-            record.snapshot, record.journal = None, ()  # read: only the bytes now
+        record, (prefix, added) = previous, grown
     middle = record.middle
     if (
         middle is None
@@ -200,7 +179,47 @@ def written(
         f'{added}],"saved_at":{saved}{middle}'
         f',"elapsed_s":{now},"finished_s":{number_or_null(finished)}}}'
     )
-    record.payload = b"".join((prefix, tail.encode()))
+    record.payload = b"".join((prefix, tail.encode()))  # type: ignore[arg-type]
+    return record
+
+
+def _grown(
+    record: Record, entries: Sequence[str], limit: int, max_prefix: int
+) -> tuple[memoryview, str] | None:
+    """``record``'s prefix and the text that appends ``entries`` to it, its prefix then
+    ending after them; ``None`` when the record may not take them."""
+    count = len(entries)
+    if not record.appendable or record.entries + count > limit:
+        return None
+    added = entries[0] if count == 1 else ",".join(entries)
+    if added and record.entries:
+        added = "," + added
+    end = record.prefix_end
+    size = len(added) if added.isascii() else len(added.encode())
+    if end + size > max_prefix:  # type: ignore[operator]
+        return None
+    record.prefix_end = end + size  # type: ignore[operator]
+    record.entries += count
+    if record.snapshot is not None or record.journal:
+        record.snapshot, record.journal = None, ()  # read: only the bytes now
+    return memoryview(record.payload)[:end], added  # type: ignore[arg-type]
+
+
+def _fresh(
+    previous: Record | None, session_id: str, session: Session, elapsed: float, wall: float
+) -> Record:
+    """A record of ``session`` ``elapsed`` seconds old, written anew: its bytes up to its
+    empty journal (the incarnation ``previous``'s, or drawn for a new session; the
+    snapshot's text built from what ``previous``'s left)."""
+    cache = TextCache()
+    old = TextCache() if previous is None or previous.cache is None else previous.cache
+    text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
+    incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
+    head = (
+        f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)},"snapshot":{text}'
+    ).encode() + _JOURNAL
+    record = Record(session_id, None, wall, incarnation=incarnation, payload=head)
+    record.prefix_end, record.appendable, record.cache = len(head), True, cache
     return record
 
 
@@ -245,19 +264,32 @@ def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
         for pair in keys
     ):
         raise corrupt(session_id, "keys", f"must be a list of [version, key] pairs, got {keys!r}")
-    claim = data.get("claim")
-    parsed_claim = None
-    if claim is not None:
-        if (
-            not isinstance(claim, dict)
-            or not isinstance(claim.get("owner"), str)
-            or not isinstance(claim.get("calls"), list)
-            or not all(isinstance(c, str) for c in claim["calls"])
-            or not _finite(claim.get("until"))
-        ):
-            raise corrupt(session_id, "claim", f"must be owner/calls/until, got {claim!r}")
-        parsed_claim = Claim(claim["owner"], tuple(claim["calls"]), float(claim["until"]))
-    carried = data.get("carried")
+    assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
+    return {
+        "saved_at": float(saved_at),
+        "keys": tuple((pair[0], pair[1]) for pair in keys),
+        "claim": _claim(session_id, data.get("claim")),
+        "carried": _carried(session_id, data.get("carried")),
+    }
+
+
+def _claim(session_id: str, claim: Any) -> Claim | None:
+    """A record's ``claim``, checked."""
+    if claim is None:
+        return None
+    if (
+        not isinstance(claim, dict)
+        or not isinstance(claim.get("owner"), str)
+        or not isinstance(claim.get("calls"), list)
+        or not all(isinstance(c, str) for c in claim["calls"])
+        or not _finite(claim.get("until"))
+    ):
+        raise corrupt(session_id, "claim", f"must be owner/calls/until, got {claim!r}")
+    return Claim(claim["owner"], tuple(claim["calls"]), float(claim["until"]))
+
+
+def _carried(session_id: str, carried: Any) -> tuple[ToolOutcome, ...]:
+    """A record's ``carried`` outcomes, checked."""
     if not isinstance(carried, list):
         raise corrupt(session_id, "carried", f"must be a list, got {carried!r}")
     try:
@@ -266,13 +298,7 @@ def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
         raise corrupt(session_id, "carried", str(exc)) from None
     if not all(isinstance(o, ToolOutcome) for o in outcomes):
         raise corrupt(session_id, "carried", "must hold ToolOutcome values")
-    assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
-    return {
-        "saved_at": float(saved_at),
-        "keys": tuple((pair[0], pair[1]) for pair in keys),
-        "claim": parsed_claim,
-        "carried": outcomes,
-    }
+    return outcomes  # type: ignore[no-any-return]
 
 
 def _ages(session_id: str, data: dict[str, Any]) -> tuple[float, float | None]:
