@@ -144,7 +144,7 @@ def test_a_forged_record_is_refused_by_a_reader_with_the_same_error_as_before() 
             _worker(store, "b").load("s")
         assert split_record(payload) is not None  # the one-pass decoder reads it
         with pytest.raises(CorruptSession) as general:
-            read_session(parse_record("s", decode_record("s", payload, _MAX), payload), None)
+            read_session(parse_record("s", decode_record("s", payload, _MAX), payload))
         assert str(fast.value) == str(general.value)
         assert store._data[key][1] == payload
 
