@@ -56,6 +56,7 @@ from ..core._json_data import MAX_COUNT, plain_json, short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
 from ..core._state_text import json_text, number_text
+from ..core._taxonomy import ErrorCategory
 from ._errors import CorruptSession, corrupt
 from ._record import RECORD_VERSION, Record, parse_record
 
@@ -164,7 +165,7 @@ def _model_failed_text(event: ModelFailed) -> str:
     """``json_text(compact(event))`` written field by field: the event of every retry
     (one string grown, not a list joined: most errors have three or four fields)."""
     error = event.error
-    text = _FAILED_HEAD + encode_basestring(error.category.value)
+    text = _FAILED_HEADS[error.category]
     if error.message:
         text += ',"message":' + encode_basestring(error.message)
     waited = error.retry_after_seconds
@@ -196,7 +197,12 @@ def _number_text(value: Any) -> str:
     return json_text(compact(value))
 
 
-_FAILED_HEAD = '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'
+_FAILED_HEADS = {
+    category: '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'
+    + encode_basestring(category.value)
+    for category in ErrorCategory
+}
+"""The text a failure's entry begins with, per category."""
 
 
 _FIELDLESS = {cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)}
