@@ -721,6 +721,10 @@ class Turn:
         was. A host that keeps its check outside the session (a store's worker) sends
         ``turn.judged(reply, check)``."""
         core, state = self._core, self._turn
+        if type(event) is not ModelReplied:
+            raise TypeError(f"judged: takes a ModelReplied, got {type(event).__name__}")
+        if core.state.turn is not state:
+            self._refuse("ModelReplied")
         verdict = event.doom_verdict
         facts = None
         if state.state == CALLING:  # the only state a reply is legal in (the engine says so)
