@@ -48,15 +48,7 @@ def _run(*argv: str) -> tuple[int, str, str]:
         (["--help"], ["simulate", "diagram", "check", "vendor"]),
         (
             ["simulate", "--help"],
-            [
-                "--json",
-                "--real-time",
-                "--seed",
-                "--list",
-                "--spans",
-                "SCENARIO",
-                "docs/simulate.md",
-            ],
+            ["--json", "--real-time", "--seed", "--list", "--spans", "SCENARIO", "docs/simulate.md"],
         ),
         (["diagram", "--help"], ["--out", "--check", "--require-svg"]),
         (["vendor", "--help"], ["--script", "--port", "ANTHROPIC_BASE_URL", "docs/drivers.md"]),

@@ -155,9 +155,7 @@ def test_category_views_highlight_only_that_categorys_rows() -> None:
     assert by_effect["reduce"] not in rate
     assert len(views()) == 2 + len(ErrorCategory)
     dot = dot_source(next(v for v in views() if v.name == "category-auth_error"))
-    row = (
-        '<TD ALIGN="LEFT">ModelFailed [auth_error]</TD><TD ALIGN="LEFT">failed: Finish(auth_error)'
-    )
+    row = '<TD ALIGN="LEFT">ModelFailed [auth_error]</TD><TD ALIGN="LEFT">failed: Finish(auth_error)'
     assert row in dot
     assert "Wait" not in dot.replace("WaitDone", "")
     assert "ModelReplied" not in dot  # an auth error never recovers: no reply row
@@ -247,9 +245,7 @@ def test_the_default_view_numbers_every_row_on_its_edge_and_in_its_table() -> No
     assert len(cancels) == len({row.source for row in ROWS if row.event == "Cancelled"}) > 3
     for number, row in enumerate(ROWS, 1):
         if row.event == "Cancelled":
-            dashed = (
-                rf"^\s*{row.source} -> failed \[arrowsize=0.6 color=\"#b0b0b0\" style=dashed\]$"
-            )
+            dashed = rf"^\s*{row.source} -> failed \[arrowsize=0.6 color=\"#b0b0b0\" style=dashed\]$"
             assert re.search(dashed, dot, re.MULTILINE), row.source
             continue
         edge = re.search(rf'^\s*{row.source} -> {row.dest} \[label=" ([^"]*) "', dot, re.MULTILINE)
@@ -261,14 +257,12 @@ def test_the_default_view_numbers_every_row_on_its_edge_and_in_its_table() -> No
         assert number in numbers, (number, edge.group(1))
         guards = f" [{' &amp; '.join(row.guards)}]" if row.guards else ""
         assert f'<TD ALIGN="LEFT">{number}</TD><TD ALIGN="LEFT">{row.event}{guards}</TD>' in dot
-    assert f'{cancels[0]}-{cancels[-1]}</TD><TD ALIGN="LEFT">Cancelled</TD>' in dot
+    assert f"{cancels[0]}-{cancels[-1]}</TD><TD ALIGN=\"LEFT\">Cancelled</TD>" in dot
     assert "subgraph cluster_legend" not in dot  # the legend is one compact band
 
 
 @pytest.mark.requirement("ER-61")
-@pytest.mark.skipif(
-    not HAS_DOT and not os.environ.get("CI"), reason="graphviz's dot is not installed"
-)
+@pytest.mark.skipif(not HAS_DOT and not os.environ.get("CI"), reason="graphviz's dot is not installed")
 def test_the_default_view_renders_at_page_width() -> None:
     """The committed turn.svg, converted to PNG at 96 dpi, is at most PAGE_WIDTH_PX wide
     (the every-row view is the wide one), and not squeezed into a sliver either."""

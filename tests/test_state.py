@@ -205,10 +205,7 @@ def test_a_version_1_snapshot_with_a_status_that_does_not_fit_is_refused() -> No
         (lambda: sm.Assembled(_deep(200), 1), "^request: must be JSON data"),
         (lambda: sm.Assembled("\ud800", 1), "^request: .*lone surrogate"),
         (lambda: sm.Assembled("r", 10**30), "^size: must be < 2"),
-        (
-            lambda: sm.ModelReplied(reply=object()),
-            "^ModelReplied.reply: a builtins.object has no JSON form",
-        ),
+        (lambda: sm.ModelReplied(reply=object()), "^ModelReplied.reply: a builtins.object has no JSON form"),
         (lambda: sm.ModelReplied(cost=10**400), "^cost: must be a finite number"),
         (lambda: sm.ToolCall("c", "p", "t", {"x": math.inf}), "^ToolCall.arguments"),
         (lambda: sm.ToolOutcome("c", True, content=b"bytes"), "^ToolOutcome.content"),
