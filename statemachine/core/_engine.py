@@ -70,9 +70,9 @@ from ._trace import TraceRecord
 Observer = Callable[[TraceRecord], None]
 DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 """A host's second-tier doom-loop check: the last ``doom_check_window`` tool calls in,
-``True`` when the model is going round in circles. A check whose ``asks`` attribute is
-false is not there for the step at hand (a store replaying a step its worker took
-without one)."""
+``True`` when the model is going round in circles. The session asks it before a reply
+is sent, where a verdict is due, and sends the verdict in the reply
+(``ModelReplied.doom_verdict``): the engine's step reads the event only."""
 
 logger = logging.getLogger("statemachine")
 logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
@@ -297,9 +297,11 @@ def _conflict_facts(
 
 
 class DoomFacts:
-    """What a reply's tool calls do to the doom-loop detector (both tiers)."""
+    """What a reply's tool calls do to the doom-loop detector (both tiers): ``due`` says
+    whether the second tier's verdict is read at this reply (``window`` the calls it
+    judges); ``fired`` is the first tier's, and the verdict's once it is read."""
 
-    __slots__ = ("fired", "last", "run", "since", "window")
+    __slots__ = ("due", "fired", "last", "run", "since", "window")
 
     def __init__(
         self,
@@ -308,18 +310,23 @@ class DoomFacts:
         fired: bool,
         window: tuple[ToolCall, ...] | None,
         since: int,
+        due: bool,
     ) -> None:
         self.last = last
         self.run = run
         self.fired = fired
         self.window = window
         self.since = since
+        self.due = due
 
 
-def _doom_facts(
-    core: Core, turn: TurnState, event: ModelReplied, _now: float, _wall: float | None
+def doom_facts(
+    core: Core, turn: TurnState, calls: tuple[ToolCall, ...], checked: bool
 ) -> DoomFacts | None:
-    calls = event.tool_calls
+    """What a reply of ``calls`` in ``turn`` does to the doom-loop detector, ``checked``:
+    taken with a second-tier check (whose verdict this does not read); ``None`` where
+    the detector does not run (no call, or the final-answer turn). Changes nothing: a
+    session asks it whether a verdict is due before it sends the reply."""
     if not calls or turn.final_answer:
         return None
     state = core.state
@@ -335,21 +342,24 @@ def _doom_facts(
         fired = fired or run >= threshold
     window = None
     since = state.doom_since
-    check = core.doom_check
-    if check is not None and not fired and getattr(check, "asks", True):
+    due = False
+    if checked and not fired:
         size = settings.doom_check_window
         window = (*state.doom_window, *calls)[-size:]
         since += len(calls)
         if run == threshold - 1 or since >= size:
-            since = 0
-            verdict = check(window)
-            if not isinstance(verdict, bool):
-                raise TypeError(
-                    f"doom_check: must return a bool, got {type(verdict).__name__}; "
-                    "nothing was changed"
-                )
-            fired = verdict
-    return DoomFacts(last, run, fired, window, since)
+            since, due = 0, True
+    return DoomFacts(last, run, fired, window, since, due)
+
+
+def _doom_facts(
+    core: Core, turn: TurnState, event: ModelReplied, _now: float, _wall: float | None
+) -> DoomFacts | None:
+    verdict = event.doom_verdict
+    facts = doom_facts(core, turn, event.tool_calls, verdict is not None)
+    if facts is not None and facts.due:
+        facts.fired = bool(verdict)
+    return facts
 
 
 Facts = Callable[["Core", TurnState, Any, float, "float | None"], Any]
@@ -1005,6 +1015,8 @@ class Core:
     by_state: dict[str, dict[str, Group]]
     failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
+    """The host's second-tier doom check, asked by the session's turn before it sends a
+    reply (``Turn.judged``); no step calls it."""
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
     children: list[weakref.ref[Any]] | None
