@@ -319,16 +319,16 @@ def build_text_writer(
 
 def build_trace_record(record_class: type, counters: Sequence[str]) -> Callable[..., Any]:
     """``trace_record(turn, index, step, action, cost=0.0, at=None, event=None,
-    wall=None, usage=None)``: the ``record_class`` of ``step``, its row from
-    ``step[0]``, each field of ``counters`` from the step's counters, in order."""
+    wall=None, usage=None, made_at=None)``: the ``record_class`` of ``step``, its row
+    from ``step[0]``, each field of ``counters`` from the step's counters, in order."""
     fields = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(counters))
     source = (
         "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
-        "                 wall=None, usage=None):\n"
+        "                 wall=None, usage=None, made_at=None):\n"
         "    source, trigger, guard, dest, _ = step[0]\n"
         "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
         f"        guard=guard, dest=dest, action=action, {fields}, cost_usd=cost, at=at,\n"
-        "        caused_by=event, wall=wall, usage=usage)\n"
+        "        caused_by=event, wall=wall, usage=usage, made_at=made_at)\n"
     )
     namespace: dict[str, Any] = {"TraceRecord": record_class}
     return _compiled(source, "trace_record", "<trace_record, derived from TRACED>", namespace)

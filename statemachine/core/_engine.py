@@ -1178,6 +1178,7 @@ class Core:
                 final_answer=True,
                 instruction=final_answer_instruction(limit, self.settings),
             )
+        turn.made = now - state.started  # its bounds were checked now: a replay makes it then
         state.turn = turn
         return turn
 
@@ -1309,8 +1310,9 @@ class Core:
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
             at = session.started + elapsed
+            made = made_at(turn, session.started) if trigger == START else None
             record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage
+                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage, made
             )
             for observer in self.observers:
                 observer(record)
@@ -1366,6 +1368,14 @@ def last_reading(state: SessionState) -> float:
     if finished is not None and finished > last:
         last = finished
     return last
+
+
+def made_at(turn: TurnState, started: float) -> float | None:
+    """When ``turn`` was made (``new_turn``) on the clock of a session that started at
+    ``started``; ``None`` for a turn restored from a snapshot (which keeps the turn, not
+    that moment)."""
+    made = turn.made
+    return None if math.isnan(made) else started + made
 
 
 def wall_reading(wall: object) -> float | None:
