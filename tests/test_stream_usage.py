@@ -31,7 +31,7 @@ from statemachine.io._stream_usage import StreamUsage, plus, repeats_totals
 from statemachine.providers import AsyncAnthropicModel, AsyncOpenAIModel
 
 from .helpers import FakeTime
-from .servers.fake_llm import ANTHROPIC, OPENAI, FakeLLM
+from .servers.fake_llm import ANTHROPIC, OPENAI, Canned, FakeLLM
 
 TEXT = "It is sunny in Paris, 21 °C."
 ONE_CALL = (10, 5)
@@ -80,7 +80,7 @@ def _count(*chunks: tuple[int | None, int | None]) -> tuple[int | None, int | No
 
     usage: StreamUsage[tuple[int | None, int | None]] = StreamUsage(lambda tokens: tokens, add)
     for chunk in chunks:
-        usage.see(chunk)
+        assert usage.see(chunk) == usage.total  # the stream's usage so far
     return usage.total
 
 
@@ -93,6 +93,7 @@ def _count(*chunks: tuple[int | None, int | None]) -> tuple[int | None, int | No
         pytest.param([(100, 0), (100, 5), (100, 5), (100, 20), (100, 20)], (100, 20), id="cumul"),
         pytest.param([(100, 1), (0, 5), (0, 0), (0, 14)], (100, 20), id="delta"),
         pytest.param([(100, None), (None, 20)], (100, 20), id="delta, counts apart"),
+        pytest.param([(100, None), (100, None)], (100, None), id="cumul, input only"),
         pytest.param([(0, 1), (0, 1), (100, 18)], (100, 20), id="delta, prompt last"),
         pytest.param([(100, 5), (100, 3)], (200, 8), id="fewer outputs: another call's"),
         pytest.param([], None, id="nothing reported"),
@@ -224,6 +225,50 @@ def test_the_openai_provider_counts_a_stream_once(vendor: FakeLLM, shape: str) -
     session, finish, text = _provider_turn(vendor, AsyncOpenAIModel)
     assert (finish.status, text) == (sm.TurnStatus.COMPLETED, TEXT)
     _assert_one_call(session)
+
+
+def _usage_chunk(delta: dict[str, Any], **usage: Any) -> str:
+    body = {
+        "id": "chatcmpl-s",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gpt-test",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}],
+        "usage": usage,
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
+@pytest.mark.requirement("ER-235")
+def test_the_openai_provider_adds_every_count_of_a_delta_stream(vendor: FakeLLM) -> None:
+    """Each chunk's cached and reasoning tokens add up with its input and output tokens."""
+    chunks = _usage_chunk(
+        {"role": "assistant", "content": "It "},
+        prompt_tokens=100,
+        completion_tokens=3,
+        prompt_tokens_details={"cached_tokens": 40},
+        completion_tokens_details={"reasoning_tokens": 2},
+    ) + _usage_chunk(
+        {"content": "is."},
+        prompt_tokens=0,
+        completion_tokens=4,
+        completion_tokens_details={"reasoning_tokens": 1},
+    )
+    vendor.script(
+        OPENAI,
+        Canned(200, (chunks + "data: [DONE]\n\n").encode(), content_type="text/event-stream"),
+    )
+
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(
+            base_url=vendor.url + "/v1", api_key="t", max_retries=0
+        ) as client:
+            model = AsyncOpenAIModel(client, model="m", on_text=lambda text: None)
+            return await model.complete(sm.CallModel({"messages": []}, 0, None))
+
+    usage = asyncio.run(run()).usage
+    counts = (usage.input_tokens, usage.output_tokens, usage.cached_tokens, usage.reasoning_tokens)
+    assert counts == (100, 7, 40, 3)
 
 
 @pytest.mark.requirement("ER-235")

@@ -176,7 +176,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/store/_redis_cluster.py": ("tests/test_store_redis_cluster.py",),
     "statemachine/io/_drivers.py": _DRIVERS,
     "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py"),
-    "statemachine/io/_providers.py": (*_DRIVERS, "tests/test_provider_usage.py"),
+    "statemachine/io/_providers.py": (
+        *_DRIVERS,
+        "tests/test_provider_usage.py",
+        "tests/test_stream_usage.py",
+    ),
+    "statemachine/io/_stream_usage.py": ("tests/test_stream_usage.py",),
     "statemachine/io/_router.py": _DRIVERS,
     "statemachine/io/_mcp.py": ("tests/test_mcp_crash.py",),
     "statemachine/io/_procwatch.py": ("tests/test_mcp_crash.py",),
@@ -208,8 +213,14 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_integration_pydantic_ai.py",
         "tests/test_integration_openai_agents.py",
     ),
-    "statemachine/integrations/pydantic_ai.py": ("tests/test_integration_pydantic_ai.py",),
-    "statemachine/integrations/openai_agents.py": ("tests/test_integration_openai_agents.py",),
+    "statemachine/integrations/pydantic_ai.py": (
+        "tests/test_integration_pydantic_ai.py",
+        "tests/test_stream_usage.py",
+    ),
+    "statemachine/integrations/openai_agents.py": (
+        "tests/test_integration_openai_agents.py",
+        "tests/test_stream_usage.py",
+    ),
 }
 """The fast tests (files or node IDs) that exercise each module of the engine, the
 store and the I/O layer; the slow suites (stateful, SDK end-to-end, the whole model

@@ -155,9 +155,7 @@ class LoopbackVendor:
                 self._played[path].append(canned)
         if canned is None:
             canned = Canned(418, {"error": {"message": f"script exhausted for {path}"}})
-        served = canned
-        if canned.stream is not None and isinstance(body, dict) and body.get("stream") is True:
-            served = canned.stream
+        served = _served(canned, body)
         if self._log is not None:
             retry_after = canned.headers.get("retry-after")
             self._log(
@@ -184,6 +182,13 @@ class LoopbackVendor:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def _served(canned: Canned, body: Any) -> Canned:
+    """``canned``, or its stream when the request ``body`` asks to stream."""
+    if canned.stream is not None and isinstance(body, dict) and body.get("stream") is True:
+        return canned.stream
+    return canned
 
 
 def _summary(canned: Canned) -> str:
@@ -431,24 +436,32 @@ def openai_streamed(reply: Canned, usage: str = "final") -> Canned:
     finishes = [None] * len(deltas) + [choice["finish_reason"]]
     deltas.append({})
     tokens_in, tokens_out = body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]
-    after_role = len(deltas) - 1
-    added = [0] + [
-        tokens_out * (n + 1) // after_role - tokens_out * n // after_role for n in range(after_role)
-    ]
+    usages = _chunk_usages(usage, tokens_in, tokens_out, len(deltas))
     named = {"id": body["id"], "model": body["model"]}
-    text = ""
-    for index, (delta, finish) in enumerate(zip(deltas, finishes, strict=True)):
-        if usage == "final":
-            counted = None
-        elif usage == "cumulative":
-            counted = _chunk_usage(tokens_in, sum(added[: index + 1]))
-        else:
-            counted = _chunk_usage(tokens_in if index == 0 else 0, added[index])
-        text += _openai_chunk(delta, finish, usage=counted, **named)
+    text = "".join(
+        _openai_chunk(delta, finish, usage=counted, **named)
+        for delta, finish, counted in zip(deltas, finishes, usages, strict=True)
+    )
     if usage != "delta":  # the usage chunk of include_usage, after the finish chunk
         text += _openai_chunk(None, usage=_chunk_usage(tokens_in, tokens_out), **named)
     text += "data: [DONE]\n\n"
     return Canned(200, text.encode(), content_type="text/event-stream")
+
+
+def _chunk_usages(
+    usage: str, tokens_in: int, tokens_out: int, chunks: int
+) -> list[dict[str, int] | None]:
+    """The usage each of ``chunks`` chunks reports in shape ``usage``: the output tokens
+    spread over the chunks after the first (the role chunk)."""
+    added = [0] + [
+        tokens_out * (n + 1) // (chunks - 1) - tokens_out * n // (chunks - 1)
+        for n in range(chunks - 1)
+    ]
+    if usage == "final":
+        return [None] * chunks
+    if usage == "cumulative":
+        return [_chunk_usage(tokens_in, sum(added[: n + 1])) for n in range(chunks)]
+    return [_chunk_usage(tokens_in if n == 0 else 0, out) for n, out in enumerate(added)]
 
 
 def _chunk_usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
