@@ -227,32 +227,24 @@ def test_the_openai_provider_counts_a_stream_once(vendor: FakeLLM, shape: str) -
     _assert_one_call(session)
 
 
-def _usage_chunk(delta: dict[str, Any], **usage: Any) -> str:
-    body = {
-        "id": "chatcmpl-s",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "gpt-test",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}],
-        "usage": usage,
-    }
-    return f"data: {json.dumps(body)}\n\n"
-
-
 @pytest.mark.requirement("ER-235")
 def test_the_openai_provider_adds_every_count_of_a_delta_stream(vendor: FakeLLM) -> None:
     """Each chunk's cached and reasoning tokens add up with its input and output tokens."""
-    chunks = _usage_chunk(
+    chunks = _vendor._openai_chunk(
         {"role": "assistant", "content": "It "},
-        prompt_tokens=100,
-        completion_tokens=3,
-        prompt_tokens_details={"cached_tokens": 40},
-        completion_tokens_details={"reasoning_tokens": 2},
-    ) + _usage_chunk(
+        usage={
+            "prompt_tokens": 100,
+            "completion_tokens": 3,
+            "prompt_tokens_details": {"cached_tokens": 40},
+            "completion_tokens_details": {"reasoning_tokens": 2},
+        },
+    ) + _vendor._openai_chunk(
         {"content": "is."},
-        prompt_tokens=0,
-        completion_tokens=4,
-        completion_tokens_details={"reasoning_tokens": 1},
+        usage={
+            "prompt_tokens": 0,
+            "completion_tokens": 4,
+            "completion_tokens_details": {"reasoning_tokens": 1},
+        },
     )
     vendor.script(
         OPENAI,
