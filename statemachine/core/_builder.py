@@ -218,26 +218,6 @@ def build_copy(
     return _compiled("\n".join(lines) + "\n", "copy", _FROM_STATE.format("copy"), namespace)
 
 
-def build_step_after(counters: Sequence[tuple[str, str]], limit: int) -> Callable[..., Any]:
-    """``step_after(steps, info, turn, session)``: the step ``(info, *counters)``, the
-    counters read as ``counters`` names them ((``"turn"`` or ``"session"``, field), in
-    order), taken from ``steps`` (the row's cache, keyed by the counters) when it holds
-    it, else made and kept there while it holds fewer than ``limit``."""
-    reads = ", ".join(f"{owner}.{name}" for owner, name in counters)
-    source = (
-        "def step_after(steps, info, turn, session):\n"
-        f"    counters = ({reads},)\n"
-        "    step = steps.get(counters)\n"
-        "    if step is None:\n"
-        "        step = (info, *counters)\n"
-        "        if len(steps) < limit:\n"
-        "            steps[counters] = step\n"
-        "    return step\n"
-    )
-    namespace = {"limit": limit}
-    return _compiled(source, "step_after", _FROM_STATE.format("step_after"), namespace)
-
-
 # -- the snapshot as text (_state_text.py) ---------------------------------------------
 
 TextHow = Literal[
@@ -292,23 +272,3 @@ def build_text_writer(
         pieces.append(f"{dumps(key)}:{{{expr}}}")
     source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
     return _compiled(source, "write", _FROM_STATE.format("write"), namespace)
-
-
-# -- the trace record (_engine.py) -----------------------------------------------------
-
-
-def build_trace_record(record_class: type, counters: Sequence[str]) -> Callable[..., Any]:
-    """``trace_record(turn, index, step, action, cost=0.0, at=None, event=None,
-    wall=None, usage=None)``: the ``record_class`` of ``step``, its row from
-    ``step[0]``, each field of ``counters`` from the step's counters, in order."""
-    fields = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(counters))
-    source = (
-        "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
-        "                 wall=None, usage=None):\n"
-        "    source, trigger, guard, dest, _ = step[0]\n"
-        "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {fields}, cost_usd=cost, at=at,\n"
-        "        caused_by=event, wall=wall, usage=usage)\n"
-    )
-    namespace: dict[str, Any] = {"TraceRecord": record_class}
-    return _compiled(source, "trace_record", "<trace_record, derived from TRACED>", namespace)
