@@ -17,8 +17,8 @@ code calls comes in as an argument.
 from __future__ import annotations
 
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 _FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 """A build without the GIL: there an object's ``__class__`` is assigned with every other
@@ -142,59 +142,3 @@ def build_copy(
             lines.append(f"    new.{name} = copy_{name}(old.{name})")
     lines.append("    return new")
     return _compiled("\n".join(lines) + "\n", "copy", _FROM_STATE.format("copy"), namespace)
-
-
-# -- the snapshot as text (_state_text.py) ---------------------------------------------
-
-TextHow = Literal[
-    "int",
-    "flag",
-    "number",
-    "text",
-    "number_or_null",
-    "status",
-    "relative",
-    "turn",
-    "actions",
-    "grown",
-    "data",
-]
-"""How the text writer writes one field (:func:`build_text_writer`)."""
-
-_TEXT_EXPRESSIONS: dict[TextHow, str] = {
-    "int": "int.__repr__({read})",
-    "flag": "'true' if {read} else 'false'",
-    "number": "number_text({read})",
-    "text": "text_or_null({read})",
-    "number_or_null": "number_or_null({read})",
-    "status": "status_text({read})",
-    "relative": "relative_text(now, {read})",
-    "turn": "'null' if {read} is None else turn_text({read}, now, old, new)",
-    "actions": "actions_text({read}, state.index, now, old, new)",
-    "grown": "grown_text({at!r}, {read}, state.index, enc_{name}, old, new)",
-    "data": "dumps({read} if enc_{name} is None else enc_{name}({read}))",
-}
-"""The expression that writes a field, for each :data:`TextHow`: ints, flags and
-numbers inline, the others through the helpers the writer is given."""
-
-
-def build_text_writer(
-    fields: Sequence[tuple[str, str, TextHow, Callable[[Any], Any] | None]],
-    prefix: str,
-    helpers: Mapping[str, Any],
-) -> Callable[..., str]:
-    """``write(state, now, old, new)``: the state as JSON text, one f-string, a key for
-    each of ``fields`` (name, snapshot key, how, encoder), in order, its value written
-    as ``how`` names it in :data:`_TEXT_EXPRESSIONS`; ``encoder`` (``None``: the value
-    as it is) is the field's encoding as data, and ``prefix`` + key names a grown list
-    in the cache. ``helpers`` holds every function an expression calls (``dumps``,
-    which also writes the keys, ``number_text``, ``turn_text``...)."""
-    namespace: dict[str, Any] = dict(helpers)
-    dumps = helpers["dumps"]
-    pieces = []
-    for name, key, how, encoder in fields:
-        namespace[f"enc_{name}"] = encoder
-        expr = _TEXT_EXPRESSIONS[how].format(read=f"state.{name}", at=prefix + key, name=name)
-        pieces.append(f"{dumps(key)}:{{{expr}}}")
-    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
-    return _compiled(source, "write", _FROM_STATE.format("write"), namespace)
