@@ -380,86 +380,34 @@ CATEGORY_GUARDS: dict[str, frozenset[ErrorCategory]] = {
 is built (one row group per category), so no event evaluates them."""
 
 
-def _final_answer(_core: Core, turn: TurnState, _event: Any, _facts: Any) -> bool:
-    return turn.final_answer
-
-
-def _no_tool_calls(_core: Core, _turn: TurnState, event: ModelReplied, _facts: None) -> bool:
-    return not event.tool_calls
-
-
-def _partial(_core: Core, _turn: TurnState, event: ModelFailed, _facts: Any) -> bool:
-    return event.partial
-
-
-def _reductions_left(core: Core, turn: TurnState, _event: Any, _facts: Any) -> bool:
-    return turn.reductions < core.settings.max_context_reductions
-
-
-def _ceiling_reached(core: Core, _turn: TurnState, _event: Any, _facts: Any) -> bool:
-    return core.state.retries >= core.settings.session_retry_ceiling
-
-
-def _retries_left(core: Core, turn: TurnState, _event: Any, _facts: Any) -> bool:
-    return turn.attempt < core.settings.max_retries
-
-
-def _wait_fits(_core: Core, _turn: TurnState, _event: Any, facts: WaitFacts) -> bool:
-    return not (facts[2] or facts[3])  # not too long, does not cross the wall clock
-
-
-def _fallback_left(core: Core, turn: TurnState, _event: Any, _facts: Any) -> bool:
-    return turn.model_index + 1 < len(core.settings.fallback_models)
-
-
-def _server_wait_too_long(_core: Core, _turn: TurnState, _event: Any, facts: WaitFacts) -> bool:
-    return facts[2]
-
-
-def _wait_crosses_wall_clock(_core: Core, _turn: TurnState, _event: Any, facts: WaitFacts) -> bool:
-    return facts[3]
-
-
-def _shrank(_core: Core, turn: TurnState, event: Assembled, _facts: None) -> bool:
-    overflowed = turn.overflowed_size
-    if overflowed is None or event.size >= overflowed:
-        return False
-    # both are JSON data (checked when they came in): comparing them cannot raise
-    return bool(event.request != turn.overflowed_request)
-
-
-def _trips_breaker(_core: Core, _turn: TurnState, _event: Any, facts: ToolFacts) -> bool:
-    return bool(facts.tripped)
-
-
-def _trips_denial_breaker(_core: Core, _turn: TurnState, _event: Any, facts: ToolFacts) -> bool:
-    return facts.denied
-
-
-def _conflict_retry(_core: Core, _turn: TurnState, _event: Any, facts: ToolFacts) -> bool:
-    return facts.seconds is not None
-
-
-def _terminal_tool(_core: Core, _turn: TurnState, _event: Any, facts: ToolFacts) -> bool:
-    return facts.terminal
-
-
 GUARDS: dict[str, Guard] = {
-    "final_answer": _final_answer,
-    "no_tool_calls": _no_tool_calls,
-    "partial": _partial,
-    "reductions_left": _reductions_left,
-    "ceiling_reached": _ceiling_reached,
-    "retries_left": _retries_left,
-    "wait_fits": _wait_fits,
-    "fallback_left": _fallback_left,
-    "server_wait_too_long": _server_wait_too_long,
-    "wait_crosses_wall_clock": _wait_crosses_wall_clock,
-    "shrank": _shrank,
-    "trips_breaker": _trips_breaker,
-    "trips_denial_breaker": _trips_denial_breaker,
-    "conflict_retry": _conflict_retry,
-    "terminal_tool": _terminal_tool,
+    "final_answer": lambda _core, turn, _event, _facts: turn.final_answer,
+    "no_tool_calls": lambda _core, _turn, event, _facts: not event.tool_calls,
+    "partial": lambda _core, _turn, event, _facts: event.partial,
+    "reductions_left": lambda core, turn, _event, _facts: (
+        turn.reductions < core.settings.max_context_reductions
+    ),
+    "ceiling_reached": lambda core, _turn, _event, _facts: (
+        core.state.retries >= core.settings.session_retry_ceiling
+    ),
+    "retries_left": lambda core, turn, _event, _facts: turn.attempt < core.settings.max_retries,
+    # a wait's facts: (server, seconds, too long, crosses the wall clock, now)
+    "wait_fits": lambda _core, _turn, _event, facts: not (facts[2] or facts[3]),
+    "fallback_left": lambda core, turn, _event, _facts: (
+        turn.model_index + 1 < len(core.settings.fallback_models)
+    ),
+    "server_wait_too_long": lambda _core, _turn, _event, facts: facts[2],
+    "wait_crosses_wall_clock": lambda _core, _turn, _event, facts: facts[3],
+    # both requests are JSON data (checked when they came in): comparing them cannot raise
+    "shrank": lambda _core, turn, event, _facts: (
+        turn.overflowed_size is not None
+        and event.size < turn.overflowed_size
+        and bool(event.request != turn.overflowed_request)
+    ),
+    "trips_breaker": lambda _core, _turn, _event, facts: bool(facts.tripped),
+    "trips_denial_breaker": lambda _core, _turn, _event, facts: facts.denied,
+    "conflict_retry": lambda _core, _turn, _event, facts: facts.seconds is not None,
+    "terminal_tool": lambda _core, _turn, _event, facts: facts.terminal,
 }
 """Every guard that is evaluated per event, by name (the table's guards less the
 category guards)."""
