@@ -701,15 +701,19 @@ def test_a_session_that_had_a_doom_check_is_read_by_workers_without_one() -> Non
 
 @pytest.mark.requirement("ER-70", "ER-77")
 def test_workers_with_and_without_a_doom_check_share_a_session() -> None:
-    """Every reply's entry a worker with a doom check journals says so, verdicts or none,
+    """Every reply's entry a worker with a doom check journals says so (its verdict),
     and a reader without one (the store API) replays them from the journal; an entry
-    without verdicts is replayed as taken without a check, so workers with and without
+    without a verdict is replayed as taken without a check, so workers with and without
     one step a session in turn and every reader holds the stepping worker's state
     (before, a worker without a check refused such a session with ConfigError)."""
     store = InMemoryStore()
-    checked = Worker(
-        store, owner="c", clock=lambda: 0.0, now=lambda: 1.0, doom_check=lambda c: False
-    )
+    judged: list[int] = []
+
+    def judge(window: tuple[sm.ToolCall, ...]) -> bool:
+        judged.append(len(window))
+        return False
+
+    checked = Worker(store, owner="c", clock=lambda: 0.0, now=lambda: 1.0, doom_check=judge)
     fresh = sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0)
     r = checked.create("s", fresh)
     for number in range(2):
@@ -720,7 +724,9 @@ def test_workers_with_and_without_a_doom_check_share_a_session() -> None:
         outcome = sm.ToolOutcome(f"c{number}", True, "ok")
         r = checked.advance("s", sm.ToolsDone((outcome,)), expected_version=r.version)
     entries = json.loads(store.load_payload("s")[1])["journal"]
-    assert [e[4] for e in entries if len(e) == 5] == [[], [False]]  # not asked, then asked
+    replies = [e[3] for e in entries if e[0] == "e" and e[3]["$type"] == "ModelReplied"]
+    assert [reply["doom_verdict"] for reply in replies] == [False, False]
+    assert judged == [2]  # not asked, then asked (its window full)
     other = Worker(store, owner="d", clock=lambda: 0.0, now=lambda: 1.0)
     assert other.load("s").session.snapshot() == r.session.snapshot()
     assert store.load("s").record["snapshot"] == r.session.snapshot(at=r.session.last_at)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +18,15 @@ import statemachine as sm
 from statemachine.core._codec import compact, decode, encode
 from statemachine.core._state_text import json_text
 from statemachine.store import AdvanceStatus, CorruptSession, InMemoryStore, Worker
+from statemachine.store import _held as store_held
+from statemachine.store import _record as store_record
 from statemachine.store import _worker as store_worker
-from statemachine.store._journal import COMPACT_EVERY, EVENT, entry_text
-from statemachine.store._record import MAX_JOURNAL
+from statemachine.store._journal import EVENT, entry_text
+from statemachine.store._record import COMPACT_EVERY, MAX_JOURNAL
 
 from .store_worker import STOP, next_event, settings
+
+DATA = Path(__file__).parent / "data"
 
 
 def _worker(store: InMemoryStore, owner: str, **options: Any) -> Worker:
@@ -261,7 +266,7 @@ def test_workers_sharing_sessions_agree_with_every_write(
     """Three workers advance four sessions in a random order (each loading first), the
     journal compacted every few entries: after every write, each worker's load of the
     session, and a worker that never saw it, give the session the writer holds."""
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 7)
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 7)
     monkeypatch.setattr(store_worker, "COMPACT_AT_START", 4)
     rng = random.Random(seed)
     store = InMemoryStore()
@@ -468,12 +473,12 @@ def test_a_reading_before_the_snapshots_last_step_is_read_as_that_step(
     # the time between advances passes in the store: idle time, on the wall clock
     w = Worker(store, owner="a", clock=lambda: clock[0], now=lambda: clock[0])
     r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: clock[0]))
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 0)  # every write a snapshot
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 0)  # every write a snapshot
     r = w.advance("s", None, expected_version=r.version)
     clock[0] = 5.0
     r = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
     assert json.loads(_payload(store, "s"))["journal"] == []
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 32)
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 32)
     clock[0] = 6.0
     r = w.advance("s", sm.ModelFailed(sm.ModelError("overloaded")), expected_version=r.version)
 
@@ -609,8 +614,10 @@ def test_a_tail_number_too_large_for_a_float_is_refused() -> None:
 @pytest.mark.requirement("ER-70")
 def test_the_doom_checks_verdicts_are_journaled_not_asked_again() -> None:
     """The host's second-tier doom check is asked once, by the worker that takes the
-    step; its verdict is in the entry, and a replay reads it from there (a check that
-    answers differently the second time, or raises, changes nothing for readers)."""
+    step; its verdict is in the entry (the reply's ``doom_verdict``), and a replay reads
+    it from there (a check that answers differently the second time, or raises, changes
+    nothing for readers). An entry in the previous release's form (the verdicts beside
+    the reply) that holds more verdicts than the step asks for is refused."""
     answers = iter([False, True])
     asked: list[int] = []
 
@@ -629,14 +636,103 @@ def test_the_doom_checks_verdicts_are_journaled_not_asked_again() -> None:
     calls = (sm.ToolCall("a", "fs", "ls", {"d": 1}), sm.ToolCall("b", "fs", "ls", {"d": 2}))
     r = a.advance("s", sm.ModelReplied(calls), expected_version=r.version)
     assert asked == [2]
-    assert json.loads(_payload(store, "s"))["journal"][-1][4] == [False]
+    entry = json.loads(_payload(store, "s"))["journal"][-1]
+    assert len(entry) == 4 and entry[3]["doom_verdict"] is False
     reader = _worker(store, "b", doom_check=refuse, remember=0)
     assert reader.load("s").session.snapshot() == r.session.snapshot()
     version, payload = store.load_payload("s")
-    forged = payload.replace(b",[false]]", b",[false,true]]")
+    forged = payload.replace(b',"doom_verdict":false}]', b"},[false,true]]")
+    assert forged != payload
     store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
     with pytest.raises(CorruptSession, match="more doom-check verdicts than it asks for"):
         reader.load("s")
+
+
+@pytest.mark.requirement("ER-70", "ER-77")
+def test_a_record_whose_entries_hold_the_previous_releases_verdicts_replays_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record the previous release wrote (tests/data/store-v3-verdicts.json: replies
+    stepped with a doom check, their verdicts ``[]``, ``[false]`` and ``[true]`` beside
+    them, and one without) is read as that release read it, by a worker with no check,
+    by one whose check must not be asked, and by the store API; a worker of this
+    release then steps it on, appending entries of its own form to the old ones."""
+    data = json.loads((DATA / "store-v3-verdicts.json").read_text())
+    store = InMemoryStore()
+    store.compare_and_set("s", 0, data["record"])
+
+    def refuse(_window: Any) -> bool:
+        raise AssertionError("a replay must not ask the doom check")
+
+    for check in (None, refuse):
+        loaded = _worker(store, "b", doom_check=check, remember=0).load("s")
+        assert loaded.session.snapshot() == data["snapshot"]
+        assert loaded.session.limit_reached is sm.SessionStatus.ERROR_DOOM_LOOP
+    assert store.load("s").record["snapshot"] == data["snapshot"]
+    monkeypatch.setattr(store_record, "REPLAY_AT_MOST", MAX_JOURNAL)  # appended, not compacted
+    w = _worker(store, "c", doom_check=lambda window: False)
+    r = w.load("s")
+    r = w.advance(
+        "s", sm.ToolsDone((sm.ToolOutcome("c5", True, "ok"),)), expected_version=r.version
+    )
+    r = w.advance("s", None, expected_version=r.version)
+    assert r.session.current_turn.final_answer  # type: ignore[union-attr]
+    journal = json.loads(_payload(store, "s"))["journal"]
+    assert len(journal) == len(data["record"]["journal"]) + 2
+    fresh = _worker(store, "d", remember=0).load("s")
+    assert fresh.session.snapshot() == r.session.snapshot()
+
+
+@pytest.mark.requirement("ER-77")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ((b',"doom_verdict":false}]', b"},[1]]"), "verdicts: must be a list of true/false"),
+        ((b',"doom_verdict":false}]', b'},"no"]'), "verdicts: must be a list of true/false"),
+        ((b',"doom_verdict":false}]', b"},[]]"), "asks the doom check more often than it recorded"),
+        ((b"false}]", b"false},[false]]"), "verdicts: beside a reply that holds its own"),
+        ((b'"doom_verdict":false', b'"doom_verdict":1'), "doom_verdict: must be True, False"),
+    ],
+)
+def test_forged_doom_verdicts_are_refused(change: tuple[bytes, bytes], message: str) -> None:
+    """A reply's verdict must be true/false; the verdicts an entry of the previous
+    release's form holds must be true/false, one per time the step asks, beside a reply
+    without one."""
+    store = InMemoryStore()
+    a = _worker(store, "a", doom_check=lambda window: False)
+    r = a.create("s", sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0))
+    r = a.advance("s", None, expected_version=r.version)
+    r = a.advance("s", sm.Assembled("req", 1), expected_version=r.version)
+    calls = (sm.ToolCall("a", "fs", "ls", {"d": 1}), sm.ToolCall("b", "fs", "ls", {"d": 2}))
+    a.advance("s", sm.ModelReplied(calls), expected_version=r.version)
+    version, payload = store.load_payload("s")
+    forged = payload.replace(*change)
+    assert forged != payload
+    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
+    with pytest.raises(CorruptSession, match=message):
+        _worker(store, "b", doom_check=lambda window: False).load("s")
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_forged_loop_verdict_where_none_is_due_is_refused() -> None:
+    """``doom_verdict: true`` on a reply whose calls are due no verdict (the first of a
+    window of two) is refused, named by its entry; the same reply with ``false`` is the
+    state the worker wrote."""
+    store = InMemoryStore()
+    a = _worker(store, "a", doom_check=lambda window: False)
+    r = a.create("s", sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0))
+    r = a.advance("s", None, expected_version=r.version)
+    r = a.advance("s", sm.Assembled("req", 1), expected_version=r.version)
+    r = a.advance(
+        "s", sm.ModelReplied((sm.ToolCall("a", "fs", "ls", {}),)), expected_version=r.version
+    )
+    version, payload = store.load_payload("s")
+    assert _worker(store, "b", remember=0).load("s").session.snapshot() == r.session.snapshot()
+    forged = payload.replace(b'"doom_verdict":false', b'"doom_verdict":true')
+    assert forged != payload
+    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
+    with pytest.raises(CorruptSession, match=r"journal\[2\]: ModelReplied .* no second-tier"):
+        _worker(store, "b", remember=0).load("s")
 
 
 @pytest.mark.requirement("ER-70")
@@ -648,7 +744,7 @@ def test_a_result_holds_its_own_version_when_another_thread_advances_at_once() -
     w = _worker(store, "a")
     r = w.create("s", sm.Session(settings(), seed=1, clock=lambda: 0.0))
     r = w.advance("s", None, expected_version=r.version)
-    real_remember = w._remember
+    real_remember = w._held.remember
     other: list[Any] = []
     armed = [True]
 
@@ -661,9 +757,9 @@ def test_a_result_holds_its_own_version_when_another_thread_advances_at_once() -
                 w.advance("s", sm.ModelFailed(sm.ModelError("rate_limited")), expected_version=3)
             )
 
-    w._remember = remember_then_interleave  # type: ignore[method-assign]
+    w._held.remember = remember_then_interleave  # type: ignore[method-assign]
     third = w.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
-    w._remember = real_remember  # type: ignore[method-assign]
+    w._held.remember = real_remember  # type: ignore[method-assign]
     assert other and other[0].version == 4
     assert third.version == 3
     assert third.session.current_turn.state == "calling"  # type: ignore[union-attr]
@@ -700,32 +796,6 @@ def test_the_store_api_gives_the_record_with_its_journal_applied() -> None:
     _forge(store, _set_entry(1, ["x", None, None]))
     with pytest.raises(CorruptSession, match=r"journal\[1\]: unknown step"):
         store.load("s")
-
-
-@pytest.mark.requirement("ER-77")
-@pytest.mark.parametrize(
-    ("verdicts", "message"),
-    [
-        (b"[1]", "verdicts: must be a list of true/false"),
-        (b'"no"', "verdicts: must be a list of true/false"),
-        (b"[]", "asks the doom check more often than it recorded"),
-    ],
-)
-def test_forged_doom_verdicts_are_refused(verdicts: bytes, message: str) -> None:
-    """The verdicts an entry holds must be true/false, one per time the step asks."""
-    store = InMemoryStore()
-    a = _worker(store, "a", doom_check=lambda window: False)
-    r = a.create("s", sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=lambda: 0.0))
-    r = a.advance("s", None, expected_version=r.version)
-    r = a.advance("s", sm.Assembled("req", 1), expected_version=r.version)
-    calls = (sm.ToolCall("a", "fs", "ls", {"d": 1}), sm.ToolCall("b", "fs", "ls", {"d": 2}))
-    a.advance("s", sm.ModelReplied(calls), expected_version=r.version)
-    version, payload = store.load_payload("s")
-    forged = payload.replace(b",[false]]", b"," + verdicts + b"]")
-    assert forged != payload
-    store._data[store.key("s")] = (version, forged, None, store._data[store.key("s")][3])
-    with pytest.raises(CorruptSession, match=message):
-        _worker(store, "b", doom_check=lambda window: False).load("s")
 
 
 @pytest.mark.requirement("ER-82")

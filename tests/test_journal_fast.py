@@ -144,7 +144,7 @@ def test_a_forged_record_is_refused_by_a_reader_with_the_same_error_as_before() 
             _worker(store, "b").load("s")
         assert split_record(payload) is not None  # the one-pass decoder reads it
         with pytest.raises(CorruptSession) as general:
-            read_session(parse_record("s", decode_record("s", payload, _MAX), payload), None)
+            read_session(parse_record("s", decode_record("s", payload, _MAX), payload))
         assert str(fast.value) == str(general.value)
         assert store._data[key][1] == payload
 
@@ -199,7 +199,7 @@ def test_a_loaded_session_is_copied_when_read_and_is_the_session_as_loaded(
     wall.now += 3.0  # the two clocks disagree on what passed: the start is fixed at the load
     if moved_on:
         w.advance("s", next_event(loaded), expected_version=loaded.version)
-        assert w._live["s"].version == loaded.version + 1
+        assert w._held.live["s"].version == loaded.version + 1
     late = loaded.session
     assert late is loaded.session  # copied once
     assert late.snapshot() == eager.snapshot()
@@ -226,28 +226,29 @@ def test_a_loaded_finish_with_a_retry_moment_is_on_the_workers_clock() -> None:
     assert loaded.action == loaded.session.current_turn.action  # type: ignore[union-attr]
 
 
-def _one_piece_and_general() -> tuple[list[InMemoryStore], list[Clock], Worker, Worker]:
-    """Two stores, their wall clocks, a worker on each: the first may take the one-piece
-    advance, the second never does."""
+def _plain_and_watched() -> tuple[list[InMemoryStore], list[Clock], Worker, Worker]:
+    """Two stores, their wall clocks, a worker on each: the second has an observer, whose
+    records it delivers after every write (the first release's one-piece advance was
+    not taken then)."""
     stores = [InMemoryStore(), InMemoryStore()]
     walls = [Clock(1000.0), Clock(1000.0)]
-    lean, general = (
-        Worker(store, owner="w", clock=lambda: 0.0, now=wall)
-        for store, wall in zip(stores, walls, strict=True)
+    seen: list[Any] = []
+    plain, watched = (
+        Worker(store, owner="w", clock=lambda: 0.0, now=wall, observers=observers)
+        for store, wall, observers in zip(stores, walls, ((), (seen.append,)), strict=True)
     )
-    general._lean = None
-    return stores, walls, lean, general
+    return stores, walls, plain, watched
 
 
 @pytest.mark.requirement("ER-70")
-def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() -> None:
-    """The most frequent advance is taken in one piece (``Worker._appended``); a worker
-    without that path, given the same events (idempotency keys, retry-after headers,
-    tool calls and their claims, compactions), stores the same record at every
-    version."""
-    stores, walls, lean, general = _one_piece_and_general()
+def test_an_advance_writes_the_same_record_whether_or_not_it_is_watched() -> None:
+    """Every advance goes one way (the step, its entry appended to the record's bytes,
+    the compare-and-set); a worker that also delivers the steps to an observer, given
+    the same events (idempotency keys, retry-after headers, tool calls and their claims,
+    compactions), stores the same record at every version."""
+    stores, walls, plain, watched = _plain_and_watched()
     results = [
-        w.create("s", sm.Session(settings(), seed=5, clock=lambda: 0.0)) for w in (lean, general)
+        w.create("s", sm.Session(settings(), seed=5, clock=lambda: 0.0)) for w in (plain, watched)
     ]
     headers = sm.ModelError("rate_limited", headers={"retry-after": "1"})
     for i in range(90):
@@ -259,7 +260,7 @@ def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() 
             wall.now += 0.25 * (i % 5)
         results = [
             w.advance("s", event, expected_version=r.version, key=key)
-            for w, r in zip((lean, general), results, strict=True)
+            for w, r in zip((plain, watched), results, strict=True)
         ]
         assert results[0].version == results[1].version
         assert results[0].action == results[1].action
@@ -271,21 +272,16 @@ def test_an_advance_on_the_one_piece_path_writes_what_the_general_path_writes() 
 
 
 @pytest.mark.requirement("ER-70")
-def test_turn_starts_and_compactions_take_the_one_piece_path_and_write_the_same() -> None:
-    """A turn's start and a write that compacts the record go the one-piece way too (the
-    general step, ``Worker._apply``, is never called), and store what a worker without
-    that path stores, byte for byte but the incarnation, at every version."""
+def test_turn_starts_and_compactions_write_the_same_bytes_whether_or_not_watched() -> None:
+    """A turn's start and a write that compacts the record are written alike by both
+    workers, byte for byte but the incarnation, at every version; the snapshot is
+    written anew at turn starts only."""
     rate = sm.ModelFailed(sm.ModelError("rate_limited", "slow down", status=429))
     turn = [None, sm.Assembled({"m": 1}, 5), *[rate, sm.WaitDone()] * 3, sm.ModelReplied()]
-    stores, walls, lean, general = _one_piece_and_general()
-
-    def no_general_step(*_: object) -> Any:
-        raise AssertionError("the general step was taken")
-
-    lean._apply = no_general_step  # type: ignore[method-assign]
+    stores, walls, plain, watched = _plain_and_watched()
     session = sm.Settings(session_retry_ceiling=10**6)
     results = [
-        w.create("s", sm.Session(session, seed=3, clock=lambda: 0.0)) for w in (lean, general)
+        w.create("s", sm.Session(session, seed=3, clock=lambda: 0.0)) for w in (plain, watched)
     ]
     journals = []
     for i, event in enumerate(turn * 8):
@@ -293,7 +289,7 @@ def test_turn_starts_and_compactions_take_the_one_piece_path_and_write_the_same(
             wall.now += 0.5 * (i % 3)
         results = [
             w.advance("s", event, expected_version=r.version)
-            for w, r in zip((lean, general), results, strict=True)
+            for w, r in zip((plain, watched), results, strict=True)
         ]
         assert results[0].action == results[1].action
         payloads = [store.load_payload("s")[1] for store in stores]

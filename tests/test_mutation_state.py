@@ -11,7 +11,7 @@ import pytest
 
 import statemachine as sm
 from statemachine.store import InMemoryStore, Worker
-from statemachine.store._journal import COMPACT_EVERY
+from statemachine.store._record import COMPACT_EVERY
 
 from .helpers import ManualClock, fail
 

@@ -311,6 +311,86 @@ def test_a_second_tier_check_sees_the_window_and_can_fire_the_doom_loop() -> Non
     assert s.snapshot() == before and turn.state == "calling"
 
 
+@pytest.mark.requirement("ER-87")
+def test_the_second_tier_verdict_is_a_field_of_the_reply_and_a_replay_asks_no_check() -> None:
+    """The turn asks the check before the reply's step and sends its verdict in the reply:
+    the trace keeps it (``False`` where none was due), and the recorded replies sent to
+    a fresh session whose check must not be asked end in the same state."""
+    asked: list[int] = []
+
+    def judge(calls: tuple[sm.ToolCall, ...]) -> bool:
+        asked.append(len(calls))
+        return len(calls) >= 4
+
+    def refuse(_calls: tuple[sm.ToolCall, ...]) -> bool:
+        raise AssertionError("a replayed reply holds its verdict: no check is asked")
+
+    def run(check: Any, replies: list[sm.ModelReplied] | None = None) -> list[Any]:
+        s = sm.Session(sm.Settings(doom_check_window=4), seed=1, clock=Clock(), doom_check=check)
+        sent = []
+        for i in range(4):
+            turn = calling(s)
+            reply = (
+                replies[i]
+                if replies
+                else sm.ModelReplied((sm.ToolCall(f"c{i}", "fs", "grep", {"q": i}),))
+            )
+            turn.send(reply)
+            sent.append(turn.trace[-1].caused_by)
+            if s.limit_reached is None:
+                turn.send(sm.ToolsDone((ok(i),)))
+        return [s.snapshot(), sent]
+
+    snapshot, sent = run(judge)
+    assert asked == [4]
+    assert [r.doom_verdict for r in sent] == [False, False, False, True]
+    assert snapshot["limit"] == "error_doom_loop"
+    assert run(refuse, sent)[0] == snapshot
+    assert run(None, sent)[0] == snapshot  # a host with no check replays the verdicts too
+    assert "doom_verdict" not in repr(sent[-1])  # a reply prints as it always did
+
+
+@pytest.mark.requirement("ER-87")
+def test_a_hosts_own_verdict_is_taken_where_due_and_refused_elsewhere() -> None:
+    """A session with no check takes a verdict the host puts in the reply (a check's
+    window kept from then on): ``True`` where none is due is refused and changes
+    nothing; ``turn.judged(reply, check)`` asks ``check`` where a verdict is due and
+    gives the reply the turn would send, and its ``True`` fires the doom loop. Anything
+    but a bool or ``None`` is refused when the reply is made."""
+    s = sm.Session(sm.Settings(doom_check_window=2), seed=1, clock=Clock())
+    turn = calling(s)
+    before = s.snapshot()
+    first = sm.ModelReplied((sm.ToolCall("c1", "fs", "ls", {"d": 1}),), doom_verdict=True)
+    with pytest.raises(sm.IllegalEvent, match="doom_verdict is True, but no second-tier"):
+        turn.send(first)  # the first call of a window of two: no verdict is due
+    assert s.snapshot() == before and turn.state == "calling"
+    unasked: list[int] = []
+    first = turn.judged(sm.ModelReplied(first.tool_calls), lambda calls: bool(unasked.append(1)))
+    assert first.doom_verdict is False and unasked == []
+    turn.send(first)
+    turn.send(sm.ToolsDone((sm.ToolOutcome("c1", True, "ok"),)))
+    assert s.snapshot()["doom_since"] == 1  # the window kept: the reply said a check was there
+    turn = calling(s)
+    reply = sm.ModelReplied((sm.ToolCall("c2", "fs", "ls", {"d": 2}),))
+    assert turn.judged(first, lambda calls: True) is first  # holds a verdict: kept as it is
+    windows: list[tuple[str, ...]] = []
+    judged = turn.judged(
+        reply, lambda calls: bool(windows.append(tuple(c.id for c in calls))) or True
+    )
+    assert windows == [("c1", "c2")] and judged.doom_verdict is True
+    assert reply.doom_verdict is None  # the host's reply is left as it was
+    turn.send(judged)
+    assert s.limit_reached is sm.SessionStatus.ERROR_DOOM_LOOP
+    turn.send(sm.ToolsDone((sm.ToolOutcome("c2", True, "ok"),)))
+    s.new_turn()
+    with pytest.raises(sm.IllegalEvent, match="replaced by turn 3"):
+        turn.judged(reply)  # as send: only the current turn takes a reply
+    with pytest.raises(sm.InvalidValue, match="doom_verdict: must be True, False or None"):
+        sm.ModelReplied(doom_verdict=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="judged: takes a ModelReplied"):
+        turn.judged(sm.WaitDone())  # type: ignore[arg-type]
+
+
 # -- billed failures (ER-88) -------------------------------------------------------------
 
 

@@ -33,9 +33,8 @@ from statemachine.store import (
     Stored,
     Worker,
 )
-from statemachine.store import _worker as store_worker
-from statemachine.store._journal import COMPACT_EVERY
-from statemachine.store._record import Record
+from statemachine.store import _held as store_held
+from statemachine.store._record import COMPACT_EVERY, Record
 
 from .helpers import fail
 from .store_worker import STOP, Clock, RedisServer, next_event, settings
@@ -979,18 +978,30 @@ def test_the_bytes_a_worker_builds_hold_the_session_it_holds(
     the session the writer holds, and the same as from a store that takes JSON data (a
     whole snapshot on every write), on every write of several turns with retries, tool
     claims, idempotency keys, a takeover (claim and carried outcomes) and a moving clock."""
-    monkeypatch.setattr(store_worker, "COMPACT_EVERY", 5)  # several compactions
+    monkeypatch.setattr(store_held, "COMPACT_EVERY", 5)  # several compactions
     fast_store, slow_inner = InMemoryStore(), InMemoryStore()
     clocks = {"fast": Clock(5.0), "slow": Clock(5.0)}
     walls = {"fast": Clock(10_000.0), "slow": Clock(10_000.0)}
     workers = {
-        "fast": Worker(fast_store, owner="w", clock=clocks["fast"], now=walls["fast"],
-                       idempotent={"search"}, remember=remember),
-        "slow": Worker(_ProxyStore(slow_inner), owner="w", clock=clocks["slow"],
-                       now=walls["slow"], idempotent={"search"}, remember=remember),
+        "fast": Worker(
+            fast_store,
+            owner="w",
+            clock=clocks["fast"],
+            now=walls["fast"],
+            idempotent={"search"},
+            remember=remember,
+        ),
+        "slow": Worker(
+            _ProxyStore(slow_inner),
+            owner="w",
+            clock=clocks["slow"],
+            now=walls["slow"],
+            idempotent={"search"},
+            remember=remember,
+        ),
     }
-    assert workers["fast"]._payload_cas is not None
-    assert workers["slow"]._payload_cas is None
+    assert workers["fast"]._held.payload_cas is not None
+    assert workers["slow"]._held.payload_cas is None
     results = {
         name: w.create("s", sm.Session(settings(), seed=3, clock=clocks[name]))
         for name, w in workers.items()
@@ -1067,18 +1078,18 @@ def test_a_worker_knows_its_own_bytes_again_and_checks_any_others(
     w.advance("s", None, expected_version=created.version)
     restores: list[str] = []
     replayed: list[int] = []
-    real_read, real_replay = store_worker.read_session, store_worker.replay_record
+    real_read, real_replay = store_held.read_session, store_held.replay_record
 
-    def counted_read(record: Record, check: Any, *args: Any) -> Any:
+    def counted_read(record: Record, *args: Any) -> Any:
         restores.append(record.session_id)
-        return real_read(record, check, *args)
+        return real_read(record, *args)
 
-    def counted_replay(session: Any, verdicts: Any, record: Record, entries: Any, *args: Any) -> None:
+    def counted_replay(session: Any, record: Record, entries: Any, *args: Any) -> None:
         replayed.append(len(entries))
-        real_replay(session, verdicts, record, entries, *args)
+        real_replay(session, record, entries, *args)
 
-    monkeypatch.setattr(store_worker, "read_session", counted_read)
-    monkeypatch.setattr(store_worker, "replay_record", counted_replay)
+    monkeypatch.setattr(store_held, "read_session", counted_read)
+    monkeypatch.setattr(store_held, "replay_record", counted_replay)
     loaded = w.load("s")
     assert restores == [] and replayed == []
     assert loaded.session.snapshot() == _fresh(store, "s", wall=now).snapshot()
@@ -1137,7 +1148,12 @@ def test_host_data_changed_in_place_after_an_advance_is_stored_as_the_session_ho
     worker (the turn's request and its last CallModel's are the same data)."""
     store = InMemoryStore()
     w = Worker(store, owner="a", clock=lambda: 0.0, now=lambda: 1.0)
-    r = w.create("s", sm.Session(sm.Settings(max_retries=20, session_retry_ceiling=100), seed=1, clock=lambda: 0.0))
+    r = w.create(
+        "s",
+        sm.Session(
+            sm.Settings(max_retries=20, session_retry_ceiling=100), seed=1, clock=lambda: 0.0
+        ),
+    )
     r = w.advance("s", None, expected_version=r.version)
     r = w.advance("s", sm.Assembled({"messages": ["hi"]}, 5), expected_version=r.version)
     assert isinstance(r.action, sm.CallModel)

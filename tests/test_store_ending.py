@@ -18,6 +18,7 @@ from statemachine.store import (
     StoreError,
     Worker,
 )
+from statemachine.store import _ending as store_ending
 
 from . import test_store as shared
 from .store_worker import Clock
@@ -179,7 +180,7 @@ def test_a_cascade_a_dead_worker_left_half_done_is_finished_by_a_repeat(
     store = backend.make()
     a, b, root_version, _ = tree(store, now)
     with monkeypatch.context() as patch:
-        patch.setattr(Worker, "_cascade", lambda *args, **kwargs: [])
+        patch.setattr(store_ending, "cascade", lambda *args, **kwargs: [])
         dead = a.end("p", "cancelled", expected_version=root_version)
     assert dead.ended == ()
     assert b.load("p.kid").session.status is None  # left running
@@ -193,7 +194,7 @@ def test_a_cascade_a_dead_worker_left_half_done_is_finished_by_a_repeat(
     done = b3.advance("p.kid", sm.ModelReplied(), expected_version=child3)
     assert isinstance(done.action, sm.Finish)  # the child is between turns
     with monkeypatch.context() as patch:
-        patch.setattr(Worker, "_cascade", lambda *args, **kwargs: [])
+        patch.setattr(store_ending, "cascade", lambda *args, **kwargs: [])
         a3.end("p", "failed", expected_version=version3)  # dies before the children
     with pytest.raises(sm.SessionEnded, match=r"its parent 'p' has ended \(failed\)"):
         b3.advance("p.kid", None, expected_version=done.version)  # it starts no turn
@@ -201,16 +202,16 @@ def test_a_cascade_a_dead_worker_left_half_done_is_finished_by_a_repeat(
 
     store2 = backend.make(prefix="race")
     a2, _, version2, _ = tree(store2, now)
-    real_write = Worker._write_end
+    real_write = store_ending.write_end
     lost: list[str] = []
 
-    def always_beaten(w: Worker, session_id: str, *args: Any) -> int:
+    def always_beaten(held: Any, session_id: str, *args: Any) -> None:
         if session_id == "p":
-            return real_write(w, session_id, *args)
+            return real_write(held, session_id, *args)
         lost.append(session_id)
         raise StaleWrite("beaten", session_id=session_id, expected=1, actual=2)
 
-    monkeypatch.setattr(Worker, "_write_end", always_beaten)
+    monkeypatch.setattr(store_ending, "write_end", always_beaten)
     with pytest.raises(StoreError, match=r"'p\.kid': 16 conflicting writes.*call end again"):
         a2.end("p", "failed", expected_version=version2)
     assert lost == ["p.kid"] * 16

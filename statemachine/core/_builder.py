@@ -17,8 +17,8 @@ code calls comes in as an argument.
 from __future__ import annotations
 
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 _FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 """A build without the GIL: there an object's ``__class__`` is assigned with every other
@@ -33,80 +33,6 @@ def _compiled(
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - source written here from the package's declarations, never from input
     function: Callable[..., Any] = namespace[name]
     return function
-
-
-# -- the value codec (_codec.py) -------------------------------------------------------
-
-FieldPlan = Sequence[tuple[str, bool, object]]
-"""(field, opaque, ...) of each encoded field of a value class, in order: an opaque
-field (the host's data) is written as it is."""
-
-
-def build_encode_one(
-    name: str,
-    fields: FieldPlan,
-    forms: Mapping[str, str],
-    *,
-    plain: frozenset[type],
-    encode: Callable[[Any], Any],
-    formed: Callable[[Any, str, str], Any],
-) -> Callable[[Any], Any]:
-    """``encode`` of an instance of the registered class ``name``: ``{"$type": name}``
-    and each field of ``fields``, a value whose type is in ``plain`` as it is, another
-    through ``encode``; a field of ``forms`` is written as ``formed(value, field,
-    form)``."""
-    lines = ["def encode_one(value):"]
-    items = [f"'$type': {name!r}"]
-    for i, (field, opaque, _) in enumerate(fields):
-        if field in forms:
-            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
-        else:
-            lines.append(f"    v{i} = value.{field}")
-        items.append(
-            f"{field!r}: v{i}"
-            if opaque
-            else f"{field!r}: v{i} if type(v{i}) in plain else encode(v{i})"
-        )
-    lines.append("    return {" + ", ".join(items) + "}")
-    namespace: dict[str, Any] = {"plain": plain, "encode": encode, "formed": formed}
-    return _compiled("\n".join(lines) + "\n", "encode_one", f"<encode {name}>", namespace)
-
-
-def build_compact_one(
-    name: str,
-    fields: FieldPlan,
-    forms: Mapping[str, str],
-    defaults: Mapping[str, Any],
-    *,
-    plain: frozenset[type],
-    compact: Callable[[Any], Any],
-    formed: Callable[[Any, str, str], Any],
-) -> Callable[[Any], Any]:
-    """``compact`` of an instance of the registered class ``name``: as
-    :func:`build_encode_one`'s, through ``compact``, leaving out each field of
-    ``defaults`` that holds its default (the same type and an equal value; ``None``
-    and a bool: the same object)."""
-    lines = ["def compact_one(value):", f"    out = {{'$type': {name!r}}}"]
-    namespace: dict[str, Any] = {"plain": plain, "compact": compact, "formed": formed}
-    for i, (field, opaque, _) in enumerate(fields):
-        item = f"v{i}" if opaque else f"v{i} if type(v{i}) in plain else compact(v{i})"
-        if field in forms:
-            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
-        else:
-            lines.append(f"    v{i} = value.{field}")
-        if field not in defaults:
-            lines.append(f"    out[{field!r}] = {item}")
-            continue
-        default = defaults[field]
-        if default is None or type(default) is bool:
-            kept = f"v{i} is not {default!r}"
-        else:
-            namespace[f"d{i}"], namespace[f"t{i}"] = default, type(default)
-            kept = f"not (type(v{i}) is t{i} and v{i} == d{i})"
-        lines.append(f"    if {kept}:")
-        lines.append(f"        out[{field!r}] = {item}")
-    lines.append("    return out")
-    return _compiled("\n".join(lines) + "\n", "compact_one", f"<compact {name}>", namespace)
 
 
 # -- the actions (_actions.py) ---------------------------------------------------------
@@ -153,57 +79,38 @@ def _takes_class(instance: Any, cls: type) -> bool:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-def guard_function(name: str, expression: str) -> Callable[..., Any]:
-    """``guard(core, turn, event, facts)``: the value of ``expression``, a guard of the
-    table written over those four names (``name`` is what a traceback shows)."""
-    source = f"def {name}(core, turn, event, facts):\n    return {expression}\n"
-    return _compiled(source, name, f"<guard {name}>", {})
-
-
-def build_choose(
-    rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]],
-    inline: Mapping[Callable[..., bool], str] | None = None,
-) -> Any:
+def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]]) -> Any:
     """``choose(core, turn, event, facts)``: the first of ``rows`` ((guards, row), in
-    trial order) whose guards all hold, each guard evaluated as ``guard(core, turn,
-    event, facts)`` in order until one fails; ``None`` when none holds. The trial
-    unrolled (a group's rows are tried on every event that reaches them), a guard found
-    in ``inline`` written out as its expression there (over the same four names) and
-    any other called; the source is compiled once per shape (how many guards each row
-    has, and the inline ones' expressions), the other guards and the rows bound to it."""
-    inline = inline or {}
-    shape = []
+    trial order) whose guards all hold, each guard called as ``guard(core, turn, event,
+    facts)`` in order until one fails; ``None`` when none holds.
+
+    What the loop ``for guards, row in rows: if all(...): return row`` does, unrolled:
+    every call of the loop is made from one place, which CPython cannot specialize for
+    the many guards it meets (measured: a rate limit's trial costs four times the
+    unrolled one's), while each guard here is called from a place of its own. The
+    source is compiled once per shape (how many guards each row has), the guards and
+    the rows bound to it."""
+    shape: list[int] = []
     for guards, _ in rows:
-        shape.append(tuple(inline.get(guard) for guard in guards))
+        shape.append(len(guards))
         if not guards:
             break  # an unguarded row: the rows after it never fire
     key = tuple(shape)
     factory = _CHOOSERS.get(key)
     if factory is None:
         factory = _CHOOSERS[key] = _choose_factory(key)
-    values = [
-        value
-        for guards, row in rows[: len(key)]
-        for value in (*(g for g in guards if g not in inline), row)
-    ]
-    return factory(*values)
+    return factory(*(value for guards, row in rows[: len(key)] for value in (*guards, row)))
 
 
-_CHOOSERS: dict[tuple[tuple[str | None, ...], ...], Callable[..., Any]] = {}
+_CHOOSERS: dict[tuple[int, ...], Callable[..., Any]] = {}
 
 
-def _choose_factory(shape: tuple[tuple[str | None, ...], ...]) -> Callable[..., Any]:
+def _choose_factory(shape: tuple[int, ...]) -> Callable[..., Any]:
     params = []
     body = ["    def choose(core, turn, event, facts):"]
-    for i, guards in enumerate(shape):
-        terms = []
-        for j, expression in enumerate(guards):
-            if expression is None:
-                params.append(f"guard{i}_{j}")
-                terms.append(f"guard{i}_{j}(core, turn, event, facts)")
-            else:
-                terms.append(f"({expression})")
-        params.append(f"row{i}")
+    for i, count in enumerate(shape):
+        terms = [f"guard{i}_{j}(core, turn, event, facts)" for j in range(count)]
+        params += [*(f"guard{i}_{j}" for j in range(count)), f"row{i}"]
         if not terms:
             body.append(f"        return row{i}")
             break
@@ -211,8 +118,7 @@ def _choose_factory(shape: tuple[tuple[str | None, ...], ...]) -> Callable[..., 
     else:
         body.append("        return None")
     lines = [f"def factory({', '.join(params)}):", *body, "    return choose"]
-    size = tuple(len(guards) for guards in shape)
-    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {size} guards>", {})
+    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {shape} guards>", {})
 
 
 # -- the state (_state.py) -------------------------------------------------------------
@@ -236,99 +142,3 @@ def build_copy(
             lines.append(f"    new.{name} = copy_{name}(old.{name})")
     lines.append("    return new")
     return _compiled("\n".join(lines) + "\n", "copy", _FROM_STATE.format("copy"), namespace)
-
-
-def build_step_after(counters: Sequence[tuple[str, str]], limit: int) -> Callable[..., Any]:
-    """``step_after(steps, info, turn, session)``: the step ``(info, *counters)``, the
-    counters read as ``counters`` names them ((``"turn"`` or ``"session"``, field), in
-    order), taken from ``steps`` (the row's cache, keyed by the counters) when it holds
-    it, else made and kept there while it holds fewer than ``limit``."""
-    reads = ", ".join(f"{owner}.{name}" for owner, name in counters)
-    source = (
-        "def step_after(steps, info, turn, session):\n"
-        f"    counters = ({reads},)\n"
-        "    step = steps.get(counters)\n"
-        "    if step is None:\n"
-        "        step = (info, *counters)\n"
-        "        if len(steps) < limit:\n"
-        "            steps[counters] = step\n"
-        "    return step\n"
-    )
-    namespace = {"limit": limit}
-    return _compiled(source, "step_after", _FROM_STATE.format("step_after"), namespace)
-
-
-# -- the snapshot as text (_state_text.py) ---------------------------------------------
-
-TextHow = Literal[
-    "int",
-    "flag",
-    "number",
-    "text",
-    "number_or_null",
-    "status",
-    "relative",
-    "turn",
-    "actions",
-    "grown",
-    "data",
-]
-"""How the text writer writes one field (:func:`build_text_writer`)."""
-
-_TEXT_EXPRESSIONS: dict[TextHow, str] = {
-    "int": "int.__repr__({read})",
-    "flag": "'true' if {read} else 'false'",
-    "number": "number_text({read})",
-    "text": "text_or_null({read})",
-    "number_or_null": "number_or_null({read})",
-    "status": "status_text({read})",
-    "relative": "relative_text(now, {read})",
-    "turn": "'null' if {read} is None else turn_text({read}, now, old, new)",
-    "actions": "actions_text({read}, state.index, now, old, new)",
-    "grown": "grown_text({at!r}, {read}, state.index, enc_{name}, old, new)",
-    "data": "dumps({read} if enc_{name} is None else enc_{name}({read}))",
-}
-"""The expression that writes a field, for each :data:`TextHow`: ints, flags and
-numbers inline, the others through the helpers the writer is given."""
-
-
-def build_text_writer(
-    fields: Sequence[tuple[str, str, TextHow, Callable[[Any], Any] | None]],
-    prefix: str,
-    helpers: Mapping[str, Any],
-) -> Callable[..., str]:
-    """``write(state, now, old, new)``: the state as JSON text, one f-string, a key for
-    each of ``fields`` (name, snapshot key, how, encoder), in order, its value written
-    as ``how`` names it in :data:`_TEXT_EXPRESSIONS`; ``encoder`` (``None``: the value
-    as it is) is the field's encoding as data, and ``prefix`` + key names a grown list
-    in the cache. ``helpers`` holds every function an expression calls (``dumps``,
-    which also writes the keys, ``number_text``, ``turn_text``...)."""
-    namespace: dict[str, Any] = dict(helpers)
-    dumps = helpers["dumps"]
-    pieces = []
-    for name, key, how, encoder in fields:
-        namespace[f"enc_{name}"] = encoder
-        expr = _TEXT_EXPRESSIONS[how].format(read=f"state.{name}", at=prefix + key, name=name)
-        pieces.append(f"{dumps(key)}:{{{expr}}}")
-    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
-    return _compiled(source, "write", _FROM_STATE.format("write"), namespace)
-
-
-# -- the trace record (_engine.py) -----------------------------------------------------
-
-
-def build_trace_record(record_class: type, counters: Sequence[str]) -> Callable[..., Any]:
-    """``trace_record(turn, index, step, action, cost=0.0, at=None, event=None,
-    wall=None, usage=None)``: the ``record_class`` of ``step``, its row from
-    ``step[0]``, each field of ``counters`` from the step's counters, in order."""
-    fields = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(counters))
-    source = (
-        "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
-        "                 wall=None, usage=None):\n"
-        "    source, trigger, guard, dest, _ = step[0]\n"
-        "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {fields}, cost_usd=cost, at=at,\n"
-        "        caused_by=event, wall=wall, usage=usage)\n"
-    )
-    namespace: dict[str, Any] = {"TraceRecord": record_class}
-    return _compiled(source, "trace_record", "<trace_record, derived from TRACED>", namespace)

@@ -11,6 +11,7 @@ survives unchanged.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import types
 import typing
@@ -20,7 +21,7 @@ from typing import Any
 import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._builder import _compiled, build_compact_one, build_encode_one
+from ._builder import _compiled
 from ._events import EVENT_TYPES
 from ._json_data import short_repr, stored_form
 from ._model_error import Headers, ModelError
@@ -126,15 +127,7 @@ def _encode_other(value: Any) -> Any:
     kind = type(value)
     name = _name_of(kind)
     if name is not None:
-        out: dict[str, Any] = {"$type": name}
-        forms = _FORMS[name]
-        for field, opaque, _ in _PLANS[name]:
-            if field in forms:
-                out[field] = _formed(value, field, forms[field])
-                continue
-            item = getattr(value, field)
-            out[field] = item if opaque else encode(item)
-        return out
+        return _encoded_fields(name, False, value)
     if isinstance(value, enum.Enum):
         if len(_ENCODERS) < 4096:
             _ENCODERS[kind] = _enum_value_of
@@ -168,16 +161,45 @@ _PLAIN: frozenset[type] = frozenset({int, str, bool, type(None)})
 """Types ``encode`` returns as they are."""
 
 
-def _encoder_of(name: str) -> Any:
-    """``encode`` of an instance of the registered class ``name`` (exactly that class),
-    as straight-line code generated from its fields: the snapshot's hottest path."""
-    return build_encode_one(
-        name, _PLANS[name], _FORMS[name], plain=_PLAIN, encode=encode, formed=_formed
+_NO_DEFAULT = object()
+
+
+def _writes(cls: type) -> tuple[tuple[str, bool, str | None, Any], ...]:
+    """(field, opaque, form, default) of each encoded field of ``cls``: the field whose
+    JSON form it is written as (``None``: itself), its default (``_NO_DEFAULT``: none,
+    or a factory's)."""
+    forms = _FORMS[cls.__name__]
+    defaults = {
+        f.name: f.default
+        for f in attrs.fields(cls)
+        if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
+    }
+    return tuple(
+        (field, opaque, forms.get(field), defaults.get(field, _NO_DEFAULT))
+        for field, opaque, _ in _PLANS[cls.__name__]
     )
 
 
+_WRITES = {name: _writes(cls) for name, cls in _CLASSES.items()}
+
+
+def _encoded_fields(name: str, compacted: bool, value: Any) -> dict[str, Any]:
+    """``{"$type": name}`` and each encoded field of ``value``, an instance of the
+    registered class ``name`` (or of a subclass): the host's data and a value of a
+    plain type as it is, any other encoded (``compact`` with ``compacted``, which also
+    leaves out a field that holds its default: the same type and an equal value)."""
+    out: dict[str, Any] = {"$type": name}
+    again = compact if compacted else encode
+    for field, opaque, form, default in _WRITES[name]:
+        item = getattr(value, field) if form is None else _formed(value, field, form)
+        if compacted and type(item) is type(default) and item == default:
+            continue
+        out[field] = item if opaque or type(item) in _PLAIN else again(item)
+    return out
+
+
 _ENCODERS: dict[type, Any] = {
-    **{cls: _encoder_of(name) for name, cls in _CLASSES.items()},
+    **{cls: functools.partial(_encoded_fields, name, False) for name, cls in _CLASSES.items()},
     **dict.fromkeys((int, str, bool, type(None), dict), _same),
     float: _float,
     tuple: _items,
@@ -199,25 +221,9 @@ def compact(value: Any) -> Any:
     return encode(value)
 
 
-def _compact_of(name: str) -> Any:
-    """``compact`` of an instance of the registered class ``name``, generated."""
-    defaults = {
-        f.name: f.default
-        for f in attrs.fields(_CLASSES[name])
-        if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
-    }
-    return build_compact_one(
-        name,
-        _PLANS[name],
-        _FORMS[name],
-        defaults,
-        plain=_PLAIN,
-        compact=compact,
-        formed=_formed,
-    )
-
-
-_COMPACT: dict[type, Any] = {cls: _compact_of(name) for name, cls in _CLASSES.items()}
+_COMPACT: dict[type, Any] = {
+    cls: functools.partial(_encoded_fields, name, True) for name, cls in _CLASSES.items()
+}
 
 
 MAX_DEPTH = 100

@@ -46,7 +46,7 @@ from ._actions import (
     make_wait,
 )
 from ._backoff import jitter, wait_seconds
-from ._builder import build_choose, build_trace_record, guard_function
+from ._builder import build_choose
 from ._events import (
     Assembled,
     Cancelled,
@@ -61,7 +61,7 @@ from ._model_error import ModelError
 from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
-from ._state import TRACE_FIELDS, TRACED, RowInfo, SessionState, Step, TurnState, step_after
+from ._state import RowInfo, RowSteps, SessionState, Step, TurnState, traced_counters
 from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
@@ -70,9 +70,9 @@ from ._trace import TraceRecord
 Observer = Callable[[TraceRecord], None]
 DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 """A host's second-tier doom-loop check: the last ``doom_check_window`` tool calls in,
-``True`` when the model is going round in circles. A check whose ``asks`` attribute is
-false is not there for the step at hand (a store replaying a step its worker took
-without one)."""
+``True`` when the model is going round in circles. The session asks it before a reply
+is sent, where a verdict is due, and sends the verdict in the reply
+(``ModelReplied.doom_verdict``): the engine's step reads the event only."""
 
 logger = logging.getLogger("statemachine")
 logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
@@ -134,12 +134,13 @@ class ToolFacts:
     terminal: bool
 
 
-def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
-    """The wait before retry ``attempt`` (from 0): the backoff formula with the
-    session's next jitter draw (previewed, not consumed), at least ``server``."""
+def _next_wait(core: Core, attempt: int, server: float | None, now: float) -> tuple[float, bool]:
+    """The wait before retry ``attempt`` (from 0), taken at ``now``: the backoff formula
+    with the session's next jitter draw (previewed, not consumed), at least ``server``;
+    and whether it would cross ``max_wall_clock_s``."""
     settings = core.settings
     state = core.state
-    return wait_seconds(
+    seconds = wait_seconds(
         attempt,
         jitter(state.seed, state.draws),
         server,
@@ -147,12 +148,8 @@ def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
         settings.backoff_factor,
         settings.max_delay_ms,
     )
-
-
-def _crosses_wall_clock(core: Core, seconds: float, now: float) -> bool:
-    """Whether a wait of ``seconds`` from ``now`` would cross ``max_wall_clock_s``."""
-    limit = core.settings.max_wall_clock_s
-    return limit is not None and core.bound_elapsed_s(now) + seconds > limit
+    limit = settings.max_wall_clock_s
+    return seconds, limit is not None and core.bound_elapsed_s(now) + seconds > limit
 
 
 def _take_wait(core: Core, seconds: float) -> None:
@@ -172,19 +169,8 @@ def _wait_facts(
         server = None  # the common failure: the server asked for nothing
     else:
         server = retry_after(error, wall)
-    settings = core.settings
-    state = core.state
-    seconds = wait_seconds(  # _backoff_s(core, turn.attempt, server), inline: every retry takes it
-        turn.attempt,
-        jitter(state.seed, state.draws),
-        server,
-        settings.base_delay_ms,
-        settings.backoff_factor,
-        settings.max_delay_ms,
-    )
-    too_long = server is not None and server > settings.max_server_wait_s
-    limit = settings.max_wall_clock_s
-    crosses = limit is not None and core.bound_elapsed_s(now) + seconds > limit
+    seconds, crosses = _next_wait(core, turn.attempt, server, now)
+    too_long = server is not None and server > core.settings.max_server_wait_s
     return server, seconds, too_long, crosses, now
 
 
@@ -282,8 +268,8 @@ def _conflict_facts(
         attempt = 0
     facts.seconds = None
     if pending and not tripped and not denied:
-        seconds = _backoff_s(core, attempt, None)
-        if not _crosses_wall_clock(core, seconds, now):
+        seconds, crosses = _next_wait(core, attempt, None, now)
+        if not crosses:
             facts.seconds = seconds
     facts.outcomes = outcomes
     facts.pending = tuple(pending) if facts.seconds is not None else ()
@@ -297,9 +283,11 @@ def _conflict_facts(
 
 
 class DoomFacts:
-    """What a reply's tool calls do to the doom-loop detector (both tiers)."""
+    """What a reply's tool calls do to the doom-loop detector (both tiers): ``due`` says
+    whether the second tier's verdict is read at this reply (``window`` the calls it
+    judges); ``fired`` is the first tier's, and the verdict's once it is read."""
 
-    __slots__ = ("fired", "last", "run", "since", "window")
+    __slots__ = ("due", "fired", "last", "run", "since", "window")
 
     def __init__(
         self,
@@ -308,18 +296,23 @@ class DoomFacts:
         fired: bool,
         window: tuple[ToolCall, ...] | None,
         since: int,
+        due: bool,
     ) -> None:
         self.last = last
         self.run = run
         self.fired = fired
         self.window = window
         self.since = since
+        self.due = due
 
 
-def _doom_facts(
-    core: Core, turn: TurnState, event: ModelReplied, _now: float, _wall: float | None
+def doom_facts(
+    core: Core, turn: TurnState, calls: tuple[ToolCall, ...], checked: bool
 ) -> DoomFacts | None:
-    calls = event.tool_calls
+    """What a reply of ``calls`` in ``turn`` does to the doom-loop detector, ``checked``:
+    taken with a second-tier check (whose verdict this does not read); ``None`` where
+    the detector does not run (no call, or the final-answer turn). Changes nothing: a
+    session asks it whether a verdict is due before it sends the reply."""
     if not calls or turn.final_answer:
         return None
     state = core.state
@@ -335,21 +328,24 @@ def _doom_facts(
         fired = fired or run >= threshold
     window = None
     since = state.doom_since
-    check = core.doom_check
-    if check is not None and not fired and getattr(check, "asks", True):
+    due = False
+    if checked and not fired:
         size = settings.doom_check_window
         window = (*state.doom_window, *calls)[-size:]
         since += len(calls)
         if run == threshold - 1 or since >= size:
-            since = 0
-            verdict = check(window)
-            if not isinstance(verdict, bool):
-                raise TypeError(
-                    f"doom_check: must return a bool, got {type(verdict).__name__}; "
-                    "nothing was changed"
-                )
-            fired = verdict
-    return DoomFacts(last, run, fired, window, since)
+            since, due = 0, True
+    return DoomFacts(last, run, fired, window, since, due)
+
+
+def _doom_facts(
+    core: Core, turn: TurnState, event: ModelReplied, _now: float, _wall: float | None
+) -> DoomFacts | None:
+    verdict = event.doom_verdict
+    facts = doom_facts(core, turn, event.tool_calls, verdict is not None)
+    if facts is not None and facts.due:
+        facts.fired = bool(verdict)
+    return facts
 
 
 Facts = Callable[["Core", TurnState, Any, float, "float | None"], Any]
@@ -376,6 +372,9 @@ FACTS_OF_EFFECT: dict[str, Facts] = {
 
 
 # -- guards -----------------------------------------------------------------------------
+#
+# Each guard is a question about ``(core, turn, event, facts)`` that reads and never
+# changes; what it means in words is ``_table.GUARDS`` (the diagrams' legend).
 
 Guard = Callable[["Core", TurnState, Any, Any], bool]
 
@@ -391,43 +390,37 @@ CATEGORY_GUARDS: dict[str, frozenset[ErrorCategory]] = {
 is built (one row group per category), so no event evaluates them."""
 
 
-def _shrank(_core: Core, turn: TurnState, event: Assembled, _facts: None) -> bool:
-    overflowed = turn.overflowed_size
-    if overflowed is None or event.size >= overflowed:
-        return False
-    # both are JSON data (checked when they came in): comparing them cannot raise
-    return bool(event.request != turn.overflowed_request)
-
-
-GUARD_EXPRESSIONS: dict[str, str] = {
-    "final_answer": "turn.final_answer",
-    "no_tool_calls": "not event.tool_calls",
-    "partial": "event.partial",
-    "reductions_left": "turn.reductions < core.settings.max_context_reductions",
-    "ceiling_reached": "core.state.retries >= core.settings.session_retry_ceiling",
-    "retries_left": "turn.attempt < core.settings.max_retries",
-    "wait_fits": "not (facts[2] or facts[3])",  # not too_long, does not cross
-    "fallback_left": "turn.model_index + 1 < len(core.settings.fallback_models)",
-    "server_wait_too_long": "facts[2]",
-    "wait_crosses_wall_clock": "facts[3]",
-    "trips_breaker": "bool(facts.tripped)",
-    "trips_denial_breaker": "facts.denied",
-    "conflict_retry": "facts.seconds is not None",
-    "terminal_tool": "facts.terminal",
-}
-"""The guards that are one expression over ``core``, ``turn``, ``event`` and ``facts``:
-a group's generated trial writes them out in place (a retry's trial calls none), and
-:data:`GUARDS` holds each as a function of the four."""
-
 GUARDS: dict[str, Guard] = {
-    **{name: guard_function(name, text) for name, text in GUARD_EXPRESSIONS.items()},
-    "shrank": _shrank,
+    "final_answer": lambda _core, turn, _event, _facts: turn.final_answer,
+    "no_tool_calls": lambda _core, _turn, event, _facts: not event.tool_calls,
+    "partial": lambda _core, _turn, event, _facts: event.partial,
+    "reductions_left": lambda core, turn, _event, _facts: (
+        turn.reductions < core.settings.max_context_reductions
+    ),
+    "ceiling_reached": lambda core, _turn, _event, _facts: (
+        core.state.retries >= core.settings.session_retry_ceiling
+    ),
+    "retries_left": lambda core, turn, _event, _facts: turn.attempt < core.settings.max_retries,
+    # a wait's facts: (server, seconds, too long, crosses the wall clock, now)
+    "wait_fits": lambda _core, _turn, _event, facts: not (facts[2] or facts[3]),
+    "fallback_left": lambda core, turn, _event, _facts: (
+        turn.model_index + 1 < len(core.settings.fallback_models)
+    ),
+    "server_wait_too_long": lambda _core, _turn, _event, facts: facts[2],
+    "wait_crosses_wall_clock": lambda _core, _turn, _event, facts: facts[3],
+    # both requests are JSON data (checked when they came in): comparing them cannot raise
+    "shrank": lambda _core, turn, event, _facts: (
+        turn.overflowed_size is not None
+        and event.size < turn.overflowed_size
+        and bool(event.request != turn.overflowed_request)
+    ),
+    "trips_breaker": lambda _core, _turn, _event, facts: bool(facts.tripped),
+    "trips_denial_breaker": lambda _core, _turn, _event, facts: facts.denied,
+    "conflict_retry": lambda _core, _turn, _event, facts: facts.seconds is not None,
+    "terminal_tool": lambda _core, _turn, _event, facts: facts.terminal,
 }
 """Every guard that is evaluated per event, by name (the table's guards less the
 category guards)."""
-
-INLINE_GUARDS: dict[Guard, str] = {GUARDS[name]: text for name, text in GUARD_EXPRESSIONS.items()}
-"""The expression of each guard a trial writes out in place, by its function."""
 
 
 # -- effects ------------------------------------------------------------------------------
@@ -463,21 +456,14 @@ def _call_model(core: Core, turn: TurnState, event: Assembled, _f: None, _s: Non
 
 
 def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
-    attempt = turn.attempt = turn.attempt + 1
-    index = turn.model_index  # _model(core, turn), inline: every retry takes it
-    model = core.settings.model if index < 0 else core.settings.fallback_models[index]
-    return make_call_model(turn.request, attempt, model, turn.final_answer)
+    turn.attempt += 1
+    return make_call_model(turn.request, turn.attempt, _model(core, turn), turn.final_answer)
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
-    state = core.state
-    state.retries += 1
-    server, seconds = facts[0], facts[1]
-    # _take_wait, inline: every retry takes it
-    state.draws += 1
-    waited = state.waited_s + seconds
-    state.waited_s = waited if waited < _LARGEST else _LARGEST
-    return make_wait(seconds, event.error.category, turn.attempt, server)
+    core.state.retries += 1
+    _take_wait(core, facts[1])
+    return make_wait(facts[1], event.error.category, turn.attempt, facts[0])
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
@@ -491,24 +477,12 @@ def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: Non
 
 
 def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
-    data = turn.reply_data = event.reply_data
+    turn.reply_data = event.reply_data
     if not event.tool_calls:
         state = core.state
         state.doom_last = None  # a reply with no tool call ends any run of identical calls
         state.doom_run = 0
-    # _finish_action(core, turn, COMPLETED, (), None, done=True), inline: every turn ends
-    # here; its reply is this event's (_reply_object finds it first)
-    return make_finish(
-        TurnStatus.COMPLETED,
-        (),
-        None,
-        _model(core, turn),
-        turn.fallbacks,
-        None,
-        event.reply,
-        True,
-        data,
-    )
+    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None, None, True)
 
 
 def _invoke_tools(
@@ -564,7 +538,7 @@ def _finish_tools(
     outcomes = facts.outcomes
     results = tuple(_result(call, outcomes[call.id]) for call in turn.calls)
     return _finish_action(
-        core, turn, status or TurnStatus.COMPLETED, results, None, done=facts.terminal
+        core, turn, status or TurnStatus.COMPLETED, results, None, None, facts.terminal
     )
 
 
@@ -667,7 +641,6 @@ def _finish_action(
     results: tuple[ToolResult, ...],
     error: ModelError | None,
     retry_at: float | None = None,
-    *,
     done: bool = False,
 ) -> Finish:
     data = turn.reply_data
@@ -765,7 +738,7 @@ class BoundRow:
     status: TurnStatus | None
     names: tuple[str, ...]
     """The names of ``guards`` (the category guards already resolved are left out)."""
-    steps: dict[tuple[int, ...], Step] = attrs.field(factory=dict, eq=False, repr=False)
+    steps: RowSteps = attrs.field(eq=False, repr=False)
     """The steps through this row met so far, by their counters: traces share them."""
 
 
@@ -783,15 +756,14 @@ class Group:
     choose: Callable[[Core, TurnState, Any, Any], BoundRow | None] = attrs.field(
         default=None, eq=False, repr=False
     )
-    """The first row whose guards hold (``None``: none does): the trial, unrolled."""
+    """The first row whose guards all hold (``None``: none does), each guard called in
+    order until one fails: the trial, unrolled (``_builder.build_choose``)."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
     """The one row of a group with nothing to try, charge, check or derive: a step
     through it needs none of that."""
 
     def __attrs_post_init__(self) -> None:
-        if self.choose is None:
-            trials = [(row.guards, row) for row in self.rows]
-            object.__setattr__(self, "choose", build_choose(trials, INLINE_GUARDS))
+        object.__setattr__(self, "choose", build_choose([(row.guards, row) for row in self.rows]))
         if (
             len(self.rows) == 1
             and not self.rows[0].guards
@@ -886,6 +858,7 @@ def _group(
                 effect=effect_of[row.effect],
                 status=TurnStatus(row.status) if row.status else None,
                 names=names,
+                steps=RowSteps(row.info),
             )
         )
     return Group(tuple(bound), facts, check, trigger in _USAGE_TRIGGERS)
@@ -1005,6 +978,8 @@ class Core:
     by_state: dict[str, dict[str, Group]]
     failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
+    """The host's second-tier doom check, asked by the session's turn before it sends a
+    reply (``Turn.judged``); no step calls it."""
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
     children: list[weakref.ref[Any]] | None
@@ -1281,10 +1256,7 @@ class Core:
         turn.events.append(event)  # before the effect: a Finish finds its reply's event
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
-        # step_after(row.steps, row.info, turn, session), inline for a step met before
-        step = row.steps.get((turn.attempt, turn.reductions, session.retries))
-        if step is None:
-            step = step_after(row.steps, row.info, turn, session)
+        step = row.steps[traced_counters(turn, session)]
         turn.path.append(step)
         turn.actions.append(action)
         self.last = now
@@ -1323,13 +1295,6 @@ def _keep(turn: TurnState, cost: float, usage: Any, wall: float | None) -> None:
     if wall is not None:  # rare: kept beside the step's event (appended last), no list of its own
         turn.events[-1] = (turn.events[-1], wall)
 
-
-if tuple((cls.__name__, name) for cls, name, _ in TRACED) != (  # pragma: no cover
-    ("TurnState", "attempt"),
-    ("TurnState", "reductions"),
-    ("SessionState", "retries"),
-):
-    raise ImportError("Core.fire reads the traced counters by name: make it read TRACED's")
 
 _INFINITY = float("inf")
 _CEILING = sys.float_info.max / 4
@@ -1374,8 +1339,36 @@ def _reading(value: object, name: str) -> float:
     return reading
 
 
-trace_record: Callable[..., TraceRecord] = build_trace_record(TraceRecord, TRACE_FIELDS)
-"""The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
-row, its action, the counters of :data:`TRACED`, the cost its event carried, the
-moment it was taken and the event that caused it (generated, as it runs for every
-event an observer sees)."""
+def trace_record(
+    turn: int,
+    index: int,
+    step: Step,
+    action: Action,
+    cost: float = 0.0,
+    at: float | None = None,
+    event: Any = None,
+    wall: float | None = None,
+    usage: Any = None,
+) -> TraceRecord:
+    """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
+    row, its action, the counters of :data:`TRACED` (in the order
+    :func:`traced_counters` reads them), the cost its event carried, the moment it was
+    taken and the event that caused it."""
+    source, trigger, guard, dest, _ = step[0]
+    return TraceRecord(
+        turn=turn,
+        step=index,
+        source=source,
+        event=trigger,
+        guard=guard,
+        dest=dest,
+        action=action,
+        attempt=step[1],
+        reductions=step[2],
+        session_retries=step[3],
+        cost_usd=cost,
+        at=at,
+        caused_by=event,
+        wall=wall,
+        usage=usage,
+    )

@@ -66,6 +66,11 @@ def _usage(value: Any) -> Any:
     return value
 
 
+def _doom_verdict(_instance: object, _attribute: object, value: Any) -> None:
+    if value is not None and type(value) is not bool:
+        raise InvalidValue(f"doom_verdict: must be True, False or None, got {short_repr(value)}")
+
+
 def _charge(event: ModelReplied | ModelFailed) -> None:
     """Reconcile ``cost`` and ``usage.cost_usd``: one says what the other leaves out,
     and two that disagree are refused."""
@@ -118,6 +123,16 @@ class ModelReplied:
     cost: float = attrs.field(default=0.0, validator=_cost)
     reply: Any = attrs.field(default=None, metadata=REPLY)
     usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage)
+    doom_verdict: bool | None = attrs.field(
+        default=None, kw_only=True, repr=False, validator=_doom_verdict
+    )
+    """The host's second-tier doom check on this reply's tool calls: ``None`` when the
+    reply is taken without one; else whether the last ``doom_check_window`` calls go
+    round in circles (``True`` fires ``error_doom_loop``) where a verdict is due, and
+    ``False`` where none is. A session given ``doom_check=`` fills it in as the reply is
+    sent (asking the check only where a verdict is due), so a trace or a store's journal
+    keeps the verdict with the event and a replay of it asks no check; ``True`` where
+    no verdict is due is refused. (Not in the repr: a reply prints as it always did.)"""
     reply_data: Any = attrs.field(init=False, eq=False, repr=False, metadata=HIDDEN)
     """The JSON form of ``reply``, taken when the event was made."""
 

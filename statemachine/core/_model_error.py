@@ -206,3 +206,21 @@ class ModelError:
     def retryable(self) -> bool:
         """Whether the engine retries this category (rate limits and overloads)."""
         return self.category in RETRYABLE_CATEGORIES
+
+    def __str__(self) -> str:
+        """One line for a log: the category, the HTTP status and code, then the
+        message on one line, cut at :data:`SUMMARY_CHARS` (``repr`` keeps every field,
+        the headers and body included)."""
+        head = self.category.value
+        if self.status is not None:
+            head += f" (HTTP {self.status})"
+        if self.code:
+            head += f" [{self.code:.60}]"
+        message = " ".join(self.message.split())
+        if len(message) > SUMMARY_CHARS:
+            message = message[: SUMMARY_CHARS - 1] + "\u2026"
+        return f"{head}: {message}" if message else head
+
+
+SUMMARY_CHARS = 200
+"""The longest message ``str(ModelError)`` shows."""

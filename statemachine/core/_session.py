@@ -23,6 +23,7 @@ recorded step is the same call with the recorded moment.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import weakref
@@ -37,10 +38,12 @@ from ._engine import (
     Dispatch,
     DoomCheck,
     Observer,
+    doom_facts,
     last_reading,
     trace_record,
     wall_reading,
 )
+from ._events import ModelReplied
 from ._exceptions import ConfigError, IllegalEvent, SessionEnded, TurnInProgress
 from ._json_data import finite, json_problem
 from ._model_error import ModelError
@@ -56,7 +59,7 @@ from ._state import (
     shift_fits,
     shift_state,
 )
-from ._table import IDLE, TERMINAL_STATES
+from ._table import CALLING, IDLE, TERMINAL_STATES
 from ._taxonomy import END_STATUSES, SessionStatus, TurnStatus
 from ._trace import TraceRecord
 
@@ -678,7 +681,8 @@ class Turn:
         """Take ``event``, which happened at ``at`` on the session's clock and at Unix
         time ``wall`` (defaults: the clocks' readings; the wall clock is read only for a
         ``ModelFailed`` with headers, where an HTTP-date ``retry-after`` may need it);
-        return the next action (a :class:`Finish` at the end)."""
+        return the next action (a :class:`Finish` at the end). A reply is sent with the
+        session's doom check's verdict in it (:meth:`judged`)."""
         core = self._core
         turn = self._turn
         trigger = TRIGGERS.get(type(event))
@@ -693,6 +697,10 @@ class Turn:
         # is (NaN, infinity and the rest go through the checks of Core.reading)
         if type(at) is not float or not core.last <= at < core.ceiling:
             at = core.reading(at)
+        if trigger == "ModelReplied" and (
+            core.doom_check is not None or event.doom_verdict is not None  # type: ignore[attr-defined]
+        ):
+            event = self.judged(event)  # type: ignore[arg-type]
         if wall is not None:
             wall = wall_reading(wall)
         elif trigger == "ModelFailed" and event.error.headers is not None:  # type: ignore[attr-defined]
@@ -700,6 +708,51 @@ class Turn:
             if wall_clock is not None:
                 wall = wall_reading(wall_clock())
         return core.fire(turn, trigger, event, at, wall)
+
+    def judged(self, event: ModelReplied, check: DoomCheck | None = None) -> ModelReplied:
+        """``event``, a reply to this turn, as :meth:`send` gives it to the engine: with the
+        verdict of ``check`` (default: the session's ``doom_check``) in it
+        (``ModelReplied.doom_verdict``) where the reply's calls reach the doom-loop
+        detector and it holds none, ``check`` asked only where the engine says a verdict
+        is due (``False`` elsewhere); ``event`` itself otherwise. A verdict the event holds
+        already is the one taken (a replay asks nothing), and ``True`` where none is due
+        is refused (:class:`IllegalEvent`). Changes nothing: an exception ``check``
+        raises, or a verdict that is not a bool (``TypeError``), leaves the turn as it
+        was. A host that keeps its check outside the session (a store's worker) sends
+        ``turn.judged(reply, check)``."""
+        core, state = self._core, self._turn
+        if type(event) is not ModelReplied:
+            raise TypeError(f"judged: takes a ModelReplied, got {type(event).__name__}")
+        if core.state.turn is not state:
+            self._refuse("ModelReplied")
+        verdict = event.doom_verdict
+        facts = None
+        if state.state == CALLING:  # the only state a reply is legal in (the engine says so)
+            facts = doom_facts(core, state, event.tool_calls, checked=True)
+        if verdict is not None:
+            if verdict and (facts is None or not facts.due):
+                raise IllegalEvent(
+                    f"ModelReplied in state {state.state!r}: doom_verdict is True, but no "
+                    "second-tier doom verdict is due at this reply (one is due when the first "
+                    "tier is one identical call short of firing, and after every "
+                    "doom_check_window calls)",
+                    event="ModelReplied",
+                    state=state.state,
+                )
+            return event
+        if check is None:
+            check = core.doom_check
+        if check is None or facts is None:
+            return event
+        window = facts.window if facts.due else None
+        verdict = False if window is None else check(window)
+        if type(verdict) is not bool:
+            raise TypeError(
+                f"doom_check: must return a bool, got {type(verdict).__name__}; nothing was changed"
+            )
+        given = copy.copy(event)  # not evolve: the reply's JSON form is taken once
+        object.__setattr__(given, "doom_verdict", verdict)
+        return given
 
     def _refuse_event(self, event: object) -> NoReturn:
         """Refuse ``event``: sent to a turn that is no longer current, or not an event."""

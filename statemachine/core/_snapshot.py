@@ -100,9 +100,8 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 _CACHE_SIZE = 256
 _WRITTEN: dict[tuple[str, int], tuple[Settings, Any]] = {}
-_READ: dict[tuple[Any, ...], Settings] = {}
-"""Settings written and read by snapshots, by identity and by value: a store restores
-and snapshots the same few settings over and over (Settings are immutable)."""
+"""What snapshots wrote of settings, by the settings' identity: a store snapshots the
+same few settings over and over (Settings are immutable)."""
 
 
 def _written(what: str, settings: Settings, make: Callable[[Settings], Any]) -> Any:
@@ -132,24 +131,6 @@ def _head_text(settings: Settings) -> str:
         }
     )
     return head[:-1] + ","
-
-
-def _settings_of(raw: dict[str, Any]) -> Settings:
-    key = tuple(
-        (name, type(value), repr(value) if type(value) is float else value)
-        for name, value in sorted(raw.items())
-        if type(value) is not list
-    ) + tuple((name, tuple(value)) for name, value in sorted(raw.items()) if type(value) is list)
-    try:
-        settings = _READ.get(key)
-    except TypeError:  # an unhashable value (a nested table): read it, don't cache it
-        return Settings.from_dict(raw)
-    if settings is None:
-        settings = Settings.from_dict(raw)
-        if len(_READ) >= _CACHE_SIZE:
-            _READ.clear()
-        _READ[key] = settings
-    return settings
 
 
 def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
@@ -248,7 +229,7 @@ def _settings_read(raw: Any) -> Settings:
     if problem is not None:
         raise SnapshotError(f"settings: must be JSON data: {problem}")
     try:
-        return _settings_of(raw)
+        return Settings.from_dict(raw)
     except ConfigError as exc:
         raise SnapshotError(f"settings: {exc}") from None
     except (TypeError, ValueError, OverflowError) as exc:  # pragma: no cover - defensive
@@ -263,39 +244,46 @@ its keys and its values' types in order, and the keys whose values are lists."""
 
 def _settings_seen(raw: Any) -> Settings:
     """:func:`_settings_read`, without checking and building again the settings of a dict
-    read lately: one with the same keys in the same order, values of the same exact
-    types, equal (a store restores the snapshots of a few configurations over and
-    over). The types are compared first, so no host code runs in a comparison."""
-    if type(raw) is dict and set(map(type, raw)) == _STR_ONLY:
-        types = list(map(type, raw.values()))
-        for known, keys, known_types, lists, settings in _SEEN:
-            if types != known_types:
-                continue
-            for key in lists:
-                if not set(map(type, raw[key])) <= _STR_ONLY:
-                    break
-            else:
-                if raw == known and list(raw) == keys:
-                    return settings
-    settings = _settings_read(raw)
-    values = raw.values()
-    scalars = all(
-        type(v) in _SCALARS or (type(v) is list and set(map(type, v)) <= _STR_ONLY) for v in values
-    )
-    # 0.0 == -0.0, which the settings keep apart: those are read anew every time
-    if scalars and not any(type(v) is float and v == 0.0 for v in values):
-        if len(_SEEN) >= _SEEN_SIZE:
-            _SEEN.pop()
-        lists = [key for key, value in raw.items() if type(value) is list]
-        seen = (
-            {key: list(value) if key in lists else value for key, value in raw.items()},
-            list(raw),
-            list(map(type, values)),
-            lists,
-            settings,
-        )
-        _SEEN.insert(0, seen)
+    read lately (a store restores the snapshots of a few configurations over and over)."""
+    settings = _recent_settings(raw)
+    if settings is None:
+        settings = _settings_read(raw)
+        _remember_settings(raw, settings)
     return settings
+
+
+def _recent_settings(raw: Any) -> Settings | None:
+    """The settings of a dict read lately that ``raw`` equals: the same keys in the same
+    order, values of the same exact types (compared first, so no host code runs in the
+    comparison), equal."""
+    if type(raw) is not dict or set(map(type, raw)) != _STR_ONLY:
+        return None
+    types = list(map(type, raw.values()))
+    for known, keys, known_types, lists, settings in _SEEN:
+        if (
+            types == known_types
+            and all(set(map(type, raw[key])) <= _STR_ONLY for key in lists)
+            and raw == known
+            and list(raw) == keys
+        ):
+            return settings
+    return None
+
+
+def _remember_settings(raw: dict[str, Any], settings: Settings) -> None:
+    """Keep ``settings``, read from ``raw``, for :func:`_recent_settings`: when its values
+    are scalars or lists of str, none of them a float zero (``0.0 == -0.0``, which the
+    settings keep apart: those are read anew every time)."""
+    values = raw.values()
+    if not all(
+        type(v) in _SCALARS or (type(v) is list and set(map(type, v)) <= _STR_ONLY) for v in values
+    ) or any(type(v) is float and v == 0.0 for v in values):
+        return
+    if len(_SEEN) >= _SEEN_SIZE:
+        _SEEN.pop()
+    lists = [key for key, value in raw.items() if type(value) is list]
+    known = {key: list(value) if key in lists else value for key, value in raw.items()}
+    _SEEN.insert(0, (known, list(raw), list(map(type, values)), lists, settings))
 
 
 _STR_ONLY = {str}

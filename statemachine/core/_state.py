@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._builder import build_copy, build_step_after
+from ._builder import build_copy
 from ._codec import compact, decode, encode
 from ._exceptions import SnapshotError
 from ._json_data import MAX_COUNT, finite, json_problem, short_repr
@@ -745,7 +745,6 @@ TRACED: tuple[tuple[type, str, str], ...] = tuple(
 )
 """(state class, field, TraceRecord field) of every counter a trace record carries,
 in the order a :data:`Step` holds them."""
-TRACE_FIELDS = tuple(name for _, _, name in TRACED)
 
 
 def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
@@ -854,20 +853,37 @@ def shift_state(state: SessionState, delta: float) -> None:
             actions[i] = attrs.evolve(action, retry_at=action.retry_at + delta)
 
 
-_MAX_INTERNED_PER_ROW = 4096
+class RowSteps(dict[tuple[int, int, int], Step]):
+    """The steps through one row met so far, by their counters: every trace that passes
+    through the row with the same counters shares one. A step not met before is made
+    when it is looked up, and kept while the row holds fewer than a bound."""
 
-step_after: Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step] = build_step_after(
-    tuple(("turn" if cls is TurnState else "session", name) for cls, name, _ in TRACED),
-    _MAX_INTERNED_PER_ROW,
-)
-"""The :data:`Step` of a transition through ``info``, with the counters as they now
-stand (generated from :data:`TRACED`); ``steps`` is the row's cache of the steps met so
-far, shared by every trace that passes through the row with the same counters."""
+    __slots__ = ("info",)
+
+    _LIMIT = 4096
+
+    def __init__(self, info: RowInfo) -> None:
+        super().__init__()
+        self.info = info
+
+    def __missing__(self, counters: tuple[int, int, int]) -> Step:
+        step: Step = (self.info, *counters)
+        if len(self) < self._LIMIT:
+            self[counters] = step
+        return step
 
 
-def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, ...]:
+def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, int, int]:
     """The counters of :data:`TRACED`, as they stand."""
-    return tuple(getattr(turn if cls is TurnState else session, name) for cls, name, _ in TRACED)
+    return (turn.attempt, turn.reductions, session.retries)
+
+
+if tuple((cls.__name__, name, trace) for cls, name, trace in TRACED) != (  # pragma: no cover
+    ("TurnState", "attempt", "attempt"),
+    ("TurnState", "reductions", "reductions"),
+    ("SessionState", "retries", "session_retries"),
+):
+    raise ImportError("traced_counters and trace_record read the traced counters by name")
 
 
 def declared_defaults(cls: type) -> dict[str, Any]:

@@ -34,23 +34,19 @@ is handed out again. Model calls, waits and context assembly have no side effect
 the engine counts, so a resumed worker simply repeats the pending action.
 """
 
-from ._worker import (
-    INTERRUPTED,
-    Advanced,
-    AdvanceStatus,
+from ._core import SessionStore, Stored
+from ._errors import (
     CorruptSession,
-    InMemoryStore,
     InvalidSessionId,
     RecordTooLarge,
-    RedisStore,
     SessionNotFound,
-    SessionStore,
     StaleWrite,
-    Stored,
     StoreError,
     StoreUnavailable,
-    Worker,
 )
+from ._memory import InMemoryStore
+from ._redis import RedisStore
+from ._worker import INTERRUPTED, Advanced, AdvanceStatus, Worker
 
 __all__ = [
     "INTERRUPTED",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -37,6 +37,38 @@ class Stored:
     session_id: str
     version: int
     record: dict[str, Any]
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Where session records live. Versions start at 1; 0 means "no record".
+
+    Implementations validate session ids, keep records as JSON with a size limit,
+    and make ``compare_and_set`` atomic: of two writers that read version n, one
+    writes n + 1 and the other gets :class:`StaleWrite`.
+    """
+
+    def load(self, session_id: str) -> Stored:
+        """The record and its version; :class:`SessionNotFound` if there is none,
+        :class:`CorruptSession` if it cannot be read (left untouched)."""
+        ...
+
+    def compare_and_set(
+        self,
+        session_id: str,
+        expected_version: int,
+        record: Mapping[str, Any],
+        *,
+        ended: bool = False,
+    ) -> int:
+        """Write ``record`` if the stored version is ``expected_version`` (0 to
+        create); return the new version. ``ended`` marks an ended session (its TTL
+        applies). Raises :class:`StaleWrite` / :class:`SessionNotFound`, writing nothing."""
+        ...
+
+    def delete(self, session_id: str) -> bool:
+        """Remove the record; whether there was one."""
+        ...
 
 
 def check_name(value: object, what: str = "session id") -> str:

@@ -12,8 +12,8 @@ would go on charging a finished parent.
 Each ending writes the session's snapshot anew (no journal entry): a reader of any
 version of the record format reads the ended status from its snapshot.
 
-This module holds what an ending reads of a session, and its bounds; the writes are
-the worker's (``Worker.end`` and the cascade beside it).
+This module holds the ending's writes and what they read of a session;
+``Worker.end`` checks the call and answers it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from ..core._actions import Action
 from ..core._session import Session
 from ..core._table import IDLE
 from ..core._taxonomy import END_STATUSES, SessionStatus
+from ._errors import CorruptSession, InvalidSessionId, SessionNotFound, StaleWrite, StoreError
+from ._held import Held, Live
 
 ATTEMPTS = 16
 """Compare-and-set attempts per child before the cascade gives up (``StoreError``)."""
@@ -50,7 +52,7 @@ def pending(session: Session) -> Action | None:
     return None if turn is None else turn.action
 
 
-def facts(session: Session) -> tuple[str | None, bool, bool, tuple[str, ...]]:
+def _facts(session: Session) -> tuple[str | None, bool, bool, tuple[str, ...]]:
     """What an ending reads of a child: its parent's id, whether it has ended, whether
     its turn runs, and its children's ids."""
     return (
@@ -59,3 +61,94 @@ def facts(session: Session) -> tuple[str | None, bool, bool, tuple[str, ...]]:
         running(session),
         tuple(session.child_costs),
     )
+
+
+def write_end(
+    held: Held,
+    session_id: str,
+    live: Live,
+    status: SessionStatus,
+    reason: str,
+    keys: tuple[tuple[int, str], ...],
+) -> None:
+    """End ``live``'s session with ``status`` and write it, its snapshot anew, over the
+    version it was read at (``StaleWrite`` if that moved on; ``live`` is then the
+    caller's to drop)."""
+    session, record = live.session, live.record
+    wall = held.now()
+    age = held.age(record, wall)
+    session.end(status, reason=reason, at=age)
+    live.version, live.record = held.write(
+        session_id,
+        live.version,
+        record,
+        session,
+        [],
+        wall=wall,
+        age=age,
+        keys=keys,
+        action=pending(session),
+        limit=-1,
+    )
+
+
+def running_descendants(
+    held: Held, parent_id: str | None, children: tuple[str, ...], depth: int = 0
+) -> list[str]:
+    """The ids of the descendants in the store whose turn is running (each one's record
+    naming its parent's id)."""
+    found: list[str] = []
+    for child_id in children:
+        facts = held.peek(child_id, _facts)
+        if facts is None or facts[0] != parent_id or facts[1]:
+            continue
+        if facts[2]:
+            found.append(child_id)
+        if depth < MAX_DEPTH:
+            found += running_descendants(held, child_id, facts[3], depth + 1)
+    return found
+
+
+def cascade(
+    held: Held,
+    parent_id: str | None,
+    children: tuple[str, ...],
+    reason: str,
+    depth: int = 0,
+    running_only: bool = False,
+) -> list[str]:
+    """End ``cancelled`` each live child (of ``children``) of session ``parent_id`` in the
+    store, and theirs, down the tree (``running_only``: only those whose turn runs).
+    Returns the ids ended."""
+    ended: list[str] = []
+    for child_id in children:
+        grandchildren: tuple[str, ...] = ()
+        for _ in range(ATTEMPTS):
+            try:
+                live = held.read(child_id)
+            except (SessionNotFound, CorruptSession, InvalidSessionId):
+                break  # gone, or not this store's: nothing left running here
+            child = live.session
+            if child.parent_id != parent_id:
+                held.remember(child_id, live)
+                break  # not this parent's child (a re-created id)
+            grandchildren = tuple(child.child_costs)
+            if child.status is not None or (running_only and not running(child)):
+                held.remember(child_id, live)
+                break
+            try:
+                write_end(held, child_id, live, SessionStatus.CANCELLED, reason, live.record.keys)
+            except StaleWrite:
+                continue  # its worker moved it on: read it again and end that
+            held.remember(child_id, live)
+            ended.append(child_id)
+            break
+        else:
+            raise StoreError(
+                f"session {child_id!r}: {ATTEMPTS} conflicting writes in a row while ending "
+                f"it with its parent {parent_id!r}; call end again to finish the cascade",
+                session_id=child_id,
+            )
+        if grandchildren and depth < MAX_DEPTH:
+            ended += cascade(held, child_id, grandchildren, reason, depth + 1, running_only)
+    return ended

@@ -49,6 +49,13 @@ class StoreUnavailable(StoreError, ConnectionError):
     """The store's server could not be reached (down, restarting, loading its data)."""
 
 
+def corrupt(session_id: str, key: str, what: str) -> CorruptSession:
+    """The error for a stored record whose ``key`` is wrong (``what``: how)."""
+    return CorruptSession(
+        f"session {session_id!r}: the stored record's {key}: {what}", session_id=session_id
+    )
+
+
 def oversized(session_id: str, size: int, max_bytes: int) -> CorruptSession:
     return CorruptSession(
         f"session {session_id!r}: the stored record is {size} bytes, over the store's "

@@ -4,31 +4,37 @@ A worker does not write the whole snapshot on every advance. It writes what it d
 one *entry* per step, appended to the record's journal, and a fresh snapshot (with an
 empty journal) only now and then. Another worker gets the state by restoring the
 snapshot and replaying the entries. A step is an input and its moment, nothing else
-(the engine reads no clock), so replaying an entry is the very call the worker made
-live: :func:`apply_step`, through the session's public methods, with the recorded
-moment. Every replayed step goes through the engine's own checks, so a forged journal
-can only take a session along paths the engine allows.
+(the engine reads no clock, and a doom check's verdict is a field of the reply), so
+replaying an entry is the very call the worker made live: :func:`apply_step`, through
+the session's public methods, with the recorded moment. Every replayed step goes
+through the engine's own checks, so a forged journal can only take a session along
+paths the engine allows.
 
 Times are in the journal's frame: seconds since the session started (a snapshot is
 restored with its start at 0). An entry (record version 3) is ``[op, at, wall, *args]``:
 
 * ``["s", at, null]``: start the next turn (``Worker.advance(id, None)``);
-* ``["e", at, wall, event]``: send ``event`` (encoded as in a snapshot) to the turn, at
-  ``at``, with the Unix time ``wall`` when the step was given one (``null``
-  otherwise); ``["e", at, wall, event, verdicts]`` when the host's doom-loop check was
-  asked (its answers, in order: a replay reads them instead of asking again);
+* ``["e", at, wall, event]``: send ``event`` (encoded as in a snapshot, its fields at
+  their default left out) to the turn, at ``at``, with the Unix time ``wall`` when the
+  step was given one (``null`` otherwise); a reply taken with a doom check holds its
+  verdict (``ModelReplied.doom_verdict``);
 * ``["c", null, null, child_id, total]``: ``record_child_spend(child_id, total)``;
 * ``["b", null, null, budget]``: ``record_ancestor_budget(budget)``, read at a turn start.
 
+Records written before the verdict was a field of the reply hold
+``["e", at, wall, event, verdicts]`` where the worker had a doom check: the answers it
+gave, in order. Such an entry is read as the reply with its verdict in it, one verdict
+where the step is due one and none elsewhere (anything else is refused, as it was).
 Version 2 entries (``[op, times, walls, *args]``, the lists of clock readings a step
 made when the engine still read clocks) are read as the step at the latest of its
-readings, with its first wall reading.
+readings, with its first wall reading; they hold verdicts only where the check gave
+some, so a version 2 record's replies were taken with a check when any entry holds
+verdicts or its snapshot a doom window (:func:`had_check`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -37,6 +43,7 @@ import attrs
 from ..core._actions import Action, InvokeTools
 from ..core._builder import build_maker
 from ..core._codec import checked_decoder, compact, decode
+from ..core._engine import needs_wall
 from ..core._events import EVENT_TYPES, Assembled, ModelFailed, ModelReplied
 from ..core._exceptions import (
     ConfigError,
@@ -49,8 +56,8 @@ from ..core._json_data import MAX_COUNT, plain_json, short_repr
 from ..core._model_error import ModelError
 from ..core._session import Session
 from ..core._state_text import json_text, number_text
-from ..core._tool_calls import ToolCall
-from ._errors import CorruptSession
+from ..core._taxonomy import ErrorCategory
+from ._errors import CorruptSession, corrupt
 from ._record import RECORD_VERSION, Record, parse_record
 
 START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
@@ -58,63 +65,9 @@ START, EVENT, CHILD_SPEND, BUDGET = "s", "e", "c", "b"
 Step = tuple[Any, ...]
 """``(START,)``, ``(EVENT, event)``, ``(CHILD_SPEND, child_id, total)`` or ``(BUDGET, budget)``."""
 
-COMPACT_EVERY = 32
-"""A record's journal holds at most this many entries: the write after that writes the
-snapshot anew (so a worker that knows nothing of the session replays at most this many)."""
-REPLAY_AT_MOST = 8
-"""A worker that reads more new entries than this from other workers at once writes the
-snapshot anew with its next write: the session is shared by many. (Replaying a few more
-costs a reader less than the restores a snapshot written anew forces on every other
-worker that knows the old one: in the Redis benchmark 4 at 4 and 16 at 16 worker
-processes each cost more CPU per attempt than 8.)"""
-COMPACT_AT_START = 24
-"""A turn's start writes the snapshot anew once the journal holds this many entries: the
-snapshot is at its smallest then (the last turn's trace is gone)."""
 FINISHED_TOLERANCE_S = 1e-6
 """How far a record's ``finished_s`` may lie from what its journal says (records of
 version 2 were written from readings on another frame: a rounding apart)."""
-
-DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
-
-
-class Verdicts:
-    """The doom-loop check of a session a worker steps: the host's ``check`` (or none),
-    asked live and its verdicts kept (:meth:`take`), or, while a replay gives them back
-    (:attr:`script`), the journal's verdicts instead. ``asks`` says whether the step at
-    hand is taken with a check: live, whether the worker has one; in a replay, whether
-    the worker that took the step had one, as its entry says (so workers with and
-    without a check may share a session: each step is replayed as it was taken)."""
-
-    __slots__ = ("asked", "asks", "check", "script")
-
-    def __init__(self, check: DoomCheck | None) -> None:
-        self.check = check
-        self.asks = check is not None
-        self.asked: list[bool] = []
-        self.script: list[bool] | None = None
-        """The recorded verdicts still to give back, last first (a replay's)."""
-
-    def __call__(self, window: tuple[ToolCall, ...]) -> bool:
-        script = self.script
-        if script is not None:
-            if not script:
-                raise _Short("doom check")
-            return script.pop()
-        if self.check is None:  # pragma: no cover - asks is false without a check
-            raise _Short("doom check")
-        verdict = self.check(window)
-        if type(verdict) is bool:
-            self.asked.append(verdict)
-        return verdict
-
-    def take(self) -> list[bool]:
-        """The verdicts asked since the last take."""
-        asked, self.asked = self.asked, []
-        return asked
-
-
-class _Short(Exception):
-    """A replayed step asked the doom check more often than the step recorded."""
 
 
 def apply_step(session: Session, step: Step, at: float | None, wall: float | None) -> Any:
@@ -122,11 +75,6 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
     session's public methods: what a worker does live and what a replay does again.
     The action it produced (``None`` for spend and budget steps)."""
     op = step[0]
-    if op == START:
-        turn = session.current_turn
-        if turn is not None and turn.state == "idle":
-            return turn.start(at=at)
-        return session.new_turn(at=at).start(at=at)
     if op == EVENT:
         turn = session.current_turn
         if turn is None:
@@ -136,6 +84,11 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
                 state="no turn",
             )
         return turn.send(step[1], at=at, wall=wall)
+    if op == START:
+        turn = session.current_turn
+        if turn is not None and turn.state == "idle":
+            return turn.start(at=at)
+        return session.new_turn(at=at).start(at=at)
     if op == CHILD_SPEND:
         session.record_child_spend(step[1], step[2])
         return None
@@ -145,28 +98,38 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
     raise ValueError(f"unknown step {op!r}")  # pragma: no cover - steps are built here
 
 
+def take_step(session: Session, step: Step, age: float, wall: float) -> tuple[Any, str]:
+    """Take ``step`` live (:func:`apply_step`) on ``session``, ``age`` seconds old at Unix
+    time ``wall``: the action it produced and its journal entry. A turn's start and an
+    event are taken at ``age`` (an event given ``wall`` when a rule may read it), the
+    others at no moment."""
+    op = step[0]
+    at: float | None = age
+    given: float | None = None
+    if op == EVENT:
+        if needs_wall(step[1]):
+            given = wall
+    elif op != START:
+        at = None
+    return apply_step(session, step, at, given), entry_text(step, at, given)
+
+
 # -- writing an entry -------------------------------------------------------------
 
 
-def entry_text(
-    step: Step, at: float | None, wall: float | None, verdicts: list[bool] | None = None
-) -> str:
+def entry_text(step: Step, at: float | None, wall: float | None) -> str:
     """The journal entry of ``step`` taken at ``at`` (Unix time ``wall``), as JSON text
     (the event encoded as a snapshot encodes values, without the fields at their
-    default); ``verdicts``, when a list (empty for a reply the check was not asked
-    about), says the step was taken with a doom check, and what it answered."""
+    default)."""
     op = step[0]
-    if op != EVENT:
-        if op == START and type(at) is float and wall is None:
-            return f'["s",{float.__repr__(at)},null]'
-        return json_text([op, at, wall, *step[1:]])
-    event = step[1]
-    if verdicts is not None:  # the doom check's verdicts (maybe none) follow the event
-        return json_text([op, at, wall, compact(event), verdicts])
-    if type(at) is not float:
-        return json_text([op, at, wall, compact(event)])
-    when = "null" if wall is None else number_text(wall)
-    return f'["e",{float.__repr__(at)},{when},{event_text(event)}]'
+    if op == EVENT:
+        if type(at) is not float:
+            return json_text([op, at, wall, compact(step[1])])
+        when = "null" if wall is None else number_text(wall)
+        return f'["e",{float.__repr__(at)},{when},{event_text(step[1])}]'
+    if op == START and type(at) is float and wall is None:
+        return f'["s",{float.__repr__(at)},null]'
+    return json_text([op, at, wall, *step[1:]])
 
 
 def event_text(event: Any) -> str:
@@ -181,7 +144,12 @@ def event_text(event: Any) -> str:
         return _model_failed_text(event)
     if kind is Assembled and type(event.size) is int:
         return f'{{"$type":"Assembled","request":{json_text(event.request)},"size":{event.size!r}}}'
-    if kind is ModelReplied and not event.tool_calls and event.usage is None:
+    if (
+        kind is ModelReplied
+        and not event.tool_calls
+        and event.usage is None
+        and event.doom_verdict is None
+    ):
         cost = event.cost
         text = '{"$type":"ModelReplied"'
         if not (type(cost) is float and cost == 0.0):
@@ -197,7 +165,7 @@ def _model_failed_text(event: ModelFailed) -> str:
     """``json_text(compact(event))`` written field by field: the event of every retry
     (one string grown, not a list joined: most errors have three or four fields)."""
     error = event.error
-    text = _FAILED_HEAD + encode_basestring(error.category.value)
+    text = _FAILED_HEADS[error.category]
     if error.message:
         text += ',"message":' + encode_basestring(error.message)
     waited = error.retry_after_seconds
@@ -229,7 +197,12 @@ def _number_text(value: Any) -> str:
     return json_text(compact(value))
 
 
-_FAILED_HEAD = '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'
+_FAILED_HEADS = {
+    category: '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'
+    + encode_basestring(category.value)
+    for category in ErrorCategory
+}
+"""The text a failure's entry begins with, per category."""
 
 
 _FIELDLESS = {cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)}
@@ -295,11 +268,25 @@ def read_entry(
         wall = walls[0] if walls else None
     if at is not None and at < 0:
         raise ValueError("at: a session clock reading before the session started")
+    recorded = op == EVENT and len(args) == 2  # the previous release's form: verdicts beside
+    step = _step(op, args[:1] if recorded else args)
     verdicts: list[bool] | None = None
-    step: Step
+    if recorded:
+        verdicts = args[1]
+        if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
+            raise ValueError("verdicts: must be a list of true/false")
+        if getattr(step[1], "doom_verdict", None) is not None:
+            raise ValueError("verdicts: beside a reply that holds its own")
+    if op in (START, EVENT) and at is None:
+        raise ValueError("at: the step recorded no clock reading")
+    return step, at, wall, verdicts
+
+
+def _step(op: object, args: list[Any]) -> Step:
+    """The step of an entry's ``op`` and ``args``, or ``ValueError``."""
     if op == START and not args:
-        step = (START,)
-    elif op == EVENT and len(args) in (1, 2):
+        return (START,)
+    if op == EVENT and len(args) == 1:
         data = args[0]
         event = None
         if type(data) is dict and data.get("$type") == "Assembled":
@@ -308,20 +295,12 @@ def read_entry(
             event = decode(data, "event")
         if type(event) not in EVENT_TYPES:
             raise ValueError(f"event: must be an encoded event, got {type(event).__name__}")
-        if len(args) == 2:
-            verdicts = args[1]
-            if type(verdicts) is not list or not all(type(v) is bool for v in verdicts):
-                raise ValueError("verdicts: must be a list of true/false")
-        step = (EVENT, event)
-    elif op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
-        step = (CHILD_SPEND, args[0], _amount(args[1], "child spend"))
-    elif op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
-        step = (BUDGET, None if args[0] is None else _amount(args[0], "budget", signed=True))
-    else:
-        raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
-    if op in (START, EVENT) and at is None:
-        raise ValueError("at: the step recorded no clock reading")
-    return step, at, wall, verdicts
+        return (EVENT, event)
+    if op == CHILD_SPEND and len(args) == 2 and type(args[0]) is str and _number(args[1]):
+        return (CHILD_SPEND, args[0], _amount(args[1], "child spend"))
+    if op == BUDGET and len(args) == 1 and (args[0] is None or _number(args[0])):
+        return (BUDGET, None if args[0] is None else _amount(args[0], "budget", signed=True))
+    raise ValueError(f"unknown step {str(op)[:20]!r} or wrong arguments")
 
 
 def _size_in_range(value: Any) -> bool:
@@ -342,7 +321,6 @@ copy it: the parser's output is no one else's). ``None`` for anything else, whic
 
 def replay(
     session: Session,
-    verdicts: Verdicts,
     entries: list[Any],
     first: int = 0,
     version: int = RECORD_VERSION,
@@ -350,18 +328,15 @@ def replay(
     legacy_asks: bool = False,
 ) -> None:
     """Apply the journal's ``entries`` (of a record of ``version``) to ``session``, a
-    session with no clock in the journal's frame whose doom check is ``verdicts``:
-    each is :func:`apply_step` at its recorded moment, taken with a doom check when its
-    entry holds verdicts (a version 3 entry; an older one when ``legacy_asks``, see
-    :func:`had_check`). ``ValueError`` naming the entry (``first`` is the index of
-    ``entries[0]`` in the journal) if one is not a step the engine takes from there."""
+    session with no clock in the journal's frame: each is :func:`apply_step` at its
+    recorded moment (an older entry's recorded doom-check verdicts put in its reply
+    first, its step taken with a check when it holds verdicts; a version 2 one when
+    ``legacy_asks``, see :func:`had_check`). ``ValueError`` naming the entry
+    (``first`` is the index of ``entries[0]`` in the journal) if one is not a step the
+    engine takes from there."""
     for index, raw in enumerate(entries, first):
         try:
-            _replay_entry(session, verdicts, raw, version, legacy_asks)
-        except _Short as short:
-            raise ValueError(
-                f"journal[{index}]: the step asks the {short} more often than it recorded"
-            ) from None
+            _replay_entry(session, raw, version, legacy_asks)
         except (
             ValueError,
             TypeError,
@@ -373,20 +348,42 @@ def replay(
             raise ValueError(f"journal[{index}]: {exc}") from None
 
 
-def _replay_entry(
-    session: Session, verdicts: Verdicts, raw: object, version: int, legacy_asks: bool
-) -> None:
+def _replay_entry(session: Session, raw: object, version: int, legacy_asks: bool) -> None:
     step, at, wall, recorded = read_entry(raw, version)
-    verdicts.asks = recorded is not None if version >= 3 else legacy_asks
-    verdicts.script = list(reversed(recorded)) if recorded else []
-    try:
-        apply_step(session, step, at, wall)
-        left = verdicts.script
-    finally:
-        verdicts.script = None
-        verdicts.asks = verdicts.check is not None
-    if left:
-        raise ValueError("the step recorded more doom-check verdicts than it asks for")
+    asks = recorded is not None if version >= 3 else legacy_asks
+    problem = None
+    if asks or recorded:
+        step, problem = _with_recorded(session, step, recorded or [], asks)
+    apply_step(session, step, at, wall)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+_MORE = "the step recorded more doom-check verdicts than it asks for"
+
+
+def _with_recorded(
+    session: Session, step: Step, recorded: list[bool], asks: bool
+) -> tuple[Step, str | None]:
+    """``step``, of an older entry that recorded the doom check's verdicts in order
+    (``recorded``; the step taken with a check when ``asks``), as it is taken now: a
+    reply with its verdict in it, where the step is due one. And what is wrong with the
+    verdicts (said once the step is applied, as when the check was asked inside it)."""
+    event = step[1] if step[0] == EVENT else None
+    turn = session.current_turn
+    if not asks or type(event) is not ModelReplied or turn is None:
+        return step, _MORE if recorded else None
+    asked = 0
+
+    def answer(_window: object) -> bool:
+        nonlocal asked
+        asked += 1
+        return recorded[asked - 1] if asked <= len(recorded) else False
+
+    step = (EVENT, turn.judged(event, answer))
+    if asked > len(recorded):
+        return step, "the step asks the doom check more often than it recorded"
+    return step, _MORE if asked < len(recorded) else None
 
 
 def had_check(record: Record) -> bool:
@@ -404,9 +401,9 @@ def had_check(record: Record) -> bool:
 # -- a record read in full -------------------------------------------------------------
 
 
-def base_session(record: Record, verdicts: Verdicts, legacy_start: float = 0.0) -> Session:
+def base_session(record: Record, legacy_start: float = 0.0) -> Session:
     """``record``'s snapshot as a session with no clock in the journal's frame (its start
-    at 0), whose doom check is ``verdicts``; ``CorruptSession`` if it is unusable.
+    at 0); ``CorruptSession`` if it is unusable.
 
     The previous release wrote a Finish's ``retry_at`` in a snapshot (version 4 and
     before, in a record of version 2) as a reading of its worker's clock, the clock the
@@ -423,7 +420,6 @@ def base_session(record: Record, verdicts: Verdicts, legacy_start: float = 0.0) 
             None,
             wall_clock=None,
             at=at if math.isfinite(at) else 0.0,  # restore names a wrong elapsed_s
-            doom_check=verdicts,
         )
     except SnapshotError as exc:
         raise CorruptSession(
@@ -452,14 +448,12 @@ def _finishes_moved(snapshot: dict[str, Any], delta: float) -> dict[str, Any]:
     return {**snapshot, "turn": {**turn, "actions": moved}}
 
 
-def replay_record(
-    session: Session, verdicts: Verdicts, record: Record, entries: Any, first: int = 0
-) -> None:
+def replay_record(session: Session, record: Record, entries: Any, first: int = 0) -> None:
     """:func:`replay` of ``entries`` of ``record``'s journal, ``CorruptSession`` naming
     the entry if one is refused."""
     asks = record.version < 3 and had_check(record)
     try:
-        replay(session, verdicts, list(entries), first, record.version, legacy_asks=asks)
+        replay(session, list(entries), first, record.version, legacy_asks=asks)
     except ValueError as exc:
         raise CorruptSession(
             f"session {record.session_id!r}: the stored record's {exc}",
@@ -472,41 +466,54 @@ def check_record(record: Record, session: Session) -> None:
     journal determines agrees with ``session``, the state the journal gives (in the
     journal's frame): its age is not before the last step, its last finish is the
     journal's, and a claim or carried outcomes belong to the tool calls in flight."""
+    _check_ages(record, session)
+    claim, carried = record.claim, record.carried
+    if claim is not None or carried:
+        _check_held_calls(record, session)
+
+
+def _check_ages(record: Record, session: Session) -> None:
+    """:func:`check_record` of ``elapsed_s`` and ``finished_s``."""
     sid = record.session_id
     last = session.last_at
     if record.elapsed_s < last:
-        raise _bad(sid, "elapsed_s", f"{record.elapsed_s!r} is before the last step ({last!r})")
+        raise corrupt(sid, "elapsed_s", f"{record.elapsed_s!r} is before the last step ({last!r})")
     finished, said = session.finished_at, record.finished_s
     if said is None or finished is None:
         if said is not None or finished is not None:
             told = "a finish" if said is not None else "no finish"
             truth = "a turn is running" if finished is None else "the last turn has finished"
-            raise _bad(sid, "finished_s", f"the record says {told}, but {truth}")
+            raise corrupt(sid, "finished_s", f"the record says {told}, but {truth}")
     else:
         expected = record.elapsed_s - finished
         if abs(said - expected) > FINISHED_TOLERANCE_S * max(1.0, abs(expected)):
-            raise _bad(
+            raise corrupt(
                 sid, "finished_s", f"{said!r}, but the last turn finished {expected!r} s before"
             )
-    claim, carried = record.claim, record.carried
-    if claim is None and not carried:
-        return
+
+
+def _check_held_calls(record: Record, session: Session) -> None:
+    """:func:`check_record` of a ``claim`` and ``carried`` outcomes: the calls in flight,
+    each claimed or answered once."""
+    sid, claim, carried = record.session_id, record.claim, record.carried
     turn = session.current_turn
     pending: Action | None = None if turn is None else turn.action
     if turn is None or turn.state != "invoking_tools" or type(pending) is not InvokeTools:
         key = "claim" if claim is not None else "carried"
-        raise _bad(sid, key, "tool calls are held, but the session is not invoking tools")
+        raise corrupt(sid, key, "tool calls are held, but the session is not invoking tools")
     in_flight = {call.id for call in pending.calls}
     if claim is None:  # outcomes are carried only beside a claim on the calls re-run
-        raise _bad(sid, "carried", "holds outcomes, but no call is claimed")
+        raise corrupt(sid, "carried", "holds outcomes, but no call is claimed")
     claimed = list(claim.calls)
     ids = [o.call_id for o in carried]
     if any(i not in in_flight for i in claimed) or len(set(claimed)) != len(claimed):
-        raise _bad(sid, "claim", f"names calls {claimed!r:.80} not in flight once each")
+        raise corrupt(sid, "claim", f"names calls {claimed!r:.80} not in flight once each")
     if any(i not in in_flight for i in ids) or len(set(ids)) != len(ids):
-        raise _bad(sid, "carried", f"holds outcomes {ids!r:.80} for calls not in flight once each")
+        raise corrupt(
+            sid, "carried", f"holds outcomes {ids!r:.80} for calls not in flight once each"
+        )
     if set(claimed) | set(ids) != in_flight or set(claimed) & set(ids):
-        raise _bad(
+        raise corrupt(
             sid,
             "claim",
             f"claims {claimed!r:.60} beside outcomes for {ids!r:.60}: each call in flight "
@@ -514,25 +521,16 @@ def check_record(record: Record, session: Session) -> None:
         )
 
 
-def _bad(session_id: str, key: str, what: str) -> CorruptSession:
-    return CorruptSession(
-        f"session {session_id!r}: the stored record's {key}: {what}", session_id=session_id
-    )
-
-
-def read_session(
-    record: Record, check: DoomCheck | None, legacy_start: float = 0.0
-) -> tuple[Session, Verdicts]:
+def read_session(record: Record, legacy_start: float = 0.0) -> Session:
     """The session ``record`` holds, read in full: its snapshot restored with no clock in
     the journal's frame, its journal replayed, every field the journal determines
     checked (``CorruptSession`` naming what was wrong). ``legacy_start``: see
     :func:`base_session`."""
-    verdicts = Verdicts(check)
-    session = base_session(record, verdicts, legacy_start)
+    session = base_session(record, legacy_start)
     if record.journal:
-        replay_record(session, verdicts, record, record.journal)
+        replay_record(session, record, record.journal)
     check_record(record, session)
-    return session, verdicts
+    return session
 
 
 def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -542,6 +540,5 @@ def current_record(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
     ``SessionStore.load`` returns). ``CorruptSession`` if the record or a step in it is
     unusable."""
     record = parse_record(session_id, data)
-    session, _ = read_session(record, None)
-    current = session.snapshot(at=record.elapsed_s)
+    current = read_session(record).snapshot(at=record.elapsed_s)
     return {**data, "snapshot": current, "journal": []}

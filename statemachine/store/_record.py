@@ -1,5 +1,5 @@
-"""The record a store keeps per session: the engine's snapshot, the journal of steps
-applied since it was written, and what the workers need to share it safely.
+"""The record a store keeps per session, read and written: the engine's snapshot, the
+journal of steps applied since it was written, and what the workers need to share it.
 
 ::
 
@@ -18,25 +18,31 @@ applied since it was written, and what the workers need to share it safely.
 journal says (the reader checks both against the state the journal gives).
 
 The keys come in this order, so that the bytes of a record up to the end of its
-journal's last entry (its *prefix*) stay the same while the journal grows: a worker
-that knows a prefix reads only what follows it. Version 2 (its journal entries hold
-the lists of clock readings a step made) and version 1 (no journal; the snapshot
-current) are still read; a worker writes every record it changes as version 3. Every
-check here raises ``CorruptSession`` naming the session and the key.
+journal's last entry (its *prefix*) stay the same while the journal grows: a writer
+appends an entry to the prefix in place, and a reader that knows a prefix reads only
+what follows it. Version 2 (its journal entries hold the lists of clock readings a step
+made) and version 1 (no journal; the snapshot current) are still read; every record
+written is version 3. Every check here raises ``CorruptSession`` naming the session and
+the key.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from ..core._codec import decode, encode
+from ..core._session import Session
+from ..core._snapshot import write_snapshot_text
 from ..core._state_text import TextCache, json_text, number_or_null, number_text
 from ..core._tool_calls import ToolOutcome
-from ._errors import CorruptSession
+from ._core import decode_record
+from ._errors import corrupt
 
 RECORD_FORMAT = "statemachine.store.record"
 RECORD_VERSION = 3
@@ -48,7 +54,19 @@ TAIL_KEYS = frozenset({"saved_at", "keys", "claim", "carried", "elapsed_s", "fin
 MAX_KEYS = 16
 """How many recent idempotency keys a record remembers."""
 MAX_JOURNAL = 64
-"""The most journal entries a record may hold (a worker compacts long before)."""
+"""The most journal entries a record may hold (a writer compacts long before)."""
+COMPACT_EVERY = 32
+"""A record's journal holds at most this many entries: the write after that writes the
+snapshot anew (so a worker that knows nothing of the session replays at most this many)."""
+COMPACT_AT_START = 24
+"""A turn's start writes the snapshot anew once the journal holds this many entries: the
+snapshot is at its smallest then (the last turn's trace is gone)."""
+REPLAY_AT_MOST = 8
+"""A worker that reads more new entries than this from other workers at once writes the
+snapshot anew with its next write: the session is shared by many. (Replaying a few more
+costs a reader less than the restores a snapshot written anew forces on every other
+worker that knows the old one: in the Redis benchmark 4 at 4 and 16 at 16 worker
+processes each cost more CPU per attempt than 8.)"""
 
 
 @attrs.frozen
@@ -62,15 +80,13 @@ class Claim:
 
 @attrs.define
 class Record:
-    """One session's record (not frozen: a worker that holds the record it wrote last,
-    and no one else does, appends the next step's entry to it in place). Read from a
-    store it holds the decoded base ``snapshot``
-    and ``journal``; written by a :class:`~statemachine.store.Worker` to a store of
-    bytes it holds where the bytes of its journal's last entry end (``prefix_end``)
-    instead, and the base snapshot's JSON text with the ``cache`` that built it."""
+    """One session's record, as read from a store or written to one. Not frozen: the
+    worker that holds the record it read or wrote last, and no one else does, appends
+    the next steps' entries to it in place (:func:`written`)."""
 
     session_id: str
     snapshot: dict[str, Any] | None
+    """The base snapshot as read (``None`` once the record is written: its bytes hold it)."""
     saved_at: float
     keys: tuple[tuple[int, str], ...] = ()
     claim: Claim | None = None
@@ -84,55 +100,132 @@ class Record:
     finished_s: float | None = None
     """Seconds since the session's last turn finished, when the record was written."""
     version: int = RECORD_VERSION
-    """The record format version it was read from (what a worker writes: the current)."""
+    """The record format version it was read from (what is written: the current)."""
     journal: tuple[Any, ...] = attrs.field(default=(), repr=False)
-    """The journal's entries as read (a record read from a store)."""
+    """The journal's entries as read and not applied yet (the new ones only, for a
+    record :func:`extend` read)."""
     entries: int = 0
     """How many entries the journal holds."""
+    payload: bytes | None = attrs.field(default=None, eq=False, repr=False)
+    """The bytes a store holds for this record, when known (read, or built to write)."""
     prefix_end: int | None = attrs.field(default=None, eq=False, repr=False)
     """Where in ``payload`` the journal's last entry ends, when known: the bytes before
     it (the record's *prefix*) are what the next write appends to."""
-    base_text: str | None = attrs.field(default=None, eq=False, repr=False)
-    """The base snapshot's JSON text, when this worker wrote it."""
+    appendable: bool = attrs.field(default=False, eq=False, repr=False)
+    """Whether the next write may append to the prefix: it is known, of this version,
+    and the read found at most :data:`REPLAY_AT_MOST` entries other workers appended
+    (for a session many workers share, reading a snapshot costs less than replaying
+    their many steps)."""
     cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
-    """What built ``base_text``: the next compaction reuses it."""
-    payload: bytes | None = attrs.field(default=None, eq=False, repr=False)
-    """The bytes a store holds for this record, when known (read, or built to write)."""
-    crowded: bool = attrs.field(default=False, eq=False, repr=False)
-    """Whether a read found many entries other workers appended: the next write of it
-    writes the snapshot anew (for a session many workers share, reading a snapshot
-    costs less than replaying their many steps)."""
+    """What built the snapshot's text, when this worker wrote it: the next compaction
+    reuses it."""
     middle: str | None = attrs.field(default=None, eq=False, repr=False)
-    """The tail's text from ``keys`` to ``carried``, once a worker wrote it (kept while
-    the three stay the same)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as plain JSON data (a record with an empty journal: what a
-        worker writes to a store that takes JSON data)."""
-        claim = self.claim
-        return {
-            "format": RECORD_FORMAT,
-            "version": RECORD_VERSION,
-            "session_id": self.session_id,
-            "incarnation": self.incarnation,
-            "snapshot": self.snapshot,
-            "journal": list(self.journal),
-            "saved_at": self.saved_at,
-            "keys": [list(pair) for pair in self.keys],
-            "claim": None
-            if claim is None
-            else {"owner": claim.owner, "calls": list(claim.calls), "until": claim.until},
-            "carried": encode(self.carried),
-            "elapsed_s": self.elapsed_s,
-            "finished_s": self.finished_s,
-        }
+    """The text of ``keys``, ``claim`` and ``carried``, once written (kept while the
+    three stay the same)."""
 
 
-def middle_text(
+# -- writing --------------------------------------------------------------------------
+
+
+def written(
+    previous: Record | None,
+    session_id: str,
+    session: Session,
+    entries: Sequence[str],
+    *,
+    wall: float,
+    age: float,
+    keys: tuple[tuple[int, str], ...],
+    claim: Claim | None,
+    carried: tuple[ToolOutcome, ...],
+    limit: int,
+    max_prefix: int,
+) -> Record:
+    """The record to write for ``session`` (the journal's frame), ``age`` seconds old at
+    Unix time ``wall``, after the steps whose journal ``entries`` these are.
+
+    ``previous``, the record the session was read from or last written as (the
+    caller's alone), with the entries appended in place while it may take them
+    (:attr:`~Record.appendable`, its journal then holding at most ``limit`` entries and
+    its prefix at most ``max_prefix`` bytes).
+    Otherwise a fresh record: the snapshot written anew, the journal empty (the
+    incarnation kept, or drawn for a new session)."""
+    last = session.last_at
+    elapsed = last if age < last else age
+    finished_at = session.finished_at
+    finished = None if finished_at is None else elapsed - finished_at
+    grown = None if previous is None else _grown(previous, entries, limit, max_prefix)
+    prefix: bytes | memoryview | None
+    if previous is None or grown is None:
+        record = _fresh(previous, session_id, session, elapsed, wall)
+        prefix, added = record.payload, ""
+    else:
+        record, (prefix, added) = previous, grown
+    middle = record.middle
+    if (
+        middle is None
+        or keys is not record.keys
+        or claim != record.claim
+        or carried is not record.carried
+    ):
+        record.middle = middle = _middle_text(keys, claim, carried)
+        record.keys, record.claim, record.carried = keys, claim, carried
+    record.saved_at, record.elapsed_s, record.finished_s = wall, elapsed, finished
+    # the tail: the entries added, the journal's end and the keys after it (a float's
+    # repr written at once: the usual case)
+    saved = float.__repr__(wall) if type(wall) is float else number_text(wall)
+    now = float.__repr__(elapsed) if type(elapsed) is float else number_text(elapsed)
+    tail = (
+        f'{added}],"saved_at":{saved}{middle}'
+        f',"elapsed_s":{now},"finished_s":{number_or_null(finished)}}}'
+    )
+    record.payload = b"".join((prefix, tail.encode()))  # type: ignore[arg-type]
+    return record
+
+
+def _grown(
+    record: Record, entries: Sequence[str], limit: int, max_prefix: int
+) -> tuple[memoryview, str] | None:
+    """``record``'s prefix and the text that appends ``entries`` to it, its prefix then
+    ending after them; ``None`` when the record may not take them."""
+    count = len(entries)
+    if not record.appendable or record.entries + count > limit:
+        return None
+    added = entries[0] if count == 1 else ",".join(entries)
+    if added and record.entries:
+        added = "," + added
+    end = record.prefix_end
+    size = len(added) if added.isascii() else len(added.encode())
+    if end + size > max_prefix:  # type: ignore[operator]
+        return None
+    record.prefix_end = end + size  # type: ignore[operator]
+    record.entries += count
+    if record.snapshot is not None or record.journal:
+        record.snapshot, record.journal = None, ()  # read: only the bytes now
+    return memoryview(record.payload)[:end], added  # type: ignore[arg-type]
+
+
+def _fresh(
+    previous: Record | None, session_id: str, session: Session, elapsed: float, wall: float
+) -> Record:
+    """A record of ``session`` ``elapsed`` seconds old, written anew: its bytes up to its
+    empty journal (the incarnation ``previous``'s, or drawn for a new session; the
+    snapshot's text built from what ``previous``'s left)."""
+    cache = TextCache()
+    old = TextCache() if previous is None or previous.cache is None else previous.cache
+    text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
+    incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
+    head = (
+        f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)},"snapshot":{text}'
+    ).encode() + _JOURNAL
+    record = Record(session_id, None, wall, incarnation=incarnation, payload=head)
+    record.prefix_end, record.appendable, record.cache = len(head), True, cache
+    return record
+
+
+def _middle_text(
     keys: tuple[tuple[int, str], ...], claim: Claim | None, carried: tuple[ToolOutcome, ...]
 ) -> str:
-    """The text of a record's ``keys``, ``claim`` and ``carried`` (kept by a record while
-    they stay the same: see ``Record.middle``)."""
     claim_text = (
         "null"
         if claim is None
@@ -144,38 +237,7 @@ def middle_text(
     )
 
 
-def tail_text(
-    saved_at: float,
-    middle: str,
-    elapsed_s: float,
-    finished_s: float | None,
-    elapsed_text: str | None = None,
-) -> str:
-    """A record's text after its prefix: the journal's ``]`` and the keys after it
-    (``middle``: :func:`middle_text`; ``elapsed_text``: ``elapsed_s``'s, when known)."""
-    # the usual floats written at once (number_text for the rest: ints, float subclasses)
-    saved = float.__repr__(saved_at) if type(saved_at) is float else number_text(saved_at)
-    elapsed = elapsed_text
-    if elapsed is None:
-        elapsed = float.__repr__(elapsed_s) if type(elapsed_s) is float else number_text(elapsed_s)
-    return (
-        f'],"saved_at":{saved}{middle}'
-        f',"elapsed_s":{elapsed},"finished_s":{number_or_null(finished_s)}}}'
-    )
-
-
-def head_bytes(session_id: str, incarnation: str | None, base_text: str) -> bytes:
-    """A record's bytes up to its journal's first entry: the prefix of an empty journal."""
-    return (
-        f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)}'
-        f',"snapshot":{base_text}'
-    ).encode() + _JOURNAL
-
-
-def _bad(session_id: str, key: str, what: str) -> CorruptSession:
-    return CorruptSession(
-        f"session {session_id!r}: the stored record's {key}: {what}", session_id=session_id
-    )
+# -- reading ------------------------------------------------------------------------
 
 
 def _finite(value: object) -> bool:
@@ -191,7 +253,7 @@ def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
     """The typed values of the keys around the snapshot and journal, checked."""
     saved_at = data.get("saved_at")
     if not _finite(saved_at):
-        raise _bad(session_id, "saved_at", f"must be a finite number, got {saved_at!r}")
+        raise corrupt(session_id, "saved_at", f"must be a finite number, got {saved_at!r}")
     keys = data.get("keys")
     if not isinstance(keys, list) or not all(
         isinstance(pair, list)
@@ -201,47 +263,63 @@ def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
         and isinstance(pair[1], str)
         for pair in keys
     ):
-        raise _bad(session_id, "keys", f"must be a list of [version, key] pairs, got {keys!r}")
-    claim = data.get("claim")
-    parsed_claim = None
-    if claim is not None:
-        if (
-            not isinstance(claim, dict)
-            or not isinstance(claim.get("owner"), str)
-            or not isinstance(claim.get("calls"), list)
-            or not all(isinstance(c, str) for c in claim["calls"])
-            or not _finite(claim.get("until"))
-        ):
-            raise _bad(session_id, "claim", f"must be owner/calls/until, got {claim!r}")
-        parsed_claim = Claim(claim["owner"], tuple(claim["calls"]), float(claim["until"]))
-    carried = data.get("carried")
-    if not isinstance(carried, list):
-        raise _bad(session_id, "carried", f"must be a list, got {carried!r}")
-    try:
-        outcomes = decode(carried, "carried")
-    except ValueError as exc:
-        raise _bad(session_id, "carried", str(exc)) from None
-    if not all(isinstance(o, ToolOutcome) for o in outcomes):
-        raise _bad(session_id, "carried", "must hold ToolOutcome values")
+        raise corrupt(session_id, "keys", f"must be a list of [version, key] pairs, got {keys!r}")
     assert isinstance(saved_at, int | float)  # noqa: S101 - narrowed by _finite above
     return {
         "saved_at": float(saved_at),
         "keys": tuple((pair[0], pair[1]) for pair in keys),
-        "claim": parsed_claim,
-        "carried": outcomes,
+        "claim": _claim(session_id, data.get("claim")),
+        "carried": _carried(session_id, data.get("carried")),
     }
+
+
+def _claim(session_id: str, claim: Any) -> Claim | None:
+    """A record's ``claim``, checked."""
+    if claim is None:
+        return None
+    if (
+        not isinstance(claim, dict)
+        or not isinstance(claim.get("owner"), str)
+        or not isinstance(claim.get("calls"), list)
+        or not all(isinstance(c, str) for c in claim["calls"])
+        or not _finite(claim.get("until"))
+    ):
+        raise corrupt(session_id, "claim", f"must be owner/calls/until, got {claim!r}")
+    return Claim(claim["owner"], tuple(claim["calls"]), float(claim["until"]))
+
+
+def _carried(session_id: str, carried: Any) -> tuple[ToolOutcome, ...]:
+    """A record's ``carried`` outcomes, checked."""
+    if not isinstance(carried, list):
+        raise corrupt(session_id, "carried", f"must be a list, got {carried!r}")
+    try:
+        outcomes = decode(carried, "carried")
+    except ValueError as exc:
+        raise corrupt(session_id, "carried", str(exc)) from None
+    if not all(isinstance(o, ToolOutcome) for o in outcomes):
+        raise corrupt(session_id, "carried", "must hold ToolOutcome values")
+    return outcomes  # type: ignore[no-any-return]
 
 
 def _ages(session_id: str, data: dict[str, Any]) -> tuple[float, float | None]:
     """A record's ``elapsed_s`` and ``finished_s`` (version 2 on), checked."""
     elapsed, finished = data.get("elapsed_s"), data.get("finished_s")
     if not _finite(elapsed) or elapsed < 0:  # type: ignore[operator]
-        raise _bad(session_id, "elapsed_s", f"must be a finite number >= 0, got {elapsed!r:.40}")
+        raise corrupt(session_id, "elapsed_s", f"must be a finite number >= 0, got {elapsed!r:.40}")
     if finished is not None and (not _finite(finished) or finished < 0):
-        raise _bad(
+        raise corrupt(
             session_id, "finished_s", f"must be a finite number >= 0 or null, got {finished!r:.40}"
         )
     return float(elapsed), None if finished is None else float(finished)  # type: ignore[arg-type]
+
+
+def read_record(session_id: str, payload: bytes, max_bytes: int) -> Record:
+    """The record in ``payload`` (the bytes a store of bytes holds), or ``CorruptSession``:
+    decoded in one pass when laid out as a writer lays it out, else in full."""
+    split = split_record(payload) if len(payload) <= max_bytes else None
+    if split is None:
+        return parse_record(session_id, decode_record(session_id, payload, max_bytes), payload)
+    return parse_record(session_id, split[0], payload, split[1])
 
 
 def parse_record(
@@ -254,17 +332,17 @@ def parse_record(
     prefix ends at ``prefix_end`` when the caller found where) checked and typed, or
     ``CorruptSession``."""
     if data.get("format") != RECORD_FORMAT:
-        raise _bad(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
+        raise corrupt(session_id, "format", f"{data.get('format')!r} is not {RECORD_FORMAT!r}")
     version = data.get("version")
     if version not in READABLE_VERSIONS or type(version) is not int:
         readable = ", ".join(map(str, READABLE_VERSIONS))
-        raise _bad(
+        raise corrupt(
             session_id,
             "version",
             f"{version!r:.40} is not supported (this engine reads {readable})",
         )
     if data.get("session_id") != session_id:
-        raise _bad(
+        raise corrupt(
             session_id,
             "session_id",
             f"it holds session {data.get('session_id')!r}, not this one",
@@ -272,10 +350,14 @@ def parse_record(
     header = _header(session_id, data)
     snapshot = data.get("snapshot")
     if not isinstance(snapshot, dict):
-        raise _bad(session_id, "snapshot", f"must be a JSON object, got {type(snapshot).__name__}")
+        raise corrupt(
+            session_id, "snapshot", f"must be a JSON object, got {type(snapshot).__name__}"
+        )
     incarnation = data.get("incarnation")  # absent in records written before it existed
     if incarnation is not None and (type(incarnation) is not str or not incarnation):
-        raise _bad(session_id, "incarnation", f"must be a non-empty str, got {incarnation!r:.40}")
+        raise corrupt(
+            session_id, "incarnation", f"must be a non-empty str, got {incarnation!r:.40}"
+        )
     journal: list[Any] = []
     if version == 1:  # the snapshot is current: its ages are the record's
         raw_elapsed, raw_finished = snapshot.get("elapsed_s"), snapshot.get("finished_at")
@@ -286,9 +368,9 @@ def parse_record(
         elapsed, finished = _ages(session_id, data)
         journal = data.get("journal")  # type: ignore[assignment]
         if type(journal) is not list:
-            raise _bad(session_id, "journal", f"must be a list, got {type(journal).__name__}")
+            raise corrupt(session_id, "journal", f"must be a list, got {type(journal).__name__}")
         if len(journal) > MAX_JOURNAL:
-            raise _bad(session_id, "journal", f"{len(journal)} entries, more than {MAX_JOURNAL}")
+            raise corrupt(session_id, "journal", f"{len(journal)} entries, more than {MAX_JOURNAL}")
     if payload is None or version < 2:
         prefix_end = None
     elif prefix_end is None:
@@ -304,6 +386,9 @@ def parse_record(
         entries=len(journal),
         prefix_end=prefix_end,
         payload=payload,
+        appendable=(
+            prefix_end is not None and version == RECORD_VERSION and len(journal) <= REPLAY_AT_MOST
+        ),
         **header,
     )
 
@@ -431,5 +516,6 @@ def extend(record: Record, payload: bytes) -> Record | None:
         entries=record.entries + len(entries),
         prefix_end=end,
         payload=payload,
+        appendable=record.version == RECORD_VERSION and len(entries) <= REPLAY_AT_MOST,
         **header,
     )
