@@ -197,12 +197,7 @@ def build_decoder(cls: type, name: str, plan: FieldPlan, helpers: dict[str, Any]
             f"            bad.path.append({'.' + field!r})",
             "            raise",
         ]
-    lines += [
-        "    try:",
-        f"        return cls({_arguments(cls, plan)})",
-        "    except (TypeError, ValueError) as exc:",
-        "        raise Bad(short_message(exc)) from None",
-    ]
+    lines += _built(cls, plan, "raise Bad(short_message(exc)) from None")
     return _compiled("\n".join(lines) + "\n", "decode_one", f"<decode {name}>", namespace)
 
 
@@ -245,12 +240,7 @@ def build_checked_reader(
     if make is not None:
         lines.append(f"    return make({', '.join(f'v{i}' for i in range(len(plan)))})")
     else:
-        lines += [
-            "    try:",
-            f"        return cls({_arguments(cls, plan)})",
-            "    except (TypeError, ValueError):",
-            "        return None",
-        ]
+        lines += _built(cls, plan, "return None")
     return _compiled("\n".join(lines) + "\n", "read", f"<read {cls.__name__}>", namespace)
 
 
@@ -274,6 +264,17 @@ def _lookups(plan: FieldPlan, otherwise: str) -> list[str]:
         *(f"        v{i} = data[{field!r}]" for i, (field, _, _) in enumerate(plan)),
         "    except KeyError:",
         f"        {otherwise}",
+    ]
+
+
+def _built(cls: type, plan: FieldPlan, refused: str) -> list[str]:
+    """Source lines returning the ``cls`` of ``v0``, ``v1``...; where its ``__init__``
+    raises ``TypeError`` or ``ValueError`` (``exc``), ``refused`` runs instead."""
+    return [
+        "    try:",
+        f"        return cls({_arguments(cls, plan)})",
+        "    except (TypeError, ValueError) as exc:",
+        f"        {refused}",
     ]
 
 
