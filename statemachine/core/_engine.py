@@ -189,24 +189,22 @@ def _crash_facts(
     core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
 ) -> None:
     settings = core.settings
-    state = core.state
-    in_flight = turn.in_flight
     # the crash breaker counts deaths: a provider whose process died under several
     # calls of one round crashed once
     died: dict[str, bool] = {}
-    for call in in_flight:
+    for call in turn.in_flight:
         crashed = by_id[call.id].category is ToolErrorCategory.PROCESS_CRASHED
         died[call.provider] = died.get(call.provider, False) or crashed
-    counts = dict(state.breakers or {})
+    counts = dict(core.state.breakers or {})
     window = settings.breaker_window
-    logs = dict(state.crash_logs or {}) if window else None
+    logs = dict(core.state.crash_logs or {}) if window else None
     tripped: list[str] = []
     for provider, crashed in died.items():
         count = counts.get(provider, 0) + 1 if crashed else 0
         counts[provider] = count
         trips = crashed and count >= settings.breaker_threshold
         if logs is not None and window is not None:
-            log = (logs.get(provider, "") + ("1" if crashed else "0"))[-window:]
+            log = _slide(logs.get(provider, ""), crashed, window)
             if "1" in log:
                 logs[provider] = log
             else:
@@ -222,22 +220,48 @@ def _denial_facts(
 ) -> None:
     """The denial breaker: permission_denied outcomes, in a row and in a window."""
     settings = core.settings
-    state = core.state
-    in_flight = turn.in_flight
     threshold = settings.denial_threshold
     size = settings.denial_window
-    denials, denial_log, denied = state.denials, state.denial_log, False
-    for call in in_flight:
+    denials, denial_log, denied = core.state.denials, core.state.denial_log, False
+    for call in turn.in_flight:
         hit = by_id[call.id].category is ToolErrorCategory.PERMISSION_DENIED
         if threshold is not None:
             denials = min(denials + 1, threshold) if hit else 0
             denied = denials >= threshold
         if size is not None:
-            denial_log = (denial_log + ("1" if hit else "0"))[-size:]
+            denial_log = _slide(denial_log, hit, size)
             denied = denied or (hit and denial_log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
         if denied:
             break  # the breaker tripped: the counts stay where they tripped it
     facts.denials, facts.denial_log, facts.denied = denials, denial_log, denied
+
+
+def _slide(log: str, hit: bool, size: int) -> str:
+    """A sliding window's log (``1``: an outcome it counts) after one more outcome."""
+    return (log + ("1" if hit else "0"))[-size:]
+
+
+def _conflicting(
+    settings: Settings,
+    turn: TurnState,
+    by_id: dict[str, ToolOutcome],
+    outcomes: dict[str, ToolOutcome],
+) -> tuple[list[str], int]:
+    """The conflicting calls still to re-invoke after this round (``by_id``), in order,
+    and how often the first has been; ``outcomes`` takes the round's."""
+    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
+    pending = list(turn.pending)
+    if pending:  # a re-invocation of pending[0], alone
+        outcome = outcomes[pending[0]] = by_id[pending[0]]
+        attempt = turn.conflict_attempt
+        if outcome.category is conflict and attempt < settings.max_conflict_retries:
+            return pending, attempt
+        return pending[1:], 0
+    for call in turn.in_flight:
+        outcome = outcomes[call.id] = by_id[call.id]
+        if outcome.category is conflict and settings.max_conflict_retries:
+            pending.append(call.id)
+    return pending, 0
 
 
 def _conflict_facts(
@@ -245,27 +269,10 @@ def _conflict_facts(
 ) -> None:
     """Conflicts: re-invoked one at a time while they have re-invocations left and the
     wait fits the wall clock; whatever is left goes to the model as it is."""
-    settings = core.settings
-    in_flight = turn.in_flight
     tripped = facts.tripped
     denied = facts.denied
     outcomes = {outcome.call_id: outcome for outcome in turn.outcomes}
-    pending = list(turn.pending)
-    attempt = turn.conflict_attempt
-    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
-    if pending:  # a re-invocation of pending[0], alone
-        outcome = by_id[pending[0]]
-        outcomes[pending[0]] = outcome
-        if not (outcome.category is conflict and attempt < settings.max_conflict_retries):
-            pending.pop(0)
-            attempt = 0
-    else:
-        for call in in_flight:
-            outcome = by_id[call.id]
-            outcomes[call.id] = outcome
-            if outcome.category is conflict and settings.max_conflict_retries:
-                pending.append(call.id)
-        attempt = 0
+    pending, attempt = _conflicting(core.settings, turn, by_id, outcomes)
     facts.seconds = None
     if pending and not tripped and not denied:
         seconds, crosses = _next_wait(core, attempt, None, now)

@@ -23,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 import attrs
 
 from ._exceptions import InvalidValue
+
+_Member = TypeVar("_Member", bound=Enum)
 
 MAX_DEPTH = 100
 MAX_NODES = 1_000_000
@@ -290,6 +293,25 @@ def stored_form(value: Any, name: str) -> Any:
     if type(value) in _JSON_SCALARS or type(value) in _CONTAINERS:
         return value
     return json_form(value, name)
+
+
+def check_unicode(text: str, name: str) -> None:
+    """Refuse ``text`` (``InvalidValue`` naming ``name``) if it holds a lone surrogate,
+    which UTF-8 cannot encode."""
+    if not text.isascii() and _text_problem(text, name):
+        raise InvalidValue(f"{name}: a string with a lone surrogate")
+
+
+def member_of(kind: type[_Member], raw: Any, name: str) -> _Member:
+    """``raw`` as a member of the enum ``kind``, whose value it is (``InvalidValue``
+    naming ``name`` and every value if it is none)."""
+    if type(raw) is kind:
+        return raw
+    try:
+        return kind(raw)
+    except ValueError:
+        names = ", ".join(member.value for member in kind)
+        raise InvalidValue(f"{name}: {raw!r} is not one of {names}") from None
 
 
 def instance_of(kind: type | tuple[type, ...], name: str | None = None) -> Any:

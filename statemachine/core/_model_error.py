@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import InvalidValue
-from ._json_data import json_problem
+from ._json_data import json_problem, member_of
 from ._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
 
 OPAQUE = {"opaque": True}
@@ -104,13 +104,7 @@ def to_headers(raw: object) -> Headers | None:
 
 
 def _to_category(raw: Any) -> ErrorCategory:
-    if type(raw) is ErrorCategory:
-        return raw
-    try:
-        return ErrorCategory(raw)
-    except ValueError:
-        names = ", ".join(c.value for c in ErrorCategory)
-        raise InvalidValue(f"category: {raw!r} is not one of {names}") from None
+    return member_of(ErrorCategory, raw, "category")
 
 
 _MAX_TEXT = 65_536

@@ -243,15 +243,23 @@ def _ids(raw: Any, key: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]] | None:
+def _by_step(
+    raw: Any, key: str, what: str, read: Callable[[Any, str], Any]
+) -> list[tuple[int, Any]] | None:
+    """The ``[step, value]`` entries of ``raw`` (``None`` for none), each value read by
+    ``read`` (``what`` names it in a refusal)."""
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
-    costs: list[tuple[int, float]] = []
+    entries: list[tuple[int, Any]] = []
     for i, entry in enumerate(raw):
         if type(entry) is not list or len(entry) != 2:
-            raise SnapshotError(f"{key}[{i}]: must be [step, cost], got {short_repr(entry)}")
-        costs.append((_count(entry[0], f"{key}[{i}][0]"), _number(entry[1], f"{key}[{i}][1]")))
-    return costs or None
+            raise SnapshotError(f"{key}[{i}]: must be [step, {what}], got {short_repr(entry)}")
+        entries.append((_count(entry[0], f"{key}[{i}][0]"), read(entry[1], f"{key}[{i}][1]")))
+    return entries or None
+
+
+def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]] | None:
+    return _by_step(raw, key, "cost", _number)
 
 
 COUNT = Kind("count", _same, _count)
@@ -327,18 +335,15 @@ IN_PROCESS = Kind("kept in process", _same, _not_read, list, stored=False)
 """A list kept in this process only: no snapshot holds it."""
 
 
+def _usage(raw: Any, key: str) -> Usage:
+    usage = _decoded(raw, key)
+    if type(usage) is not Usage:
+        raise SnapshotError(f"{key}: must be a Usage, got {short_repr(usage)}")
+    return usage
+
+
 def _decode_usages(raw: Any, key: str) -> list[tuple[int, Usage]] | None:
-    if type(raw) is not list:
-        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
-    usages: list[tuple[int, Usage]] = []
-    for i, entry in enumerate(raw):
-        if type(entry) is not list or len(entry) != 2:
-            raise SnapshotError(f"{key}[{i}]: must be [step, usage], got {short_repr(entry)}")
-        usage = _decoded(entry[1], f"{key}[{i}][1]")
-        if type(usage) is not Usage:
-            raise SnapshotError(f"{key}[{i}][1]: must be a Usage, got {short_repr(usage)}")
-        usages.append((_count(entry[0], f"{key}[{i}][0]"), usage))
-    return usages or None
+    return _by_step(raw, key, "usage", _usage)
 
 
 USAGES = Kind(
