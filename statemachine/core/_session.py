@@ -15,10 +15,10 @@ Time is an input. Every step (``new_turn``, ``start``, ``send``, ``end``) takes 
 moment as ``at=`` (a reading of the session's monotonic clock) and, for ``send``,
 ``wall=`` (Unix time; ``None``: the step has none); left out, the handle reads the
 session's ``clock`` and ``wall_clock`` for it (the wall clock only for a failure whose
-headers may hold an HTTP-date ``retry-after``). A session built with ``clock=None`` reads no clock at
-all, like h11: every step must say when it happens. The engine underneath
-(:class:`~statemachine.core._engine.Core`) never reads a clock, so replaying a
-recorded step is the same call with the recorded moment.
+headers may hold an HTTP-date ``retry-after``). A session built with ``clock=None``
+reads no clock at all, like h11: every step must say when it happens. The engine
+underneath (:class:`~statemachine.core._engine.Core`) never reads a clock, so replaying
+a recorded step is the same call with the recorded moment.
 """
 
 from __future__ import annotations
