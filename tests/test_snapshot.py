@@ -58,9 +58,13 @@ def test_restore_at_any_step_continues_exactly(cut: int) -> None:
     assert got == expected
 
     # the times are the restored session's clock, which started 901 s earlier; the
-    # steps before the snapshot keep no event, the steps after it carry theirs
+    # steps before the snapshot keep no event, the steps after it carry theirs; a
+    # snapshot keeps the turn, not the moment it was made
     def plain(record: sm.TraceRecord) -> sm.TraceRecord:
-        return attrs.evolve(record, caused_by=None, wall=None)
+        return attrs.evolve(record, caused_by=None, wall=None, made_at=None)
+
+    assert turn.trace[0].made_at == turn.trace[0].at
+    assert rest.trace[0].made_at is None
 
     assert [plain(attrs.evolve(r, at=r.at + 901.0)) for r in rest.trace] == [
         plain(r) for r in turn.trace

@@ -1148,6 +1148,7 @@ class Core:
                 final_answer=True,
                 instruction=final_answer_instruction(limit, self.settings),
             )
+        turn.made = now - state.started  # its bounds were checked now: a replay makes it then
         state.turn = turn
         return turn
 
@@ -1276,8 +1277,9 @@ class Core:
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
             at = session.started + elapsed
+            made = made_at(turn, session.started) if trigger == START else None
             record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage
+                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage, made
             )
             for observer in self.observers:
                 observer(record)
@@ -1328,6 +1330,14 @@ def last_reading(state: SessionState) -> float:
     return last
 
 
+def made_at(turn: TurnState, started: float) -> float | None:
+    """When ``turn`` was made (``new_turn``) on the clock of a session that started at
+    ``started``; ``None`` for a turn restored from a snapshot (which keeps the turn, not
+    that moment)."""
+    made = turn.made
+    return None if math.isnan(made) else started + made
+
+
 def wall_reading(wall: object) -> float | None:
     """``wall`` (Unix time, or ``None``) checked as a step's wall time."""
     return None if wall is None else _reading(wall, "wall")
@@ -1356,11 +1366,12 @@ def trace_record(
     event: Any = None,
     wall: float | None = None,
     usage: Any = None,
+    made_at: float | None = None,
 ) -> TraceRecord:
     """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
     row, its action, the counters of :data:`TRACED` (in the order
     :func:`traced_counters` reads them), the cost its event carried, the moment it was
-    taken and the event that caused it."""
+    taken and the event that caused it (a start's: when its turn was made)."""
     source, trigger, guard, dest, _ = step[0]
     return TraceRecord(
         turn=turn,
@@ -1378,4 +1389,5 @@ def trace_record(
         caused_by=event,
         wall=wall,
         usage=usage,
+        made_at=made_at,
     )

@@ -98,9 +98,10 @@ _NONE_BEFORE_A_TURN = (
 _IDLE_FIELDS = tuple(
     (f.name, f.default)
     for f in attrs.fields(TurnState)
-    if f.name not in ("index", "final_answer", "instruction", "state")
+    if f.name not in ("index", "final_answer", "instruction", "state", "made")
 )
-"""What an idle (never started) turn holds: its declared defaults."""
+"""What an idle (never started) turn holds: its declared defaults (and when it was
+made)."""
 
 
 def reachable_problem(state: SessionState, settings: Settings, *, checked: int = 0) -> str | None:

@@ -333,6 +333,8 @@ def _not_read(_raw: Any, key: str) -> Any:  # pragma: no cover - never in a snap
 
 IN_PROCESS = Kind("kept in process", _same, _not_read, list, stored=False)
 """A list kept in this process only: no snapshot holds it."""
+IN_PROCESS_TIME = Kind("time kept in process", _same, _not_read, stored=False)
+"""A time kept in this process only (:data:`UNKNOWN_TIME` once restored)."""
 
 
 def _usage(raw: Any, key: str) -> Usage:
@@ -648,6 +650,10 @@ class TurnState:
     ``path``'s: a snapshot keeps no events, so a restored turn's earlier steps have none."""
     usages: list[tuple[int, Usage]] | None = declared(USAGES, None, key="omit", since=5)
     """(step, usage) of every model call's outcome of this turn that reported one."""
+    made: float = declared(IN_PROCESS_TIME, UNKNOWN_TIME, key="omit")
+    """When the turn was made (``new_turn``), in seconds since the session started: a
+    turn may be made before it starts, and its bounds were checked then. Kept in this
+    process only (a snapshot keeps the turn itself): :data:`UNKNOWN_TIME` once restored."""
 
     @property
     def status(self) -> TurnStatus | None:

@@ -139,7 +139,7 @@ class EngineModel(Model):
         models: Model | Sequence[Model],
         *,
         settings: Settings | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Any] | None = None,

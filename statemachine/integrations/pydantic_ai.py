@@ -148,7 +148,7 @@ class EngineModel(WrapperModel):
         models: Model | str | Sequence[Model | str],
         *,
         settings: Settings | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Any] | None = None,
