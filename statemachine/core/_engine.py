@@ -1371,7 +1371,7 @@ def trace_record(
     """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
     row, its action, the counters of :data:`TRACED` (in the order
     :func:`traced_counters` reads them), the cost its event carried, the moment it was
-    taken, the event that caused it and (a start's) when its turn was made."""
+    taken and the event that caused it (a start's: when its turn was made)."""
     source, trigger, guard, dest, _ = step[0]
     return TraceRecord(
         turn=turn,
