@@ -390,7 +390,7 @@ async def _pydantic_ai(scenario: Scenario, engine: bool, main: str, backup: str)
     clock = VirtualClock()
     wrapped: Any
     if engine:
-        wrapped = EngineModel(models, clock=clock, sleep=clock.sleep)
+        wrapped = EngineModel(models, seed=0, clock=clock, sleep=clock.sleep)  # the page's waits
     else:
         wrapped = FallbackModel(*models) if len(models) > 1 else models[0]
     agent = Agent(wrapped)
@@ -455,7 +455,9 @@ async def _openai_agents(scenario: Scenario, engine: bool, main: str, backup: st
     if scenario.backup and engine:  # the SDK has no fallback of its own
         models.append(OpenAIChatCompletionsModel(FALLBACK, _openai_client(backup)))
     clock = VirtualClock()
-    model: Any = EngineModel(models, clock=clock, sleep=clock.sleep) if engine else models[0]
+    model: Any = (
+        EngineModel(models, seed=0, clock=clock, sleep=clock.sleep) if engine else models[0]
+    )
     agent = Agent(name="assistant", model=model)
     items: list[Any] = []
     if scenario.history:
