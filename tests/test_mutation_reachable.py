@@ -940,3 +940,25 @@ def test_a_session_with_no_turn_that_counted_something_is_refused_naming_it(
     data.update(fields)
     with pytest.raises(sm.SnapshotError, match=rf"^turn: missing, but the session has {name}\b"):
         sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_restored_childs_ancestors_budget_binds_below_its_own() -> None:
+    """A parent that spent 5.0 of its 10.0 spawns a child that spends 1.0: 4.0 is left
+    above it, less than its own 9.0. Restored with no live parent and 2.0 spent more,
+    2.0 is left: the reading less the spend since, not plus it."""
+
+    def spend(session: sm.Session, cost: float) -> None:
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled({"m": 1}, 5))
+        turn.send(sm.ModelReplied(cost=cost))
+
+    parent = sm.Session(sm.Settings(max_cost_usd=10), seed=1, clock=ManualClock(), session_id="p")
+    spend(parent, 5.0)
+    child = parent.spawn()
+    spend(child, 1.0)
+    assert child.remaining_budget_usd == 4.0
+    restored = sm.Session.restore(_snap(child), clock=ManualClock())
+    spend(restored, 2.0)
+    assert restored.remaining_budget_usd == 2.0
