@@ -962,3 +962,23 @@ def test_a_restored_childs_ancestors_budget_binds_below_its_own() -> None:
     restored = sm.Session.restore(_snap(child), clock=ManualClock())
     spend(restored, 2.0)
     assert restored.remaining_budget_usd == 2.0
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_session_with_no_turn_holds_its_childrens_spend_and_no_more() -> None:
+    """A parent that never ran a turn but spawned a child that spent 1.0 holds that
+    spend (its own is nothing): restored. A spend of its own beyond float rounding
+    (1e-9) is refused; within it, restored."""
+    parent = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), session_id="p")
+    child = parent.spawn()
+    turn = child.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied(cost=1.0))
+    data = _snap(parent)
+    assert (data["turn"], data["cost_usd"], data["child_costs"]) == (None, 1.0, {"p.1": 1.0})
+    assert _restores(data)
+    fresh = _fresh()
+    assert _restores({**fresh, "cost_usd": 1e-9})
+    with pytest.raises(sm.SnapshotError, match=r"^turn: missing, but the session has spent"):
+        sm.Session.restore({**fresh, "cost_usd": 2e-9}, clock=ManualClock())
