@@ -219,6 +219,32 @@ def test_a_snapshot_given_as_its_text_is_refused_saying_to_parse_it() -> None:
 
 
 @pytest.mark.requirement("ER-26")
+@pytest.mark.parametrize("renamed", ["fallback_models", "max_retries", "max_cost_usd"])
+def test_a_renamed_settings_key_is_refused_after_a_warm_restore(renamed: str) -> None:
+    """A snapshot whose settings have one key renamed (order and value types kept) is a
+    ``SnapshotError`` naming the key even after a snapshot of the same shape was restored
+    (the settings cache once read the known list-valued keys before comparing names, and
+    a ``KeyError`` escaped); the store's load says ``CorruptSession``."""
+    from statemachine.store import CorruptSession, InMemoryStore, Worker
+
+    settings = sm.Settings(fallback_models=("b", "c"), max_cost_usd=5.0)
+    session = sm.Session(settings, seed=1, clock=lambda: 0.0, session_id="s")
+    snapshot = session.snapshot()
+    sm.Session.restore(snapshot)  # warm the cache with this shape
+    text = json.dumps(snapshot).replace(f'"{renamed}"', f'"{renamed}X"', 1)
+    with pytest.raises(sm.SnapshotError, match=f"{renamed}X"):
+        sm.Session.restore(json.loads(text))
+    store = InMemoryStore()
+    worker = Worker(store, owner="w", clock=lambda: 0.0, now=lambda: 1.0)
+    worker.create("s", session)
+    version, payload = store.load_payload("s")
+    forged = payload.replace(f'"{renamed}"'.encode(), f'"{renamed}X"'.encode(), 1)
+    store.compare_and_set_payload("s", version, forged, None)
+    with pytest.raises(CorruptSession):
+        Worker(store, owner="v", clock=lambda: 0.0, now=lambda: 1.0).load("s")
+
+
+@pytest.mark.requirement("ER-26")
 def test_non_json_host_data_is_refused_when_it_arrives() -> None:
     """A request that JSON cannot hold is refused when the event is built, naming the
     field, so the session that never took it can still be snapshotted."""

@@ -417,7 +417,7 @@ def _step_problems(
     if before is None:
         expected[_RETRIES] = counters[_RETRIES] - retries
     if attempt is not None:
-        expected[_ATTEMPT] = expected[_ATTEMPT] + 1 if attempt else 0
+        expected[_ATTEMPT] = expected[_ATTEMPT] + attempt if attempt else 0
     expected[_REDUCTIONS] += reductions
     expected[_RETRIES] += retries
     if counters != tuple(expected):

@@ -262,9 +262,9 @@ def _recent_settings(raw: Any) -> Settings | None:
     for known, keys, known_types, lists, settings in _SEEN:
         if (
             types == known_types
+            and list(raw) == keys  # before the list-valued keys are read from raw
             and all(set(map(type, raw[key])) <= _STR_ONLY for key in lists)
             and raw == known
-            and list(raw) == keys
         ):
             return settings
     return None
