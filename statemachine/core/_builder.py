@@ -25,6 +25,7 @@ import inspect
 import sysconfig
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -88,48 +89,26 @@ def _takes_class(instance: Any, cls: type) -> bool:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-TRIALS_HEAD = '''"""The trials of the table's row groups, each guard's expression written out.
+TRIALS_MARK = "# -- written by python -m statemachine.core._trials: do not edit below --\n"
+"""The line of ``_trials.py`` after which :func:`write_trials` writes the trials."""
 
-Written by ``python -m statemachine.core._trials`` from the table (``_table.ROWS``) and
-the guards (``_engine.GUARDS``), and checked by ``tests/test_engine_build.py`` to be what
-that command writes now: do not edit by hand. Each trial returns the first row of its
-group whose guards all hold, as ``Group.try_rows`` does with one call of each guard (a
-table the model check mutates is tried so); written out, a rate limit's trial takes
-a fifth of the calls' instructions.
-"""
 
-from __future__ import annotations
+def write_trials(path: Path, groups: Mapping[Any, Any], guards: Mapping[str, Any]) -> None:
+    """Write the trials of ``groups`` into the file ``path`` after its
+    :data:`TRIALS_MARK` (what is above it stays as it is)."""
+    head = path.read_text().split(TRIALS_MARK)[0]
+    path.write_text(head + TRIALS_MARK + trials_source(groups, guards))
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-from ._taxonomy import ErrorCategory
-
-if TYPE_CHECKING:
-    from ._engine import BoundRow, Core
-    from ._state import TurnState
-
-Trial = Callable[["Core", "TurnState", Any, Any], "BoundRow | None"]
-'''
-
-TRIALS_FOOT = """
-if __name__ == "__main__":  # write this file anew from the table and the guards
-    from pathlib import Path
-
-    from . import _builder, _engine
-
-    Path(__file__).write_text(_builder.trials_source(_engine.DISPATCH.groups, _engine.GUARDS))
-"""
 
 _ARGUMENTS = ("core", "turn", "event", "facts")
 
 
 def trials_source(groups: Mapping[Any, Any], guards: Mapping[str, Any]) -> str:
-    """The text of ``_trials.py``: for each group of ``groups`` (``(state, trigger,
-    category) -> Group``) whose first row is guarded, a trial that tests each row's
-    guards (``row.names``), their expressions read from ``guards`` (each a ``lambda``
-    of ``core, turn, event, facts`` on a line of its own, or starting one) and written
-    out in place; groups with the same rows share one."""
+    """The trials of ``_trials.py`` (what follows :data:`TRIALS_MARK`): for each group
+    of ``groups`` (``(state, trigger, category) -> Group``) whose first row is guarded,
+    a trial that tests each row's guards (``row.names``), their expressions read from
+    ``guards`` (each a ``lambda`` of ``core, turn, event, facts`` on a line of its own,
+    or starting one) and written out in place; groups with the same rows share one."""
     trials: dict[tuple[tuple[str, ...], ...], str] = {}
     entries, bodies = [], []
     for (state, trigger, category), group in groups.items():
@@ -147,7 +126,7 @@ def trials_source(groups: Mapping[Any, Any], guards: Mapping[str, Any]) -> str:
         "}",
         '"""The trial of each group the table\'s rows make, by (state, trigger, category)."""',
     ]
-    return "\n\n".join([TRIALS_HEAD, *bodies, "\n".join(table) + "\n" + TRIALS_FOOT])
+    return "\n\n" + "\n\n".join([*bodies, "\n".join(table) + "\n"])
 
 
 def _trial_source(name: str, rows: Sequence[Sequence[str]], guards: Mapping[str, Any]) -> str:

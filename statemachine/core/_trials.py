@@ -1,11 +1,11 @@
 """The trials of the table's row groups, each guard's expression written out.
 
 Written by ``python -m statemachine.core._trials`` from the table (``_table.ROWS``) and
-the guards (``_engine.GUARDS``), and checked by ``tests/test_engine_build.py`` to be what
-that command writes now: do not edit by hand. Each trial returns the first row of its
-group whose guards all hold, as ``Group.try_rows`` does with one call of each guard (a
-table the model check mutates is tried so); written out, a rate limit's trial takes
-a fifth of the calls' instructions.
+the guards (``_engine.GUARDS``), below the mark, and checked by
+``tests/test_engine_build.py`` to be what that command writes now. Each trial returns
+the first row of its group whose guards all hold, as ``Group.try_rows`` does with one
+call of each guard (a table the model check mutates is tried so); written out, a rate
+limit's trial takes a fifth of the calls' instructions.
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from ._state import TurnState
 
 Trial = Callable[["Core", "TurnState", Any, Any], "BoundRow | None"]
+
+if __name__ == "__main__":  # write the trials below anew from the table and the guards
+    from pathlib import Path
+
+    from . import _builder, _engine
+
+    _builder.write_trials(Path(__file__), _engine.DISPATCH.groups, _engine.GUARDS)
+    raise SystemExit
+
+# -- written by python -m statemachine.core._trials: do not edit below --
 
 
 def _trial_1(r: tuple[BoundRow, ...]) -> Trial:
@@ -116,10 +126,3 @@ TRIALS: dict[tuple[str, str, ErrorCategory | None], Callable[..., Trial]] = {
     ("invoking_tools", "ToolsDone", None): _trial_6,
 }
 """The trial of each group the table's rows make, by (state, trigger, category)."""
-
-if __name__ == "__main__":  # write this file anew from the table and the guards
-    from pathlib import Path
-
-    from . import _builder, _engine
-
-    Path(__file__).write_text(_builder.trials_source(_engine.DISPATCH.groups, _engine.GUARDS))
