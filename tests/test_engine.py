@@ -717,6 +717,22 @@ def test_cancel_while_a_conflict_waits_keeps_the_settled_calls_results() -> None
     ]
 
 
+@pytest.mark.requirement("ER-32")
+def test_a_conflict_waits_as_a_conflict_numbering_its_reinvocations() -> None:
+    """The wait before a conflicting call goes again says it is for a
+    ``concurrency_conflict`` and which re-invocation it precedes (0 for the first), and
+    asks for no server wait."""
+    turn = calling_turn(new_session())
+    turn.send(sm.ModelReplied(tool_calls=[_call(1)]))
+    conflict = sm.ToolErrorCategory.CONCURRENCY_CONFLICT
+    busy = sm.ToolsDone([sm.ToolOutcome("c1", False, "busy", category=conflict)])
+    for attempt in range(2):
+        wait = turn.send(busy)
+        assert isinstance(wait, sm.Wait)
+        assert (wait.category, wait.attempt, wait.retry_after) == (conflict, attempt, None)
+        assert turn.send(sm.WaitDone()) == sm.InvokeTools((_call(1),))
+
+
 # -- trace, observers, determinism ---------------------------------------------------
 
 

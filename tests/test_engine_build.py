@@ -1,6 +1,6 @@
-"""The generated parts of the engine's step (issue 29, item 3): actions made through
-their slots, and each group's trial of its rows unrolled. Each must be what the plain
-code it replaces gives."""
+"""The generated parts of the engine's step (issue 29, item 3; issue 38, item 3):
+actions made through their slots, and each group's trial of its rows written out in
+``core/_trials.py``. Each must be what the plain code it replaces gives."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import itertools
 import pickle
 import random
 import weakref
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 
 import statemachine as sm
-from statemachine.core import _actions, _builder
-from statemachine.core._builder import build_choose, build_maker
-from statemachine.core._engine import CATEGORY_GUARDS, DISPATCH, TRIGGERS, Dispatch
+from statemachine.core import _actions, _builder, _trials
+from statemachine.core._builder import build_maker, trials_source
+from statemachine.core._engine import CATEGORY_GUARDS, DISPATCH, GUARDS, TRIGGERS, Dispatch, Group
 from statemachine.core._table import ROWS, STATES, Row
 from statemachine.core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from statemachine.dev.check import check
@@ -131,7 +132,7 @@ def test_a_class_that_runs_code_when_made_gets_no_maker() -> None:
 
 
 def _loop(rows: list[tuple[list[bool], str]]) -> str | None:
-    """The trial as ``Core.fire`` ran it before: a row whose guards all hold."""
+    """The trial as the table reads: a row whose guards all hold."""
     for guards, row in rows:
         if all(guards):
             return row
@@ -139,10 +140,11 @@ def _loop(rows: list[tuple[list[bool], str]]) -> str | None:
 
 
 @pytest.mark.parametrize("shape", [(1,), (0,), (2, 1), (1, 0, 2), (3, 2, 0, 1), (1, 1, 1)])
-def test_the_unrolled_trial_picks_the_row_the_loop_picks(shape: tuple[int, ...]) -> None:
-    """For every truth table of guards of the given counts per row, the generated
-    ``choose`` returns the row the plain loop returns, and calls the guards the loop
-    would call, in the same order, stopping where it stops."""
+def test_trying_the_rows_picks_the_row_the_loop_picks(shape: tuple[int, ...]) -> None:
+    """For every truth table of guards of the given counts per row, ``Group.try_rows``
+    (what a mutated table runs, and what each written-out trial must do) returns the
+    row the plain loop returns, and calls the guards the loop would call, in the same
+    order, stopping where it stops."""
     count = sum(shape)
     for truth in itertools.product((False, True), repeat=count):
         calls: list[int] = []
@@ -156,7 +158,7 @@ def test_the_unrolled_trial_picks_the_row_the_loop_picks(shape: tuple[int, ...])
 
         rows, numbered, i = [], [], 0
         for r, n in enumerate(shape):
-            rows.append(([guard(i + j) for j in range(n)], f"row{r}"))
+            rows.append(_ns(guards=tuple(guard(i + j) for j in range(n))))
             numbered.append(([truth[i + j] for j in range(n)], f"row{r}"))
             i += n
         expected_calls: list[int] = []
@@ -169,9 +171,27 @@ def test_the_unrolled_trial_picks_the_row_the_loop_picks(shape: tuple[int, ...])
             else:
                 break
             i += n
-        choose = build_choose(rows)
-        assert choose(None, None, None, None) == _loop(numbered)
+        chosen = Group(tuple(rows), None).try_rows(None, None, None, None)  # type: ignore[arg-type]
+        assert (None if chosen is None else f"row{rows.index(chosen)}") == _loop(numbered)
         assert calls == expected_calls
+
+
+def test_the_written_out_trials_are_what_the_command_writes() -> None:
+    """``core/_trials.py`` is what ``python -m statemachine.core._trials`` writes from the
+    table and the guards as they are now (a changed guard or row is written again)."""
+    written = Path(_trials.__file__).read_text()
+    assert written.split(_builder.TRIALS_MARK)[1] == trials_source(DISPATCH.groups, GUARDS)
+
+
+def test_the_table_runs_its_written_out_trials_and_a_mutated_one_tries_its_rows() -> None:
+    """Every group of the table whose first row is guarded runs its trial of
+    ``_trials.py``; the groups of a table the model check mutated try their rows."""
+    for key, group in DISPATCH.groups.items():
+        guarded = bool(group.rows and group.rows[0].guards)
+        assert (group.trial is not None) == guarded, key
+        assert (group.choose == group.try_rows) != guarded, key
+    mutated = Dispatch(dict(_mutated_tables())["Cancelled guarded by a category"])
+    assert all(group.choose == group.try_rows for group in mutated.groups.values())
 
 
 def test_every_group_of_the_table_has_its_trial() -> None:

@@ -4,11 +4,14 @@ Generated code stays where a plain loop over a class's fields measured well beyo
 benchmarks' 10 %: in CPython 3.11 a field read by name costs many times one read by
 a specialized attribute access, and one call site that calls many functions is not
 specialized. Each ``build_*`` function writes the code of one piece and says what it
-replaces: making an action through its slots (``_actions.py``), a row group's trial
-of its guards (``_engine.py``), copying a state for the model checker (``_state.py``),
-decoding a value and reading one with its checks (``_codec.py``), a snapshot's reader
-and writer of each state class (``_snapshot.py``). The rest of the engine is plain
-Python: the guards, a value's encoding, a store's snapshot text, a trace record.
+replaces: making an action through its slots (``_actions.py``), copying a state for
+the model checker (``_state.py``), decoding a value and reading one with its checks
+(``_codec.py``), a snapshot's reader and writer of each state class
+(``_snapshot.py``). The trials of the table's row groups, each guard's expression in
+place, are written to ``_trials.py`` by :func:`trials_source` (a command, checked by a
+test, as the diagrams are): no guard's text is compiled at run time. The rest of the
+engine is plain Python: the guards, a value's encoding, a store's snapshot text, a
+trace record.
 
 This module imports nothing of the package: every plan and every helper the generated
 code calls comes in as an argument.
@@ -16,9 +19,13 @@ code calls comes in as an argument.
 
 from __future__ import annotations
 
+import ast
 import enum
+import inspect
 import sysconfig
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -82,46 +89,108 @@ def _takes_class(instance: Any, cls: type) -> bool:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]]) -> Any:
-    """``choose(core, turn, event, facts)``: the first of ``rows`` ((guards, row), in
-    trial order) whose guards all hold, each guard called as ``guard(core, turn, event,
-    facts)`` in order until one fails; ``None`` when none holds.
-
-    What the loop ``for guards, row in rows: if all(...): return row`` does, unrolled:
-    every call of the loop is made from one place, which CPython cannot specialize for
-    the many guards it meets (measured: a rate limit's trial costs four times the
-    unrolled one's), while each guard here is called from a place of its own. The
-    source is compiled once per shape (how many guards each row has), the guards and
-    the rows bound to it."""
-    shape: list[int] = []
-    for guards, _ in rows:
-        shape.append(len(guards))
-        if not guards:
-            break  # an unguarded row: the rows after it never fire
-    key = tuple(shape)
-    factory = _CHOOSERS.get(key)
-    if factory is None:
-        factory = _CHOOSERS[key] = _choose_factory(key)
-    return factory(*(value for guards, row in rows[: len(key)] for value in (*guards, row)))
+TRIALS_MARK = "# -- written by python -m statemachine.core._trials: do not edit below --\n"
+"""The line of ``_trials.py`` after which :func:`write_trials` writes the trials."""
 
 
-_CHOOSERS: dict[tuple[int, ...], Callable[..., Any]] = {}
+def write_trials(path: Path, groups: Mapping[Any, Any], guards: Mapping[str, Any]) -> None:
+    """Write the trials of ``groups`` into the file ``path`` after its
+    :data:`TRIALS_MARK` (what is above it stays as it is)."""
+    head = path.read_text().split(TRIALS_MARK)[0]
+    path.write_text(head + TRIALS_MARK + trials_source(groups, guards))
 
 
-def _choose_factory(shape: tuple[int, ...]) -> Callable[..., Any]:
-    params = []
-    body = ["    def choose(core, turn, event, facts):"]
-    for i, count in enumerate(shape):
-        terms = [f"guard{i}_{j}(core, turn, event, facts)" for j in range(count)]
-        params += [*(f"guard{i}_{j}" for j in range(count)), f"row{i}"]
-        if not terms:
-            body.append(f"        return row{i}")
+_ARGUMENTS = ("core", "turn", "event", "facts")
+
+
+def trials_source(groups: Mapping[Any, Any], guards: Mapping[str, Any]) -> str:
+    """The trials of ``_trials.py`` (what follows :data:`TRIALS_MARK`): for each group
+    of ``groups`` (``(state, trigger, category) -> Group``) whose first row is guarded,
+    a trial that tests each row's guards (``row.names``), their expressions read from
+    ``guards`` (each a ``lambda`` of ``core, turn, event, facts`` on a line of its own,
+    or starting one) and written out in place; groups with the same rows share one."""
+    trials: dict[tuple[tuple[str, ...], ...], str] = {}
+    entries, bodies = [], []
+    for (state, trigger, category), group in groups.items():
+        names = tuple(row.names for row in group.rows)
+        if not names or not names[0]:
+            continue  # an unguarded first row: the trial takes it at once
+        if names not in trials:
+            trials[names] = f"_trial_{len(trials) + 1}"
+            bodies.append(_trial_source(trials[names], names, guards))
+        category_text = "None" if category is None else f"ErrorCategory.{category.name}"
+        entries.append(f'    ("{state}", "{trigger}", {category_text}): {trials[names]},')
+    table = [
+        "TRIALS: dict[tuple[str, str, ErrorCategory | None], Callable[..., Trial]] = {",
+        *entries,
+        "}",
+        '"""The trial of each group the table\'s rows make, by (state, trigger, category)."""',
+    ]
+    return "\n\n" + "\n\n".join([*bodies, "\n".join(table) + "\n"])
+
+
+def _trial_source(name: str, rows: Sequence[Sequence[str]], guards: Mapping[str, Any]) -> str:
+    lines = []
+    used: set[str] = set()
+    for i, row in enumerate(rows):
+        if not row:
+            lines.append(f"        return r[{i}]")
             break
-        body += [f"        if {' and '.join(terms)}:", f"            return row{i}"]
+        terms = [term for guard in row for term in _terms(guards[guard], used)]
+        test = " and ".join(terms)
+        if len(test) > 100 - len("        if :"):
+            lines += ["        if (", *(f"            {t}" for t in terms[:1])]
+            lines += [*(f"            and {t}" for t in terms[1:]), "        ):"]
+        else:
+            lines.append(f"        if {test}:")
+        lines.append(f"            return r[{i}]  # {' & '.join(row)}")
     else:
-        body.append("        return None")
-    lines = [f"def factory({', '.join(params)}):", *body, "    return choose"]
-    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {shape} guards>", {})
+        lines.append("        return None")
+    core, turn, event, facts = (a if a in used else f"_{a}" for a in _ARGUMENTS)
+    head = [
+        f"def {name}(r: tuple[BoundRow, ...]) -> Trial:",
+        f"    def choose({core}: Core, {turn}: TurnState, {event}: Any, {facts}: Any)"
+        " -> BoundRow | None:",
+    ]
+    return "\n".join([*head, *lines, "", "    return choose", ""])
+
+
+def _terms(guard: Callable[..., bool], used: set[str]) -> list[str]:
+    """The expression of ``guard``, a ``lambda`` of four parameters, over ``core, turn,
+    event, facts``: the terms of its ``and``, each as source (the parameters it reads
+    added to ``used``)."""
+    source = textwrap.dedent(inspect.getsource(guard)).strip()
+    found = next(n for n in ast.walk(_parsed(source)) if isinstance(n, ast.Lambda))
+    renamed = {arg.arg: new for arg, new in zip(found.args.args, _ARGUMENTS, strict=True)}
+    body = _Renamer(renamed).visit(found.body)
+    used.update(n.id for n in ast.walk(body) if isinstance(n, ast.Name) and n.id in _ARGUMENTS)
+    terms = body.values if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And) else [body]
+    return [_operand(term) for term in terms]
+
+
+def _parsed(source: str) -> ast.AST:
+    """``source``, a dict entry or a statement, parsed."""
+    for text in (source, "{" + source.rstrip(",") + "}"):
+        try:
+            return ast.parse(text)
+        except SyntaxError:
+            continue
+    raise ValueError(f"not a guard's source: {source[:60]!r}")
+
+
+def _operand(term: ast.expr) -> str:
+    text = ast.unparse(term)
+    if isinstance(term, ast.BoolOp | ast.IfExp | ast.Lambda | ast.NamedExpr):
+        return f"({text})"
+    return text
+
+
+class _Renamer(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name(self.names.get(node.id, node.id), node.ctx)
 
 
 # -- the state (_state.py) -------------------------------------------------------------

@@ -46,7 +46,6 @@ from ._actions import (
     make_wait,
 )
 from ._backoff import jitter, wait_seconds
-from ._builder import build_choose
 from ._events import (
     Assembled,
     Cancelled,
@@ -66,6 +65,7 @@ from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, START, TERMIN
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._trace import TraceRecord
+from ._trials import TRIALS, Trial
 
 Observer = Callable[[TraceRecord], None]
 DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
@@ -489,7 +489,8 @@ def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: No
         state = core.state
         state.doom_last = None  # a reply with no tool call ends any run of identical calls
         state.doom_run = 0
-    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None, None, True)
+    # the reply is this event's (what _reply would find first)
+    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None, None, True, event.reply)
 
 
 def _invoke_tools(
@@ -544,9 +545,8 @@ def _finish_tools(
     turn.conflict_attempt = 0
     outcomes = facts.outcomes
     results = tuple(_result(call, outcomes[call.id]) for call in turn.calls)
-    return _finish_action(
-        core, turn, status or TurnStatus.COMPLETED, results, None, None, facts.terminal
-    )
+    status = status or TurnStatus.COMPLETED
+    return _finish_action(core, turn, status, results, None, None, facts.terminal, _reply(turn))
 
 
 def _tool_wait(core: Core, turn: TurnState, _e: ToolsDone, facts: ToolFacts, _s: None) -> Action:
@@ -573,7 +573,7 @@ def _finish(core: Core, turn: TurnState, event: Any, facts: Any, status: TurnSta
         retry_at = min(_LARGEST, retry_at)
     if error is not None and status in _LOGGED:
         _log_failure(core, turn, error, status)
-    return _finish_action(core, turn, status, (), error, retry_at)
+    return _finish_action(core, turn, status, (), error, retry_at, False, _reply(turn))
 
 
 _LOGGED = frozenset({TurnStatus.INVALID_REQUEST, TurnStatus.UNKNOWN_ERROR})
@@ -638,7 +638,7 @@ def _cancel(core: Core, turn: TurnState, event: Cancelled, _f: None, status: Tur
         )
         turn.pending = ()
         turn.conflict_attempt = 0
-    return _finish_action(core, turn, status, results, None)
+    return _finish_action(core, turn, status, results, None, None, False, _reply(turn))
 
 
 def _finish_action(
@@ -647,10 +647,12 @@ def _finish_action(
     status: TurnStatus,
     results: tuple[ToolResult, ...],
     error: ModelError | None,
-    retry_at: float | None = None,
-    done: bool = False,
+    retry_at: float | None,
+    done: bool,
+    reply: Any,
 ) -> Finish:
-    data = turn.reply_data
+    """The Finish of ``turn`` with ``status``, the reply being handled ``reply`` (the
+    host's object, :func:`_reply`)."""
     return make_finish(
         status,
         results,
@@ -658,15 +660,17 @@ def _finish_action(
         _model(core, turn),
         turn.fallbacks,
         retry_at,
-        _reply_object(turn, data),
+        reply,
         done,
-        data,
+        turn.reply_data,
     )
 
 
-def _reply_object(turn: TurnState, data: Any) -> Any:
-    """The host's own reply object whose JSON form is ``data``: the reply its event
-    carried, in this process; ``data`` itself for a turn restored after the reply."""
+def _reply(turn: TurnState) -> Any:
+    """The host's own reply object whose JSON form the turn holds (``reply_data``): the
+    reply its event carried, in this process; that form itself for a turn restored
+    after the reply."""
+    data = turn.reply_data
     for kept in reversed(turn.events):
         event = kept[0] if type(kept) is tuple else kept  # (event, the wall time it was given)
         if type(event) is ModelReplied:
@@ -760,17 +764,18 @@ class Group:
     """The payload check of the trigger (bad data refused before anything changes)."""
     charges: bool = False
     """The trigger reports a model call's usage: its event's ``cost`` is charged."""
-    choose: Callable[[Core, TurnState, Any, Any], BoundRow | None] = attrs.field(
-        default=None, eq=False, repr=False
-    )
-    """The first row whose guards all hold (``None``: none does), each guard called in
-    order until one fails: the trial, unrolled (``_builder.build_choose``)."""
+    trial: Callable[..., Trial] | None = None
+    """The table's own trial of these rows (``_trials.TRIALS``), if it has one."""
+    choose: Trial = attrs.field(default=None, eq=False, repr=False)
+    """The first row whose guards all hold (``None``: none does): the trial, or
+    :meth:`try_rows`."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
     """The one row of a group with nothing to try, charge, check or derive: a step
     through it needs none of that."""
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "choose", build_choose([(row.guards, row) for row in self.rows]))
+        chosen = self.try_rows if self.trial is None else self.trial(self.rows)
+        object.__setattr__(self, "choose", chosen)
         if (
             len(self.rows) == 1
             and not self.rows[0].guards
@@ -779,6 +784,14 @@ class Group:
             and not self.charges
         ):
             object.__setattr__(self, "only", self.rows[0])
+
+    def try_rows(self, core: Core, turn: TurnState, event: Any, facts: Any) -> BoundRow | None:
+        """The first row whose guards all hold, each guard called in order until one
+        fails (``None``: no row's do): what each trial of ``_trials.py`` does."""
+        for row in self.rows:
+            if all(guard(core, turn, event, facts) for guard in row.guards):
+                return row
+        return None
 
 
 DispatchKey = tuple[str, str, "ErrorCategory | None"]
@@ -816,8 +829,10 @@ class Dispatch:
                         category in CATEGORY_GUARDS[g] for g in row.guards if g in CATEGORY_GUARDS
                     )
                 ]
-                self.groups[(source, trigger, category)] = _group(
-                    trigger, members, effect_of, _PAYLOAD_CHECKS.get(trigger)
+                key = (source, trigger, category)
+                trial = TRIALS.get(key) if self.rows == ROWS else None
+                self.groups[key] = _group(
+                    trigger, members, effect_of, _PAYLOAD_CHECKS.get(trigger), trial
                 )
         # the groups Core.fire looks up, by state and then trigger (a ModelFailed's by its
         # category, in a map of their own): two lookups of a string, no key tuple built
@@ -849,6 +864,7 @@ def _group(
     rows: list[Row],
     effect_of: Mapping[str, Effect],
     check: Callable[[Core, TurnState, Any], None] | None,
+    trial: Callable[..., Trial] | None,
 ) -> Group:
     bound = []
     facts: Facts | None = None
@@ -868,7 +884,7 @@ def _group(
                 steps=RowSteps(row.info),
             )
         )
-    return Group(tuple(bound), facts, check, trigger in _USAGE_TRIGGERS)
+    return Group(tuple(bound), facts, check, trigger in _USAGE_TRIGGERS, trial)
 
 
 # -- payload checks: bad data is refused before anything changes ---------------------------
@@ -931,7 +947,7 @@ _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
 """The payload checks of the triggers that have one (a cost past the largest float is
 refused by ``Core.fire`` itself, for both model outcomes)."""
 
-DISPATCH = Dispatch()
+DISPATCH: Dispatch = Dispatch()
 """The dispatch of the table."""
 
 

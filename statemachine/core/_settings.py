@@ -41,8 +41,9 @@ from ._exceptions import ConfigError
 from ._json_data import MAX_COUNT, finite, json_problem
 
 
-def _number(name: str, *, minimum: float = 0.0, optional: bool = False) -> Any:
-    def check(_instance: object, _attribute: object, value: Any) -> None:
+def _number(*, minimum: float = 0.0, optional: bool = False) -> Any:
+    def check(_instance: object, attribute: Any, value: Any) -> None:
+        name = attribute.name
         if value is None and optional:
             return
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -53,8 +54,9 @@ def _number(name: str, *, minimum: float = 0.0, optional: bool = False) -> Any:
     return check
 
 
-def _integer(name: str, *, minimum: int = 0, optional: bool = False) -> Any:
-    def check(_instance: object, _attribute: object, value: Any) -> None:
+def _integer(*, minimum: int = 0, optional: bool = False) -> Any:
+    def check(_instance: object, attribute: Any, value: Any) -> None:
+        name = attribute.name
         if value is None and optional:
             return
         if isinstance(value, bool) or not isinstance(value, int):
@@ -67,8 +69,9 @@ def _integer(name: str, *, minimum: int = 0, optional: bool = False) -> Any:
     return check
 
 
-def _positive(name: str) -> Any:
-    def check(_instance: object, _attribute: object, value: Any) -> None:
+def _positive() -> Any:
+    def check(_instance: object, attribute: Any, value: Any) -> None:
+        name = attribute.name
         if value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -79,10 +82,10 @@ def _positive(name: str) -> Any:
     return check
 
 
-def _flag(name: str) -> Any:
-    def check(_instance: object, _attribute: object, value: Any) -> None:
+def _flag() -> Any:
+    def check(_instance: object, attribute: Any, value: Any) -> None:
         if not isinstance(value, bool):
-            raise ConfigError(f"{name}: must be true or false, got {value!r:.60}")
+            raise ConfigError(f"{attribute.name}: must be true or false, got {value!r:.60}")
 
     return check
 
@@ -139,62 +142,40 @@ class Settings:
     tool calls.
     """
 
-    base_delay_ms: float = attrs.field(default=500, validator=_number("base_delay_ms"))
-    backoff_factor: float = attrs.field(
-        default=2.0, validator=_number("backoff_factor", minimum=1.0)
-    )
-    max_retries: int = attrs.field(default=5, validator=_integer("max_retries"))
-    max_delay_ms: float = attrs.field(default=30_000, validator=_number("max_delay_ms"))
-    session_retry_ceiling: int = attrs.field(
-        default=20, validator=_integer("session_retry_ceiling")
-    )
-    max_server_wait_s: float = attrs.field(default=300.0, validator=_number("max_server_wait_s"))
-    max_context_reductions: int = attrs.field(
-        default=3, validator=_integer("max_context_reductions")
-    )
-    breaker_threshold: int = attrs.field(
-        default=3, validator=_integer("breaker_threshold", minimum=1)
-    )
-    doom_loop_threshold: int = attrs.field(
-        default=3, validator=_integer("doom_loop_threshold", minimum=2)
-    )
-    max_turns: int | None = attrs.field(
-        default=None, validator=_integer("max_turns", optional=True)
-    )
-    max_cost_usd: float | None = attrs.field(
-        default=None, validator=_number("max_cost_usd", optional=True)
-    )
-    max_wall_clock_s: float | None = attrs.field(
-        default=None, validator=_number("max_wall_clock_s", optional=True)
-    )
+    base_delay_ms: float = attrs.field(default=500, validator=_number())
+    backoff_factor: float = attrs.field(default=2.0, validator=_number(minimum=1.0))
+    max_retries: int = attrs.field(default=5, validator=_integer())
+    max_delay_ms: float = attrs.field(default=30_000, validator=_number())
+    session_retry_ceiling: int = attrs.field(default=20, validator=_integer())
+    max_server_wait_s: float = attrs.field(default=300.0, validator=_number())
+    max_context_reductions: int = attrs.field(default=3, validator=_integer())
+    breaker_threshold: int = attrs.field(default=3, validator=_integer(minimum=1))
+    doom_loop_threshold: int = attrs.field(default=3, validator=_integer(minimum=2))
+    max_turns: int | None = attrs.field(default=None, validator=_integer(optional=True))
+    max_cost_usd: float | None = attrs.field(default=None, validator=_number(optional=True))
+    max_wall_clock_s: float | None = attrs.field(default=None, validator=_number(optional=True))
     denial_threshold: int | None = attrs.field(
-        default=5, validator=_integer("denial_threshold", minimum=1, optional=True)
+        default=5, validator=_integer(minimum=1, optional=True)
     )
     denial_window: int | None = attrs.field(
-        default=None, validator=_integer("denial_window", minimum=1, optional=True)
+        default=None, validator=_integer(minimum=1, optional=True)
     )
     denial_window_threshold: int | None = attrs.field(
-        default=None, validator=_integer("denial_window_threshold", minimum=1, optional=True)
+        default=None, validator=_integer(minimum=1, optional=True)
     )
     breaker_window: int | None = attrs.field(
-        default=None, validator=_integer("breaker_window", minimum=1, optional=True)
+        default=None, validator=_integer(minimum=1, optional=True)
     )
     breaker_window_threshold: int | None = attrs.field(
-        default=None, validator=_integer("breaker_window_threshold", minimum=1, optional=True)
+        default=None, validator=_integer(minimum=1, optional=True)
     )
-    max_conflict_retries: int = attrs.field(default=3, validator=_integer("max_conflict_retries"))
-    doom_check_window: int = attrs.field(
-        default=10, validator=_integer("doom_check_window", minimum=2)
-    )
-    wall_clock_counts_idle: bool = attrs.field(
-        default=True, validator=_flag("wall_clock_counts_idle")
-    )
+    max_conflict_retries: int = attrs.field(default=3, validator=_integer())
+    doom_check_window: int = attrs.field(default=10, validator=_integer(minimum=2))
+    wall_clock_counts_idle: bool = attrs.field(default=True, validator=_flag())
     model: str | None = attrs.field(default=None, validator=_model)
     fallback_models: tuple[str, ...] = attrs.field(default=(), converter=_models)
-    model_timeout_s: float | None = attrs.field(
-        default=None, validator=_positive("model_timeout_s")
-    )
-    tool_timeout_s: float | None = attrs.field(default=None, validator=_positive("tool_timeout_s"))
+    model_timeout_s: float | None = attrs.field(default=None, validator=_positive())
+    tool_timeout_s: float | None = attrs.field(default=None, validator=_positive())
 
     def __attrs_post_init__(self) -> None:
         for window, threshold in (
