@@ -708,3 +708,25 @@ def test_a_retry_delay_at_the_largest_duration_is_kept_and_one_second_more_is_no
     ):
         delay = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": raw}
         assert sm.classify((429, {}, _details_429([delay]))).retry_after_seconds == seconds, raw
+
+
+# -- an in-stream error read as the status its numeric code names (ER-243) -------------------
+
+
+@pytest.mark.requirement("ER-243")
+@pytest.mark.parametrize("status", [200, None])
+def test_a_named_status_gives_the_code_its_rule_keeps_or_its_own(status: int | None) -> None:
+    """An error event in a stream whose only name is its numeric ``error.code`` (as
+    OpenRouter sends them) is read as a response of that status: the code is the one
+    that status's rule keeps (``http_503`` for row 7, Google's ``ErrorInfo`` reason for
+    row 6), or ``http_<that status>`` when no rule names it (row 9), never the stream's
+    own status."""
+    key = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}
+    for body, expected in (
+        ({"error": {"code": 503, "message": "upstream"}}, (C.OVERLOADED, "http_503")),
+        ({"error": {"code": 418, "message": "upstream"}}, (C.UNKNOWN, "http_418")),
+        ({"error": {"code": 400, "message": "m", "details": [key]}},
+         (C.AUTH_ERROR, "API_KEY_INVALID")),
+    ):  # fmt: skip
+        error = sm.classify((status, {}, body))
+        assert (error.category, error.code, error.status) == (*expected, status), body
