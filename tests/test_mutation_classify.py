@@ -730,3 +730,17 @@ def test_a_named_status_gives_the_code_its_rule_keeps_or_its_own(status: int | N
     ):  # fmt: skip
         error = sm.classify((status, {}, body))
         assert (error.category, error.code, error.status) == (*expected, status), body
+
+
+@pytest.mark.requirement("ER-172")
+def test_an_array_is_read_by_its_first_element_whatever_follows_it() -> None:
+    """A JSON array whose first element is an object is read by that element, whatever
+    the elements after it are; one whose first element is not an object is read by
+    status, even when a later one is."""
+    first = {"error": {"code": 400, "message": "The input token count (1200293) exceeds "
+                       "the maximum number of tokens allowed (1048576).",
+                       "status": "INVALID_ARGUMENT"}}  # fmt: skip
+    error = sm.classify((400, {}, [first, "trailer"]))
+    assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, "INVALID_ARGUMENT")
+    error = sm.classify((400, {}, ["leader", first]))
+    assert (error.category, error.code) == (C.INVALID_REQUEST, None)
