@@ -708,3 +708,39 @@ def test_a_retry_delay_at_the_largest_duration_is_kept_and_one_second_more_is_no
     ):
         delay = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": raw}
         assert sm.classify((429, {}, _details_429([delay]))).retry_after_seconds == seconds, raw
+
+
+# -- an in-stream error read as the status its numeric code names (ER-243) -------------------
+
+
+@pytest.mark.requirement("ER-243")
+@pytest.mark.parametrize("status", [200, None])
+def test_a_named_status_gives_the_code_its_rule_keeps_or_its_own(status: int | None) -> None:
+    """An error event in a stream whose only name is its numeric ``error.code`` (as
+    OpenRouter sends them) is read as a response of that status: the code is the one
+    that status's rule keeps (``http_503`` for row 7, Google's ``ErrorInfo`` reason for
+    row 6), or ``http_<that status>`` when no rule names it (row 9), never the stream's
+    own status."""
+    key = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}
+    for body, expected in (
+        ({"error": {"code": 503, "message": "upstream"}}, (C.OVERLOADED, "http_503")),
+        ({"error": {"code": 418, "message": "upstream"}}, (C.UNKNOWN, "http_418")),
+        ({"error": {"code": 400, "message": "m", "details": [key]}},
+         (C.AUTH_ERROR, "API_KEY_INVALID")),
+    ):  # fmt: skip
+        error = sm.classify((status, {}, body))
+        assert (error.category, error.code, error.status) == (*expected, status), body
+
+
+@pytest.mark.requirement("ER-172")
+def test_an_array_is_read_by_its_first_element_whatever_follows_it() -> None:
+    """A JSON array whose first element is an object is read by that element, whatever
+    the elements after it are; one whose first element is not an object is read by
+    status, even when a later one is."""
+    first = {"error": {"code": 400, "message": "The input token count (1200293) exceeds "
+                       "the maximum number of tokens allowed (1048576).",
+                       "status": "INVALID_ARGUMENT"}}  # fmt: skip
+    error = sm.classify((400, {}, [first, "trailer"]))
+    assert (error.category, error.code) == (C.CONTEXT_LENGTH_EXCEEDED, "INVALID_ARGUMENT")
+    error = sm.classify((400, {}, ["leader", first]))
+    assert (error.category, error.code) == (C.INVALID_REQUEST, None)
