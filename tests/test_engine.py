@@ -449,6 +449,35 @@ def test_different_arguments_break_the_run() -> None:
     assert session.limit_reached is None
 
 
+@pytest.mark.requirement("ER-87")
+def test_the_host_check_judges_the_last_window_of_calls_in_order() -> None:
+    """With doom_check_window=3, the host's check sees the last three calls in the
+    order the model made them, once every three calls; between checks the session
+    holds the calls seen since the last one and how many they are."""
+    seen: list[list[str]] = []
+
+    def check(window: tuple[sm.ToolCall, ...]) -> bool:
+        seen.append([call.id for call in window])
+        return False
+
+    session = sm.Session(
+        sm.Settings(doom_check_window=3, doom_loop_threshold=50),
+        seed=1,
+        clock=ManualClock(),
+        doom_check=check,
+    )
+    for i in range(5):
+        ok = sm.ToolOutcome(f"c{i}", ok=True)
+        tool_round(session, [sm.ToolCall(f"c{i}", "p", "search", {"q": i})], [ok])
+    assert seen == [["c0", "c1", "c2"]]
+    held = session.snapshot()
+    assert held["doom_since"] == 2
+    assert [call["id"] for call in held["doom_window"]] == ["c2", "c3", "c4"]
+    tool_round(session, [sm.ToolCall("c5", "p", "search", {"q": 5})], [sm.ToolOutcome("c5", True)])
+    assert seen == [["c0", "c1", "c2"], ["c3", "c4", "c5"]]
+    assert session.limit_reached is None
+
+
 # -- bounds and the limit-reached path --------------------------------------------------
 
 
