@@ -210,13 +210,16 @@ SCENARIOS: dict[str, tuple[dict[str, Any], list[list[Step]]]] = {
 
 def _as_written(record: sm.TraceRecord) -> str:
     """``repr(record)`` as the previous release wrote it, without ``made_at`` (added
-    since: a start's says when its turn was made, the clock's reading before)."""
+    since: a start's says when its turn was made, the clock's reading before) and
+    without a tool outcome's ``invoke_failed`` (added since; the scenarios' outcomes
+    are the tools' own answers)."""
     if record.event == "start":
         assert record.made_at is not None and record.at is not None
         assert record.made_at < record.at  # the clock moves on at every reading
     else:
         assert record.made_at is None
-    return repr(attrs.evolve(record, made_at=None)).removesuffix(", made_at=None)") + ")"
+    written = repr(attrs.evolve(record, made_at=None)).removesuffix(", made_at=None)") + ")"
+    return written.replace(", invoke_failed=False)", ")")
 
 
 def _run(settings: dict[str, Any], turns: list[list[Step]], seed: int) -> dict[str, Any]:

@@ -254,6 +254,42 @@ def test_doom_loop_final_answer_and_reduced_input(servers: tuple[FakeLLM, FakeLL
     assert second[0]["content"] == "question 0" and second[-1]["content"] == "question 4"
 
 
+@function_tool
+def flaky_lookup(key: str) -> str:
+    """Look a key up (this one always raises)."""
+    raise KeyError(key)
+
+
+@pytest.mark.requirement("ER-250")
+def test_a_tool_that_keeps_raising_trips_its_breaker(servers: tuple[FakeLLM, FakeLLM]) -> None:
+    """A function tool that raises on every call (new arguments each time, so the doom
+    loop never fires) gets the SDK's default error text as its output; the engine reads
+    that as a failed invocation: breaker_threshold of them trip the breaker, and the
+    next request is the final-answer turn (no tools). A tool answering with its own
+    text is never counted (the doom-loop test above)."""
+    main, _ = servers
+    main.script(
+        OPENAI,
+        *[
+            openai_completion(
+                None, tool_calls=((f"c{index}", "flaky_lookup", {"key": f"k{index}"}),)
+            )
+            for index in range(2)
+        ],
+        openai_completion("I could not look it up"),
+    )
+    time = FakeTime()
+    model = EngineModel(_model(main), settings=sm.Settings(breaker_threshold=2), sleep=time.sleep)
+    agent = Agent(name="a", model=model, tools=[flaky_lookup])
+    result = _run(Runner.run(agent, "look k up"))
+    assert result.final_output == "I could not look it up"
+    bodies = _bodies(main)
+    assert ["tools" in body for body in bodies] == [True, True, False]
+    session = model.last_session
+    assert session is not None and session.status == sm.SessionStatus.ERROR_CIRCUIT_BREAKER
+    assert session.tripped_providers == frozenset({"tools"})  # the function tools, as one
+
+
 def test_provider_wraps_every_model_a_run_names(servers: tuple[FakeLLM, FakeLLM]) -> None:
     """EngineModelProvider: the run's model and the fallbacks come from the provider it
     wraps; one EngineModel per name; a 401 raises naming auth_error."""

@@ -21,7 +21,7 @@ if not os.environ.get("CI"):
 
 import openai
 from pydantic_ai import Agent
-from pydantic_ai.exceptions import AgentRunError
+from pydantic_ai.exceptions import AgentRunError, ModelRetry
 from pydantic_ai.messages import (
     ModelRequest,
     ModelResponse,
@@ -320,6 +320,48 @@ def test_a_stream_broken_after_the_hand_over_is_never_resent(
     used = [record.usage for record in session.current_turn.trace if record.usage is not None]
     counted = [(usage.input_tokens, usage.output_tokens) for usage in used if usage.input_tokens]
     assert counted == [(120, 7)]
+
+
+@pytest.mark.requirement("ER-250")
+def test_a_tool_that_raises_ends_the_run_and_a_model_retry_is_not_a_crash(
+    servers: tuple[FakeLLM, FakeLLM],
+) -> None:
+    """pydantic-ai ends the run with a tool's exception (so no request follows for the
+    breaker to stop, as docs/integrations.md says); a tool's ModelRetry is its answer,
+    sent to the model and never counted by the crash breaker."""
+    main, _ = servers
+    main.script(OPENAI, openai_completion(None, tool_calls=(("c1", "lookup", {"key": "k"}),)))
+    time = FakeTime()
+    model = EngineModel(_model(main), settings=sm.Settings(breaker_threshold=1), sleep=time.sleep)
+    agent = Agent(model)
+
+    @agent.tool_plain
+    def lookup(key: str) -> str:
+        raise KeyError(key)
+
+    with pytest.raises(KeyError):
+        _run(agent.run("look k up"))
+    assert len(_bodies(main)) == 1
+
+    main.script(
+        OPENAI,
+        openai_completion(None, tool_calls=(("c2", "retrying", {"key": "k"}),)),
+        openai_completion("no such key"),
+    )
+    retry_model = EngineModel(
+        _model(main), settings=sm.Settings(breaker_threshold=1), sleep=time.sleep
+    )
+    retrying_agent = Agent(retry_model)
+
+    @retrying_agent.tool_plain
+    def retrying(key: str) -> str:
+        raise ModelRetry(f"no key {key}")
+
+    result = _run(retrying_agent.run("look k up"))
+    assert result.output == "no such key"
+    session = retry_model.session(result.run_id)
+    assert session is not None and session.tripped_providers == frozenset()
+    assert session.status is None
 
 
 @pytest.mark.requirement("ER-233")

@@ -294,11 +294,12 @@ def test_a_server_that_dies_while_starting_is_process_crashed() -> None:
     assert tools.starts == 1
 
 
-@pytest.mark.requirement("ER-54", "ER-48")
+@pytest.mark.requirement("ER-54", "ER-48", "ER-250")
 def test_a_live_server_that_never_finishes_the_handshake_is_bounded() -> None:
     """A process that stays alive but never answers the MCP handshake is stopped after
-    start_timeout_s and the call fails execution_failed (it did not crash: no
-    breaker count, nothing in crashes), promptly."""
+    start_timeout_s and the call fails execution_failed, promptly: it did not crash
+    (nothing in crashes), but the provider could not run the call, which the crash
+    breaker counts (ER-250)."""
     silent = [
         sys.executable,
         "-c",
@@ -317,6 +318,7 @@ def test_a_live_server_that_never_finishes_the_handshake_is_bounded() -> None:
     outcome, tools = asyncio.run(scenario())
     assert outcome.category is sm.ToolErrorCategory.EXECUTION_FAILED
     assert "did not start within 0.3s" in outcome.content
+    assert outcome.invoke_failed and outcome.crashed
     assert tools.crashes == []
     assert tools.starts == 1
 

@@ -150,6 +150,34 @@ def test_real_time_sleeps_every_wait_and_takes() -> None:
     assert _trace(scenario) == _trace(scenario)
 
 
+@pytest.mark.requirement("ER-250")
+def test_a_scripted_tool_that_cannot_run_trips_its_breaker() -> None:
+    """``invoke_failed = true`` scripts a tool that raised: two in a row open the
+    provider's breaker (breaker_threshold = 2); the same outcomes without the flag are
+    the tool's answers and open nothing. A successful outcome with it is refused."""
+    turn = """
+        [[turn]]
+        repeat = 2
+        steps = [
+          {{event = "Assembled", size = 10}},
+          {{event = "ModelReplied", tool_calls = [{{provider = "p", name = "x"}}]}},
+          {{event = "ToolsDone", outcomes = [{{ok = false, category = "unknown"{flag}}}]}},
+        ]
+        """
+    head = "[settings]\nbreaker_threshold = 2\n"
+    raising = parse(head + turn.format(flag=", invoke_failed = true"), "inline.toml", "inline")
+    statuses = [r.action.status for r in _trace(raising) if isinstance(r.action, sm.Finish)]
+    assert statuses[-1] is sm.TurnStatus.BREAKER_OPEN
+    answering = parse(head + turn.format(flag=""), "inline.toml", "inline")
+    statuses = [r.action.status for r in _trace(answering) if isinstance(r.action, sm.Finish)]
+    assert statuses == [sm.TurnStatus.COMPLETED] * 2
+    bad = turn.format(flag="").replace(
+        'ok = false, category = "unknown"', "ok = true, invoke_failed = true"
+    )
+    with pytest.raises(ScenarioError, match=r"outcomes\[1\]\.invoke_failed: a successful outcome"):
+        parse(bad, "inline.toml", "inline")
+
+
 def test_outcomes_without_call_ids_go_to_the_invoked_calls_in_order() -> None:
     """ToolsDone outcomes without ``call_id`` are matched to InvokeTools' calls in
     order; the reply's calls get ids ``c<turn>.<n>``."""

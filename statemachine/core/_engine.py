@@ -189,11 +189,11 @@ def _crash_facts(
     core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
 ) -> None:
     settings = core.settings
-    # the crash breaker counts deaths: a provider whose process died under several
-    # calls of one round crashed once
+    # the crash breaker counts failed invocations: a provider that failed several
+    # calls of one round (its process died under them) crashed once
     died: dict[str, bool] = {}
     for call in turn.in_flight:
-        crashed = by_id[call.id].category is ToolErrorCategory.PROCESS_CRASHED
+        crashed = by_id[call.id].crashed
         died[call.provider] = died.get(call.provider, False) or crashed
     counts = dict(core.state.breakers or {})
     window = settings.breaker_window

@@ -73,6 +73,10 @@ class ToolOutcome:
     the denial breaker counts. ``retryable`` defaults from the category (``timeout``
     and ``concurrency_conflict`` are); ``details`` keeps the raw underlying error
     (JSON data: for ``unknown``, the exception's type and message).
+    ``invoke_failed`` says the provider could not run the call (it raised, or timed
+    out, instead of answering); the drivers and integrations set it. The crash breaker
+    counts such outcomes and ``process_crashed`` ones (:attr:`crashed`); an error
+    result the tool returned as its answer is the model's to handle and is not counted.
     """
 
     call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
@@ -87,8 +91,19 @@ class ToolOutcome:
         validator=attrs.validators.optional(instance_of(bool)),
     )
     details: Any = attrs.field(default=None, kw_only=True, metadata=OPAQUE, converter=_details)
+    invoke_failed: bool = attrs.field(default=False, kw_only=True, validator=instance_of(bool))
+
+    @property
+    def crashed(self) -> bool:
+        """Whether the crash breaker counts this outcome: the provider's process died
+        (``process_crashed``) or it could not run the call (``invoke_failed``)."""
+        return self.invoke_failed or self.category is ToolErrorCategory.PROCESS_CRASHED
 
     def __attrs_post_init__(self) -> None:
+        if self.ok and self.invoke_failed:
+            raise InvalidValue(
+                f"invoke_failed: a successful ToolOutcome ({self.call_id!r}) was invoked"
+            )
         if self.ok and self.category is not None:
             raise InvalidValue(
                 f"category: a successful ToolOutcome ({self.call_id!r}) has no error "

@@ -81,6 +81,7 @@ class OutcomeSpec:
     content: Any = ""
     category: ToolErrorCategory | None = None
     call_id: str | None = None
+    invoke_failed: bool = False
 
 
 @attrs.frozen
@@ -346,6 +347,7 @@ OUTCOME_KEYS: dict[str, _Key] = {
     "content": _ANY,
     "category": _one_of(ToolErrorCategory, ToolErrorCategory),
     "call_id": _NAME,
+    "invoke_failed": _BOOL,
 }
 """The keys of a ``ToolsDone`` step's ``outcomes``; without ``call_id`` the outcomes go,
 in order, to the calls of the last ``InvokeTools``."""
@@ -388,6 +390,8 @@ def _outcome(check: _Checker, raw: Any, path: str, line: int) -> OutcomeSpec:
     values = check.table(raw, OUTCOME_KEYS, path, lambda _key: line)
     if values["ok"] and "category" in values:
         raise check.fail(line, f"{path}.category", "a successful outcome has no error category")
+    if values["ok"] and values.get("invoke_failed"):
+        raise check.fail(line, f"{path}.invoke_failed", "a successful outcome was invoked")
     return OutcomeSpec(**values)
 
 

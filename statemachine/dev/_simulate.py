@@ -174,6 +174,7 @@ def _event(step: Step, turn: int, action: Action | None) -> object:
                     spec.ok,
                     spec.content,
                     spec.category,
+                    invoke_failed=spec.invoke_failed,
                 )
                 for i, spec in enumerate(fields["outcomes"])
             )

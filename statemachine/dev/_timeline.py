@@ -345,11 +345,7 @@ def _tool_item(opened: tuple[int, InvokeTools], index: int, event: object, detai
     failed = [o.category.value for o in event.outcomes if not o.ok and o.category is not None]
     providers = {call.id: call.provider for call in action.calls}
     crashed = tuple(
-        dict.fromkeys(
-            providers.get(o.call_id, o.call_id)
-            for o in event.outcomes
-            if not o.ok and o.category is ToolErrorCategory.PROCESS_CRASHED
-        )
+        dict.fromkeys(providers.get(o.call_id, o.call_id) for o in event.outcomes if o.crashed)
     )
     said = f"{shown}: " + (", ".join(dict.fromkeys(failed)) if failed else "ok")
     if crashed:

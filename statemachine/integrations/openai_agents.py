@@ -38,9 +38,13 @@ Every ``get_response`` and ``stream_response`` is one engine turn (see
 * **streaming.** Retried, waited and fallen back until the first event, then passed
   through; a stream that breaks after that is never resent (``stream_interrupted``).
 
-What a model wrapper cannot reach here: a tool's failure (the SDK hands the model an
-error *text* as the tool's output, indistinguishable from a result, so the engine
-counts every output as a success and the crash breaker never sees a crash), and the
+A tool that raises: the SDK hands the model an error *text* as the tool's output. The
+SDK's default text (a tool keeping the default ``failure_error_function``) is read as
+a failed invocation, which the crash breaker counts (the function tools are one
+provider to it, ``tools``); a tool's own ``failure_error_function``, or a run's
+``tool_error_formatter``, makes a text the wrapper cannot tell from a result.
+
+What a model wrapper cannot reach here: the
 usage of a broken stream (the SDK reports a stream's usage only in its final
 ``response.completed`` event, so a stream cut before it is counted as 0 tokens).
 
@@ -68,7 +72,7 @@ try:
     from agents.models._retry_runtime import provider_managed_retries_disabled
     from agents.models._run_context import get_model_run_owner
     from agents.models.interface import Model, ModelProvider, ModelTracing
-    from agents.tool import Tool
+    from agents.tool import Tool, default_tool_error_function
 except ImportError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError(
         "statemachine.integrations.openai_agents needs an OpenAI Agents SDK this release "
@@ -81,7 +85,7 @@ from ..core._exceptions import ConfigError
 from ..core._model_error import ModelError
 from ..core._session import Session, Turn
 from ..core._settings import Settings
-from ..core._taxonomy import ErrorCategory
+from ..core._taxonomy import ErrorCategory, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._usage import Usage
 from ..io._providers import _arguments, _label, _tokens, checked_prices
@@ -525,8 +529,15 @@ async def _close(events: AsyncIterator[Any]) -> None:
         await close()
 
 
+_FAILED_TOOL_TEXT = default_tool_error_function(None, Exception())  # type: ignore[arg-type]
+"""The output the SDK gives the model for a function tool that raised, when the tool
+keeps the SDK's default ``failure_error_function`` (it says nothing of the error)."""
+
+
 def _settle(bridge: Bridge, items: list[Any]) -> None:
-    """Send the previous reply's tool outcomes, read from the input that brings them."""
+    """Send the previous reply's tool outcomes, read from the input that brings them:
+    an output that is the SDK's default text for a tool that raised is an invocation
+    that failed (the crash breaker counts it); any other output is the tool's answer."""
     calls = bridge.pending_calls
     if not calls:
         bridge.settle_tools(no_outcome)
@@ -537,7 +548,17 @@ def _settle(bridge: Bridge, items: list[Any]) -> None:
         call_id = _get(item, "call_id")
         if _get(item, "type") == "function_call_output" and call_id in ids:
             call = next(call for call in calls if call.id == call_id)
-            seen[call_id] = outcome(call, True, _get(item, "output"), None)
+            output = _get(item, "output")
+            if output == _FAILED_TOOL_TEXT:
+                seen[call_id] = ToolOutcome(
+                    call_id,
+                    ok=False,
+                    content=output,
+                    category=ToolErrorCategory.UNKNOWN,
+                    invoke_failed=True,
+                )
+            else:
+                seen[call_id] = outcome(call, True, output, None)
     bridge.settle_tools(lambda call: seen.get(call.id))
 
 

@@ -228,7 +228,8 @@ def tool_outcome(call: ToolCall, outcome: object) -> ToolOutcome:
 
 def tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
     """The failed outcome of a tool call that raised ``exc``: ``timeout`` for any
-    library's timeout, else ``unknown``, the raw error in ``details``."""
+    library's timeout, else ``unknown``, the raw error in ``details``; an invocation
+    that failed (``invoke_failed``), which the crash breaker counts."""
     if is_timeout(exc, {cls.__name__ for cls in type(exc).__mro__}):
         category = ToolErrorCategory.TIMEOUT
     else:
@@ -239,6 +240,7 @@ def tool_failure(call: ToolCall, exc: Exception) -> ToolOutcome:
         content=f"{type(exc).__name__}: {text_of(exc)}",
         category=category,
         details=error_details(exc),
+        invoke_failed=True,
     )
 
 

@@ -326,7 +326,7 @@ class MCPStdioTools:
                 if conn.died
                 else ToolErrorCategory.EXECUTION_FAILED
             )
-            return _failed(call, category, self._crash_text(call, conn))
+            return _failed(call, category, self._crash_text(call, conn), invoke_failed=True)
         return await self._call(conn, call)
 
     async def _call(self, conn: _Connection, call: ToolCall) -> ToolOutcome:
@@ -349,6 +349,7 @@ class MCPStdioTools:
                 ToolErrorCategory.TIMEOUT,
                 f"tools/call {call.name!r} timed out after {self.call_timeout_s:g}s "
                 "(call_timeout_s); the server is still running",
+                invoke_failed=True,
             )
         # The call failed, the process died or its pipes closed first: a dead
         # process (or transport) is the cause.
@@ -555,8 +556,12 @@ def _lost(exc: BaseException | None) -> bool:
     )
 
 
-def _failed(call: ToolCall, category: ToolErrorCategory, text: str) -> ToolOutcome:
-    return ToolOutcome(call.id, ok=False, content=text, category=category)
+def _failed(
+    call: ToolCall, category: ToolErrorCategory, text: str, invoke_failed: bool = False
+) -> ToolOutcome:
+    return ToolOutcome(
+        call.id, ok=False, content=text, category=category, invoke_failed=invoke_failed
+    )
 
 
 def _content_text(result: Any) -> str:
@@ -576,21 +581,23 @@ def _result_outcome(call: ToolCall, result: Any) -> ToolOutcome:
 
 
 def _error_outcome(call: ToolCall, exc: BaseException | None) -> ToolOutcome:
+    """The outcome of a ``tools/call`` that got no result: a refusal of the call itself
+    (bad arguments, no such tool) is the model's to fix; any other error, a timeout or
+    a lost call is an invocation that failed, which the crash breaker counts."""
     if isinstance(exc, MCPError):
+        message = redact(f"MCP error {exc.code}: {_clip(str(exc.message))}")
         if exc.code == _INVALID_PARAMS:
-            category = ToolErrorCategory.INVALID_ARGUMENTS
-        elif exc.code == _METHOD_NOT_FOUND:
-            category = ToolErrorCategory.NOT_FOUND
-        else:
-            category = ToolErrorCategory.EXECUTION_FAILED
-        message = _clip(str(exc.message))
-        return _failed(call, category, redact(f"MCP error {exc.code}: {message}"))
+            return _failed(call, ToolErrorCategory.INVALID_ARGUMENTS, message)
+        if exc.code == _METHOD_NOT_FOUND:
+            return _failed(call, ToolErrorCategory.NOT_FOUND, message)
+        return _failed(call, ToolErrorCategory.EXECUTION_FAILED, message, invoke_failed=True)
     if isinstance(exc, TimeoutError):
-        return _failed(call, ToolErrorCategory.TIMEOUT, f"tools/call {call.name!r} timed out")
+        text = f"tools/call {call.name!r} timed out"
+        return _failed(call, ToolErrorCategory.TIMEOUT, text, invoke_failed=True)
     text = (
         f"{type(exc).__name__}: {_clip(str(exc))}" if exc is not None else "the call was abandoned"
     )
-    return _failed(call, ToolErrorCategory.UNKNOWN, redact(text))
+    return _failed(call, ToolErrorCategory.UNKNOWN, redact(text), invoke_failed=True)
 
 
 def _clip(text: str) -> str:

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in CI
 
 from .._version import __version__
 from ..core._actions import Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._events import ModelFailed, ModelReplied
+from ..core._events import ModelFailed, ModelReplied, ToolsDone
 from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall
 from ..core._trace import TraceRecord
@@ -724,7 +724,7 @@ class Telemetry:
         span.set_attribute("turnstate.session_retries", record.session_retries)
         self._m.turns.add(1, {"turnstate.turn.status": status})
         if record.guard in ("trips_breaker", "trips_denial_breaker"):
-            self._breaker(turn, finish, record.guard, now)
+            self._breaker(turn, finish, record, now)
         if finish.status is TurnStatus.COMPLETED:
             span.end(now)
         else:
@@ -794,11 +794,16 @@ class Telemetry:
                 )
         return found
 
-    def _breaker(self, turn: _TurnSpans, finish: Finish, guard: str, now: int) -> None:
+    def _breaker(self, turn: _TurnSpans, finish: Finish, record: TraceRecord, now: int) -> None:
+        guard = record.guard
         if guard == "trips_denial_breaker":
             providers = ["denial"]
         else:
-            crashed = {r.call_id for r in finish.tool_results if r.category is _CRASHED}
+            done = record.caused_by
+            if isinstance(done, ToolsDone):  # what the breaker counted: failed invocations
+                crashed = {o.call_id for o in done.outcomes if o.crashed}
+            else:  # a record without its event: the deaths its results show
+                crashed = {r.call_id for r in finish.tool_results if r.category is _CRASHED}
             providers = sorted({turn.calls[c].provider for c in crashed if c in turn.calls})
         session_span = self._session_span
         if session_span is None:  # pragma: no cover - a turn runs inside the session span

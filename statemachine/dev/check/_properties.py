@@ -295,7 +295,7 @@ class Properties:
         before, after = source.state, node.state
         died: dict[str, bool] = {}
         for call in source.ts.in_flight:
-            crashed = by_call[call.id].category is ToolErrorCategory.PROCESS_CRASHED
+            crashed = by_call[call.id].crashed
             died[call.provider] = died.get(call.provider, False) or crashed
         trips = False
         for provider, crashed in died.items():
