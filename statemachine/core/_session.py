@@ -565,7 +565,7 @@ class Session:
 
     @property
     def crash_counts(self) -> Mapping[str, int]:
-        """Consecutive crashes per provider (``process_crashed`` or ``invoke_failed`` outcomes), where not zero."""
+        """Consecutive crashes per provider, where not zero (``ToolOutcome.crashed``)."""
         return dict(self._core.state.breakers or {})
 
     def __repr__(self) -> str:

@@ -687,7 +687,7 @@ class SessionState:
     started: float = declared(CLOCK, 0.0, key="omit", snapshot_key="elapsed_s")
     """The session's clock when it started (a snapshot holds the seconds since)."""
     breakers: dict[str, int] | None = declared(CRASH_COUNTS, None)
-    """Consecutive crashes per provider (``process_crashed`` or ``invoke_failed`` outcomes), where not zero."""
+    """Consecutive crashes per provider, where not zero (``ToolOutcome.crashed``)."""
     tripped: frozenset[str] = declared(PROVIDERS, frozenset())
     doom_last: str | None = declared(TEXT, None, key="omit")
     """The fingerprint of the last tool call, for the doom-loop detector."""
