@@ -209,20 +209,18 @@ class Held:
             session_id,
             session,
             entries,
-            wall=wall,
-            age=age,
-            keys=keys,
-            claim=claim,
-            carried=carried,
-            limit=limit,
-            max_prefix=self.max_prefix,
+            wall,
+            age,
+            keys,
+            claim,
+            carried,
+            limit,
+            self.max_prefix,
         )
         # a session ends with a turn's Finish (or between turns: no action then)
         ended = (action is None or type(action) is Finish) and session.status is not None
         if cas is not None:
-            version = cas(
-                session_id, expected, record.payload, incarnation=record.incarnation, ended=ended
-            )
+            version = cas(session_id, expected, record.payload, record.incarnation, ended)
         else:
             data = json.loads(record.payload)  # type: ignore[arg-type]
             version = self.store.compare_and_set(session_id, expected, data, ended=ended)

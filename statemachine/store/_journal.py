@@ -126,9 +126,9 @@ def entry_text(step: Step, at: float | None, wall: float | None) -> str:
         if type(at) is not float:
             return json_text([op, at, wall, compact(step[1])])
         when = "null" if wall is None else number_text(wall)
-        return f'["e",{float.__repr__(at)},{when},{event_text(step[1])}]'
+        return f'["e",{at!r},{when},{event_text(step[1])}]'
     if op == START and type(at) is float and wall is None:
-        return f'["s",{float.__repr__(at)},null]'
+        return f'["s",{at!r},null]'
     return json_text([op, at, wall, *step[1:]])
 
 
@@ -177,9 +177,7 @@ def _model_failed_text(event: ModelFailed) -> str:
         text += ',"code":' + encode_basestring(error.code)
     status = error.status
     if status is not None:
-        text += ',"status":' + (
-            int.__repr__(status) if type(status) is int else _number_text(status)
-        )
+        text += ',"status":' + (f"{status!r}" if type(status) is int else _number_text(status))
     if error.body is not None:
         text += ',"body":' + json_text(error.body)
     text += '},"partial":true' if event.partial else "}"

@@ -132,7 +132,6 @@ def written(
     session_id: str,
     session: Session,
     entries: Sequence[str],
-    *,
     wall: float,
     age: float,
     keys: tuple[tuple[int, str], ...],
@@ -140,27 +139,31 @@ def written(
     carried: tuple[ToolOutcome, ...],
     limit: int,
     max_prefix: int,
+    /,
 ) -> Record:
     """The record to write for ``session`` (the journal's frame), ``age`` seconds old at
-    Unix time ``wall``, after the steps whose journal ``entries`` these are.
+    Unix time ``wall``, after the steps whose journal ``entries`` these are, holding
+    ``keys``, ``claim`` and ``carried``.
 
     ``previous``, the record the session was read from or last written as (the
     caller's alone), with the entries appended in place while it may take them
     (:attr:`~Record.appendable`, its journal then holding at most ``limit`` entries and
     its prefix at most ``max_prefix`` bytes).
     Otherwise a fresh record: the snapshot written anew, the journal empty (the
-    incarnation kept, or drawn for a new session)."""
+    incarnation kept, or drawn for a new session). (Every write takes this: its one
+    caller, ``Held.write``, passes the arguments by position.)"""
     last = session.last_at
     elapsed = last if age < last else age
     finished_at = session.finished_at
     finished = None if finished_at is None else elapsed - finished_at
-    grown = None if previous is None else _grown(previous, entries, limit, max_prefix)
-    prefix: bytes | memoryview | None
-    if previous is None or grown is None:
+    if previous is not None:
+        end = previous.prefix_end
+        added = _grown(previous, entries, limit, max_prefix)
+    if previous is None or added is None:
         record = _fresh(previous, session_id, session, elapsed, wall)
-        prefix, added = record.payload, ""
+        end, added = record.prefix_end, ""
     else:
-        record, (prefix, added) = previous, grown
+        record = previous
     middle = record.middle
     if (
         middle is None
@@ -173,21 +176,28 @@ def written(
     record.saved_at, record.elapsed_s, record.finished_s = wall, elapsed, finished
     # the tail: the entries added, the journal's end and the keys after it (a float's
     # repr written at once: the usual case)
-    saved = float.__repr__(wall) if type(wall) is float else number_text(wall)
-    now = float.__repr__(elapsed) if type(elapsed) is float else number_text(elapsed)
+    saved = f"{wall!r}" if type(wall) is float else number_text(wall)
+    now = f"{elapsed!r}" if type(elapsed) is float else number_text(elapsed)
     tail = (
         f'{added}],"saved_at":{saved}{middle}'
         f',"elapsed_s":{now},"finished_s":{number_or_null(finished)}}}'
-    )
-    record.payload = b"".join((prefix, tail.encode()))  # type: ignore[arg-type]
+    ).encode()
+    payload: bytes = record.payload  # type: ignore[assignment]
+    if end < _SLICED:  # type: ignore[operator]
+        record.payload = payload[:end] + tail
+    else:  # the prefix copied once
+        record.payload = b"".join((memoryview(payload)[:end], tail))
     return record
 
 
-def _grown(
-    record: Record, entries: Sequence[str], limit: int, max_prefix: int
-) -> tuple[memoryview, str] | None:
-    """``record``'s prefix and the text that appends ``entries`` to it, its prefix then
-    ending after them; ``None`` when the record may not take them."""
+_SLICED = 1 << 16
+"""Below this many bytes, a record's prefix is sliced and then copied (for a few
+kilobytes, faster than a memoryview's one copy)."""
+
+
+def _grown(record: Record, entries: Sequence[str], limit: int, max_prefix: int) -> str | None:
+    """The text that appends ``entries`` to ``record``'s journal, its prefix then ending
+    after them (``record`` updated in place); ``None`` when the record may not take them."""
     count = len(entries)
     if not record.appendable or record.entries + count > limit:
         return None
@@ -202,7 +212,7 @@ def _grown(
     record.entries += count
     if record.snapshot is not None or record.journal:
         record.snapshot, record.journal = None, ()  # read: only the bytes now
-    return memoryview(record.payload)[:end], added  # type: ignore[arg-type]
+    return added
 
 
 def _fresh(

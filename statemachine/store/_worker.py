@@ -100,11 +100,20 @@ class Advanced:
         return self.status is AdvanceStatus.APPLIED
 
 
+_APPLIED = AdvanceStatus.APPLIED
+"""Read once: an enum member read off its class costs as much as a call (every advance
+gives one)."""
+
 _make_advanced: Callable[
     [AdvanceStatus, Any, int, Action | None, tuple[ToolOutcome, ...], tuple[str, ...]], Advanced
 ] = build_maker(Advanced, ("status", "_session", "version", "action", "interrupted", "ended"))
 """``Advanced(status, session, version, action, interrupted, ended)``, made through its
 slots (every advance makes one)."""
+
+
+_ADJUSTED = frozenset({type(None), ToolsDone, ModelReplied})
+"""The types of what an advance does not send to the turn as it is (see
+:meth:`Worker._steps`): any other event is one step, itself."""
 
 
 def _default_owner() -> str:
@@ -357,6 +366,12 @@ class Worker:
             return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
         if live.version != expected:
             return self._answer(session_id, AdvanceStatus.CONFLICT, live)
+        if event is not None and live.session.current_turn is None:
+            raise IllegalEvent(
+                f"session {session_id!r} has no turn yet: advance it with None to start one",
+                event=type(event).__name__,
+                state="no turn",
+            )
         return self._advanced(session_id, live, event, expected, key)
 
     def _advanced(
@@ -372,7 +387,8 @@ class Worker:
         mark = _mark(session) if observers else (0, 0)
         before = session.cost_usd if live.tree else 0.0
         entries = []
-        for step in self._steps(live, event):
+        steps = self._steps(live, event) if type(event) in _ADJUSTED else ((EVENT, event),)
+        for step in steps:
             action, entry = take_step(session, step, age, wall)
             entries.append(entry)
         keys = record.keys
@@ -397,7 +413,7 @@ class Worker:
         if type(action) is Finish:
             action = self._on_clock_action(action, live.record.elapsed_s)
         handout = self._handout(session_id, live)
-        result = _make_advanced(AdvanceStatus.APPLIED, handout, live.version, action, (), ())
+        result = _make_advanced(_APPLIED, handout, live.version, action, (), ())
         # read the session before it is remembered: from then on another thread may
         # take it out and step it (an advance that may never be stored)
         if observers:
@@ -411,28 +427,24 @@ class Worker:
         return result
 
     def _steps(self, live: Live, event: object | None) -> Iterable[Step]:
-        """The steps of an advance of ``live`` with ``event``: ``None`` starts the next
-        turn (the children's totals and the ancestors' budget pulled first); an event
-        is sent to the turn, with the record's carried outcomes (a ``ToolsDone``) and
-        this worker's doom-check verdict (a reply) in it."""
+        """The steps of an advance of ``live`` with ``event``, one of :data:`_ADJUSTED`:
+        ``None`` starts the next turn (the children's totals and the ancestors' budget
+        pulled first, when the session is in a tree); a ``ToolsDone`` is sent with the
+        record's carried outcomes in it, a reply with this worker's doom-check verdict."""
         session = live.session
         if event is None:
+            if not live.tree and not session.child_costs:
+                return ((START,),)
             held = self._held
             pulled = spend.pulled_spend(held, session)
             return [*pulled, *spend.pulled_budget(held, session), (START,)]
-        turn = session.current_turn
-        if turn is None:
-            raise IllegalEvent(
-                f"session {live.record.session_id!r} has no turn yet: advance it with None "
-                "to start one",
-                event=type(event).__name__,
-                state="no turn",
-            )
-        kind = type(event)
-        if kind is ToolsDone and live.record.carried:
-            event = ToolsDone((*live.record.carried, *event.outcomes))  # type: ignore[attr-defined]
-        elif kind is ModelReplied and self._doom_check is not None:
-            event = turn.judged(event, self._doom_check)  # type: ignore[arg-type]
+        if type(event) is ToolsDone:
+            if live.record.carried:
+                event = ToolsDone((*live.record.carried, *event.outcomes))
+        elif self._doom_check is not None:
+            turn = session.current_turn
+            if turn is not None:  # else the step is refused: no turn yet
+                event = turn.judged(event, self._doom_check)  # type: ignore[arg-type]
         return ((EVENT, event),)
 
     def _deliver(self, session: Session, mark: tuple[int, int], offset: float) -> None:
