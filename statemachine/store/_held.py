@@ -96,15 +96,16 @@ class Held:
 
     def remember(self, session_id: str, live: Live) -> None:
         """Hold ``live`` as the session's latest (its record, version and session)."""
-        if not self.remember_at_most:
+        at_most = self.remember_at_most
+        if not at_most:
             return
         remembered = self.live
         # no lock: each of these dict operations is atomic, and list() copies the keys
         # at once (another thread may pop or put meanwhile: at worst one too many is kept)
         remembered.pop(session_id, None)  # put last: the least recently used go first
         remembered[session_id] = live
-        over = len(remembered) - self.remember_at_most
-        if over > 0:
+        if len(remembered) > at_most:
+            over = len(remembered) - at_most
             for oldest in list(remembered)[:over]:
                 remembered.pop(oldest, None)
 
@@ -180,30 +181,28 @@ class Held:
         previous: Record | None,
         session: Session,
         entries: list[str],
-        *,
         wall: float,
         age: float,
         keys: tuple[tuple[int, str], ...],
         action: Action | None,
+        *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
-        limit: int | None = None,
+        limit: int = COMPACT_EVERY,
     ) -> tuple[int, Record]:
         """Write ``session`` (the journal's frame), ``age`` seconds old at Unix time
         ``wall`` after the steps of ``entries``, over the version ``expected`` of the
         record ``previous`` (``None``: a new session): the record
-        (:func:`~._record.written`, its journal holding at most ``limit`` entries,
-        :data:`~._record.COMPACT_EVERY` by default) and the compare-and-set; the version
+        (:func:`~._record.written`, its journal holding at most ``limit`` entries) and
+        the compare-and-set; the version
         and record written. A pending ``action`` that invokes tools is claimed by the
         worker. ``StaleWrite`` if the store moved on (then ``previous`` is no more the
         caller's to use)."""
-        if claim is None and type(action) is InvokeTools and action.calls:
+        if type(action) is InvokeTools and claim is None and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
         cas = self.payload_cas
         if cas is None:
             limit = -1  # a store of JSON data: the snapshot anew
-        elif limit is None:
-            limit = COMPACT_EVERY
         record = written(
             previous,
             session_id,
@@ -218,7 +217,7 @@ class Held:
             self.max_prefix,
         )
         # a session ends with a turn's Finish (or between turns: no action then)
-        ended = (action is None or type(action) is Finish) and session.status is not None
+        ended = (type(action) is Finish or action is None) and session.status is not None
         if cas is not None:
             version = cas(session_id, expected, record.payload, record.incarnation, ended)
         else:

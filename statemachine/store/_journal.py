@@ -35,6 +35,7 @@ verdicts or its snapshot a doom window (:func:`had_check`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -98,20 +99,27 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
     raise ValueError(f"unknown step {op!r}")  # pragma: no cover - steps are built here
 
 
-def take_step(session: Session, step: Step, age: float, wall: float) -> tuple[Any, str]:
-    """Take ``step`` live (:func:`apply_step`) on ``session``, ``age`` seconds old at Unix
-    time ``wall``: the action it produced and its journal entry. A turn's start and an
-    event are taken at ``age`` (an event given ``wall`` when a rule may read it), the
-    others at no moment."""
-    op = step[0]
-    at: float | None = age
-    given: float | None = None
-    if op == EVENT:
-        if needs_wall(step[1]):
-            given = wall
-    elif op != START:
-        at = None
-    return apply_step(session, step, at, given), entry_text(step, at, given)
+def take_steps(
+    session: Session, steps: Iterable[Step], age: float, wall: float
+) -> tuple[Any, list[str]]:
+    """Take ``steps`` live, in order, on ``session``, ``age`` seconds old at Unix time
+    ``wall``: each :func:`apply_step`, a turn's start and an event at ``age`` (an event
+    given ``wall`` when a rule may read it), the others at no moment. The action the
+    last one produced, and their journal entries."""
+    action = None
+    entries = []
+    for step in steps:
+        op = step[0]
+        at: float | None = age
+        given: float | None = None
+        if op == EVENT:
+            if needs_wall(step[1]):
+                given = wall
+        elif op != START:
+            at = None
+        action = apply_step(session, step, at, given)
+        entries.append(entry_text(step, at, given))
+    return action, entries
 
 
 # -- writing an entry -------------------------------------------------------------

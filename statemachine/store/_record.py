@@ -39,7 +39,7 @@ import attrs
 from ..core._codec import decode, encode
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
-from ..core._state_text import TextCache, json_text, number_or_null, number_text
+from ..core._state_text import TextCache, json_text, number_text
 from ..core._tool_calls import ToolOutcome
 from ._core import decode_record
 from ._errors import corrupt
@@ -178,9 +178,9 @@ def written(
     # repr written at once: the usual case)
     saved = f"{wall!r}" if type(wall) is float else number_text(wall)
     now = f"{elapsed!r}" if type(elapsed) is float else number_text(elapsed)
+    since = "null" if finished is None else number_text(finished)
     tail = (
-        f'{added}],"saved_at":{saved}{middle}'
-        f',"elapsed_s":{now},"finished_s":{number_or_null(finished)}}}'
+        f'{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
     ).encode()
     payload: bytes = record.payload  # type: ignore[assignment]
     if end < _SLICED:  # type: ignore[operator]

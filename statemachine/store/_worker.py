@@ -37,8 +37,8 @@ from . import _spend as spend
 from ._core import SessionStore, check_name, check_version
 from ._errors import StaleWrite
 from ._held import Held, Live
-from ._journal import EVENT, START, Step, read_session, take_step
-from ._record import COMPACT_AT_START, MAX_KEYS, read_record
+from ._journal import EVENT, START, Step, read_session, take_steps
+from ._record import COMPACT_AT_START, COMPACT_EVERY, MAX_KEYS, read_record
 
 _LARGEST = sys.float_info.max
 _LIVE_SESSIONS = 1024
@@ -386,11 +386,8 @@ class Worker:
         age = held.age(record, wall)
         mark = _mark(session) if observers else (0, 0)
         before = session.cost_usd if live.tree else 0.0
-        entries = []
         steps = self._steps(live, event) if type(event) in _ADJUSTED else ((EVENT, event),)
-        for step in steps:
-            action, entry = take_step(session, step, age, wall)
-            entries.append(entry)
+        action, entries = take_steps(session, steps, age, wall)
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
@@ -402,11 +399,11 @@ class Worker:
                 record,
                 session,
                 entries,
-                wall=wall,
-                age=age,
-                keys=keys,
-                action=action,
-                limit=None if event is not None else COMPACT_AT_START,
+                wall,
+                age,
+                keys,
+                action,
+                limit=COMPACT_EVERY if event is not None else COMPACT_AT_START,
             )
         except StaleWrite:
             return self._lost_race(session_id, key)
@@ -508,8 +505,7 @@ class Worker:
         entries: list[str] = []
         action: Action | None = InvokeTools(rerun)
         if not rerun:  # nothing left to run: the outcomes are sent now
-            action, entry = take_step(session, (EVENT, ToolsDone(carried)), age, wall)
-            entries.append(entry)
+            action, entries = take_steps(session, [(EVENT, ToolsDone(carried))], age, wall)
             carried = ()
         try:
             live.version, live.record = self._held.write(
