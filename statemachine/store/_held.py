@@ -188,13 +188,13 @@ class Held:
         *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
-        limit: int = COMPACT_EVERY,
+        limit: int | None = None,
     ) -> tuple[int, Record]:
         """Write ``session`` (the journal's frame), ``age`` seconds old at Unix time
         ``wall`` after the steps of ``entries``, over the version ``expected`` of the
         record ``previous`` (``None``: a new session): the record
-        (:func:`~._record.written`, its journal holding at most ``limit`` entries) and
-        the compare-and-set; the version
+        (:func:`~._record.written`, its journal holding at most ``limit`` entries,
+        :data:`~._record.COMPACT_EVERY` by default) and the compare-and-set; the version
         and record written. A pending ``action`` that invokes tools is claimed by the
         worker. ``StaleWrite`` if the store moved on (then ``previous`` is no more the
         caller's to use)."""
@@ -203,6 +203,8 @@ class Held:
         cas = self.payload_cas
         if cas is None:
             limit = -1  # a store of JSON data: the snapshot anew
+        elif limit is None:
+            limit = COMPACT_EVERY
         record = written(
             previous,
             session_id,

@@ -38,7 +38,7 @@ from ._core import SessionStore, check_name, check_version
 from ._errors import StaleWrite
 from ._held import Held, Live
 from ._journal import EVENT, START, Step, read_session, take_steps
-from ._record import COMPACT_AT_START, COMPACT_EVERY, MAX_KEYS, read_record
+from ._record import COMPACT_AT_START, MAX_KEYS, read_record
 
 _LARGEST = sys.float_info.max
 _LIVE_SESSIONS = 1024
@@ -403,7 +403,7 @@ class Worker:
                 age,
                 keys,
                 action,
-                limit=COMPACT_EVERY if event is not None else COMPACT_AT_START,
+                limit=None if event is not None else COMPACT_AT_START,
             )
         except StaleWrite:
             return self._lost_race(session_id, key)
