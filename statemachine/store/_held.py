@@ -205,6 +205,9 @@ class Held:
             limit = -1  # a store of JSON data: the snapshot anew
         elif limit is None:
             limit = COMPACT_EVERY
+        # no turn runs after a turn's Finish (or between turns: no action then): the
+        # session may have ended, and its last turn finished
+        between = type(action) is Finish or action is None
         record = written(
             previous,
             session_id,
@@ -212,14 +215,14 @@ class Held:
             entries,
             wall,
             age,
+            session.finished_at if between else None,
             keys,
             claim,
             carried,
             limit,
             self.max_prefix,
         )
-        # a session ends with a turn's Finish (or between turns: no action then)
-        ended = (type(action) is Finish or action is None) and session.status is not None
+        ended = between and session.status is not None
         if cas is not None:
             version = cas(session_id, expected, record.payload, record.incarnation, ended)
         else:

@@ -134,6 +134,7 @@ def written(
     entries: Sequence[str],
     wall: float,
     age: float,
+    finished_at: float | None,
     keys: tuple[tuple[int, str], ...],
     claim: Claim | None,
     carried: tuple[ToolOutcome, ...],
@@ -142,8 +143,9 @@ def written(
     /,
 ) -> Record:
     """The record to write for ``session`` (the journal's frame), ``age`` seconds old at
-    Unix time ``wall``, after the steps whose journal ``entries`` these are, holding
-    ``keys``, ``claim`` and ``carried``.
+    Unix time ``wall``, after the steps whose journal ``entries`` these are, its last
+    turn finished at ``finished_at`` (``session.finished_at``: ``None`` while a turn
+    runs), holding ``keys``, ``claim`` and ``carried``.
 
     ``previous``, the record the session was read from or last written as (the
     caller's alone), with the entries appended in place while it may take them
@@ -154,7 +156,6 @@ def written(
     caller, ``Held.write``, passes the arguments by position.)"""
     last = session.last_at
     elapsed = last if age < last else age
-    finished_at = session.finished_at
     finished = None if finished_at is None else elapsed - finished_at
     if previous is not None:
         end = previous.prefix_end
