@@ -157,14 +157,22 @@ def written(
     last = session.last_at
     elapsed = last if age < last else age
     finished = None if finished_at is None else elapsed - finished_at
-    if previous is not None:
-        end = previous.prefix_end
-        added = _grown(previous, entries, limit, max_prefix)
-    if previous is None or added is None:
+    record, end, added = previous, 0, ",".join(entries)
+    if record is None or not record.appendable or record.entries + len(entries) > limit:
+        record = None
+    else:  # the entries appended to the journal in place, while the prefix stays short
+        end = record.prefix_end  # type: ignore[assignment] # known: appendable
+        if added and record.entries:
+            added = "," + added
+        grown = end + (len(added) if added.isascii() else len(added.encode()))
+        if grown > max_prefix:
+            record = None
+        else:
+            record.prefix_end, record.entries = grown, record.entries + len(entries)
+            record.snapshot, record.journal = None, ()  # as read: only the bytes now
+    if record is None:
         record = _fresh(previous, session_id, session, elapsed, wall)
-        end, added = record.prefix_end, ""
-    else:
-        record = previous
+        end, added = record.prefix_end, ""  # type: ignore[assignment] # known: written here
     middle = record.middle
     if (
         middle is None
@@ -184,7 +192,7 @@ def written(
         f'{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
     ).encode()
     payload: bytes = record.payload  # type: ignore[assignment]
-    if end < _SLICED:  # type: ignore[operator]
+    if end < _SLICED:
         record.payload = payload[:end] + tail
     else:  # the prefix copied once
         record.payload = b"".join((memoryview(payload)[:end], tail))
@@ -194,26 +202,6 @@ def written(
 _SLICED = 1 << 16
 """Below this many bytes, a record's prefix is sliced and then copied (for a few
 kilobytes, faster than a memoryview's one copy)."""
-
-
-def _grown(record: Record, entries: Sequence[str], limit: int, max_prefix: int) -> str | None:
-    """The text that appends ``entries`` to ``record``'s journal, its prefix then ending
-    after them (``record`` updated in place); ``None`` when the record may not take them."""
-    count = len(entries)
-    if not record.appendable or record.entries + count > limit:
-        return None
-    added = entries[0] if count == 1 else ",".join(entries)
-    if added and record.entries:
-        added = "," + added
-    end = record.prefix_end
-    size = len(added) if added.isascii() else len(added.encode())
-    if end + size > max_prefix:  # type: ignore[operator]
-        return None
-    record.prefix_end = end + size  # type: ignore[operator]
-    record.entries += count
-    if record.snapshot is not None or record.journal:
-        record.snapshot, record.journal = None, ()  # read: only the bytes now
-    return added
 
 
 def _fresh(
