@@ -111,11 +111,6 @@ _make_advanced: Callable[
 slots (every advance makes one)."""
 
 
-_ADJUSTED = frozenset({type(None), ToolsDone, ModelReplied})
-"""The types of what an advance does not send to the turn as it is (see
-:meth:`Worker._steps`): any other event is one step, itself."""
-
-
 def _default_owner() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
@@ -194,6 +189,11 @@ class Worker:
         self._count_idle = count_idle
         self._observers = tuple(observers)
         self._doom_check = doom_check
+        self._adjusted = frozenset(
+            {type(None), ToolsDone} if doom_check is None else {type(None), ToolsDone, ModelReplied}
+        )
+        """The types of what an advance does not send to the turn as it is (see
+        :meth:`_steps`): any other event is one step, itself."""
         self._held = Held(
             store,
             owner=self.owner,
@@ -386,7 +386,7 @@ class Worker:
         age = held.age(record, wall)
         mark = _mark(session) if observers else (0, 0)
         before = session.cost_usd if live.tree else 0.0
-        steps = self._steps(live, event) if type(event) in _ADJUSTED else ((EVENT, event),)
+        steps = self._steps(live, event) if type(event) in self._adjusted else ((EVENT, event),)
         action, entries = take_steps(session, steps, age, wall)
         keys = record.keys
         if key is not None:
@@ -424,7 +424,7 @@ class Worker:
         return result
 
     def _steps(self, live: Live, event: object | None) -> Iterable[Step]:
-        """The steps of an advance of ``live`` with ``event``, one of :data:`_ADJUSTED`:
+        """The steps of an advance of ``live`` with ``event``, one of ``_adjusted``:
         ``None`` starts the next turn (the children's totals and the ancestors' budget
         pulled first, when the session is in a tree); a ``ToolsDone`` is sent with the
         record's carried outcomes in it, a reply with this worker's doom-check verdict."""
@@ -438,7 +438,7 @@ class Worker:
         if type(event) is ToolsDone:
             if live.record.carried:
                 event = ToolsDone((*live.record.carried, *event.outcomes))
-        elif self._doom_check is not None:
+        else:  # a reply, to a worker with a doom check
             turn = session.current_turn
             if turn is not None:  # else the step is refused: no turn yet
                 event = turn.judged(event, self._doom_check)  # type: ignore[arg-type]
