@@ -157,14 +157,14 @@ def written(
     last = session.last_at
     elapsed = last if age < last else age
     finished = None if finished_at is None else elapsed - finished_at
-    record, end, added = previous, 0, ",".join(entries)
+    record, end, added, sep = previous, 0, ",".join(entries), ""
     if record is None or not record.appendable or record.entries + len(entries) > limit:
         record = None
     else:  # the entries appended to the journal in place, while the prefix stays short
         end = record.prefix_end  # type: ignore[assignment] # known: appendable
         if added and record.entries:
-            added = "," + added
-        grown = end + (len(added) if added.isascii() else len(added.encode()))
+            sep = ","
+        grown = end + len(sep) + (len(added) if added.isascii() else len(added.encode()))
         if grown > max_prefix:
             record = None
         else:
@@ -172,7 +172,7 @@ def written(
             record.snapshot, record.journal = None, ()  # as read: only the bytes now
     if record is None:
         record = _fresh(previous, session_id, session, elapsed, wall)
-        end, added = record.prefix_end, ""  # type: ignore[assignment] # known: written here
+        end, added, sep = record.prefix_end, "", ""  # type: ignore[assignment] # known: written here
     middle = record.middle
     if (
         middle is None
@@ -189,7 +189,7 @@ def written(
     now = f"{elapsed!r}" if type(elapsed) is float else number_text(elapsed)
     since = "null" if finished is None else number_text(finished)
     tail = (
-        f'{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
+        f'{sep}{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
     ).encode()
     payload: bytes = record.payload  # type: ignore[assignment]
     if end < _SLICED:
