@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import statemachine as sm
 from statemachine.core import _backoff
-from statemachine.core._backoff import jitter, nominal_delay_ms, wait_seconds
+from statemachine.core._backoff import jitter, wait_seconds
 from statemachine.core._retry_after import retry_after
 
 from .helpers import calling_turn, fail, new_session
@@ -60,6 +60,15 @@ def test_jitter_spreads_over_the_interval() -> None:
     assert max(buckets) < 500
 
 
+def _delay_ms(n: int, base: float, factor: float, cap: float) -> float:
+    """``delay_ms(n)`` as ``specs/backoff.md`` writes it: ``min(base * factor ** n, cap)``
+    (a power too large for a float is the cap)."""
+    try:
+        return min(base * float(factor) ** n, cap)
+    except OverflowError:
+        return cap
+
+
 @pytest.mark.requirement("ER-22")
 @pytest.mark.requirement("ER-1")
 @given(
@@ -73,7 +82,7 @@ def test_wait_lies_in_the_contract_envelope(
     n: int, u: float, base: float, factor: float, cap: float
 ) -> None:
     """Without a retry-after the n-th wait lies in [0.5, 1.5) x min(base*factor^n, cap)."""
-    nominal = nominal_delay_ms(n, base, factor, cap)
+    nominal = _delay_ms(n, base, factor, cap)
     assert nominal <= cap
     seconds = wait_seconds(n, u, None, base, factor, cap)
     assert 0.5 * nominal / 1000 - 1e-9 <= seconds <= 1.5 * nominal / 1000 + 1e-9
@@ -88,7 +97,8 @@ def test_retry_after_is_a_floor(n: int, u: float, server: float) -> None:
 
 def test_huge_retry_numbers_do_not_overflow() -> None:
     """A factor to a huge power caps at ``max_delay_ms`` instead of raising."""
-    assert nominal_delay_ms(10_000, 500, 2.0, 30_000) == 30_000
+    assert wait_seconds(10_000, 0.5, None, 500, 2.0, 30_000) == 30.0
+    assert wait_seconds(10_000, 0.0, None, 500, 2.0, 30_000) == 15.0
 
 
 def _truth_rows() -> list[tuple[str, str, str, str, str]]:
@@ -182,8 +192,20 @@ def test_spec_table_of_default_waits_matches_settings() -> None:
     settings = sm.Settings()
     assert len(rows) == settings.max_retries
     for n, delay in rows:
-        assert float(delay) == nominal_delay_ms(
+        assert float(delay) == _delay_ms(
             int(n), settings.base_delay_ms, settings.backoff_factor, settings.max_delay_ms
+        )
+        # u = 0.5 leaves the delay unjittered: the engine's wait is the table's
+        assert (
+            wait_seconds(
+                int(n),
+                0.5,
+                None,
+                settings.base_delay_ms,
+                settings.backoff_factor,
+                settings.max_delay_ms,
+            )
+            == float(delay) / 1000
         )
 
 

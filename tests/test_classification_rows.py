@@ -242,7 +242,8 @@ NAMES = [
                    "exceed_context_size_error")],
     # row 1: quota and billing, never retried whatever the status (ER-41)
     *[(name, C.UNKNOWN, (400, 429, 403, 500, 200, None))
-      for name in ("insufficient_quota", "billing_error", "billing_hard_limit_reached")],
+      for name in ("insufficient_quota", "billing_error", "billing_hard_limit_reached",
+                   "exceeded_current_quota_error", "Arrearage")],
     # row 2: filters
     *[(name, C.CONTENT_FILTERED, (400, 403, 200, None))
       for name in ("content_filter", "content_policy_violation", "refusal")],

@@ -419,6 +419,58 @@ def _both(first: Forgery, second: Forgery) -> Forgery:
     return forge
 
 
+def _after_a_call(event: sm.ModelReplied | sm.ModelFailed) -> dict[str, Any]:
+    """A plain turn whose first call ended with ``event``."""
+    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(event)
+    return _snap(session)
+
+
+def _answered() -> dict[str, Any]:
+    """A plain turn whose reply asked for no tool call: completed."""
+    data = _after_a_call(sm.ModelReplied())
+    assert data["turn"]["path"][-1][:4] == ["calling", "ModelReplied", "no_tool_calls", "completed"]
+    return data
+
+
+def _final_answer_calling() -> dict[str, Any]:
+    """``max_turns=1``: a turn, then the final-answer turn, waiting for its reply."""
+    session = sm.Session(sm.Settings(max_turns=1), seed=1, clock=ManualClock())
+    first = session.new_turn()
+    first.start()
+    first.send(sm.Assembled({"m": 1}, 5))
+    first.send(sm.ModelReplied())
+    final = session.new_turn()
+    final.start()
+    final.send(sm.Assembled({"m": 2}, 5))
+    data = _snap(session)
+    assert data["turn"]["final_answer"] and data["turn"]["state"] == "calling"
+    return data
+
+
+def _reduced() -> dict[str, Any]:
+    """A plain turn whose call overflowed: reducing its context."""
+    data = _after_a_call(fail("context_length_exceeded"))
+    assert data["turn"]["actions"][-1]["reduce"] and data["turn"]["state"] == "reducing_context"
+    return data
+
+
+def _graft(source: Callable[[], dict[str, Any]], *keys: str) -> Forgery:
+    """Give the turn the last step (row, action, time) of ``source``'s turn, and its
+    ``keys``: a transition the engine took in another turn."""
+
+    def forge(d: dict[str, Any]) -> None:
+        taken = source()["turn"]
+        for key in ("path", "actions", "times"):
+            d["turn"][key].append(taken[key][-1])
+        d["turn"].update({key: taken[key] for key in ("state", *keys)})
+
+    return forge
+
+
 SESSION_FORGED: dict[str, tuple[Callable[[], dict[str, Any]], Forgery, str]] = {
     "a limit that is no limit's status": (
         _ended_by_max_turns,
@@ -720,6 +772,24 @@ SESSION_FORGED: dict[str, tuple[Callable[[], dict[str, Any]], Forgery, str]] = {
         _set(doom_last=None),
         r"^doom_run: a run of identical calls needs its fingerprint, and only then$",
     ),
+    "issue 37: a plain turn ending on the final-answer turn's row": (
+        _answered,
+        lambda d: d["turn"]["path"][-1].__setitem__(2, "final_answer"),
+        r"^turn\.path\[2\]: calling --ModelReplied \[final_answer\]--> completed fires only in "
+        r"the final-answer turn$",
+    ),
+    "issue 37: a final-answer turn that reduced its context (no instruction)": (
+        _final_answer_calling,
+        _graft(_reduced, "reductions", "overflowed_size", "overflowed_request"),
+        r"^turn\.path\[2\]: calling --ModelFailed \[context_length_exceeded & reductions_left\]"
+        r"--> reducing_context never fires in the final-answer turn$",
+    ),
+    "a final-answer turn that invoked tools": (
+        _final_answer_calling,
+        _graft(_invoking, "calls", "in_flight", "reply"),
+        r"^turn\.path\[2\]: calling --ModelReplied--> invoking_tools never fires in the "
+        r"final-answer turn$",
+    ),
     "a fingerprint without a doom run": (
         _running,
         _set(doom_last="40d62018d8c48257259682e2"),
@@ -806,105 +876,6 @@ def test_a_tool_rounds_wait_at_its_bounds_restores(attempt: int, seconds: float)
     assert _restores(data)
 
 
-def _final_answer_turn_calling() -> dict[str, Any]:
-    """``max_turns=1``: a turn, then the final-answer turn, waiting for its reply."""
-    session = sm.Session(sm.Settings(max_turns=1), seed=1, clock=ManualClock())
-    first = session.new_turn()
-    first.start()
-    first.send(sm.Assembled({"m": 1}, 5))
-    first.send(sm.ModelReplied())
-    final = session.new_turn()
-    final.start()
-    final.send(sm.Assembled({"m": 2}, 5))
-    data = _snap(session)
-    assert data["turn"]["final_answer"] and data["turn"]["state"] == "calling"
-    return data
-
-
-def _reduced() -> dict[str, Any]:
-    """A plain turn whose call overflowed: reducing its context."""
-    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
-    turn = session.new_turn()
-    turn.start()
-    turn.send(sm.Assembled({"m": 2}, 5))
-    assert turn.send(fail("context_length_exceeded")) == sm.Assemble(reduce=True)
-    return _snap(session)
-
-
-@pytest.mark.requirement("ER-38")
-def test_a_plain_turn_that_ended_on_the_final_answer_turns_row_is_refused() -> None:
-    """Issue 37: a plain turn whose reply asked for no tool call ends on the row guarded
-    by ``no_tool_calls``; the same snapshot naming the row guarded by ``final_answer``
-    (same effect, same action) is a state the engine cannot reach, and the engine would
-    report a row that never fired."""
-    session = sm.Session(sm.Settings(), seed=1, clock=ManualClock())
-    turn = session.new_turn()
-    turn.start()
-    turn.send(sm.Assembled({"m": 1}, 5))
-    turn.send(sm.ModelReplied())
-    data = _snap(session)
-    assert data["turn"]["path"][-1][:4] == ["calling", "ModelReplied", "no_tool_calls", "completed"]
-    assert _restores(copy.deepcopy(data))
-    data["turn"]["path"][-1][2] = "final_answer"
-    before = copy.deepcopy(data)
-    with pytest.raises(
-        sm.SnapshotError,
-        match=r"^turn\.path\[2\]: calling --ModelReplied \[final_answer\]--> completed fires "
-        r"only in the final-answer turn$",
-    ):
-        sm.Session.restore(data, clock=ManualClock())
-    assert data == before
-
-
-@pytest.mark.requirement("ER-38")
-def test_a_final_answer_turn_that_reduced_its_context_is_refused() -> None:
-    """Issue 37: the final-answer turn's overflow ends ``context_exhausted`` (its row
-    comes first): it never reduces. Its snapshot given a real reduction's step and
-    ``Assemble(reduce=True)`` (no instruction, as a plain turn's reduction has) is
-    refused, naming the step."""
-    data = _final_answer_turn_calling()
-    reduction = _reduced()["turn"]
-    assert _restores(copy.deepcopy(data))
-    turn = data["turn"]
-    for key in ("path", "actions", "times"):
-        turn[key].append(reduction[key][-1])
-    for key in ("state", "reductions", "overflowed_size", "overflowed_request"):
-        turn[key] = reduction[key]
-    assert turn["actions"][-1] == {
-        "$type": "Assemble",
-        "reduce": True,
-        "withhold_tools": False,
-        "instruction": None,
-    }
-    before = copy.deepcopy(data)
-    with pytest.raises(
-        sm.SnapshotError,
-        match=r"^turn\.path\[2\]: calling --ModelFailed \[context_length_exceeded & "
-        r"reductions_left\]--> reducing_context never fires in the final-answer turn$",
-    ):
-        sm.Session.restore(data, clock=ManualClock())
-    assert data == before
-
-
-@pytest.mark.requirement("ER-38")
-def test_a_final_answer_turn_that_invoked_tools_is_refused() -> None:
-    """The final-answer turn's reply is never invoked: its snapshot given a tool round
-    (the step, the calls in flight and the ``InvokeTools`` of a plain turn's) is refused."""
-    data = _final_answer_turn_calling()
-    invoking = _invoking()["turn"]
-    turn = data["turn"]
-    for key in ("path", "actions", "times"):
-        turn[key].append(invoking[key][-1])
-    for key in ("state", "calls", "in_flight", "reply"):
-        turn[key] = invoking[key]
-    with pytest.raises(
-        sm.SnapshotError,
-        match=r"^turn\.path\[2\]: calling --ModelReplied--> invoking_tools never fires in the "
-        r"final-answer turn$",
-    ):
-        sm.Session.restore(data, clock=ManualClock())
-
-
 _WINDOWS = {"breaker_window": 5, "breaker_window_threshold": 3}
 _DENIAL_WINDOW = {"denial_window": 5, "denial_window_threshold": 3}
 
@@ -940,3 +911,45 @@ def test_a_session_with_no_turn_that_counted_something_is_refused_naming_it(
     data.update(fields)
     with pytest.raises(sm.SnapshotError, match=rf"^turn: missing, but the session has {name}\b"):
         sm.Session.restore(data, clock=ManualClock())
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_restored_childs_ancestors_budget_binds_below_its_own() -> None:
+    """A parent that spent 5.0 of its 10.0 spawns a child that spends 1.0: 4.0 is left
+    above it, less than its own 9.0. Restored with no live parent and 2.0 spent more,
+    2.0 is left: the reading less the spend since, not plus it."""
+
+    def spend(session: sm.Session, cost: float) -> None:
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled({"m": 1}, 5))
+        turn.send(sm.ModelReplied(cost=cost))
+
+    parent = sm.Session(sm.Settings(max_cost_usd=10), seed=1, clock=ManualClock(), session_id="p")
+    spend(parent, 5.0)
+    child = parent.spawn()
+    spend(child, 1.0)
+    assert child.remaining_budget_usd == 4.0
+    restored = sm.Session.restore(_snap(child), clock=ManualClock())
+    spend(restored, 2.0)
+    assert restored.remaining_budget_usd == 2.0
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_session_with_no_turn_holds_its_childrens_spend_and_no_more() -> None:
+    """A parent that never ran a turn but spawned a child that spent 1.0 holds that
+    spend (its own is nothing): restored. A spend of its own beyond float rounding
+    (1e-9) is refused; within it, restored."""
+    parent = sm.Session(sm.Settings(), seed=1, clock=ManualClock(), session_id="p")
+    child = parent.spawn()
+    turn = child.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied(cost=1.0))
+    data = _snap(parent)
+    assert (data["turn"], data["cost_usd"], data["child_costs"]) == (None, 1.0, {"p.1": 1.0})
+    assert _restores(data)
+    fresh = _fresh()
+    assert _restores({**fresh, "cost_usd": 1e-9})
+    with pytest.raises(sm.SnapshotError, match=r"^turn: missing, but the session has spent"):
+        sm.Session.restore({**fresh, "cost_usd": 2e-9}, clock=ManualClock())

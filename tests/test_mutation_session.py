@@ -24,21 +24,33 @@ def _waits(session: sm.Session, n: int = 3) -> list[float]:
     return waits
 
 
-@pytest.mark.requirement("ER-25")
-def test_the_default_seed_is_zero() -> None:
-    """``Session()`` draws the jitter of seed 0 (documented: the same run every time)."""
+@pytest.mark.requirement("ER-25", "ER-146")
+@pytest.mark.parametrize("drawn", [0, 12345, 2**64 - 1])
+def test_the_default_seed_is_64_bits_drawn_from_the_operating_system(
+    drawn: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Session()`` takes 64 random bits of ``secrets`` as its seed (documented: sessions
+    made alike jitter apart), keeps them in its snapshot and jitters by them: the waits
+    of ``seed=<the drawn bits>``. A seed given is taken as it is, and none is drawn."""
+    asked: list[int] = []
+
+    def randbits(bits: int) -> int:
+        asked.append(bits)
+        return drawn
+
+    monkeypatch.setattr("statemachine.core._session.secrets.randbits", randbits)
     default = sm.Session(sm.Settings(), clock=ManualClock())
-    assert default.snapshot()["seed"] == 0
-    assert _waits(default) == _waits(sm.Session(sm.Settings(), seed=0, clock=ManualClock()))
-    assert _waits(sm.Session(sm.Settings(), clock=ManualClock())) != _waits(
-        sm.Session(sm.Settings(), seed=1, clock=ManualClock())
-    )
+    assert asked == [64]
+    assert default.seed == drawn and default.snapshot()["seed"] == drawn
+    assert _waits(default) == _waits(sm.Session(sm.Settings(), seed=drawn, clock=ManualClock()))
+    assert sm.Session(sm.Settings(), seed=0, clock=ManualClock()).seed == 0
+    assert asked == [64]  # a seed given draws nothing
 
 
 @pytest.mark.requirement("ER-28")
-@pytest.mark.parametrize("seed", [True, 1.0, "7", None])
+@pytest.mark.parametrize("seed", [True, 1.0, "7", b"7"])
 def test_a_seed_that_is_not_an_int_is_refused(seed: object) -> None:
-    with pytest.raises(sm.ConfigError, match="seed: must be an int"):
+    with pytest.raises(sm.ConfigError, match="seed: must be an int or None"):
         sm.Session(sm.Settings(), seed=seed, clock=ManualClock())  # type: ignore[arg-type]
 
 

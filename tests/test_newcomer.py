@@ -50,3 +50,26 @@ def test_other_non_events_get_no_wrapping_hint() -> None:
         turn.send("Assembled")
     assert "is not an event" in str(raised.value)
     assert "ModelFailed(error)" not in str(raised.value)
+
+
+def test_an_error_prints_as_one_line_for_a_log() -> None:
+    """``print(failed.status, failed.error)`` as the docs write it: ``str`` of a
+    ``ModelError`` is one line (category, HTTP status, code, the message cut at 200
+    characters), without the headers or the body; ``repr`` keeps every field."""
+    error = sm.ModelError(
+        "rate_limited",
+        "Too many\nrequests. " + "x" * 500,
+        status=429,
+        code="rate_limit_exceeded",
+        headers={"retry-after": "2", "x-request-id": "r" * 300},
+        body={"error": {"message": "y" * 300}},
+    )
+    line = str(error)
+    assert line.startswith("rate_limited (HTTP 429) [rate_limit_exceeded]: Too many requests. x")
+    assert "\n" not in line
+    assert line.endswith("\u2026")
+    assert len(line) == len("rate_limited (HTTP 429) [rate_limit_exceeded]: ") + 200
+    assert "retry-after" not in line and "r" * 50 not in line
+    assert "x-request-id" in repr(error)
+    assert str(sm.ModelError("auth_error")) == "auth_error"
+    assert str(sm.ModelError("unknown", "short")) == "unknown: short"

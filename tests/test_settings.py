@@ -236,6 +236,20 @@ def test_a_document_without_a_settings_table_gets_the_defaults(tmp_path: Path) -
     assert sm.Settings.from_toml(path) == sm.Settings()
 
 
+@pytest.mark.requirement("ER-94")
+@pytest.mark.parametrize("text", ["# only a comment", "# one\n\n  # two\n", "", "  \n"])
+def test_a_document_of_comments_only_gets_the_defaults(text: str) -> None:
+    """TOML text that holds only comments or blank lines is the empty document (the
+    defaults), not a path that names no file."""
+    assert sm.Settings.from_toml(text) == sm.Settings()
+
+
+def test_a_mistyped_path_is_still_named_as_a_missing_file() -> None:
+    """A one-line str that is neither TOML nor a file says so."""
+    with pytest.raises(sm.ConfigError, match=r"^nowhere/settings\.toml: no such settings file$"):
+        sm.Settings.from_toml("nowhere/settings.toml")
+
+
 def test_the_constructor_shows_its_fields() -> None:
     """``inspect.signature(Settings)`` lists the fields with their defaults."""
     parameters = inspect.signature(sm.Settings).parameters

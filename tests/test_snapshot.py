@@ -58,9 +58,13 @@ def test_restore_at_any_step_continues_exactly(cut: int) -> None:
     assert got == expected
 
     # the times are the restored session's clock, which started 901 s earlier; the
-    # steps before the snapshot keep no event, the steps after it carry theirs
+    # steps before the snapshot keep no event, the steps after it carry theirs; a
+    # snapshot keeps the turn, not the moment it was made
     def plain(record: sm.TraceRecord) -> sm.TraceRecord:
-        return attrs.evolve(record, caused_by=None, wall=None)
+        return attrs.evolve(record, caused_by=None, wall=None, made_at=None)
+
+    assert turn.trace[0].made_at == turn.trace[0].at
+    assert rest.trace[0].made_at is None
 
     assert [plain(attrs.evolve(r, at=r.at + 901.0)) for r in rest.trace] == [
         plain(r) for r in turn.trace
@@ -212,6 +216,32 @@ def test_a_snapshot_given_as_its_text_is_refused_saying_to_parse_it() -> None:
             sm.Session.restore(given, clock=ManualClock())  # type: ignore[arg-type]
     with pytest.raises(sm.SnapshotError, match=r"^snapshot: must be a JSON object, got list$"):
         sm.Session.restore([text], clock=ManualClock())  # type: ignore[arg-type]
+
+
+@pytest.mark.requirement("ER-26")
+@pytest.mark.parametrize("renamed", ["fallback_models", "max_retries", "max_cost_usd"])
+def test_a_renamed_settings_key_is_refused_after_a_warm_restore(renamed: str) -> None:
+    """A snapshot whose settings have one key renamed (order and value types kept) is a
+    ``SnapshotError`` naming the key even after a snapshot of the same shape was restored
+    (the settings cache once read the known list-valued keys before comparing names, and
+    a ``KeyError`` escaped); the store's load says ``CorruptSession``."""
+    from statemachine.store import CorruptSession, InMemoryStore, Worker
+
+    settings = sm.Settings(fallback_models=("b", "c"), max_cost_usd=5.0)
+    session = sm.Session(settings, seed=1, clock=lambda: 0.0, session_id="s")
+    snapshot = session.snapshot()
+    sm.Session.restore(snapshot)  # warm the cache with this shape
+    text = json.dumps(snapshot).replace(f'"{renamed}"', f'"{renamed}X"', 1)
+    with pytest.raises(sm.SnapshotError, match=f"{renamed}X"):
+        sm.Session.restore(json.loads(text))
+    store = InMemoryStore()
+    worker = Worker(store, owner="w", clock=lambda: 0.0, now=lambda: 1.0)
+    worker.create("s", session)
+    version, payload = store.load_payload("s")
+    forged = payload.replace(f'"{renamed}"'.encode(), f'"{renamed}X"'.encode(), 1)
+    store.compare_and_set_payload("s", version, forged, None)
+    with pytest.raises(CorruptSession):
+        Worker(store, owner="v", clock=lambda: 0.0, now=lambda: 1.0).load("s")
 
 
 @pytest.mark.requirement("ER-26")

@@ -6,7 +6,12 @@ every error category, retry-afters (usable, garbage and in headers), tool outcom
 illegal events, and checks after every step the invariants of ``specs/invariants.md``
 -- including the *local* ranking function: every step into a recovery state must
 consume a bounded resource. At the end, the recorded events are replayed on a fresh
-session and must give the same actions, bit for bit.
+session and must give the same actions, bit for bit; and so must the trace records'
+events, sent again by the documented public replay (``new_turn(at=record.made_at)``,
+``start(at=record.at)``, ``send(record.caused_by, at=record.at, wall=record.wall)``) to a
+session that has a wall clock, whether or not the live one had: the sessions draw both
+with and without a wall clock (with an HTTP-date retry-after only a wall clock makes
+usable) and turns made a while before they start (across a wall-clock bound).
 
 Profiles: ``HYPOTHESIS_PROFILE=ci`` (default, derandomized) or ``fuzz`` (long).
 """
@@ -49,6 +54,7 @@ from statemachine import (
     ToolErrorCategory,
     ToolOutcome,
     ToolsDone,
+    TraceRecord,
     TurnInProgress,
     TurnStatus,
     Wait,
@@ -73,8 +79,15 @@ class Clock:
 
 
 def wall_clock() -> float:
-    """A fixed Unix time (HTTP-date retry-afters are tested elsewhere)."""
+    """A fixed Unix time: an HTTP-date retry-after is read against it."""
     return WALL
+
+
+DATED = "dated"
+"""The retry-after the engine must honour for :data:`DATE`: 3 s on the wall clock, none
+in a session without one."""
+DATE = "Tue, 14 Nov 2023 22:13:23 GMT"
+"""3 s after :data:`WALL`."""
 
 
 settings_strategy = st.builds(
@@ -113,6 +126,8 @@ retry_after_strategy = st.one_of(
             ({"headers": {"retry-after-ms": "abc"}}, None),
             ({"retry_after_seconds": math.nan, "headers": {"retry-after": "4"}}, 4.0),
             ({"headers": {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}}, None),
+            ({"headers": {"retry-after": DATE}}, DATED),
+            ({"headers": {"retry-after": DATE}}, DATED),
         ]
     ),
 )
@@ -154,8 +169,10 @@ class TurnMachine(RuleBasedStateMachine):
         self.settings: Settings
         self.seed = 0
         self.clock = Clock()
+        self.wall_clock: Any = wall_clock
         self.turn: Any = None
         self.log: list[tuple[float, str, Any]] = []
+        self.records: list[TraceRecord] = []
         self.actions: list[Any] = []
         self.requests = 0
         # the reference model
@@ -287,22 +304,30 @@ class TurnMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------
 
-    @initialize(settings=settings_strategy, seed=st.integers(0, 2**32))
-    def setup(self, settings: Settings, seed: int) -> None:
-        """A fresh session."""
+    @initialize(settings=settings_strategy, seed=st.integers(0, 2**32), walled=st.booleans())
+    def setup(self, settings: Settings, seed: int, walled: bool) -> None:
+        """A fresh session, with a wall clock or none."""
         self.settings = settings
         self.seed = seed
+        self.wall_clock = wall_clock if walled else None
         self.session = Session(
-            settings, seed, self.clock, wall_clock=wall_clock, dispatch=self.DISPATCH
+            settings,
+            seed,
+            self.clock,
+            wall_clock=self.wall_clock,
+            observers=[self.records.append],
+            dispatch=self.DISPATCH,
         )
 
     def running(self) -> bool:
         return self.turn is not None and not self.turn.done
 
-    def new_turn(self) -> None:
-        """The next turn (the final-answer one once a limit fired)."""
+    def new_turn(self, gap: float) -> None:
+        """The next turn (the final-answer one once a limit fired), started ``gap``
+        seconds after it was made."""
         self.turn = self.session.new_turn()
         self.log.append((self.clock.now, "new_turn", None))
+        self.clock.now += gap
         self.poisoned, self.fatal, self.steps = set(), False, 0
         before = self.rank()
         self.log.append((self.clock.now, "start", None))
@@ -320,7 +345,7 @@ class TurnMachine(RuleBasedStateMachine):
         turn = self.turn
         if turn is None or turn.done:
             if self.session.status is None:
-                self.new_turn()
+                self.new_turn(data.draw(st.sampled_from([0.0, 0.0, 0.0, 5.0, 30.0]), label="gap"))
             return
         if data.draw(st.integers(0, 29), label="cancel if 0") == 0:
             self.cancel()
@@ -420,6 +445,8 @@ class TurnMachine(RuleBasedStateMachine):
     def failed(self, category: ErrorCategory, partial: bool, retry: Any) -> None:
         """The model call fails (every category, usable and garbage retry-afters)."""
         kwargs, honoured = retry
+        if honoured == DATED:
+            honoured = 3.0 if self.wall_clock is not None else None
         self.honoured = honoured
         request = self.turn.action.request
         action = self.send(ModelFailed(ModelError(category, "boom", **kwargs), partial=partial))
@@ -525,7 +552,9 @@ class TurnMachine(RuleBasedStateMachine):
         if self.DISPATCH is not DEFAULT_DISPATCH:
             return  # a planted mutant's states are not the engine's: restore refuses them
         data = json.loads(json.dumps(self.session.snapshot(), allow_nan=False))
-        restored = Session.restore(data, clock=self.clock, wall_clock=wall_clock)
+        restored = Session.restore(
+            data, clock=self.clock, wall_clock=self.wall_clock, observers=[self.records.append]
+        )
         assert restored.snapshot() == data
         self.session = restored
         self.turn = restored.current_turn
@@ -552,12 +581,14 @@ class TurnMachine(RuleBasedStateMachine):
             assert session.limit_reached is not None
 
     def teardown(self) -> None:
-        """Replaying the recorded events on a fresh session gives the same actions."""
+        """Replaying the recorded events on a fresh session gives the same actions; so
+        does the public replay of the trace records."""
         if not self.log:
             return
+        self.replay_the_records()
         clock = Clock()
         session = Session(
-            self.settings, self.seed, clock, wall_clock=wall_clock, dispatch=self.DISPATCH
+            self.settings, self.seed, clock, wall_clock=self.wall_clock, dispatch=self.DISPATCH
         )
         turn = None
         actions = []
@@ -573,6 +604,33 @@ class TurnMachine(RuleBasedStateMachine):
                 actions.append(turn.send(event))
         # repr: exact for floats, and NaN retry-afters kept on errors compare equal
         assert repr(actions) == repr(self.actions)
+
+    def replay_the_records(self) -> None:
+        """The records' events sent again at their moments (the documented replay, every
+        turn made at its ``made_at``) to a session with no clock but a wall clock: the
+        same actions and the same session. A step that had no wall time says so
+        (``wall=None``), so the replay's wall clock is never read for it."""
+        session = Session(
+            self.settings,
+            self.session.seed,  # the recorded seed
+            None,
+            wall_clock=wall_clock,
+            started=self.session.started,
+            dispatch=self.DISPATCH,
+        )
+        turn: Any = None
+        actions = []
+        for record in self.records:
+            if record.caused_by is None:  # a start: every turn here was made in this run
+                assert record.made_at is not None
+                turn = session.new_turn(at=record.made_at)
+                actions.append(turn.start(at=record.at))
+            else:
+                actions.append(turn.send(record.caused_by, at=record.at, wall=record.wall))
+        assert repr(actions) == repr([record.action for record in self.records])
+        assert repr(actions) == repr(self.actions)
+        if self.DISPATCH is DEFAULT_DISPATCH:
+            assert session.snapshot(at=self.clock.now) == self.session.snapshot()
 
 
 # CI runs more examples of this suite than the profile's default (it is the one that

@@ -179,7 +179,12 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/store/_redis_cluster.py": ("tests/test_store_redis_cluster.py",),
     "statemachine/io/_drivers.py": _DRIVERS,
     "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py"),
-    "statemachine/io/_providers.py": (*_DRIVERS, "tests/test_provider_usage.py"),
+    "statemachine/io/_providers.py": (
+        *_DRIVERS,
+        "tests/test_provider_usage.py",
+        "tests/test_stream_usage.py",
+    ),
+    "statemachine/io/_stream_usage.py": ("tests/test_stream_usage.py",),
     "statemachine/io/_router.py": _DRIVERS,
     "statemachine/io/_mcp.py": ("tests/test_mcp_crash.py",),
     "statemachine/io/_procwatch.py": ("tests/test_mcp_crash.py",),
@@ -211,8 +216,14 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_integration_pydantic_ai.py",
         "tests/test_integration_openai_agents.py",
     ),
-    "statemachine/integrations/pydantic_ai.py": ("tests/test_integration_pydantic_ai.py",),
-    "statemachine/integrations/openai_agents.py": ("tests/test_integration_openai_agents.py",),
+    "statemachine/integrations/pydantic_ai.py": (
+        "tests/test_integration_pydantic_ai.py",
+        "tests/test_stream_usage.py",
+    ),
+    "statemachine/integrations/openai_agents.py": (
+        "tests/test_integration_openai_agents.py",
+        "tests/test_stream_usage.py",
+    ),
 }
 """The fast tests (files or node IDs) that exercise each module of the engine, the
 store and the I/O layer; the slow suites (stateful, SDK end-to-end, the whole model
@@ -560,44 +571,6 @@ def _mutations_of(
             yield entry, _drop_entry(node, i), f"table entry dropped: `{_short(entry)}`", True
 
 
-def _expression_strings(tree: ast.Module) -> Iterator[tuple[str, ast.Constant]]:
-    """(key, string) of each value of a module-level ``*_EXPRESSIONS`` dict: source text
-    of an expression the module compiles (a table's guard), mutated as code."""
-    for statement in tree.body:
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
-            target, value = statement.targets[0], statement.value
-        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-            target, value = statement.target, statement.value
-        else:
-            continue
-        if not (isinstance(target, ast.Name) and target.id.endswith("_EXPRESSIONS")):
-            continue
-        if not isinstance(value, ast.Dict):
-            continue
-        for key, entry in zip(value.keys, value.values, strict=True):
-            if isinstance(entry, ast.Constant) and isinstance(entry.value, str):
-                name = key.value if isinstance(key, ast.Constant) else "?"
-                yield str(name), entry
-
-
-def _expression_mutants(text: str) -> Iterator[tuple[str, str]]:
-    """(the string literal, description) of each mutant of the expression ``text``:
-    the operators, constants and ``not`` a function's code would have mutated."""
-    try:
-        inner = ast.parse(text, mode="eval")
-    except SyntaxError:
-        return
-    raw = text.encode()
-    offsets = _Offsets(raw)
-    for node in ast.walk(inner):
-        for target, new, description, _ in _mutations_of(node, set(), set(), set()):
-            if not isinstance(target, ast.expr):
-                continue
-            start, end = offsets.span(target)
-            mutated = (raw[:start] + f"({ast.unparse(new)})".encode() + raw[end:]).decode()
-            yield repr(mutated), description
-
-
 def generate(module: str, source: bytes) -> list[Mutant]:
     """Every mutant of ``source`` (the file ``module``), in source order."""
     tree = ast.parse(source)
@@ -613,11 +586,6 @@ def generate(module: str, source: bytes) -> list[Mutant]:
 
     statements = _function_statements(tree)
     found: list[tuple[int, int, int, str, str]] = []  # (line, start, end, text, description)
-    for name, string in _expression_strings(tree):
-        table_strings.discard(id(string))  # mutated as the code it is, not as a name
-        start, end = offsets.span(string)
-        for text, description in _expression_mutants(str(string.value)):
-            found.append((string.lineno, start, end, text, f"in {name}: {description}"))
     for node in ast.walk(tree):
         if id(node) in excluded:
             continue

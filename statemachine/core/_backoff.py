@@ -34,16 +34,6 @@ def jitter(seed: int, draw: int) -> float:
     return (z >> 11) * (1.0 / (1 << 53))
 
 
-def nominal_delay_ms(n: int, base_delay_ms: float, factor: float, max_delay_ms: float) -> float:
-    """``delay_ms(n)``: the n-th retry's delay before jitter, capped."""
-    try:
-        # float(factor): an int factor would raise an exact integer to the n-th power
-        delay = base_delay_ms * float(factor) ** n
-    except OverflowError:
-        return max_delay_ms
-    return delay if delay < max_delay_ms else max_delay_ms
-
-
 def wait_seconds(
     n: int,
     u: float,
@@ -54,14 +44,16 @@ def wait_seconds(
 ) -> float:
     """``wait_ms(n) / 1000``: the seconds to wait before the n-th retry.
 
-    Finite whatever the (finite) settings: a delay so near the largest float that
-    jittering it would overflow is divided before it is jittered.
+    Finite whatever the (finite) settings: a ``delay_ms(n)`` whose power overflows is
+    ``max_delay_ms``, and a delay so near the largest float that jittering it would
+    overflow is divided before it is jittered.
     """
-    try:  # nominal_delay_ms(n, ...), inline: every wait takes it
+    try:
+        # float(factor): an int factor would raise an exact integer to the n-th power
         delay = base_delay_ms * float(factor) ** n
     except OverflowError:
         delay = max_delay_ms
-    if not delay < max_delay_ms:  # min(max_delay_ms, delay), without the call
+    if not delay < max_delay_ms:
         delay = max_delay_ms
     seconds = delay * (0.5 + u) / 1000.0
     if seconds == _INFINITY:

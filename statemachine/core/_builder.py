@@ -1,14 +1,14 @@
-"""The one place generated code is compiled, and the generators of the engine's own.
+"""Every piece of code the package generates, from its own declarations (never from input).
 
-The hottest paths run as straight-line code generated at import from the
-declarations that define them, never from input. The ``build_*`` functions here write
-the engine's: encoding a value and its compact form (``_codec.py``'s classes),
-making an action through its slots, a table group's trial of its rows, copying a state
-for the model checker and a trace step's counters (``_state.py``), a store's snapshot
-text (``_state_text.py``) and a trace record (``_engine.py``). The readers live beside
-the formats they read and compile through :func:`_compiled` too: a value's decoder and
-its fast reader (``_codec.py``), a snapshot's generated reader and writer of each
-state class (``_snapshot.py``).
+Generated code stays where a plain loop over a class's fields measured well beyond the
+benchmarks' 10 %: in CPython 3.11 a field read by name costs many times one read by
+a specialized attribute access, and one call site that calls many functions is not
+specialized. Each ``build_*`` function writes the code of one piece and says what it
+replaces: making an action through its slots (``_actions.py``), a row group's trial
+of its guards (``_engine.py``), copying a state for the model checker (``_state.py``),
+decoding a value and reading one with its checks (``_codec.py``), a snapshot's reader
+and writer of each state class (``_snapshot.py``). The rest of the engine is plain
+Python: the guards, a value's encoding, a store's snapshot text, a trace record.
 
 This module imports nothing of the package: every plan and every helper the generated
 code calls comes in as an argument.
@@ -16,9 +16,12 @@ code calls comes in as an argument.
 
 from __future__ import annotations
 
+import enum
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
 
 _FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 """A build without the GIL: there an object's ``__class__`` is assigned with every other
@@ -33,80 +36,6 @@ def _compiled(
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - source written here from the package's declarations, never from input
     function: Callable[..., Any] = namespace[name]
     return function
-
-
-# -- the value codec (_codec.py) -------------------------------------------------------
-
-FieldPlan = Sequence[tuple[str, bool, object]]
-"""(field, opaque, ...) of each encoded field of a value class, in order: an opaque
-field (the host's data) is written as it is."""
-
-
-def build_encode_one(
-    name: str,
-    fields: FieldPlan,
-    forms: Mapping[str, str],
-    *,
-    plain: frozenset[type],
-    encode: Callable[[Any], Any],
-    formed: Callable[[Any, str, str], Any],
-) -> Callable[[Any], Any]:
-    """``encode`` of an instance of the registered class ``name``: ``{"$type": name}``
-    and each field of ``fields``, a value whose type is in ``plain`` as it is, another
-    through ``encode``; a field of ``forms`` is written as ``formed(value, field,
-    form)``."""
-    lines = ["def encode_one(value):"]
-    items = [f"'$type': {name!r}"]
-    for i, (field, opaque, _) in enumerate(fields):
-        if field in forms:
-            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
-        else:
-            lines.append(f"    v{i} = value.{field}")
-        items.append(
-            f"{field!r}: v{i}"
-            if opaque
-            else f"{field!r}: v{i} if type(v{i}) in plain else encode(v{i})"
-        )
-    lines.append("    return {" + ", ".join(items) + "}")
-    namespace: dict[str, Any] = {"plain": plain, "encode": encode, "formed": formed}
-    return _compiled("\n".join(lines) + "\n", "encode_one", f"<encode {name}>", namespace)
-
-
-def build_compact_one(
-    name: str,
-    fields: FieldPlan,
-    forms: Mapping[str, str],
-    defaults: Mapping[str, Any],
-    *,
-    plain: frozenset[type],
-    compact: Callable[[Any], Any],
-    formed: Callable[[Any, str, str], Any],
-) -> Callable[[Any], Any]:
-    """``compact`` of an instance of the registered class ``name``: as
-    :func:`build_encode_one`'s, through ``compact``, leaving out each field of
-    ``defaults`` that holds its default (the same type and an equal value; ``None``
-    and a bool: the same object)."""
-    lines = ["def compact_one(value):", f"    out = {{'$type': {name!r}}}"]
-    namespace: dict[str, Any] = {"plain": plain, "compact": compact, "formed": formed}
-    for i, (field, opaque, _) in enumerate(fields):
-        item = f"v{i}" if opaque else f"v{i} if type(v{i}) in plain else compact(v{i})"
-        if field in forms:
-            lines.append(f"    v{i} = formed(value, {field!r}, {forms[field]!r})")
-        else:
-            lines.append(f"    v{i} = value.{field}")
-        if field not in defaults:
-            lines.append(f"    out[{field!r}] = {item}")
-            continue
-        default = defaults[field]
-        if default is None or type(default) is bool:
-            kept = f"v{i} is not {default!r}"
-        else:
-            namespace[f"d{i}"], namespace[f"t{i}"] = default, type(default)
-            kept = f"not (type(v{i}) is t{i} and v{i} == d{i})"
-        lines.append(f"    if {kept}:")
-        lines.append(f"        out[{field!r}] = {item}")
-    lines.append("    return out")
-    return _compiled("\n".join(lines) + "\n", "compact_one", f"<compact {name}>", namespace)
 
 
 # -- the actions (_actions.py) ---------------------------------------------------------
@@ -153,57 +82,38 @@ def _takes_class(instance: Any, cls: type) -> bool:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-def guard_function(name: str, expression: str) -> Callable[..., Any]:
-    """``guard(core, turn, event, facts)``: the value of ``expression``, a guard of the
-    table written over those four names (``name`` is what a traceback shows)."""
-    source = f"def {name}(core, turn, event, facts):\n    return {expression}\n"
-    return _compiled(source, name, f"<guard {name}>", {})
-
-
-def build_choose(
-    rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]],
-    inline: Mapping[Callable[..., bool], str] | None = None,
-) -> Any:
+def build_choose(rows: Sequence[tuple[Sequence[Callable[..., bool]], Any]]) -> Any:
     """``choose(core, turn, event, facts)``: the first of ``rows`` ((guards, row), in
-    trial order) whose guards all hold, each guard evaluated as ``guard(core, turn,
-    event, facts)`` in order until one fails; ``None`` when none holds. The trial
-    unrolled (a group's rows are tried on every event that reaches them), a guard found
-    in ``inline`` written out as its expression there (over the same four names) and
-    any other called; the source is compiled once per shape (how many guards each row
-    has, and the inline ones' expressions), the other guards and the rows bound to it."""
-    inline = inline or {}
-    shape = []
+    trial order) whose guards all hold, each guard called as ``guard(core, turn, event,
+    facts)`` in order until one fails; ``None`` when none holds.
+
+    What the loop ``for guards, row in rows: if all(...): return row`` does, unrolled:
+    every call of the loop is made from one place, which CPython cannot specialize for
+    the many guards it meets (measured: a rate limit's trial costs four times the
+    unrolled one's), while each guard here is called from a place of its own. The
+    source is compiled once per shape (how many guards each row has), the guards and
+    the rows bound to it."""
+    shape: list[int] = []
     for guards, _ in rows:
-        shape.append(tuple(inline.get(guard) for guard in guards))
+        shape.append(len(guards))
         if not guards:
             break  # an unguarded row: the rows after it never fire
     key = tuple(shape)
     factory = _CHOOSERS.get(key)
     if factory is None:
         factory = _CHOOSERS[key] = _choose_factory(key)
-    values = [
-        value
-        for guards, row in rows[: len(key)]
-        for value in (*(g for g in guards if g not in inline), row)
-    ]
-    return factory(*values)
+    return factory(*(value for guards, row in rows[: len(key)] for value in (*guards, row)))
 
 
-_CHOOSERS: dict[tuple[tuple[str | None, ...], ...], Callable[..., Any]] = {}
+_CHOOSERS: dict[tuple[int, ...], Callable[..., Any]] = {}
 
 
-def _choose_factory(shape: tuple[tuple[str | None, ...], ...]) -> Callable[..., Any]:
+def _choose_factory(shape: tuple[int, ...]) -> Callable[..., Any]:
     params = []
     body = ["    def choose(core, turn, event, facts):"]
-    for i, guards in enumerate(shape):
-        terms = []
-        for j, expression in enumerate(guards):
-            if expression is None:
-                params.append(f"guard{i}_{j}")
-                terms.append(f"guard{i}_{j}(core, turn, event, facts)")
-            else:
-                terms.append(f"({expression})")
-        params.append(f"row{i}")
+    for i, count in enumerate(shape):
+        terms = [f"guard{i}_{j}(core, turn, event, facts)" for j in range(count)]
+        params += [*(f"guard{i}_{j}" for j in range(count)), f"row{i}"]
         if not terms:
             body.append(f"        return row{i}")
             break
@@ -211,8 +121,7 @@ def _choose_factory(shape: tuple[tuple[str | None, ...], ...]) -> Callable[..., 
     else:
         body.append("        return None")
     lines = [f"def factory({', '.join(params)}):", *body, "    return choose"]
-    size = tuple(len(guards) for guards in shape)
-    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {size} guards>", {})
+    return _compiled("\n".join(lines) + "\n", "factory", f"<choose, rows of {shape} guards>", {})
 
 
 # -- the state (_state.py) -------------------------------------------------------------
@@ -224,7 +133,8 @@ def build_copy(
     cls: type, fields: Sequence[tuple[str, Callable[[Any], Any] | None]]
 ) -> Callable[[Any], Any]:
     """An independent copy of a ``cls`` instance, as straight-line field copies (the
-    model checker's hottest path): each of ``fields`` (name, copy) copied by its
+    model checker's hottest path; the same through ``attrgetter`` and the class's
+    ``__init__`` costs 2.5 times as much): each of ``fields`` (name, copy) copied by its
     ``copy``, or shared where that is ``None`` (an immutable value)."""
     lines = ["def copy(old):", "    new = new_instance(cls)"]
     namespace: dict[str, Any] = {"new_instance": cls.__new__, "cls": cls}
@@ -238,97 +148,275 @@ def build_copy(
     return _compiled("\n".join(lines) + "\n", "copy", _FROM_STATE.format("copy"), namespace)
 
 
-def build_step_after(counters: Sequence[tuple[str, str]], limit: int) -> Callable[..., Any]:
-    """``step_after(steps, info, turn, session)``: the step ``(info, *counters)``, the
-    counters read as ``counters`` names them ((``"turn"`` or ``"session"``, field), in
-    order), taken from ``steps`` (the row's cache, keyed by the counters) when it holds
-    it, else made and kept there while it holds fewer than ``limit``."""
-    reads = ", ".join(f"{owner}.{name}" for owner, name in counters)
-    source = (
-        "def step_after(steps, info, turn, session):\n"
-        f"    counters = ({reads},)\n"
-        "    step = steps.get(counters)\n"
-        "    if step is None:\n"
-        "        step = (info, *counters)\n"
-        "        if len(steps) < limit:\n"
-        "            steps[counters] = step\n"
-        "    return step\n"
-    )
-    namespace = {"limit": limit}
-    return _compiled(source, "step_after", _FROM_STATE.format("step_after"), namespace)
+# -- the value codec's readers (_codec.py) ----------------------------------------------
+#
+# Reading a value is a store's replay, mostly: a field loop made decoding an event a
+# quarter dearer than these straight lines.
+
+FieldPlan = Sequence[tuple[str, bool, tuple[type[enum.Enum], ...]]]
+"""(field, opaque, enum classes) of each encoded field of a value class, in order: an
+opaque field (the host's data) is read as it is, an enum's field as a member."""
 
 
-# -- the snapshot as text (_state_text.py) ---------------------------------------------
-
-TextHow = Literal[
-    "int",
-    "flag",
-    "number",
-    "text",
-    "number_or_null",
-    "status",
-    "relative",
-    "turn",
-    "actions",
-    "grown",
-    "data",
-]
-"""How the text writer writes one field (:func:`build_text_writer`)."""
-
-_TEXT_EXPRESSIONS: dict[TextHow, str] = {
-    "int": "int.__repr__({read})",
-    "flag": "'true' if {read} else 'false'",
-    "number": "number_text({read})",
-    "text": "text_or_null({read})",
-    "number_or_null": "number_or_null({read})",
-    "status": "status_text({read})",
-    "relative": "relative_text(now, {read})",
-    "turn": "'null' if {read} is None else turn_text({read}, now, old, new)",
-    "actions": "actions_text({read}, state.index, now, old, new)",
-    "grown": "grown_text({at!r}, {read}, state.index, enc_{name}, old, new)",
-    "data": "dumps({read} if enc_{name} is None else enc_{name}({read}))",
-}
-"""The expression that writes a field, for each :data:`TextHow`: ints, flags and
-numbers inline, the others through the helpers the writer is given."""
-
-
-def build_text_writer(
-    fields: Sequence[tuple[str, str, TextHow, Callable[[Any], Any] | None]],
-    prefix: str,
-    helpers: Mapping[str, Any],
-) -> Callable[..., str]:
-    """``write(state, now, old, new)``: the state as JSON text, one f-string, a key for
-    each of ``fields`` (name, snapshot key, how, encoder), in order, its value written
-    as ``how`` names it in :data:`_TEXT_EXPRESSIONS`; ``encoder`` (``None``: the value
-    as it is) is the field's encoding as data, and ``prefix`` + key names a grown list
-    in the cache. ``helpers`` holds every function an expression calls (``dumps``,
-    which also writes the keys, ``number_text``, ``turn_text``...)."""
-    namespace: dict[str, Any] = dict(helpers)
-    dumps = helpers["dumps"]
-    pieces = []
-    for name, key, how, encoder in fields:
-        namespace[f"enc_{name}"] = encoder
-        expr = _TEXT_EXPRESSIONS[how].format(read=f"state.{name}", at=prefix + key, name=name)
-        pieces.append(f"{dumps(key)}:{{{expr}}}")
-    source = 'def write(state, now, old, new):\n    return f"""{{' + ",".join(pieces) + '}}"""\n'
-    return _compiled(source, "write", _FROM_STATE.format("write"), namespace)
+def build_decoder(cls: type, name: str, plan: FieldPlan, helpers: dict[str, Any]) -> Any:
+    """``decode_one(data, depth)``: the ``cls`` (registered as ``name``) that ``data``
+    encodes with every field of ``plan``, each decoded at ``depth + 1``; data with
+    another number of keys, or without a field, is handed to ``decode_fields(name,
+    data, depth)``. ``helpers`` holds what the code calls: ``decode_fields``, ``decode``
+    (a nested value), ``enum_value`` (an enum's value that no member has), ``Bad`` (the
+    refusal, with a ``path``), ``short_message``, ``plain`` (the types read as they are),
+    ``MAX_DEPTH`` and ``too_deep``."""
+    fallback = f"return decode_fields({name!r}, data, depth)"
+    lines = [
+        "def decode_one(data, depth):",
+        f"    if len(data) != {len(plan) + 1}:",
+        f"        {fallback}",
+        *_lookups(plan, fallback),
+        "    if depth >= MAX_DEPTH:",
+        "        raise Bad(too_deep)",
+    ]
+    namespace = {**helpers, "cls": cls}
+    for i, (field, opaque, enum_classes) in enumerate(plan):
+        if opaque:
+            continue
+        if enum_classes:
+            namespace[f"members{i}"] = _members_by_value(enum_classes)
+            namespace[f"enums{i}"] = enum_classes
+            where = f"{name}.{field}"
+            lines += [
+                f"    if v{i} is not None:",
+                f"        m = members{i}.get(v{i}) if type(v{i}) is str else None",
+                f"        v{i} = enum_value(enums{i}, v{i}, {where!r}) if m is None else m",
+            ]
+            continue
+        lines += [
+            f"    if type(v{i}) not in plain:",
+            "        try:",
+            f"            v{i} = decode(v{i}, depth + 1)",
+            "        except Bad as bad:",
+            f"            bad.path.append({'.' + field!r})",
+            "            raise",
+        ]
+    lines += _built(cls, plan, "raise Bad(short_message(exc)) from None")
+    return _compiled("\n".join(lines) + "\n", "decode_one", f"<decode {name}>", namespace)
 
 
-# -- the trace record (_engine.py) -----------------------------------------------------
+def build_checked_reader(
+    cls: type,
+    plan: FieldPlan,
+    tests: Sequence[tuple[int, Callable[[Any], bool], bool]],
+    scalar: frozenset[type],
+    plain: Callable[[Any, set[int]], bool] | None,
+    make: Callable[..., Any] | None,
+) -> Callable[[dict[Any, Any], set[int]], Any]:
+    """``read(data, seen)``: the ``cls`` that ``data`` encodes with every field of
+    ``plan``, each of a type of ``scalar``, the host's data or an enum's value, and
+    each of ``tests`` (field index, check, data) passing (a data check passes at once
+    where ``plain(value, seen)`` does); ``None`` for any other data. ``make`` (every
+    field's value, in order) builds the value instead of ``cls``, when given."""
+    lines = [
+        "def read(data, seen):",
+        f"    if len(data) != {len(plan) + 1}:",
+        "        return None",
+        *_lookups(plan, "return None"),
+    ]
+    namespace: dict[str, Any] = {"scalar": scalar, "plain": plain, "cls": cls, "make": make}
+    for i, (_, opaque, enum_classes) in enumerate(plan):
+        if opaque:
+            continue
+        if enum_classes:
+            namespace[f"members{i}"] = _members_by_value(enum_classes)
+            lines += [
+                f"    v{i} = members{i}.get(v{i}) if type(v{i}) is str else None",
+                f"    if v{i} is None:",
+                "        return None",
+            ]
+            continue
+        lines += [f"    if type(v{i}) not in scalar:", "        return None"]
+    for j, (i, check, data) in enumerate(tests):
+        namespace[f"check{j}"] = check
+        passes = f"plain(v{i}, seen) or check{j}(v{i})" if data else f"check{j}(v{i})"
+        lines += [f"    if not ({passes}):", "        return None"]
+    if make is not None:
+        lines.append(f"    return make({', '.join(f'v{i}' for i in range(len(plan)))})")
+    else:
+        lines += _built(cls, plan, "return None")
+    return _compiled("\n".join(lines) + "\n", "read", f"<read {cls.__name__}>", namespace)
 
 
-def build_trace_record(record_class: type, counters: Sequence[str]) -> Callable[..., Any]:
-    """``trace_record(turn, index, step, action, cost=0.0, at=None, event=None,
-    wall=None, usage=None)``: the ``record_class`` of ``step``, its row from
-    ``step[0]``, each field of ``counters`` from the step's counters, in order."""
-    fields = ", ".join(f"{name}=step[{1 + i}]" for i, name in enumerate(counters))
-    source = (
-        "def trace_record(turn, index, step, action, cost=0.0, at=None, event=None,\n"
-        "                 wall=None, usage=None):\n"
-        "    source, trigger, guard, dest, _ = step[0]\n"
-        "    return TraceRecord(turn=turn, step=index, source=source, event=trigger,\n"
-        f"        guard=guard, dest=dest, action=action, {fields}, cost_usd=cost, at=at,\n"
-        "        caused_by=event, wall=wall, usage=usage)\n"
-    )
-    namespace: dict[str, Any] = {"TraceRecord": record_class}
-    return _compiled(source, "trace_record", "<trace_record, derived from TRACED>", namespace)
+def _members_by_value(classes: tuple[type[enum.Enum], ...]) -> dict[Any, enum.Enum]:
+    """Each value of ``classes``' members to its member, the first class's first."""
+    members: dict[Any, enum.Enum] = {}
+    for enum_class in classes:
+        for member in enum_class:
+            members.setdefault(member.value, member)
+    return members
+
+
+def _lookups(plan: FieldPlan, otherwise: str) -> list[str]:
+    """Source lines reading every field of ``plan`` into ``v0``, ``v1``...: with the
+    length checked before, the data then holds exactly ``$type`` and these keys (one
+    missing: ``otherwise``)."""
+    if not plan:
+        return []
+    return [
+        "    try:",
+        *(f"        v{i} = data[{field!r}]" for i, (field, _, _) in enumerate(plan)),
+        "    except KeyError:",
+        f"        {otherwise}",
+    ]
+
+
+def _built(cls: type, plan: FieldPlan, refused: str) -> list[str]:
+    """Source lines returning the ``cls`` of ``v0``, ``v1``...; where its ``__init__``
+    raises ``TypeError`` or ``ValueError`` (``exc``), ``refused`` runs instead."""
+    return [
+        "    try:",
+        f"        return cls({_arguments(cls, plan)})",
+        "    except (TypeError, ValueError) as exc:",
+        f"        {refused}",
+    ]
+
+
+def _arguments(cls: type, plan: FieldPlan) -> str:
+    """The arguments that build a ``cls`` of ``v0``, ``v1``...: by position where the
+    plan's fields are those ``__init__`` takes by position, in order (a call is cheaper
+    so), by name otherwise."""
+    fields = [field for field, _, _ in plan]
+    if fields == [f.name for f in attrs.fields(cls) if f.init and not f.kw_only]:
+        return ", ".join(f"v{i}" for i in range(len(fields)))
+    return ", ".join(f"{field}=v{i}" for i, field in enumerate(fields))
+
+
+# -- the snapshot's reader and writer of each state class (_snapshot.py) ------------------
+
+StateReadPlan = Sequence[tuple[str, str, Callable[[Any, str], Any], bool, str, Any]]
+"""(field, key, decode, relative, how, argument) of each stored field of a state class,
+in order: ``decode(raw, key)`` reads or refuses a value, a relative one is a reading
+of the clock written as the seconds before ``now``; ``how`` the way the value is read
+first: ``"turn"`` (a nested turn), ``"fast"`` (``argument(raw)``, ``None`` where
+``decode`` must), ``"actions"``, ``"status"`` (``argument``: the members by value),
+``"test"`` (``argument``: an expression over ``{v}`` whose passing means ``decode``
+gives the value back as it is), ``"empty"`` (``argument``: (``"list"`` or ``"dict"``,
+what an empty one reads as)), ``"decode"``."""
+
+
+def build_state_reader(
+    cls: type, prefix: str, fields: StateReadPlan, helpers: dict[str, Any]
+) -> Callable[..., Any]:
+    """``read(raw, now, seen)``: the ``cls`` whose stored fields ``raw`` holds, read as
+    ``fields`` say (keys named with ``prefix``); the others at their defaults. Data
+    without exactly these keys goes to ``by_fields(raw, now)``. ``helpers`` holds what
+    the code calls: ``by_fields``, ``read_turn``, ``fast_actions``, ``action_at``,
+    ``plain`` and the names the tests use."""
+    namespace = {**helpers, "cls": cls}
+    lines = [
+        "def read(raw, now, seen):",
+        f"    if type(raw) is not dict or len(raw) != {len(fields)}:",
+        "        return by_fields(raw, now)",
+        "    try:",
+        *(f"        v{i} = raw[{field[1]!r}]" for i, field in enumerate(fields)),
+        "    except KeyError:",
+        "        return by_fields(raw, now)",
+    ]
+    for i, (_, key, decode, relative, how, argument) in enumerate(fields):
+        v, at = f"v{i}", prefix + key
+        namespace[f"decode{i}"] = decode
+        slow = f"decode{i}({v}, {at!r})"
+        if how == "turn":
+            lines.append(f"    {v} = None if {v} is None else read_turn({v}, now, seen)")
+        elif how == "fast":
+            namespace[f"fast{i}"] = argument
+            lines += [f"    fast = fast{i}({v})", f"    {v} = {slow} if fast is None else fast"]
+        elif how == "actions":
+            lines += [
+                f"    fast = fast_actions({v}, seen)",
+                f"    {v} = [action_at(a, now, {at!r}) for a in {slow}] if fast is None else fast",
+            ]
+        elif how == "status":
+            namespace[f"members{i}"] = argument
+            lines += [
+                f"    if {v} is not None:",
+                f"        fast = members{i}.get({v}) if type({v}) is str else None",
+                f"        {v} = {slow} if fast is None else fast",
+            ]
+        elif how == "test":
+            lines += [f"    if not ({argument.format(v=v)}):", f"        {v} = {slow}"]
+        elif how == "empty":
+            shape, namespace[f"empty{i}"] = argument
+            lines.append(f"    {v} = empty{i} if type({v}) is {shape} and not {v} else {slow}")
+        else:
+            lines.append(f"    {v} = {slow}")
+        if relative:
+            lines.append(f"    {v} = None if {v} is None else now - {v}")
+    read = {field[0]: i for i, field in enumerate(fields)}
+    lines.append(f"    return cls({_state_arguments(cls, read, namespace)})")
+    filename = f"<read {cls.__name__}, from the state declaration>"
+    return _compiled("\n".join(lines) + "\n", "read", filename, namespace)
+
+
+def _state_arguments(cls: type, read: dict[str, int], namespace: dict[str, Any]) -> str:
+    """The arguments that build a ``cls`` of the fields ``read`` into ``v0``, ``v1``...
+    and the others at their defaults: by position (a call of some thirty keyword
+    arguments costs several times one of as many positional ones)."""
+    arguments = []
+    for f in attrs.fields(cls):
+        if f.name in read:
+            arguments.append(f"v{read[f.name]}")
+        elif isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
+            namespace[f"make_{f.name}"] = f.default.factory
+            arguments.append(f"make_{f.name}()")
+        else:
+            namespace[f"default_{f.name}"] = f.default
+            arguments.append(f"default_{f.name}")
+    return ", ".join(arguments)
+
+
+StateWritePlan = Sequence[tuple[str, str, str, Any]]
+"""(field, key, how, argument) of each stored field of a state class, in order:
+``how`` is ``"relative"`` (a reading of the clock, written as the seconds before
+``now``), ``"turn"``, ``"actions"``, ``"same"`` (the value as it is) or ``"encode"``
+(``argument``: (the kind's encoder, the default's type when it is empty and encodes
+as an empty list or dict, else ``None``, the type of that encoding))."""
+
+
+def build_state_writer(
+    cls: type,
+    fields: StateWritePlan,
+    head: tuple[str, int] | None,
+    helpers: dict[str, Any],
+) -> Callable[..., Any]:
+    """``write(state, now)``: a ``cls`` as its snapshot's data, one dict display, each
+    field written as ``fields`` say; with ``head`` (format, version),
+    ``write(settings, state, now)``, those and ``settings_data(settings)`` first.
+    ``helpers`` holds what the code calls: ``write_turn``, ``settings_data``,
+    ``encode`` (an action), ``encode_action`` (a Finish, at ``now``), ``Finish``."""
+    namespace = dict(helpers)
+    items = []
+    if head is not None:
+        items += [f"'format': {head[0]!r}", f"'version': {head[1]!r}"]
+        items.append("'settings': settings_data(settings)")
+    for i, (name, key, how, argument) in enumerate(fields):
+        read = f"state.{name}"
+        if how == "relative":
+            value = f"None if {read} is None else now - {read}"
+        elif how == "turn":
+            value = f"None if {read} is None else write_turn({read}, now)"
+        elif how == "actions":
+            value = (
+                f"[encode(a) if type(a) is not Finish else encode_action(a, now) for a in {read}]"
+            )
+        elif how == "same":
+            value = read
+        else:
+            namespace[f"encode{i}"], shape, literal = argument
+            value = f"encode{i}({read})"
+            if shape is not None:
+                namespace[f"empty_type{i}"] = shape
+                empty = "[]" if literal is list else "{}"
+                value = f"{empty} if type({read}) is empty_type{i} and not {read} else {value}"
+        items.append(f"{key!r}: {value}")
+    arguments = "settings, state, now" if head is not None else "state, now"
+    source = f"def write({arguments}):\n    return {{" + ", ".join(items) + "}\n"
+    filename = f"<write {cls.__name__}, from the state declaration>"
+    return _compiled(source, "write", filename, namespace)

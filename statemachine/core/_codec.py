@@ -11,6 +11,7 @@ survives unchanged.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import types
 import typing
@@ -20,7 +21,7 @@ from typing import Any
 import attrs
 
 from ._actions import Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._builder import _compiled, build_compact_one, build_encode_one
+from ._builder import build_checked_reader, build_decoder
 from ._events import EVENT_TYPES
 from ._json_data import short_repr, stored_form
 from ._model_error import Headers, ModelError
@@ -126,15 +127,7 @@ def _encode_other(value: Any) -> Any:
     kind = type(value)
     name = _name_of(kind)
     if name is not None:
-        out: dict[str, Any] = {"$type": name}
-        forms = _FORMS[name]
-        for field, opaque, _ in _PLANS[name]:
-            if field in forms:
-                out[field] = _formed(value, field, forms[field])
-                continue
-            item = getattr(value, field)
-            out[field] = item if opaque else encode(item)
-        return out
+        return _encoded_fields(name, False, value)
     if isinstance(value, enum.Enum):
         if len(_ENCODERS) < 4096:
             _ENCODERS[kind] = _enum_value_of
@@ -168,16 +161,45 @@ _PLAIN: frozenset[type] = frozenset({int, str, bool, type(None)})
 """Types ``encode`` returns as they are."""
 
 
-def _encoder_of(name: str) -> Any:
-    """``encode`` of an instance of the registered class ``name`` (exactly that class),
-    as straight-line code generated from its fields: the snapshot's hottest path."""
-    return build_encode_one(
-        name, _PLANS[name], _FORMS[name], plain=_PLAIN, encode=encode, formed=_formed
+_NO_DEFAULT = object()
+
+
+def _writes(cls: type) -> tuple[tuple[str, bool, str | None, Any], ...]:
+    """(field, opaque, form, default) of each encoded field of ``cls``: the field whose
+    JSON form it is written as (``None``: itself), its default (``_NO_DEFAULT``: none,
+    or a factory's)."""
+    forms = _FORMS[cls.__name__]
+    defaults = {
+        f.name: f.default
+        for f in attrs.fields(cls)
+        if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
+    }
+    return tuple(
+        (field, opaque, forms.get(field), defaults.get(field, _NO_DEFAULT))
+        for field, opaque, _ in _PLANS[cls.__name__]
     )
 
 
+_WRITES = {name: _writes(cls) for name, cls in _CLASSES.items()}
+
+
+def _encoded_fields(name: str, compacted: bool, value: Any) -> dict[str, Any]:
+    """``{"$type": name}`` and each encoded field of ``value``, an instance of the
+    registered class ``name`` (or of a subclass): the host's data and a value of a
+    plain type as it is, any other encoded (``compact`` with ``compacted``, which also
+    leaves out a field that holds its default: the same type and an equal value)."""
+    out: dict[str, Any] = {"$type": name}
+    again = compact if compacted else encode
+    for field, opaque, form, default in _WRITES[name]:
+        item = getattr(value, field) if form is None else _formed(value, field, form)
+        if compacted and type(item) is type(default) and item == default:
+            continue
+        out[field] = item if opaque or type(item) in _PLAIN else again(item)
+    return out
+
+
 _ENCODERS: dict[type, Any] = {
-    **{cls: _encoder_of(name) for name, cls in _CLASSES.items()},
+    **{cls: functools.partial(_encoded_fields, name, False) for name, cls in _CLASSES.items()},
     **dict.fromkeys((int, str, bool, type(None), dict), _same),
     float: _float,
     tuple: _items,
@@ -199,25 +221,9 @@ def compact(value: Any) -> Any:
     return encode(value)
 
 
-def _compact_of(name: str) -> Any:
-    """``compact`` of an instance of the registered class ``name``, generated."""
-    defaults = {
-        f.name: f.default
-        for f in attrs.fields(_CLASSES[name])
-        if f.default is not attrs.NOTHING and not isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
-    }
-    return build_compact_one(
-        name,
-        _PLANS[name],
-        _FORMS[name],
-        defaults,
-        plain=_PLAIN,
-        compact=compact,
-        formed=_formed,
-    )
-
-
-_COMPACT: dict[type, Any] = {cls: _compact_of(name) for name, cls in _CLASSES.items()}
+_COMPACT: dict[type, Any] = {
+    cls: functools.partial(_encoded_fields, name, True) for name, cls in _CLASSES.items()
+}
 
 
 MAX_DEPTH = 100
@@ -305,72 +311,30 @@ def _decode_fields(name: str, data: dict[Any, Any], depth: int) -> Any:
         raise _Bad(_short_message(exc)) from None
 
 
-_PLAIN_DATA = frozenset({str, int, float, bool, type(None)})
+_PLAIN_DATA: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 """What ``_decode`` gives back as it is (besides a dict that is no encoded value)."""
 
 
 def _decoder_of(name: str) -> Any:
-    """``_decode`` of data naming the registered class ``name``, as straight-line code
-    generated from its fields: data holding every field (what the engine writes now)
-    is read here; any other goes field by field (``_decode_fields``), which names what
-    is missing or unknown."""
-    plan = _PLANS[name]
-    lines = [
-        "def decode_one(data, depth):",
-        f"    if len(data) != {len(_KEYS[name])}:",
-        f"        return decode_fields({name!r}, data, depth)",
-        *_lookups(plan, f"return decode_fields({name!r}, data, depth)"),
-        "    if depth >= MAX_DEPTH:",
-        "        raise Bad(too_deep)",
-    ]
-    namespace: dict[str, Any] = {
-        "decode_fields": _decode_fields,
-        "MAX_DEPTH": MAX_DEPTH,
-        "Bad": _Bad,
-        "too_deep": f"nested more than {MAX_DEPTH} levels deep",
-        "plain": _PLAIN_DATA,
-        "decode": _decode,
-        "enum_value": _enum_value,
-        "short_message": _short_message,
-        "cls": _CLASSES[name],
-    }
-    for i, (field, opaque, enum_classes) in enumerate(plan):
-        if opaque:
-            continue
-        if enum_classes:
-            namespace[f"members{i}"] = _members_by_value(enum_classes)
-            namespace[f"enums{i}"] = enum_classes
-            where = f"{name}.{field}"
-            lines += [
-                f"    if v{i} is not None:",
-                f"        m = members{i}.get(v{i}) if type(v{i}) is str else None",
-                f"        v{i} = enum_value(enums{i}, v{i}, {where!r}) if m is None else m",
-            ]
-            continue
-        lines += [
-            f"    if type(v{i}) not in plain:",
-            "        try:",
-            f"            v{i} = decode(v{i}, depth + 1)",
-            "        except Bad as bad:",
-            f"            bad.path.append({'.' + field!r})",
-            "            raise",
-        ]
-    lines += [
-        "    try:",
-        f"        return cls({_arguments(_CLASSES[name], plan)})",
-        "    except (TypeError, ValueError) as exc:",
-        "        raise Bad(short_message(exc)) from None",
-    ]
-    return _compiled("\n".join(lines) + "\n", "decode_one", f"<decode {name}>", namespace)
-
-
-def _members_by_value(classes: tuple[type[enum.Enum], ...]) -> dict[Any, enum.Enum]:
-    """Each value of ``classes``' members to its member, the first class's first."""
-    members: dict[Any, enum.Enum] = {}
-    for enum_class in classes:
-        for member in enum_class:
-            members.setdefault(member.value, member)
-    return members
+    """``_decode`` of data naming the registered class ``name``: data holding every field
+    (what the engine writes now) is read by straight-line code generated from the
+    fields (``_builder.build_decoder``); any other goes field by field
+    (``_decode_fields``), which names what is missing or unknown."""
+    return build_decoder(
+        _CLASSES[name],
+        name,
+        _PLANS[name],
+        {
+            "decode_fields": _decode_fields,
+            "Bad": _Bad,
+            "too_deep": f"nested more than {MAX_DEPTH} levels deep",
+            "MAX_DEPTH": MAX_DEPTH,
+            "plain": _PLAIN_DATA,
+            "decode": _decode,
+            "enum_value": _enum_value,
+            "short_message": _short_message,
+        },
+    )
 
 
 def _enum_value(classes: tuple[type[enum.Enum], ...], item: Any, where: str) -> enum.Enum:
@@ -412,64 +376,8 @@ def checked_decoder(
     if make is not None and [field for field, _, _ in plan] != [f.name for f in attrs.fields(cls)]:
         raise TypeError(f"{name}: make takes every field, and some are not encoded")
     index = {field: i for i, (field, _, _) in enumerate(plan)}
-    lines = [
-        "def read(data, seen):",
-        f"    if len(data) != {len(_KEYS[name])}:",
-        "        return None",
-        *_lookups(plan, "return None"),
-    ]
-    namespace: dict[str, Any] = {"scalar": _PLAIN_DATA, "plain": plain, "cls": cls, "make": make}
-    for i, (_, opaque, enum_classes) in enumerate(plan):
-        if opaque:
-            continue
-        if enum_classes:
-            namespace[f"members{i}"] = _members_by_value(enum_classes)
-            lines += [
-                f"    v{i} = members{i}.get(v{i}) if type(v{i}) is str else None",
-                f"    if v{i} is None:",
-                "        return None",
-            ]
-            continue
-        lines += [f"    if type(v{i}) not in scalar:", "        return None"]
-    for j, (field, check) in enumerate(checks):
-        namespace[f"check{j}"] = check
-        v = f"v{index[field]}"
-        passes = f"plain({v}, seen) or check{j}({v})" if check is data_check else f"check{j}({v})"
-        lines += [f"    if not ({passes}):", "        return None"]
-    if make is not None:
-        lines.append(f"    return make({', '.join(f'v{i}' for i in range(len(plan)))})")
-    else:
-        lines += [
-            "    try:",
-            f"        return cls({_arguments(cls, plan)})",
-            "    except (TypeError, ValueError):",
-            "        return None",
-        ]
-    return _compiled("\n".join(lines) + "\n", "read", f"<read {name}>", namespace)
-
-
-def _lookups(plan: Sequence[tuple[str, bool, Any]], otherwise: str) -> list[str]:
-    """Source lines reading every field of ``plan`` into ``v0``, ``v1``...: with the
-    length checked before, the data then holds exactly ``$type`` and these keys (one
-    missing: ``otherwise``)."""
-    if not plan:
-        return []
-    return [
-        "    try:",
-        *(f"        v{i} = data[{field!r}]" for i, (field, _, _) in enumerate(plan)),
-        "    except KeyError:",
-        f"        {otherwise}",
-    ]
-
-
-def _arguments(cls: type, plan: Sequence[tuple[str, bool, Any]]) -> str:
-    """The arguments that build a ``cls`` of ``v0``, ``v1``...: by position where the
-    plan's fields are those ``__init__`` takes by position, in order (a call is cheaper
-    so), by name otherwise."""
-    fields = [field for field, _, _ in plan]
-    if fields == [f.name for f in attrs.fields(cls) if f.init and not f.kw_only]:
-        return ", ".join(f"v{i}" for i in range(len(fields)))
-    return ", ".join(f"{field}=v{i}" for i, field in enumerate(fields))
+    tests = [(index[field], check, check is data_check) for field, check in checks]
+    return build_checked_reader(cls, plan, tests, _PLAIN_DATA, plain, make)
 
 
 _DECODERS: dict[str, Any] = {name: _decoder_of(name) for name in _CLASSES}

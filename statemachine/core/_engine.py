@@ -46,7 +46,7 @@ from ._actions import (
     make_wait,
 )
 from ._backoff import jitter, wait_seconds
-from ._builder import build_choose, build_trace_record, guard_function
+from ._builder import build_choose
 from ._events import (
     Assembled,
     Cancelled,
@@ -61,7 +61,7 @@ from ._model_error import ModelError
 from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
-from ._state import TRACE_FIELDS, TRACED, RowInfo, SessionState, Step, TurnState, step_after
+from ._state import RowInfo, RowSteps, SessionState, Step, TurnState, traced_counters
 from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
@@ -134,12 +134,13 @@ class ToolFacts:
     terminal: bool
 
 
-def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
-    """The wait before retry ``attempt`` (from 0): the backoff formula with the
-    session's next jitter draw (previewed, not consumed), at least ``server``."""
+def _next_wait(core: Core, attempt: int, server: float | None, now: float) -> tuple[float, bool]:
+    """The wait before retry ``attempt`` (from 0), taken at ``now``: the backoff formula
+    with the session's next jitter draw (previewed, not consumed), at least ``server``;
+    and whether it would cross ``max_wall_clock_s``."""
     settings = core.settings
     state = core.state
-    return wait_seconds(
+    seconds = wait_seconds(
         attempt,
         jitter(state.seed, state.draws),
         server,
@@ -147,12 +148,8 @@ def _backoff_s(core: Core, attempt: int, server: float | None) -> float:
         settings.backoff_factor,
         settings.max_delay_ms,
     )
-
-
-def _crosses_wall_clock(core: Core, seconds: float, now: float) -> bool:
-    """Whether a wait of ``seconds`` from ``now`` would cross ``max_wall_clock_s``."""
-    limit = core.settings.max_wall_clock_s
-    return limit is not None and core.bound_elapsed_s(now) + seconds > limit
+    limit = settings.max_wall_clock_s
+    return seconds, limit is not None and core.bound_elapsed_s(now) + seconds > limit
 
 
 def _take_wait(core: Core, seconds: float) -> None:
@@ -172,19 +169,8 @@ def _wait_facts(
         server = None  # the common failure: the server asked for nothing
     else:
         server = retry_after(error, wall)
-    settings = core.settings
-    state = core.state
-    seconds = wait_seconds(  # _backoff_s(core, turn.attempt, server), inline: every retry takes it
-        turn.attempt,
-        jitter(state.seed, state.draws),
-        server,
-        settings.base_delay_ms,
-        settings.backoff_factor,
-        settings.max_delay_ms,
-    )
-    too_long = server is not None and server > settings.max_server_wait_s
-    limit = settings.max_wall_clock_s
-    crosses = limit is not None and core.bound_elapsed_s(now) + seconds > limit
+    seconds, crosses = _next_wait(core, turn.attempt, server, now)
+    too_long = server is not None and server > core.settings.max_server_wait_s
     return server, seconds, too_long, crosses, now
 
 
@@ -203,24 +189,22 @@ def _crash_facts(
     core: Core, turn: TurnState, by_id: dict[str, ToolOutcome], facts: ToolFacts
 ) -> None:
     settings = core.settings
-    state = core.state
-    in_flight = turn.in_flight
     # the crash breaker counts deaths: a provider whose process died under several
     # calls of one round crashed once
     died: dict[str, bool] = {}
-    for call in in_flight:
+    for call in turn.in_flight:
         crashed = by_id[call.id].category is ToolErrorCategory.PROCESS_CRASHED
         died[call.provider] = died.get(call.provider, False) or crashed
-    counts = dict(state.breakers or {})
+    counts = dict(core.state.breakers or {})
     window = settings.breaker_window
-    logs = dict(state.crash_logs or {}) if window else None
+    logs = dict(core.state.crash_logs or {}) if window else None
     tripped: list[str] = []
     for provider, crashed in died.items():
         count = counts.get(provider, 0) + 1 if crashed else 0
         counts[provider] = count
         trips = crashed and count >= settings.breaker_threshold
         if logs is not None and window is not None:
-            log = (logs.get(provider, "") + ("1" if crashed else "0"))[-window:]
+            log = _slide(logs.get(provider, ""), crashed, window)
             if "1" in log:
                 logs[provider] = log
             else:
@@ -236,22 +220,48 @@ def _denial_facts(
 ) -> None:
     """The denial breaker: permission_denied outcomes, in a row and in a window."""
     settings = core.settings
-    state = core.state
-    in_flight = turn.in_flight
     threshold = settings.denial_threshold
     size = settings.denial_window
-    denials, denial_log, denied = state.denials, state.denial_log, False
-    for call in in_flight:
+    denials, denial_log, denied = core.state.denials, core.state.denial_log, False
+    for call in turn.in_flight:
         hit = by_id[call.id].category is ToolErrorCategory.PERMISSION_DENIED
         if threshold is not None:
             denials = min(denials + 1, threshold) if hit else 0
             denied = denials >= threshold
         if size is not None:
-            denial_log = (denial_log + ("1" if hit else "0"))[-size:]
+            denial_log = _slide(denial_log, hit, size)
             denied = denied or (hit and denial_log.count("1") >= settings.denial_window_threshold)  # type: ignore[operator]
         if denied:
             break  # the breaker tripped: the counts stay where they tripped it
     facts.denials, facts.denial_log, facts.denied = denials, denial_log, denied
+
+
+def _slide(log: str, hit: bool, size: int) -> str:
+    """A sliding window's log (``1``: an outcome it counts) after one more outcome."""
+    return (log + ("1" if hit else "0"))[-size:]
+
+
+def _conflicting(
+    settings: Settings,
+    turn: TurnState,
+    by_id: dict[str, ToolOutcome],
+    outcomes: dict[str, ToolOutcome],
+) -> tuple[list[str], int]:
+    """The conflicting calls still to re-invoke after this round (``by_id``), in order,
+    and how often the first has been; ``outcomes`` takes the round's."""
+    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
+    pending = list(turn.pending)
+    if pending:  # a re-invocation of pending[0], alone
+        outcome = outcomes[pending[0]] = by_id[pending[0]]
+        attempt = turn.conflict_attempt
+        if outcome.category is conflict and attempt < settings.max_conflict_retries:
+            return pending, attempt
+        return pending[1:], 0
+    for call in turn.in_flight:
+        outcome = outcomes[call.id] = by_id[call.id]
+        if outcome.category is conflict and settings.max_conflict_retries:
+            pending.append(call.id)
+    return pending, 0
 
 
 def _conflict_facts(
@@ -259,31 +269,14 @@ def _conflict_facts(
 ) -> None:
     """Conflicts: re-invoked one at a time while they have re-invocations left and the
     wait fits the wall clock; whatever is left goes to the model as it is."""
-    settings = core.settings
-    in_flight = turn.in_flight
     tripped = facts.tripped
     denied = facts.denied
     outcomes = {outcome.call_id: outcome for outcome in turn.outcomes}
-    pending = list(turn.pending)
-    attempt = turn.conflict_attempt
-    conflict = ToolErrorCategory.CONCURRENCY_CONFLICT
-    if pending:  # a re-invocation of pending[0], alone
-        outcome = by_id[pending[0]]
-        outcomes[pending[0]] = outcome
-        if not (outcome.category is conflict and attempt < settings.max_conflict_retries):
-            pending.pop(0)
-            attempt = 0
-    else:
-        for call in in_flight:
-            outcome = by_id[call.id]
-            outcomes[call.id] = outcome
-            if outcome.category is conflict and settings.max_conflict_retries:
-                pending.append(call.id)
-        attempt = 0
+    pending, attempt = _conflicting(core.settings, turn, by_id, outcomes)
     facts.seconds = None
     if pending and not tripped and not denied:
-        seconds = _backoff_s(core, attempt, None)
-        if not _crosses_wall_clock(core, seconds, now):
+        seconds, crosses = _next_wait(core, attempt, None, now)
+        if not crosses:
             facts.seconds = seconds
     facts.outcomes = outcomes
     facts.pending = tuple(pending) if facts.seconds is not None else ()
@@ -386,6 +379,9 @@ FACTS_OF_EFFECT: dict[str, Facts] = {
 
 
 # -- guards -----------------------------------------------------------------------------
+#
+# Each guard is a question about ``(core, turn, event, facts)`` that reads and never
+# changes; what it means in words is ``_table.GUARDS`` (the diagrams' legend).
 
 Guard = Callable[["Core", TurnState, Any, Any], bool]
 
@@ -401,43 +397,37 @@ CATEGORY_GUARDS: dict[str, frozenset[ErrorCategory]] = {
 is built (one row group per category), so no event evaluates them."""
 
 
-def _shrank(_core: Core, turn: TurnState, event: Assembled, _facts: None) -> bool:
-    overflowed = turn.overflowed_size
-    if overflowed is None or event.size >= overflowed:
-        return False
-    # both are JSON data (checked when they came in): comparing them cannot raise
-    return bool(event.request != turn.overflowed_request)
-
-
-GUARD_EXPRESSIONS: dict[str, str] = {
-    "final_answer": "turn.final_answer",
-    "no_tool_calls": "not event.tool_calls",
-    "partial": "event.partial",
-    "reductions_left": "turn.reductions < core.settings.max_context_reductions",
-    "ceiling_reached": "core.state.retries >= core.settings.session_retry_ceiling",
-    "retries_left": "turn.attempt < core.settings.max_retries",
-    "wait_fits": "not (facts[2] or facts[3])",  # not too_long, does not cross
-    "fallback_left": "turn.model_index + 1 < len(core.settings.fallback_models)",
-    "server_wait_too_long": "facts[2]",
-    "wait_crosses_wall_clock": "facts[3]",
-    "trips_breaker": "bool(facts.tripped)",
-    "trips_denial_breaker": "facts.denied",
-    "conflict_retry": "facts.seconds is not None",
-    "terminal_tool": "facts.terminal",
-}
-"""The guards that are one expression over ``core``, ``turn``, ``event`` and ``facts``:
-a group's generated trial writes them out in place (a retry's trial calls none), and
-:data:`GUARDS` holds each as a function of the four."""
-
 GUARDS: dict[str, Guard] = {
-    **{name: guard_function(name, text) for name, text in GUARD_EXPRESSIONS.items()},
-    "shrank": _shrank,
+    "final_answer": lambda _core, turn, _event, _facts: turn.final_answer,
+    "no_tool_calls": lambda _core, _turn, event, _facts: not event.tool_calls,
+    "partial": lambda _core, _turn, event, _facts: event.partial,
+    "reductions_left": lambda core, turn, _event, _facts: (
+        turn.reductions < core.settings.max_context_reductions
+    ),
+    "ceiling_reached": lambda core, _turn, _event, _facts: (
+        core.state.retries >= core.settings.session_retry_ceiling
+    ),
+    "retries_left": lambda core, turn, _event, _facts: turn.attempt < core.settings.max_retries,
+    # a wait's facts: (server, seconds, too long, crosses the wall clock, now)
+    "wait_fits": lambda _core, _turn, _event, facts: not (facts[2] or facts[3]),
+    "fallback_left": lambda core, turn, _event, _facts: (
+        turn.model_index + 1 < len(core.settings.fallback_models)
+    ),
+    "server_wait_too_long": lambda _core, _turn, _event, facts: facts[2],
+    "wait_crosses_wall_clock": lambda _core, _turn, _event, facts: facts[3],
+    # both requests are JSON data (checked when they came in): comparing them cannot raise
+    "shrank": lambda _core, turn, event, _facts: (
+        turn.overflowed_size is not None
+        and event.size < turn.overflowed_size
+        and bool(event.request != turn.overflowed_request)
+    ),
+    "trips_breaker": lambda _core, _turn, _event, facts: bool(facts.tripped),
+    "trips_denial_breaker": lambda _core, _turn, _event, facts: facts.denied,
+    "conflict_retry": lambda _core, _turn, _event, facts: facts.seconds is not None,
+    "terminal_tool": lambda _core, _turn, _event, facts: facts.terminal,
 }
 """Every guard that is evaluated per event, by name (the table's guards less the
 category guards)."""
-
-INLINE_GUARDS: dict[Guard, str] = {GUARDS[name]: text for name, text in GUARD_EXPRESSIONS.items()}
-"""The expression of each guard a trial writes out in place, by its function."""
 
 
 # -- effects ------------------------------------------------------------------------------
@@ -473,21 +463,14 @@ def _call_model(core: Core, turn: TurnState, event: Assembled, _f: None, _s: Non
 
 
 def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
-    attempt = turn.attempt = turn.attempt + 1
-    index = turn.model_index  # _model(core, turn), inline: every retry takes it
-    model = core.settings.model if index < 0 else core.settings.fallback_models[index]
-    return make_call_model(turn.request, attempt, model, turn.final_answer)
+    turn.attempt += 1
+    return make_call_model(turn.request, turn.attempt, _model(core, turn), turn.final_answer)
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
-    state = core.state
-    state.retries += 1
-    server, seconds = facts[0], facts[1]
-    # _take_wait, inline: every retry takes it
-    state.draws += 1
-    waited = state.waited_s + seconds
-    state.waited_s = waited if waited < _LARGEST else _LARGEST
-    return make_wait(seconds, event.error.category, turn.attempt, server)
+    core.state.retries += 1
+    _take_wait(core, facts[1])
+    return make_wait(facts[1], event.error.category, turn.attempt, facts[0])
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
@@ -501,24 +484,12 @@ def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: Non
 
 
 def _complete(core: Core, turn: TurnState, event: ModelReplied, _f: None, _s: None) -> Action:
-    data = turn.reply_data = event.reply_data
+    turn.reply_data = event.reply_data
     if not event.tool_calls:
         state = core.state
         state.doom_last = None  # a reply with no tool call ends any run of identical calls
         state.doom_run = 0
-    # _finish_action(core, turn, COMPLETED, (), None, done=True), inline: every turn ends
-    # here; its reply is this event's (_reply_object finds it first)
-    return make_finish(
-        TurnStatus.COMPLETED,
-        (),
-        None,
-        _model(core, turn),
-        turn.fallbacks,
-        None,
-        event.reply,
-        True,
-        data,
-    )
+    return _finish_action(core, turn, TurnStatus.COMPLETED, (), None, None, True)
 
 
 def _invoke_tools(
@@ -574,7 +545,7 @@ def _finish_tools(
     outcomes = facts.outcomes
     results = tuple(_result(call, outcomes[call.id]) for call in turn.calls)
     return _finish_action(
-        core, turn, status or TurnStatus.COMPLETED, results, None, done=facts.terminal
+        core, turn, status or TurnStatus.COMPLETED, results, None, None, facts.terminal
     )
 
 
@@ -677,7 +648,6 @@ def _finish_action(
     results: tuple[ToolResult, ...],
     error: ModelError | None,
     retry_at: float | None = None,
-    *,
     done: bool = False,
 ) -> Finish:
     data = turn.reply_data
@@ -775,7 +745,7 @@ class BoundRow:
     status: TurnStatus | None
     names: tuple[str, ...]
     """The names of ``guards`` (the category guards already resolved are left out)."""
-    steps: dict[tuple[int, ...], Step] = attrs.field(factory=dict, eq=False, repr=False)
+    steps: RowSteps = attrs.field(eq=False, repr=False)
     """The steps through this row met so far, by their counters: traces share them."""
 
 
@@ -793,15 +763,14 @@ class Group:
     choose: Callable[[Core, TurnState, Any, Any], BoundRow | None] = attrs.field(
         default=None, eq=False, repr=False
     )
-    """The first row whose guards hold (``None``: none does): the trial, unrolled."""
+    """The first row whose guards all hold (``None``: none does), each guard called in
+    order until one fails: the trial, unrolled (``_builder.build_choose``)."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
     """The one row of a group with nothing to try, charge, check or derive: a step
     through it needs none of that."""
 
     def __attrs_post_init__(self) -> None:
-        if self.choose is None:
-            trials = [(row.guards, row) for row in self.rows]
-            object.__setattr__(self, "choose", build_choose(trials, INLINE_GUARDS))
+        object.__setattr__(self, "choose", build_choose([(row.guards, row) for row in self.rows]))
         if (
             len(self.rows) == 1
             and not self.rows[0].guards
@@ -896,6 +865,7 @@ def _group(
                 effect=effect_of[row.effect],
                 status=TurnStatus(row.status) if row.status else None,
                 names=names,
+                steps=RowSteps(row.info),
             )
         )
     return Group(tuple(bound), facts, check, trigger in _USAGE_TRIGGERS)
@@ -1178,6 +1148,7 @@ class Core:
                 final_answer=True,
                 instruction=final_answer_instruction(limit, self.settings),
             )
+        turn.made = now - state.started  # its bounds were checked now: a replay makes it then
         state.turn = turn
         return turn
 
@@ -1293,10 +1264,7 @@ class Core:
         turn.events.append(event)  # before the effect: a Finish finds its reply's event
         action = row.effect(self, turn, event, facts, row.status)
         turn.state = row.dest
-        # step_after(row.steps, row.info, turn, session), inline for a step met before
-        step = row.steps.get((turn.attempt, turn.reductions, session.retries))
-        if step is None:
-            step = step_after(row.steps, row.info, turn, session)
+        step = row.steps[traced_counters(turn, session)]
         turn.path.append(step)
         turn.actions.append(action)
         self.last = now
@@ -1309,8 +1277,9 @@ class Core:
         if self.observers:
             # as Turn.trace gives it: the start plus the step's time (same float)
             at = session.started + elapsed
+            made = made_at(turn, session.started) if trigger == START else None
             record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage
+                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage, made
             )
             for observer in self.observers:
                 observer(record)
@@ -1335,13 +1304,6 @@ def _keep(turn: TurnState, cost: float, usage: Any, wall: float | None) -> None:
     if wall is not None:  # rare: kept beside the step's event (appended last), no list of its own
         turn.events[-1] = (turn.events[-1], wall)
 
-
-if tuple((cls.__name__, name) for cls, name, _ in TRACED) != (  # pragma: no cover
-    ("TurnState", "attempt"),
-    ("TurnState", "reductions"),
-    ("SessionState", "retries"),
-):
-    raise ImportError("Core.fire reads the traced counters by name: make it read TRACED's")
 
 _INFINITY = float("inf")
 _CEILING = sys.float_info.max / 4
@@ -1368,6 +1330,14 @@ def last_reading(state: SessionState) -> float:
     return last
 
 
+def made_at(turn: TurnState, started: float) -> float | None:
+    """When ``turn`` was made (``new_turn``) on the clock of a session that started at
+    ``started``; ``None`` for a turn restored from a snapshot (which keeps the turn, not
+    that moment)."""
+    made = turn.made
+    return None if math.isnan(made) else started + made
+
+
 def wall_reading(wall: object) -> float | None:
     """``wall`` (Unix time, or ``None``) checked as a step's wall time."""
     return None if wall is None else _reading(wall, "wall")
@@ -1386,8 +1356,38 @@ def _reading(value: object, name: str) -> float:
     return reading
 
 
-trace_record: Callable[..., TraceRecord] = build_trace_record(TraceRecord, TRACE_FIELDS)
-"""The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
-row, its action, the counters of :data:`TRACED`, the cost its event carried, the
-moment it was taken and the event that caused it (generated, as it runs for every
-event an observer sees)."""
+def trace_record(
+    turn: int,
+    index: int,
+    step: Step,
+    action: Action,
+    cost: float = 0.0,
+    at: float | None = None,
+    event: Any = None,
+    wall: float | None = None,
+    usage: Any = None,
+    made_at: float | None = None,
+) -> TraceRecord:
+    """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
+    row, its action, the counters of :data:`TRACED` (in the order
+    :func:`traced_counters` reads them), the cost its event carried, the moment it was
+    taken and the event that caused it (a start's: when its turn was made)."""
+    source, trigger, guard, dest, _ = step[0]
+    return TraceRecord(
+        turn=turn,
+        step=index,
+        source=source,
+        event=trigger,
+        guard=guard,
+        dest=dest,
+        action=action,
+        attempt=step[1],
+        reductions=step[2],
+        session_retries=step[3],
+        cost_usd=cost,
+        at=at,
+        caused_by=event,
+        wall=wall,
+        usage=usage,
+        made_at=made_at,
+    )

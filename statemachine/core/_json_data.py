@@ -23,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 import attrs
 
 from ._exceptions import InvalidValue
+
+_Member = TypeVar("_Member", bound=Enum)
 
 MAX_DEPTH = 100
 MAX_NODES = 1_000_000
@@ -128,14 +131,6 @@ def _text_problem(text: str, where: str) -> str | None:
     return None
 
 
-def _scalar_key(key: object) -> bool:
-    if key is None or type(key) is bool:
-        return True
-    if type(key) is int:
-        return key.bit_length() <= MAX_INT_BITS
-    return type(key) is float and math.isfinite(key)
-
-
 def _walk(root: Any, strict: bool = False) -> str | None:
     stack: list[tuple[Any, str, int]] = [(root, "", 0)]
     nodes = 0
@@ -149,36 +144,58 @@ def _walk(root: Any, strict: bool = False) -> str | None:
             if strict:
                 return f"{where or 'the value'}: a {kind.__name__}, not one of JSON's own types"
             kind = _base_kind(value)
-        if kind is str:
-            if not value.isascii():
-                problem = _text_problem(value, where)
-                if problem:
-                    return problem
-        elif value is None or kind is bool:
-            continue
-        elif kind is int:
-            if value.bit_length() > MAX_INT_BITS:
-                return f"{where or 'the value'}: an integer of more than {MAX_INT_BITS} bits"
-        elif kind is float:
-            if not math.isfinite(value):
-                return f"{where or 'the value'}: {value!r} (JSON has no NaN or infinity)"
-        elif kind is dict:
+        if kind is dict or kind is list or kind is tuple:
             if depth >= MAX_DEPTH:
                 return f"{where or 'the value'}: nested more than {MAX_DEPTH} levels deep"
-            for key, item in value.items():
-                if type(key) is str:
-                    if not key.isascii() and _text_problem(key, where):
-                        return f"{where or 'the value'}: a key with a lone surrogate"
-                elif not _scalar_key(key):
-                    return f"{where or 'the value'}: a key JSON cannot write ({key!r:.40})"
-                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
-        elif kind is list or kind is tuple:
-            if depth >= MAX_DEPTH:
-                return f"{where or 'the value'}: nested more than {MAX_DEPTH} levels deep"
-            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+            problem = _push_items(value, where, depth + 1, stack)
         else:
-            return f"{where or 'the value'}: a {kind.__name__}, which is not JSON data"
+            problem = _scalar_problem(value, kind, where)
+        if problem is not None:
+            return problem
     return None
+
+
+def _scalar_problem(value: Any, kind: type, where: str) -> str | None:
+    """Why the value ``value`` (of the JSON kind ``kind``) at ``where`` is not JSON data."""
+    if kind is str:
+        return None if value.isascii() else _text_problem(value, where)
+    if value is None or kind is bool:
+        return None
+    if kind is int:
+        if value.bit_length() <= MAX_INT_BITS:
+            return None
+        return f"{where or 'the value'}: an integer of more than {MAX_INT_BITS} bits"
+    if kind is float:
+        if math.isfinite(value):
+            return None
+        return f"{where or 'the value'}: {value!r} (JSON has no NaN or infinity)"
+    return f"{where or 'the value'}: a {kind.__name__}, which is not JSON data"
+
+
+def _push_items(
+    value: Any, where: str, depth: int, stack: list[tuple[Any, str, int]]
+) -> str | None:
+    """Push the items of the container ``value`` (at ``where``) on ``stack``, at
+    ``depth``; why a key of it is not JSON data, if one is not."""
+    if not isinstance(value, dict):
+        stack.extend((item, f"{where}[{i}]", depth) for i, item in enumerate(value))
+        return None
+    for key, item in value.items():
+        if type(key) is str:
+            if not key.isascii() and _text_problem(key, where):
+                return f"{where or 'the value'}: a key with a lone surrogate"
+        elif not _scalar_key(key):
+            return f"{where or 'the value'}: a key JSON cannot write ({key!r:.40})"
+        stack.append((item, f"{where}.{key}" if where else str(key), depth))
+    return None
+
+
+def _scalar_key(key: object) -> bool:
+    if key is None or type(key) is bool:
+        return True
+    if type(key) is int:
+        return key.bit_length() <= MAX_INT_BITS
+    return type(key) is float and math.isfinite(key)
 
 
 _EXACT = frozenset({str, int, float, bool, dict, list, tuple, type(None)})
@@ -276,6 +293,25 @@ def stored_form(value: Any, name: str) -> Any:
     if type(value) in _JSON_SCALARS or type(value) in _CONTAINERS:
         return value
     return json_form(value, name)
+
+
+def check_unicode(text: str, name: str) -> None:
+    """Refuse ``text`` (``InvalidValue`` naming ``name``) if it holds a lone surrogate,
+    which UTF-8 cannot encode."""
+    if not text.isascii() and _text_problem(text, name):
+        raise InvalidValue(f"{name}: a string with a lone surrogate")
+
+
+def member_of(kind: type[_Member], raw: Any, name: str) -> _Member:
+    """``raw`` as a member of the enum ``kind``, whose value it is (``InvalidValue``
+    naming ``name`` and every value if it is none)."""
+    if type(raw) is kind:
+        return raw
+    try:
+        return kind(raw)
+    except ValueError:
+        names = ", ".join(member.value for member in kind)
+        raise InvalidValue(f"{name}: {raw!r} is not one of {names}") from None
 
 
 def instance_of(kind: type | tuple[type, ...], name: str | None = None) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import InvalidValue
-from ._json_data import json_problem
+from ._json_data import json_problem, member_of
 from ._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
 
 OPAQUE = {"opaque": True}
@@ -104,13 +104,7 @@ def to_headers(raw: object) -> Headers | None:
 
 
 def _to_category(raw: Any) -> ErrorCategory:
-    if type(raw) is ErrorCategory:
-        return raw
-    try:
-        return ErrorCategory(raw)
-    except ValueError:
-        names = ", ".join(c.value for c in ErrorCategory)
-        raise InvalidValue(f"category: {raw!r} is not one of {names}") from None
+    return member_of(ErrorCategory, raw, "category")
 
 
 _MAX_TEXT = 65_536
@@ -206,3 +200,21 @@ class ModelError:
     def retryable(self) -> bool:
         """Whether the engine retries this category (rate limits and overloads)."""
         return self.category in RETRYABLE_CATEGORIES
+
+    def __str__(self) -> str:
+        """One line for a log: the category, the HTTP status and code, then the
+        message on one line, cut at :data:`SUMMARY_CHARS` (``repr`` keeps every field,
+        the headers and body included)."""
+        head = self.category.value
+        if self.status is not None:
+            head += f" (HTTP {self.status})"
+        if self.code:
+            head += f" [{self.code:.60}]"
+        message = " ".join(self.message.split())
+        if len(message) > SUMMARY_CHARS:
+            message = message[: SUMMARY_CHARS - 1] + "\u2026"
+        return f"{head}: {message}" if message else head
+
+
+SUMMARY_CHARS = 200
+"""The longest message ``str(ModelError)`` shows."""

@@ -100,9 +100,10 @@ _NONE_BEFORE_A_TURN = (
 _IDLE_FIELDS = tuple(
     (f.name, f.default)
     for f in attrs.fields(TurnState)
-    if f.name not in ("index", "final_answer", "instruction", "state")
+    if f.name not in ("index", "final_answer", "instruction", "state", "made")
 )
-"""What an idle (never started) turn holds: its declared defaults."""
+"""What an idle (never started) turn holds: its declared defaults (and when it was
+made)."""
 
 
 def reachable_problem(state: SessionState, settings: Settings, *, checked: int = 0) -> str | None:
@@ -441,7 +442,7 @@ def _step_problem(
     if left is None:
         expected[_RETRIES] = counters[_RETRIES] - retries
     if attempt is not None:
-        expected[_ATTEMPT] = expected[_ATTEMPT] + 1 if attempt else 0
+        expected[_ATTEMPT] = expected[_ATTEMPT] + attempt if attempt else 0
     expected[_REDUCTIONS] += reductions
     expected[_RETRIES] += retries
     if counters != tuple(expected):

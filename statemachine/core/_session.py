@@ -13,10 +13,10 @@ here raises for an agent failure.
 
 Time is an input. Every step (``new_turn``, ``start``, ``send``, ``end``) takes its
 moment as ``at=`` (a reading of the session's monotonic clock) and, for ``send``,
-``wall=`` (Unix time); left out, the handle reads the session's ``clock`` and
-``wall_clock`` for it (the wall clock only for a failure whose headers may hold an
-HTTP-date ``retry-after``). A session built with ``clock=None`` reads no clock at
-all, like h11: every step must say when it happens. The engine underneath
+``wall=`` (Unix time; ``None``: the step has none); left out, the handle reads the
+session's ``clock`` and ``wall_clock`` for it (the wall clock only for a failure whose
+headers may hold an HTTP-date ``retry-after``). A session built with ``clock=None``
+reads no clock at all, like h11: every step must say when it happens. The engine underneath
 (:class:`~statemachine.core._engine.Core`) never reads a clock, so replaying a
 recorded step is the same call with the recorded moment.
 """
@@ -24,7 +24,9 @@ recorded step is the same call with the recorded moment.
 from __future__ import annotations
 
 import copy
+import enum
 import math
+import secrets
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +42,7 @@ from ._engine import (
     Observer,
     doom_facts,
     last_reading,
+    made_at,
     trace_record,
     wall_reading,
 )
@@ -102,6 +105,15 @@ def _check_id(name: str, value: object) -> None:
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
 
 
+class _WallClock(enum.Enum):
+    """What ``Turn.send`` takes as ``wall`` when it is left out."""
+
+    READ = "read the session's wall clock"
+
+
+_READ_WALL_CLOCK = _WallClock.READ
+
+
 def _start_reading(value: object, name: str = "started") -> float:
     """A clock reading that anchors a session (its start, a restore's now): a finite
     number of seconds, or the error that names it."""
@@ -113,15 +125,20 @@ def _start_reading(value: object, name: str = "started") -> float:
 class Session:
     """The turns of one conversation.
 
-    ``seed`` seeds the jitter; ``clock`` is a monotonic clock in seconds (the wall
-    clock bound and waits are measured on it) and ``wall_clock`` is Unix time, read
-    only to measure an HTTP-date ``retry-after``: the handles read them when a step
-    does not say when it happens (``at=``, ``wall=``). With ``clock=None`` no clock
-    is read: every step must pass ``at=``, and ``started`` (default 0.0) is the
-    session's start on the host's clock. ``observers`` receive every
-    :class:`TraceRecord` of every turn, as it happens; an observer's exception
-    propagates to the caller of ``send()``, after the transition (``turn.action``
-    still holds its action).
+    ``seed`` seeds the jitter (a 64-bit unsigned int; an int outside that range is
+    taken modulo 2**64). Left out, the session draws its own from the operating
+    system, so sessions made alike do not retry in step; the seed is kept in its
+    snapshot (and a bound :class:`TraceWriter`'s header), and every replay takes the
+    recorded one. Pass one (``seed=0``) to pin the waits, e.g. in a test.
+
+    ``clock`` is a monotonic clock in seconds (the wall clock bound and waits are
+    measured on it) and ``wall_clock`` is Unix time, read only to measure an HTTP-date
+    ``retry-after``: the handles read them when a step does not say when it happens
+    (``at=``, ``wall=``). With ``clock=None`` no clock is read: every step must pass
+    ``at=``, and ``started`` (default 0.0) is the session's start on the host's clock.
+    ``observers`` receive every :class:`TraceRecord` of every turn, as it happens; an
+    observer's exception propagates to the caller of ``send()``, after the transition
+    (``turn.action`` still holds its action).
 
     ``session_id`` names the session in its tree (children get ids from it; a store
     host uses its store id). ``doom_check`` is the second-tier doom-loop check
@@ -144,7 +161,7 @@ class Session:
     def __init__(
         self,
         settings: Settings | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Clock | None = time.monotonic,
         *,
         wall_clock: Clock | None = time.time,
@@ -158,8 +175,10 @@ class Session:
             settings = _DEFAULT_SETTINGS
         elif not isinstance(settings, Settings):
             raise ConfigError(f"settings: must be a Settings, got {settings!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed: must be an int, got {seed!r}")
+        if seed is None:
+            seed = secrets.randbits(64)  # its own: sessions made alike jitter apart
+        elif isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed: must be an int or None, got {seed!r}")
         if (clock is not None and not callable(clock)) or (
             wall_clock is not None and not callable(wall_clock)
         ):
@@ -677,12 +696,23 @@ class Turn:
             at = core.reading(at)
         return core.start(self._turn, at)
 
-    def send(self, event: object, *, at: float | None = None, wall: float | None = None) -> Action:
-        """Take ``event``, which happened at ``at`` on the session's clock and at Unix
-        time ``wall`` (defaults: the clocks' readings; the wall clock is read only for a
-        ``ModelFailed`` with headers, where an HTTP-date ``retry-after`` may need it);
-        return the next action (a :class:`Finish` at the end). A reply is sent with the
-        session's doom check's verdict in it (:meth:`judged`)."""
+    def send(
+        self,
+        event: object,
+        *,
+        at: float | None = None,
+        wall: float | _WallClock | None = _READ_WALL_CLOCK,
+    ) -> Action:
+        """Take ``event``, which happened at ``at`` on the session's clock (default: its
+        reading) and at Unix time ``wall``; return the next action (a :class:`Finish` at
+        the end). A reply is sent with the session's doom check's verdict in it
+        (:meth:`judged`).
+
+        ``wall=None`` says the step has no wall time (an HTTP-date ``retry-after`` with
+        no ``date`` header beside it is then unusable), as a session with no wall clock
+        takes it; left out, the session's wall clock is read, only for a
+        ``ModelFailed`` with headers (where such a date may need it). So a trace
+        record's ``wall`` sent again (``wall=record.wall``) is the step's own."""
         core = self._core
         turn = self._turn
         trigger = TRIGGERS.get(type(event))
@@ -701,13 +731,15 @@ class Turn:
             core.doom_check is not None or event.doom_verdict is not None  # type: ignore[attr-defined]
         ):
             event = self.judged(event)  # type: ignore[arg-type]
-        if wall is not None:
-            wall = wall_reading(wall)
-        elif trigger == "ModelFailed" and event.error.headers is not None:  # type: ignore[attr-defined]
-            wall_clock = self._session.wall_clock  # an HTTP-date retry-after may need it
-            if wall_clock is not None:
-                wall = wall_reading(wall_clock())
-        return core.fire(turn, trigger, event, at, wall)
+        given: float | None = None
+        if wall is _READ_WALL_CLOCK:
+            if trigger == "ModelFailed" and event.error.headers is not None:  # type: ignore[attr-defined]
+                wall_clock = self._session.wall_clock  # an HTTP-date retry-after may need it
+                if wall_clock is not None:
+                    given = wall_reading(wall_clock())
+        elif wall is not None:
+            given = wall_reading(wall)
+        return core.fire(turn, trigger, event, at, given)
 
     def judged(self, event: ModelReplied, check: DoomCheck | None = None) -> ModelReplied:
         """``event``, a reply to this turn, as :meth:`send` gives it to the engine: with the
@@ -883,6 +915,7 @@ class Turn:
         usages = dict(turn.usages or ())
         started = self._core.state.started
         events = turn.events
+        made = made_at(turn, started)
         unknown = len(turn.path) - len(events)  # restored steps: their events were not kept
         records = []
         for i, (step, action, at) in enumerate(
@@ -903,6 +936,7 @@ class Turn:
                     event,
                     wall,
                     usages.get(i),
+                    None if i else made,  # a start's record says when its turn was made
                 )
             )
         return tuple(records)

@@ -345,7 +345,7 @@ def _read(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
     if isinstance(text_or_path, str) and (
         "=" in text_or_path or "\n" in text_or_path or not os.path.exists(text_or_path)
     ):
-        if "=" not in text_or_path and "[" not in text_or_path and text_or_path.strip():
+        if not _reads_as_toml(text_or_path):
             raise ConfigError(f"{_shown(text_or_path)}: no such settings file")
         return "settings text", text_or_path
     try:
@@ -363,6 +363,15 @@ def _read(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
         raise ConfigError(f"{name}: not UTF-8 text") from None
     except ValueError as exc:  # a NUL byte in the path: no file can have that name
         raise ConfigError(f"{name}: cannot read settings file: {exc}") from None
+
+
+def _reads_as_toml(text: str) -> bool:
+    """Whether a str that names no file is TOML text rather than a mistyped path: it
+    sets a key or opens a table, or it is blank or only comments (the defaults, as the
+    empty document gets)."""
+    if "=" in text or "[" in text:
+        return True
+    return all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())
 
 
 def _shown(path: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 
 from ._actions import Action, Assemble, CallModel, Fallback, Finish, InvokeTools, Wait
-from ._builder import build_copy, build_step_after
+from ._builder import build_copy
 from ._codec import compact, decode, encode
 from ._exceptions import SnapshotError
 from ._json_data import MAX_COUNT, finite, json_problem, short_repr
@@ -243,15 +243,23 @@ def _ids(raw: Any, key: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]] | None:
+def _by_step(
+    raw: Any, key: str, what: str, read: Callable[[Any, str], Any]
+) -> list[tuple[int, Any]] | None:
+    """The ``[step, value]`` entries of ``raw`` (``None`` for none), each value read by
+    ``read`` (``what`` names it in a refusal)."""
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
-    costs: list[tuple[int, float]] = []
+    entries: list[tuple[int, Any]] = []
     for i, entry in enumerate(raw):
         if type(entry) is not list or len(entry) != 2:
-            raise SnapshotError(f"{key}[{i}]: must be [step, cost], got {short_repr(entry)}")
-        costs.append((_count(entry[0], f"{key}[{i}][0]"), _number(entry[1], f"{key}[{i}][1]")))
-    return costs or None
+            raise SnapshotError(f"{key}[{i}]: must be [step, {what}], got {short_repr(entry)}")
+        entries.append((_count(entry[0], f"{key}[{i}][0]"), read(entry[1], f"{key}[{i}][1]")))
+    return entries or None
+
+
+def _decode_costs(raw: Any, key: str) -> list[tuple[int, float]] | None:
+    return _by_step(raw, key, "cost", _number)
 
 
 COUNT = Kind("count", _same, _count)
@@ -325,20 +333,19 @@ def _not_read(_raw: Any, key: str) -> Any:  # pragma: no cover - never in a snap
 
 IN_PROCESS = Kind("kept in process", _same, _not_read, list, stored=False)
 """A list kept in this process only: no snapshot holds it."""
+IN_PROCESS_TIME = Kind("time kept in process", _same, _not_read, stored=False)
+"""A time kept in this process only (:data:`UNKNOWN_TIME` once restored)."""
+
+
+def _usage(raw: Any, key: str) -> Usage:
+    usage = _decoded(raw, key)
+    if type(usage) is not Usage:
+        raise SnapshotError(f"{key}: must be a Usage, got {short_repr(usage)}")
+    return usage
 
 
 def _decode_usages(raw: Any, key: str) -> list[tuple[int, Usage]] | None:
-    if type(raw) is not list:
-        raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
-    usages: list[tuple[int, Usage]] = []
-    for i, entry in enumerate(raw):
-        if type(entry) is not list or len(entry) != 2:
-            raise SnapshotError(f"{key}[{i}]: must be [step, usage], got {short_repr(entry)}")
-        usage = _decoded(entry[1], f"{key}[{i}][1]")
-        if type(usage) is not Usage:
-            raise SnapshotError(f"{key}[{i}][1]: must be a Usage, got {short_repr(usage)}")
-        usages.append((_count(entry[0], f"{key}[{i}][0]"), usage))
-    return usages or None
+    return _by_step(raw, key, "usage", _usage)
 
 
 USAGES = Kind(
@@ -643,6 +650,10 @@ class TurnState:
     ``path``'s: a snapshot keeps no events, so a restored turn's earlier steps have none."""
     usages: list[tuple[int, Usage]] | None = declared(USAGES, None, key="omit", since=5)
     """(step, usage) of every model call's outcome of this turn that reported one."""
+    made: float = declared(IN_PROCESS_TIME, UNKNOWN_TIME, key="omit")
+    """When the turn was made (``new_turn``), in seconds since the session started: a
+    turn may be made before it starts, and its bounds were checked then. Kept in this
+    process only (a snapshot keeps the turn itself): :data:`UNKNOWN_TIME` once restored."""
 
     @property
     def status(self) -> TurnStatus | None:
@@ -745,7 +756,6 @@ TRACED: tuple[tuple[type, str, str], ...] = tuple(
 )
 """(state class, field, TraceRecord field) of every counter a trace record carries,
 in the order a :data:`Step` holds them."""
-TRACE_FIELDS = tuple(name for _, _, name in TRACED)
 
 
 def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
@@ -854,20 +864,37 @@ def shift_state(state: SessionState, delta: float) -> None:
             actions[i] = attrs.evolve(action, retry_at=action.retry_at + delta)
 
 
-_MAX_INTERNED_PER_ROW = 4096
+class RowSteps(dict[tuple[int, int, int], Step]):
+    """The steps through one row met so far, by their counters: every trace that passes
+    through the row with the same counters shares one. A step not met before is made
+    when it is looked up, and kept while the row holds fewer than a bound."""
 
-step_after: Callable[[dict[Any, Step], RowInfo, TurnState, SessionState], Step] = build_step_after(
-    tuple(("turn" if cls is TurnState else "session", name) for cls, name, _ in TRACED),
-    _MAX_INTERNED_PER_ROW,
-)
-"""The :data:`Step` of a transition through ``info``, with the counters as they now
-stand (generated from :data:`TRACED`); ``steps`` is the row's cache of the steps met so
-far, shared by every trace that passes through the row with the same counters."""
+    __slots__ = ("info",)
+
+    _LIMIT = 4096
+
+    def __init__(self, info: RowInfo) -> None:
+        super().__init__()
+        self.info = info
+
+    def __missing__(self, counters: tuple[int, int, int]) -> Step:
+        step: Step = (self.info, *counters)
+        if len(self) < self._LIMIT:
+            self[counters] = step
+        return step
 
 
-def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, ...]:
+def traced_counters(turn: TurnState, session: SessionState) -> tuple[int, int, int]:
     """The counters of :data:`TRACED`, as they stand."""
-    return tuple(getattr(turn if cls is TurnState else session, name) for cls, name, _ in TRACED)
+    return (turn.attempt, turn.reductions, session.retries)
+
+
+if tuple((cls.__name__, name, trace) for cls, name, trace in TRACED) != (  # pragma: no cover
+    ("TurnState", "attempt", "attempt"),
+    ("TurnState", "reductions", "reductions"),
+    ("SessionState", "retries", "session_retries"),
+):
+    raise ImportError("traced_counters and trace_record read the traced counters by name")
 
 
 def declared_defaults(cls: type) -> dict[str, Any]:

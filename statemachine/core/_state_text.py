@@ -4,9 +4,9 @@
 :class:`~._state.TurnState`) as ``json_text(encode_state(state, now))``, byte for
 byte, reusing the text an earlier write of the same session left in a
 :class:`TextCache` (a store's write then costs what changed, not the whole trace
-again). The writer of each state class is one f-string generated from the declaration
-in ``_state.py`` (by ``_builder.build_text_writer``); this module reads the
-declaration, which never reads it.
+again). The writer of each state class is read from the declaration in ``_state.py``
+(each field's kind says how its value is written); this module reads the declaration,
+which never reads it.
 
 Here too are the pieces of JSON text every store record is built from:
 :func:`json_text`, :func:`number_text`, :func:`number_or_null`.
@@ -14,13 +14,14 @@ Here too are the pieces of JSON text every store record is built from:
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
 from ._actions import Action, Assemble, Wait
-from ._builder import TextHow, build_text_writer
 from ._state import (
     ACTIONS,
     COUNT,
@@ -116,22 +117,38 @@ def _status_text(value: SessionStatus | None) -> str:
     return "null" if value is None else encode_basestring(value.value)
 
 
-def _relative_text(now: float, value: float | None) -> str:
+# -- the writer of each state class -----------------------------------------------------
+#
+# Each field is written by a function of its value alone (an int, a flag, a number...) or,
+# for the kinds that need more, by a ``text(value, state, now, old, new)``: a reading of
+# the clock (written relative to ``now``), the nested turn, the trace lists (which reuse
+# what the cache ``old`` holds of the same turn and record into ``new``).
+
+FieldText = Callable[[Any, Any, float, "TextCache", "TextCache"], str]
+
+
+def _relative_text(value: float | None, _state: Any, now: float, _old: Any, _new: Any) -> str:
     return "null" if value is None else number_text(now - value)
+
+
+def _turn_text(value: Any, _state: Any, now: float, old: TextCache, new: TextCache) -> str:
+    return "null" if value is None else _TURN_TEXT(value, now, old, new)
 
 
 def _grown_text(
     at: str,
-    value: Any,
-    index: int,
     encoder: Callable[[Any], Any],
+    value: Any,
+    state: Any,
+    _now: float,
     old: TextCache,
     new: TextCache,
 ) -> str:
-    """The text of a list that only grows within a turn: what ``old`` wrote of the same
-    turn, plus the entries added since."""
+    """The text of a list that only grows within a turn (``at``: its key): what ``old``
+    wrote of the same turn, plus the entries added since."""
     if value is None:  # a list kept as None while empty
         return "[]"
+    index = state.index
     known = old.grown.get(at)
     if known is not None and known[0] == index and known[1] <= len(value):
         body = known[2]
@@ -150,12 +167,13 @@ _PLAIN_ACTIONS = (Assemble, Wait)
 
 
 def _actions_text(
-    value: list[Action], index: int, now: float, old: TextCache, new: TextCache
+    value: list[Action], state: Any, now: float, old: TextCache, new: TextCache
 ) -> str:
     """The text of the turn's actions at ``now``: a ``Wait`` or an ``Assemble`` met
     before is reused; an action that carries the host's data (a request, calls,
     results) or a reading of the clock (a Finish) is written anew, as the host may have
     changed that data in place."""
+    index = state.index
     known = old.actions
     seen, before = (known[1], known[2]) if known is not None and known[0] == index else ([], [])
     texts = []
@@ -168,63 +186,66 @@ def _actions_text(
     return f"[{','.join(texts)}]"
 
 
-# -- the generated writers, one per state class ----------------------------------------
+def _encoded_text(encoder: Callable[[Any], Any], value: Any) -> str:
+    return _dumps(encoder(value))
 
 
-def _how(kind: Kind) -> TextHow:
-    """How the generated writer writes a value of ``kind``: the kinds whose values are
-    plain ints, flags or numbers inline, the others through the helpers above."""
-    if kind in (COUNT, SEED, MODEL_INDEX):
-        return "int"
-    if kind is FLAG:
-        return "flag"
-    if kind is NUMBER:
-        return "number"
-    if kind in (TEXT, STATE):
-        return "text"
-    if kind in (OPTIONAL_COUNT, SIGNED):
-        return "number_or_null"
-    if kind is SESSION_STATUS:
-        return "status"
+_FLAG_TEXT = {False: "false", True: "true"}.__getitem__
+_VALUE_TEXT: dict[Kind, Callable[[Any], str]] = {
+    **dict.fromkeys((COUNT, SEED, MODEL_INDEX), int.__repr__),
+    FLAG: _FLAG_TEXT,
+    NUMBER: number_text,
+    **dict.fromkeys((TEXT, STATE), _text_or_null),
+    **dict.fromkeys((OPTIONAL_COUNT, SIGNED), number_or_null),
+    SESSION_STATUS: _status_text,
+}
+"""How a value of each kind whose values are ints, flags, numbers or text is written."""
+
+
+def _how(kind: Kind, at: str) -> tuple[Callable[[Any], str] | None, FieldText | None]:
+    """(how a value of ``kind`` is written by itself, or how with the state, the moment
+    and the caches): one of the two is ``None``. ``at`` is the snapshot key that names
+    a grown list in the cache."""
+    if kind in _VALUE_TEXT:
+        return _VALUE_TEXT[kind], None
     if kind.relative:
-        return "relative"
+        return None, _relative_text
     if kind is TURN:
-        return "turn"
+        return None, _turn_text
     if kind is ACTIONS:
-        return "actions"
+        return None, _actions_text
     if kind.grows:
-        return "grown"
+        return None, functools.partial(_grown_text, at, kind.encode)
     # anything else is written anew: host data above all (requests, replies, tool
     # calls and outcomes, errors), which the host may change in place once the
     # engine handed it out; the store then agrees with the session
     # (as json.dumps of the snapshot would)
-    return "data"
+    if kind.encode is _same:
+        return _dumps, None
+    return functools.partial(_encoded_text, kind.encode), None
 
 
-def _text_writer(cls: type, prefix: str, turn_text: Any = None) -> Callable[..., str]:
-    """The text writer of ``cls``, generated as one f-string from the declaration."""
+def _text_writer(cls: type, prefix: str) -> Callable[[Any, float, TextCache, TextCache], str]:
+    """``write(state, now, old, new)``: ``state``, a ``cls``, as JSON text, a key for
+    each stored field of the declaration, in order."""
     fields = []
     for f in stored_fields(cls):
-        kind: Kind = f.metadata["kind"]
         key = f.metadata["snapshot_key"] or f.name
-        encoder = None if kind.encode is _same else kind.encode
-        fields.append((f.name, key, _how(kind), encoder))
-    helpers = {
-        "text_or_null": _text_or_null,
-        "number_text": number_text,
-        "number_or_null": number_or_null,
-        "status_text": _status_text,
-        "relative_text": _relative_text,
-        "grown_text": _grown_text,
-        "actions_text": _actions_text,
-        "dumps": _dumps,
-        "turn_text": turn_text,
-    }
-    return build_text_writer(fields, prefix, helpers)
+        fields.append((_dumps(key) + ":", *_how(f.metadata["kind"], prefix + key)))
+    read = operator.attrgetter(*(f.name for f in stored_fields(cls)))
+
+    def write(state: Any, now: float, old: TextCache, new: TextCache) -> str:
+        texts = [
+            head + (alone(value) if alone is not None else full(value, state, now, old, new))  # type: ignore[misc]
+            for (head, alone, full), value in zip(fields, read(state), strict=True)
+        ]
+        return "{" + ",".join(texts) + "}"
+
+    return write
 
 
 _TURN_TEXT = _text_writer(TurnState, "turn.")
-_SESSION_TEXT = _text_writer(SessionState, "", _TURN_TEXT)
+_SESSION_TEXT = _text_writer(SessionState, "")
 
 
 def encode_state_text(

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import InvalidValue
-from ._json_data import instance_of, owned_json
+from ._json_data import check_unicode, instance_of, member_of, owned_json
 from ._model_error import OPAQUE
 from ._taxonomy import ToolErrorCategory
 
@@ -16,11 +16,7 @@ def _nonempty_str(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: Any) -> None:
         if not isinstance(value, str) or not value:
             raise InvalidValue(f"{name}: must be a non-empty str, got {value!r:.60}")
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidValue(f"{name}: a string with a lone surrogate") from None
+        check_unicode(value, name)
 
     return check
 
@@ -64,13 +60,7 @@ class ToolCall:
 
 
 def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
-    if raw is None:
-        return None
-    try:
-        return ToolErrorCategory(raw)
-    except ValueError:
-        names = ", ".join(c.value for c in ToolErrorCategory)
-        raise InvalidValue(f"category: {raw!r} is not one of {names}") from None
+    return None if raw is None else member_of(ToolErrorCategory, raw, "category")
 
 
 @attrs.frozen

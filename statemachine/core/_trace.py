@@ -25,9 +25,15 @@ class TraceRecord:
     for ``start``, and for a step restored from a snapshot, which keeps the counters
     and the action but not the event): a failure's error (category, HTTP status,
     retry-after), a reply's tool calls and cost. ``wall`` is the Unix time the step was
-    given (a failure's HTTP-date ``retry-after`` is measured against it), if any.
+    given (a failure's HTTP-date ``retry-after`` is measured against it); ``None``: the
+    step had none. ``made_at``, on a start's record only, is when its turn was made
+    (``new_turn``, which checks the session's bounds then), on the session's clock; a
+    turn may be made before it starts. ``None``: not known (a turn restored from a
+    snapshot, which keeps the turn itself; a trace written before it was recorded).
+
     Replaying a record is the live call again: ``turn.send(record.caused_by,
-    at=record.at, wall=record.wall)`` (``turn.start(at=record.at)`` for a start)."""
+    at=record.at, wall=record.wall)``, and for a start ``session.new_turn(at=made)``
+    (``made``: ``made_at``, or ``at`` where it is ``None``) then ``turn.start(at=record.at)``."""
 
     turn: int
     step: int
@@ -44,3 +50,4 @@ class TraceRecord:
     caused_by: Event | None = None
     wall: float | None = None
     usage: Usage | None = None
+    made_at: float | None = None

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import InvalidValue
-from ._json_data import MAX_COUNT, finite, short_repr
+from ._json_data import MAX_COUNT, check_unicode, finite, short_repr
 
 MAX_TEXT = 1000
 """The longest model name, response id, finish reason, provider name or server address a
@@ -47,11 +47,7 @@ def _text(_instance: object, attribute: Any, value: Any) -> None:
         )
     if len(value) > MAX_TEXT:
         raise InvalidValue(f"Usage.{attribute.name}: longer than {MAX_TEXT} characters")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidValue(f"Usage.{attribute.name}: a string with a lone surrogate") from None
+    check_unicode(value, f"Usage.{attribute.name}")
 
 
 def _port(_instance: object, _attribute: Any, value: Any) -> None:

@@ -14,14 +14,18 @@ A script file is TOML: an ``[[anthropic]]`` and an ``[[openai]]`` array of table
 one table per response, in order (:data:`DEFAULT_SCRIPT` is the one the command
 serves without ``--script``). A table's keys: ``status`` (default 200), for an error
 ``retry_after`` (seconds, sent as the ``retry-after`` header) and ``message``; for a
-reply ``text`` and a tool call ``tool`` with its ``arguments`` (a table).
+reply ``text``, a tool call ``tool`` with its ``arguments`` (a table), and
+``stream_usage``: how a request that asks to stream (``"stream": true``) gets the reply's
+usage (:data:`STREAM_USAGES`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import re
 import threading
 import tomllib
 from collections import deque
@@ -78,6 +82,8 @@ class Canned:
     content_type: str = "application/json"
     cut: bool = False
     """Announce more bytes than are sent, then close: a connection lost mid-body."""
+    stream: Canned | None = None
+    """What a request that asks to stream (``"stream": true``) gets instead, if given."""
 
 
 @dataclass(frozen=True)
@@ -149,14 +155,16 @@ class LoopbackVendor:
                 self._played[path].append(canned)
         if canned is None:
             canned = Canned(418, {"error": {"message": f"script exhausted for {path}"}})
+        served = _served(canned, body)
         if self._log is not None:
             retry_after = canned.headers.get("retry-after")
             self._log(
                 f"POST {path} -> {canned.status}"
                 + (f" (retry-after: {retry_after})" if retry_after else "")
+                + (" streamed" if served is not canned else "")
                 + _summary(canned)
             )
-        return canned
+        return served
 
     def serve_forever(self) -> None:
         """Serve in this thread until interrupted."""
@@ -174,6 +182,13 @@ class LoopbackVendor:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def _served(canned: Canned, body: Any) -> Canned:
+    """``canned``, or its stream when the request ``body`` asks to stream."""
+    if canned.stream is not None and isinstance(body, dict) and body.get("stream") is True:
+        return canned.stream
+    return canned
 
 
 def _summary(canned: Canned) -> str:
@@ -268,6 +283,54 @@ def anthropic_stream(*events: tuple[str, dict[str, Any]], cut: bool = False) -> 
     return Canned(200, text.encode(), content_type="text/event-stream", cut=cut)
 
 
+def anthropic_streamed(reply: Canned, usage: str = "cumulative") -> Canned:
+    """``reply`` (an :func:`anthropic_message`) as the stream of events that answers a
+    request asking to stream: each text block in pieces of a word, each tool use in one
+    ``input_json_delta``, the usage in shape ``usage`` (:data:`STREAM_USAGES`; ``delta``
+    is not one of Anthropic's: ``ValueError``)."""
+    if usage not in ANTHROPIC_STREAM_USAGES:
+        raise ValueError(
+            f"usage: {usage!r} is not a shape of Anthropic's stream; "
+            f"expected one of {ANTHROPIC_STREAM_USAGES}"
+        )
+    body = reply.body
+    tokens_in, tokens_out = body["usage"]["input_tokens"], body["usage"]["output_tokens"]
+    started = (0, 0) if usage == "final" else (tokens_in, min(1, tokens_out))
+    message = {
+        **body,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": started[0], "output_tokens": started[1]},
+    }
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": message})
+    ]
+    for index, block in enumerate(body["content"]):
+        opened: dict[str, Any]
+        if block["type"] == "text":
+            opened = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"])]
+        else:
+            opened = {**block, "input": {}}
+            deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": opened},
+            )
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+            for delta in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    ended = {"stop_reason": body["stop_reason"], "stop_sequence": None}
+    totals = {"input_tokens": tokens_in, "output_tokens": tokens_out}
+    events.append(("message_delta", {"type": "message_delta", "delta": ended, "usage": totals}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return anthropic_stream(*events)
+
+
 # -- OpenAI Chat Completions wire format ----------------------------------------------
 
 
@@ -324,29 +387,110 @@ def openai_completion(
     )
 
 
+def _openai_chunk(delta: dict[str, Any] | None, finish: str | None = None, **fields: Any) -> str:
+    """One chunk's ``data:`` line: of ``delta`` (``None``: a chunk without choices), with
+    ``fields`` (``id``, ``model``, ``usage``...) over the defaults."""
+    choices = (
+        []
+        if delta is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    )
+    body = {
+        "id": "chatcmpl-s",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gpt-test",
+        "choices": choices,
+        **fields,
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
 def openai_stream(
     *deltas: dict[str, Any], finish_reason: str | None = "stop", cut: bool = False
 ) -> Canned:
     """A streamed chat completion: one chunk per delta, then the finish chunk and
     ``[DONE]``; with ``cut`` the connection drops after the deltas instead."""
-
-    def chunk(delta: dict[str, Any], finish: str | None) -> str:
-        body = {
-            "id": "chatcmpl-s",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": "gpt-test",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-        return f"data: {json.dumps(body)}\n\n"
-
-    text = "".join(chunk(delta, None) for delta in deltas)
+    text = "".join(_openai_chunk(delta) for delta in deltas)
     if not cut:
-        text += chunk({}, finish_reason) + "data: [DONE]\n\n"
+        text += _openai_chunk({}, finish_reason) + "data: [DONE]\n\n"
     return Canned(200, text.encode(), content_type="text/event-stream", cut=cut)
 
 
+def openai_streamed(reply: Canned, usage: str = "final") -> Canned:
+    """``reply`` (an :func:`openai_completion`) as the stream of chunks that answers a
+    request asking to stream: a role chunk, its text in pieces of a word, each tool call
+    in one chunk, the finish chunk, the usage in shape ``usage`` (:data:`STREAM_USAGES`;
+    the output tokens spread over the chunks after the role chunk)."""
+    if usage not in STREAM_USAGES:
+        raise ValueError(f"usage: expected one of {STREAM_USAGES}, got {usage!r}")
+    body = reply.body
+    (choice,) = body["choices"]
+    message = choice["message"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant"}]
+    deltas += [{"content": piece} for piece in _pieces(message.get("content") or "")]
+    deltas += [
+        {"tool_calls": [{"index": index, **call}]}
+        for index, call in enumerate(message.get("tool_calls") or ())
+    ]
+    finishes = [None] * len(deltas) + [choice["finish_reason"]]
+    deltas.append({})
+    tokens_in, tokens_out = body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]
+    usages = _chunk_usages(usage, tokens_in, tokens_out, len(deltas))
+    named = {"id": body["id"], "model": body["model"]}
+    text = "".join(
+        _openai_chunk(delta, finish, usage=counted, **named)
+        for delta, finish, counted in zip(deltas, finishes, usages, strict=True)
+    )
+    if usage != "delta":  # the usage chunk of include_usage, after the finish chunk
+        text += _openai_chunk(None, usage=_chunk_usage(tokens_in, tokens_out), **named)
+    text += "data: [DONE]\n\n"
+    return Canned(200, text.encode(), content_type="text/event-stream")
+
+
+def _chunk_usages(
+    usage: str, tokens_in: int, tokens_out: int, chunks: int
+) -> list[dict[str, int] | None]:
+    """The usage each of ``chunks`` chunks reports in shape ``usage``: the output tokens
+    spread over the chunks after the first (the role chunk)."""
+    added = [0] + [
+        tokens_out * (n + 1) // (chunks - 1) - tokens_out * n // (chunks - 1)
+        for n in range(chunks - 1)
+    ]
+    if usage == "final":
+        return [None] * chunks
+    if usage == "cumulative":
+        return [_chunk_usage(tokens_in, sum(added[: n + 1])) for n in range(chunks)]
+    return [_chunk_usage(tokens_in if n == 0 else 0, out) for n, out in enumerate(added)]
+
+
+def _chunk_usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": tokens_in,
+        "completion_tokens": tokens_out,
+        "total_tokens": tokens_in + tokens_out,
+    }
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` in pieces of a word (with the spaces after it), as a stream sends it."""
+    return re.findall(r"\s*\S+\s*", text) or ([text] if text else [])
+
+
 # -- script files ---------------------------------------------------------------------
+
+STREAM_USAGES = ("final", "cumulative", "delta")
+"""How a streamed reply reports its usage. ``final``: once, after the content (OpenAI's
+``include_usage`` chunk without choices; Anthropic: ``message_start`` reports zeros and
+``message_delta`` the whole usage). ``cumulative``: the totals so far on every chunk
+(vLLM's continuous usage stats, then the ``include_usage`` chunk repeating them;
+Anthropic's own shape: ``message_start`` reports the prompt, ``message_delta`` the
+totals). ``delta``: on every chunk, what that chunk added (the first chunk the prompt)."""
+ANTHROPIC_STREAM_USAGES = ("final", "cumulative")
+"""The shapes of :data:`STREAM_USAGES` an Anthropic stream can have: its protocol
+defines ``message_delta``'s counts as cumulative, so it has no ``delta`` shape."""
+DEFAULT_STREAM_USAGE = {"anthropic": "cumulative", "openai": "final"}
+"""Each vendor's own shape, served when a script's table names none."""
 
 _ANTHROPIC_ERRORS = {
     400: "invalid_request_error",
@@ -432,10 +576,13 @@ _KEYS: dict[str, Callable[[Any], str | None]] = {
     "text": _expect(lambda v: isinstance(v, str), "a string"),
     "tool": _expect(lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     "arguments": _arguments_problem,
+    "stream_usage": _expect(
+        lambda v: v in STREAM_USAGES, f"one of {', '.join(map(repr, STREAM_USAGES))}"
+    ),
 }
 """Each key a script's table may have, and why a value of it is refused (``None``: it
 is not). An ``arguments`` table must be JSON data: no NaN, infinity or TOML date."""
-_REPLY_ONLY = ("text", "tool", "arguments")
+_REPLY_ONLY = ("text", "tool", "arguments", "stream_usage")
 _ERROR_ONLY = ("retry_after", "message")
 
 
@@ -454,12 +601,7 @@ def _canned(vendor: str, entry: dict[str, Any], where: str, number: int) -> Cann
             only = "an error (status >= 400)" if status == 200 else "a reply (status 200)"
             raise ConfigError(f"{where}: {key}: only {only} has one")
     if status == 200:
-        tool = entry.get("tool")
-        calls = () if tool is None else ((f"call_{number}", tool, entry.get("arguments", {})),)
-        if vendor == "anthropic":
-            ids = tuple((f"toolu_{n}", name, args) for n, name, args in calls)
-            return anthropic_message(entry.get("text", ""), tool_uses=ids)
-        return openai_completion(entry.get("text"), tool_calls=calls)
+        return _reply(vendor, entry, where, number)
     headers = {}
     if "retry_after" in entry:
         headers["retry_after"] = f"{entry['retry_after']:g}"
@@ -469,6 +611,26 @@ def _canned(vendor: str, entry: dict[str, Any], where: str, number: int) -> Cann
             status, _ANTHROPIC_ERRORS.get(status, "api_error"), message, **headers
         )
     return openai_error(status, message, _OPENAI_ERRORS.get(status, "server_error"), **headers)
+
+
+def _reply(vendor: str, entry: dict[str, Any], where: str, number: int) -> Canned:
+    """The reply of a status-200 table, answering a request that asks to stream with
+    the stream of its ``stream_usage`` shape."""
+    tool = entry.get("tool")
+    calls = () if tool is None else ((f"call_{number}", tool, entry.get("arguments", {})),)
+    shape = entry.get("stream_usage", DEFAULT_STREAM_USAGE[vendor])
+    if vendor == "anthropic":
+        if shape not in ANTHROPIC_STREAM_USAGES:
+            raise ConfigError(
+                f"{where}: stream_usage: {shape!r} is not a shape of Anthropic's stream (its "
+                f"message_delta counts are cumulative); expected "
+                f"{' or '.join(map(repr, ANTHROPIC_STREAM_USAGES))}"
+            )
+        ids = tuple((f"toolu_{n}", name, args) for n, name, args in calls)
+        reply = anthropic_message(entry.get("text", ""), tool_uses=ids)
+        return dataclasses.replace(reply, stream=anthropic_streamed(reply, shape))
+    reply = openai_completion(entry.get("text"), tool_calls=calls)
+    return dataclasses.replace(reply, stream=openai_streamed(reply, shape))
 
 
 def serve(

@@ -216,7 +216,7 @@ class Run:
 def bridges(
     settings: Settings,
     *,
-    seed: int,
+    seed: int | None,
     clock: Callable[[], float] | None,
     wall_clock: Callable[[], float] | None,
     sleep: Callable[[float], Any] | None,
@@ -260,7 +260,7 @@ class Bridge:
         self,
         settings: Settings,
         *,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Any] | None = None,

@@ -43,6 +43,14 @@ error *text* as the tool's output, indistinguishable from a result, so the engin
 counts every output as a success and the crash breaker never sees a crash), and the
 usage of a broken stream (the SDK reports a stream's usage only in its final
 ``response.completed`` event, so a stream cut before it is counted as 0 tokens).
+
+A stream's usage is that event's, as the SDK read it, and so counted once per call:
+the Responses API reports it once, and the SDK's Chat Completions stream handler keeps
+the last usage a chunk carried, which is the whole call's when the vendor reports it
+once at the end (OpenAI's ``include_usage``) or the totals so far on every chunk (vLLM's
+continuous usage stats). A vendor that reports on each chunk what that chunk added is
+undercounted, to its last chunk's share, by the SDK's own run usage and by the engine
+alike: the chunks never leave the SDK's model, so the wrapper cannot add them up.
 """
 
 from __future__ import annotations
@@ -131,7 +139,7 @@ class EngineModel(Model):
         models: Model | Sequence[Model],
         *,
         settings: Settings | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Any] | None = None,

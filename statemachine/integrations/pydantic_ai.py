@@ -39,12 +39,30 @@ see :mod:`statemachine.integrations._bridge`):
   produced its first event, then hands it over; a stream that breaks after that is
   never resent: its usage so far is counted once and the run raises
   :class:`TurnFailed` (``stream_interrupted``).
+* **a stream's usage, counted once whatever its shape.** pydantic-ai's OpenAI chat
+  stream adds up every chunk's usage unless the model's profile or the
+  ``openai_continuous_usage_stats`` setting says the chunks carry cumulative totals, so
+  a server that sends the totals so far on every chunk unasked (vLLM's continuous usage
+  stats, an OpenAI-compatible proxy) is counted once per chunk. The engine's model reads
+  each chunk's usage by the rule of :mod:`statemachine.io._stream_usage` instead (a
+  chunk that repeats the prompt's count with no fewer output tokens replaces the totals,
+  any other adds to them), for the run's usage as for the engine's cost. It cannot see
+  raw chunks, so it takes each chunk's usage where pydantic-ai records it: the stream's
+  ``_add_usage``, replaced on each stream it opens before the first chunk is read. The
+  alternatives are worse: turning on ``openai_continuous_usage_stats`` changes the
+  request (``stream_options.continuous_usage_stats``, which OpenAI's own API does not
+  take) and is wrong for a delta stream; reading the stream's usage after each event
+  sees several chunks added at once (a chunk that yields no event, the final usage
+  chunk). A stream that records usage another way (pydantic-ai's Anthropic stream
+  follows that protocol's cumulative ``message_delta``), or a pydantic-ai without
+  ``_add_usage``, keeps pydantic-ai's own count.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
@@ -65,6 +83,7 @@ try:
     from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse, infer_model
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.usage import RequestUsage
 except ImportError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError(
         "statemachine.integrations.pydantic_ai needs a pydantic-ai this release supports: "
@@ -81,6 +100,7 @@ from ..core._taxonomy import ErrorCategory, ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._usage import Usage
 from ..io._providers import _label, _tokens, checked_prices
+from ..io._stream_usage import StreamUsage, Tokens
 from ._bridge import (
     Bridge,
     CallResult,
@@ -128,7 +148,7 @@ class EngineModel(WrapperModel):
         models: Model | str | Sequence[Model | str],
         *,
         settings: Settings | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Any] | None = None,
@@ -254,7 +274,7 @@ class EngineModel(WrapperModel):
                 try:
                     stream = await stack.enter_async_context(
                         request_stream_until_first_event(
-                            model, None, sent, settings, parameters, run_context
+                            _CountedOnce(model), None, sent, settings, parameters, run_context
                         )
                     )
                 except Exception as exc:
@@ -358,6 +378,45 @@ class EngineModel(WrapperModel):
 
     def __repr__(self) -> str:
         return f"EngineModel(models={[model.model_id for model in self.models]!r})"
+
+
+class _CountedOnce(WrapperModel):
+    """``model`` whose every stream counts its chunks' usage once (:func:`_count_once`),
+    as ``request_stream_until_first_event`` opens it."""
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: Any = None,
+    ) -> AsyncGenerator[StreamedResponse]:
+        async with self.wrapped.request_stream(
+            messages, model_settings, model_request_parameters, run_context
+        ) as stream:
+            _count_once(stream)
+            yield stream
+
+
+def _count_once(stream: StreamedResponse) -> None:
+    """Make ``stream`` count the usage each chunk reports by the one rule (see the module
+    docstring), before it reads its first chunk."""
+    record = getattr(stream, "_add_usage", None)
+    if not callable(record):  # a pydantic-ai that records usage otherwise
+        return
+    counted: StreamUsage[RequestUsage] = StreamUsage(_request_tokens, operator.add)
+
+    def add_usage(usage: RequestUsage, *, reported: bool, cumulative: bool = False) -> None:
+        if cumulative:  # the model's profile or settings know the chunks repeat the totals
+            counted.total = usage
+        record(usage if cumulative else counted.see(usage), reported=reported, cumulative=True)
+
+    stream._add_usage = add_usage  # type: ignore[method-assign]  # noqa: SLF001 - see above
+
+
+def _request_tokens(usage: RequestUsage) -> Tokens:
+    return usage.input_tokens, usage.output_tokens
 
 
 def _owns_no_retries(model: Model) -> None:

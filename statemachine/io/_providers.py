@@ -66,9 +66,11 @@ streamed, the SDK's ``current_message_snapshot`` (its usage arrives with
 ``message_start`` and is updated by ``message_delta``). OpenAI ``completion.usage``
 (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``,
 ``completion_tokens_details.reasoning_tokens``);
-streamed, the last chunk that carried a ``usage`` (a stream reports one only when
-asked, ``stream_options={"include_usage": True}``, which the provider asks by default),
-else the accumulated snapshot's.
+streamed, the usages the chunks carried, counted once whatever their shape: one usage
+chunk at the end, the totals so far on every chunk (vLLM's continuous usage stats) or
+what each chunk added (:mod:`statemachine.io._stream_usage`); a stream reports usage
+only when asked, ``stream_options={"include_usage": True}``, which the provider asks by
+default.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ from ..core._taxonomy import ErrorCategory
 from ..core._tool_calls import ToolCall
 from ..core._usage import MAX_PORT, MAX_TEXT, Usage
 from ._classify import classify, plain_data
+from ._stream_usage import StreamUsage, Tokens, plus
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
 
@@ -498,21 +501,51 @@ def _arguments(raw: Any) -> Any:
         return raw  # the model wrote invalid JSON: the tool reports invalid_arguments
 
 
+_OPENAI_COUNTS = {
+    "input_tokens": ("prompt_tokens",),
+    "output_tokens": ("completion_tokens",),
+    "cached_tokens": ("prompt_tokens_details", "cached_tokens"),
+    "reasoning_tokens": ("completion_tokens_details", "reasoning_tokens"),
+}
+"""Each count of an OpenAI usage: the :class:`Usage` field, and where the usage holds it."""
+
+
+def _openai_count(usage: Any, path: tuple[str, ...]) -> int | None:
+    for name in path:
+        usage = _field(usage, name)
+    return _tokens(usage)
+
+
+def _openai_tokens(usage: Any) -> Tokens:
+    return (
+        _openai_count(usage, _OPENAI_COUNTS["input_tokens"]),
+        _openai_count(usage, _OPENAI_COUNTS["output_tokens"]),
+    )
+
+
+def _openai_sum(first: Any, second: Any) -> dict[str, Any]:
+    """Two OpenAI usages (SDK objects or mappings) added up, as a mapping of their shape."""
+    summed: dict[str, Any] = {}
+    for path in _OPENAI_COUNTS.values():
+        total = plus(_openai_count(first, path), _openai_count(second, path))
+        if len(path) == 1:
+            summed[path[0]] = total
+        else:
+            summed.setdefault(path[0], {})[path[1]] = total
+    return summed
+
+
 class _OpenAIBase(_Base):
     def _read_usage(self, response: Any, reported: Any) -> Usage:
         usage = reported if reported is not None else _field(response, "usage")
         choices = _field(response, "choices")
         first = choices[0] if isinstance(choices, list | tuple) and choices else None
+        counts = {name: _openai_count(usage, path) for name, path in _OPENAI_COUNTS.items()}
         return self._usage(
-            input_tokens=_tokens(_field(usage, "prompt_tokens")),
-            output_tokens=_tokens(_field(usage, "completion_tokens")),
-            cached_tokens=_tokens(_field(_field(usage, "prompt_tokens_details"), "cached_tokens")),
+            **counts,
             model=_field(response, "model"),
             response_id=_field(response, "id"),
             finish_reason=_field(first, "finish_reason"),
-            reasoning_tokens=_tokens(
-                _field(_field(usage, "completion_tokens_details"), "reasoning_tokens")
-            ),
         )
 
     def _event(self, completion: Any, reported: Any = None) -> ModelReplied | ModelFailed:
@@ -576,8 +609,8 @@ class AsyncOpenAIModel(_Streaming, _OpenAIBase):
         state: Any = ChatCompletionStreamState()
         delivered = False
         # The snapshot's usage is the *last* chunk's (None when that chunk had none):
-        # keep the last usage any chunk reported.
-        reported: Any = None
+        # count every usage a chunk reported, once whatever the stream's shape.
+        counted: StreamUsage[Any] = StreamUsage(_openai_tokens, _openai_sum)
         try:
             if "stream_options" not in kwargs:  # usage is reported only when asked
                 kwargs["stream_options"] = {"include_usage": True}
@@ -588,7 +621,7 @@ class AsyncOpenAIModel(_Streaming, _OpenAIBase):
                 async for chunk in stream:
                     chunk_usage = _field(chunk, "usage")
                     if chunk_usage is not None:
-                        reported = chunk_usage
+                        counted.see(chunk_usage)
                     state.handle_chunk(chunk)
                     for choice in getattr(chunk, "choices", None) or ():
                         delta = getattr(choice, "delta", None)
@@ -599,8 +632,8 @@ class AsyncOpenAIModel(_Streaming, _OpenAIBase):
         except Exception as exc:
             # The snapshot's property asserts that a chunk arrived: _field reads it as
             # None before.
-            usage = self._usage_of(_field(state, "current_completion_snapshot"), reported)
+            usage = self._usage_of(_field(state, "current_completion_snapshot"), counted.total)
             if not (delivered or _reported(usage)):
                 return self._raised(exc)
             return _broken(exc, delivered, usage)
-        return self._event(completion, reported)
+        return self._event(completion, counted.total)

@@ -7,20 +7,22 @@ line. :class:`TraceWriter` starts the file with a *header*::
     {"type": "header", "format": "turnstate-trace", "version": 1,
      "engine": "<turnstate version>", "table": "<sha256 of the transition table>"}
 
-(with ``"settings"``, the session's settings, when the writer knows them, and
-``"anchor"``, ``{"t": <session clock>, "wall": <Unix time>}`` read when the first step
-was written: the wall-clock time of the session's clock), then one ``step`` object per
+(with ``"settings"``, the session's settings, and ``"seed"``, its jitter seed, when the
+writer knows them, and ``"anchor"``, ``{"t": <session clock>, "wall": <Unix time>}`` read
+when the first step was written: the wall-clock time of the session's clock), then one
+``step`` object per
 transition, with the keys ``simulate --json`` uses for the same facts (``turn``,
 ``step``, ``t``, ``state``, ``event``, ``guard``, ``next``, ``action``, ``attempt``,
 ``session_retries``, ``reductions``), ``event_cost_usd``,
 the cost the transition's event carried, ``caused_by``, the event itself (encoded as a
 snapshot encodes values: a failure's error with its category, HTTP status and
-retry-after, a reply's usage; ``null`` for a start), and ``wall``, the Unix time the
-step was given, if any; a writer bound to its session (:meth:`TraceWriter.bind`) adds
-``limit`` and ``session_status`` as they stood after the step. ``simulate --json``
-output has no header (its steps name their ``scenario``; its ``cost_usd`` is the
-session's running total) and ends each scenario with a ``summary`` line, which holds
-its settings.
+retry-after, a reply's usage; ``null`` for a start), ``wall``, the Unix time the
+step was given (``null``: none), and on a start ``made_t``, the session clock's reading
+when its turn was made (left out where not known); a writer bound to its session
+(:meth:`TraceWriter.bind`) adds ``limit`` and ``session_status`` as they stood after the
+step. ``simulate --json`` output has no header (its steps name their ``scenario``; its
+``cost_usd`` is the session's running total) and ends each scenario with a ``summary``
+line, which holds its settings and seed.
 
 :func:`read_trace` accepts both and checks every line before anything is drawn: a
 header of another format, version or table (an engine whose rows differ), a line
@@ -86,10 +88,12 @@ def _engine_version() -> str:
 
 
 def header(
-    settings: Settings | None = None, anchor: tuple[float, float] | None = None
+    settings: Settings | None = None,
+    anchor: tuple[float, float] | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """The header line :class:`TraceWriter` writes first: with the session's
-    ``settings`` and the ``anchor`` (session clock, Unix time) when known."""
+    ``settings``, its ``seed`` and the ``anchor`` (session clock, Unix time) when known."""
     line: dict[str, Any] = {
         "type": "header",
         "format": FORMAT,
@@ -99,6 +103,8 @@ def header(
     }
     if settings is not None:
         line["settings"] = settings.to_dict()
+    if seed is not None:
+        line["seed"] = seed
     if anchor is not None:
         line["anchor"] = {"t": anchor[0], "wall": anchor[1]}
     return line
@@ -106,7 +112,7 @@ def header(
 
 def record_json(record: TraceRecord) -> dict[str, Any]:
     """One transition as the ``step`` object of a trace file."""
-    return {
+    line = {
         "type": "step",
         "turn": record.turn,
         "step": record.step,
@@ -123,6 +129,9 @@ def record_json(record: TraceRecord) -> dict[str, Any]:
         "caused_by": None if record.caused_by is None else encode(record.caused_by),
         "wall": record.wall,
     }
+    if record.made_at is not None:
+        line["made_t"] = record.made_at
+    return line
 
 
 class TraceWriter:
@@ -142,11 +151,12 @@ class TraceWriter:
     drawn trace can say when its session started.
 
     Use one writer per session: ``Session(..., observers=[writer])``, then
-    ``writer.bind(session)``, which also records the session's settings, and after
-    each step the limit that fired and the session's status.
+    ``writer.bind(session)``, which also records the session's settings and seed (what
+    a replay of the file takes), and after each step the limit that fired and the
+    session's status.
     """
 
-    __slots__ = ("_bound", "_owned", "_settings", "_started", "_stream", "_wall_clock")
+    __slots__ = ("_bound", "_owned", "_seed", "_settings", "_started", "_stream", "_wall_clock")
 
     def __init__(
         self,
@@ -164,14 +174,16 @@ class TraceWriter:
             self._owned = False
             self._started = False
         self._settings = settings
+        self._seed: int | None = None
         self._wall_clock = wall_clock
         self._bound: Any = None
 
     def bind(self, session: Any) -> None:
-        """Read ``session`` (a :class:`~statemachine.Session`): its settings for the
-        header, and after every step its limit and status."""
+        """Read ``session`` (a :class:`~statemachine.Session`): its settings and seed for
+        the header, and after every step its limit and status."""
         self._bound = session
         self._settings = session.settings
+        self._seed = session.seed
 
     def __call__(self, record: TraceRecord) -> None:
         stream = self._stream
@@ -180,7 +192,8 @@ class TraceWriter:
             if record.at is not None:
                 wall = record.wall if record.wall is not None else self._wall_clock()
                 anchor = (record.at, wall)
-            stream.write(json.dumps(header(self._settings, anchor), sort_keys=True) + "\n")
+            line = header(self._settings, anchor, self._seed)
+            stream.write(json.dumps(line, sort_keys=True) + "\n")
             self._started = True
         line = record_json(record)
         session = self._bound
@@ -237,6 +250,9 @@ class Trace:
     them (absent: not recorded)."""
     anchor: float | None = None
     """The Unix time of the session clock's 0, from the header's anchor, if any."""
+    seeds: Mapping[str | None, int] = attrs.field(factory=dict)
+    """The jitter seed each scenario's session ran with, as the header or its
+    ``summary`` records it (absent: not recorded); a replay takes it."""
     cut: int | None = None
     """The line :func:`load_trace` dropped because the file ends inside it, if any."""
 
@@ -290,6 +306,22 @@ def _settings(raw: object, where: str) -> Settings | None:
         raise TraceFileError(f"{where}: {exc}") from None
 
 
+def _keep_seed(
+    seeds: dict[str | None, int], scenario: str | None, data: Mapping[str, Any], where: str
+) -> None:
+    """The seed a header or a summary records, kept for ``scenario`` as the session took
+    it (a 64-bit unsigned int)."""
+    raw = data.get("seed")
+    if raw is None:
+        return
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise TraceFileError(f"{where}: seed: must be an int, got {raw!r:.60}")
+    seeds[scenario] = raw & _SEED_MASK
+
+
+_SEED_MASK = (1 << 64) - 1
+
+
 def _anchor(raw: object, where: str) -> float | None:
     """The Unix time of the session clock's 0 a header's anchor gives."""
     if raw is None:
@@ -341,6 +373,7 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
     steps: list[TracedStep] = []
     statuses: dict[str | None, str | None] = {}
     settings: dict[str | None, Settings] = {}
+    seeds: dict[str | None, int] = {}
     anchor: float | None = None
     engine: str | None = None
     last: dict[tuple[str | None, int], TraceRecord] = {}
@@ -368,6 +401,7 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
             recorded = _settings(data.get("settings"), where)
             if recorded is not None:
                 settings[None] = recorded
+            _keep_seed(seeds, None, data, where)
             anchor = _anchor(data.get("anchor"), where)
         elif kind == "summary":
             scenario = _scenario(data, where)
@@ -376,6 +410,7 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
             recorded = _settings(data.get("settings"), where)
             if recorded is not None:
                 settings[scenario] = recorded
+            _keep_seed(seeds, scenario, data, where)
         elif kind == "step":
             step = _read_step(data, where, number, engine is not None, last, previous_cost)
             steps.append(step)
@@ -385,7 +420,7 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
     if not steps:
         raise TraceFileError(f"{source}: no steps")
     _check_waits(steps, settings, source)
-    return Trace(source, tuple(steps), engine, statuses, settings, anchor)
+    return Trace(source, tuple(steps), engine, statuses, settings, anchor, seeds)
 
 
 def _check_waits(
@@ -427,6 +462,9 @@ def _read_step(
     scenario = _scenario(data, where)
     action = _row_action(values, where)
     at, wall = _number(data, "t", where), _number(data, "wall", where)
+    made = _number(data, "made_t", where)
+    if made is not None and values["event"] != START:
+        raise TraceFileError(f"{where}: made_t: only a start says when its turn was made")
     caused_by = _cause(data.get("caused_by"), values["event"], where)
     if written:
         cost = _number(data, "event_cost_usd", where) or 0.0
@@ -452,6 +490,7 @@ def _read_step(
         caused_by=caused_by,
         wall=wall,
         usage=getattr(caused_by, "usage", None),
+        made_at=made,
     )
     last[turn_key] = record
     detail = data.get("detail")
