@@ -24,7 +24,6 @@ class BytesStore:
         session_id: str,
         expected_version: int,
         payload: bytes,
-        *,
         incarnation: str | None,
         ended: bool = False,
     ) -> int:

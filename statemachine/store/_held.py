@@ -96,15 +96,16 @@ class Held:
 
     def remember(self, session_id: str, live: Live) -> None:
         """Hold ``live`` as the session's latest (its record, version and session)."""
-        if not self.remember_at_most:
+        at_most = self.remember_at_most
+        if not at_most:
             return
         remembered = self.live
         # no lock: each of these dict operations is atomic, and list() copies the keys
         # at once (another thread may pop or put meanwhile: at worst one too many is kept)
         remembered.pop(session_id, None)  # put last: the least recently used go first
         remembered[session_id] = live
-        over = len(remembered) - self.remember_at_most
-        if over > 0:
+        if len(remembered) > at_most:
+            over = len(remembered) - at_most
             for oldest in list(remembered)[:over]:
                 remembered.pop(oldest, None)
 
@@ -180,11 +181,11 @@ class Held:
         previous: Record | None,
         session: Session,
         entries: list[str],
-        *,
         wall: float,
         age: float,
         keys: tuple[tuple[int, str], ...],
         action: Action | None,
+        *,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
         limit: int | None = None,
@@ -197,32 +198,33 @@ class Held:
         and record written. A pending ``action`` that invokes tools is claimed by the
         worker. ``StaleWrite`` if the store moved on (then ``previous`` is no more the
         caller's to use)."""
-        if claim is None and type(action) is InvokeTools and action.calls:
+        if type(action) is InvokeTools and claim is None and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
         cas = self.payload_cas
         if cas is None:
             limit = -1  # a store of JSON data: the snapshot anew
         elif limit is None:
             limit = COMPACT_EVERY
+        # no turn runs after a turn's Finish (or between turns: no action then): the
+        # session may have ended, and its last turn finished
+        between = type(action) is Finish or action is None
         record = written(
             previous,
             session_id,
             session,
             entries,
-            wall=wall,
-            age=age,
-            keys=keys,
-            claim=claim,
-            carried=carried,
-            limit=limit,
-            max_prefix=self.max_prefix,
+            wall,
+            age,
+            session.finished_at if between else None,
+            keys,
+            claim,
+            carried,
+            limit,
+            self.max_prefix,
         )
-        # a session ends with a turn's Finish (or between turns: no action then)
-        ended = (action is None or type(action) is Finish) and session.status is not None
+        ended = between and session.status is not None
         if cas is not None:
-            version = cas(
-                session_id, expected, record.payload, incarnation=record.incarnation, ended=ended
-            )
+            version = cas(session_id, expected, record.payload, record.incarnation, ended)
         else:
             data = json.loads(record.payload)  # type: ignore[arg-type]
             version = self.store.compare_and_set(session_id, expected, data, ended=ended)

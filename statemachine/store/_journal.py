@@ -35,6 +35,7 @@ verdicts or its snapshot a doom window (:func:`had_check`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -98,20 +99,27 @@ def apply_step(session: Session, step: Step, at: float | None, wall: float | Non
     raise ValueError(f"unknown step {op!r}")  # pragma: no cover - steps are built here
 
 
-def take_step(session: Session, step: Step, age: float, wall: float) -> tuple[Any, str]:
-    """Take ``step`` live (:func:`apply_step`) on ``session``, ``age`` seconds old at Unix
-    time ``wall``: the action it produced and its journal entry. A turn's start and an
-    event are taken at ``age`` (an event given ``wall`` when a rule may read it), the
-    others at no moment."""
-    op = step[0]
-    at: float | None = age
-    given: float | None = None
-    if op == EVENT:
-        if needs_wall(step[1]):
-            given = wall
-    elif op != START:
-        at = None
-    return apply_step(session, step, at, given), entry_text(step, at, given)
+def take_steps(
+    session: Session, steps: Iterable[Step], age: float, wall: float
+) -> tuple[Any, list[str]]:
+    """Take ``steps`` live, in order, on ``session``, ``age`` seconds old at Unix time
+    ``wall``: each :func:`apply_step`, a turn's start and an event at ``age`` (an event
+    given ``wall`` when a rule may read it), the others at no moment. The action the
+    last one produced, and their journal entries."""
+    action = None
+    entries = []
+    for step in steps:
+        op = step[0]
+        at: float | None = age
+        given: float | None = None
+        if op == EVENT:
+            if needs_wall(step[1]):
+                given = wall
+        elif op != START:
+            at = None
+        action = apply_step(session, step, at, given)
+        entries.append(entry_text(step, at, given))
+    return action, entries
 
 
 # -- writing an entry -------------------------------------------------------------
@@ -126,9 +134,9 @@ def entry_text(step: Step, at: float | None, wall: float | None) -> str:
         if type(at) is not float:
             return json_text([op, at, wall, compact(step[1])])
         when = "null" if wall is None else number_text(wall)
-        return f'["e",{float.__repr__(at)},{when},{event_text(step[1])}]'
+        return f'["e",{at!r},{when},{event_text(step[1])}]'
     if op == START and type(at) is float and wall is None:
-        return f'["s",{float.__repr__(at)},null]'
+        return f'["s",{at!r},null]'
     return json_text([op, at, wall, *step[1:]])
 
 
@@ -177,9 +185,7 @@ def _model_failed_text(event: ModelFailed) -> str:
         text += ',"code":' + encode_basestring(error.code)
     status = error.status
     if status is not None:
-        text += ',"status":' + (
-            int.__repr__(status) if type(status) is int else _number_text(status)
-        )
+        text += ',"status":' + (f"{status!r}" if type(status) is int else _number_text(status))
     if error.body is not None:
         text += ',"body":' + json_text(error.body)
     text += '},"partial":true' if event.partial else "}"

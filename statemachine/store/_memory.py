@@ -105,9 +105,7 @@ class InMemoryStore(BytesStore):
         expected = expected_version
         if type(expected) is not int or expected < 0:
             expected = check_version(session_id, expected_version)
-        key = self._keys.get(session_id)
-        if key is None:
-            key = self.key(session_id)
+        key = self._keys.get(session_id) or self.key(session_id)
         if len(payload) > self.max_bytes:
             check_payload(session_id, payload, self.max_bytes)  # raises, naming the size
         lock = self._lock

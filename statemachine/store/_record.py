@@ -39,7 +39,7 @@ import attrs
 from ..core._codec import decode, encode
 from ..core._session import Session
 from ..core._snapshot import write_snapshot_text
-from ..core._state_text import TextCache, json_text, number_or_null, number_text
+from ..core._state_text import TextCache, json_text, number_text
 from ..core._tool_calls import ToolOutcome
 from ._core import decode_record
 from ._errors import corrupt
@@ -132,35 +132,47 @@ def written(
     session_id: str,
     session: Session,
     entries: Sequence[str],
-    *,
     wall: float,
     age: float,
+    finished_at: float | None,
     keys: tuple[tuple[int, str], ...],
     claim: Claim | None,
     carried: tuple[ToolOutcome, ...],
     limit: int,
     max_prefix: int,
+    /,
 ) -> Record:
     """The record to write for ``session`` (the journal's frame), ``age`` seconds old at
-    Unix time ``wall``, after the steps whose journal ``entries`` these are.
+    Unix time ``wall``, after the steps whose journal ``entries`` these are, its last
+    turn finished at ``finished_at`` (``session.finished_at``: ``None`` while a turn
+    runs), holding ``keys``, ``claim`` and ``carried``.
 
     ``previous``, the record the session was read from or last written as (the
     caller's alone), with the entries appended in place while it may take them
     (:attr:`~Record.appendable`, its journal then holding at most ``limit`` entries and
     its prefix at most ``max_prefix`` bytes).
     Otherwise a fresh record: the snapshot written anew, the journal empty (the
-    incarnation kept, or drawn for a new session)."""
+    incarnation kept, or drawn for a new session). (Every write takes this: its one
+    caller, ``Held.write``, passes the arguments by position.)"""
     last = session.last_at
     elapsed = last if age < last else age
-    finished_at = session.finished_at
     finished = None if finished_at is None else elapsed - finished_at
-    grown = None if previous is None else _grown(previous, entries, limit, max_prefix)
-    prefix: bytes | memoryview | None
-    if previous is None or grown is None:
+    record, end, added, sep = previous, 0, ",".join(entries), ""
+    if record is None or not record.appendable or record.entries + len(entries) > limit:
+        record = None
+    else:  # the entries appended to the journal in place, while the prefix stays short
+        end = record.prefix_end  # type: ignore[assignment] # known: appendable
+        if added and record.entries:
+            sep = ","
+        grown = end + len(sep) + (len(added) if added.isascii() else len(added.encode()))
+        if grown > max_prefix:
+            record = None
+        else:
+            record.prefix_end, record.entries = grown, record.entries + len(entries)
+            record.snapshot, record.journal = None, ()  # as read: only the bytes now
+    if record is None:
         record = _fresh(previous, session_id, session, elapsed, wall)
-        prefix, added = record.payload, ""
-    else:
-        record, (prefix, added) = previous, grown
+        end, added, sep = record.prefix_end, "", ""  # type: ignore[assignment] # known: written here
     middle = record.middle
     if (
         middle is None
@@ -173,36 +185,23 @@ def written(
     record.saved_at, record.elapsed_s, record.finished_s = wall, elapsed, finished
     # the tail: the entries added, the journal's end and the keys after it (a float's
     # repr written at once: the usual case)
-    saved = float.__repr__(wall) if type(wall) is float else number_text(wall)
-    now = float.__repr__(elapsed) if type(elapsed) is float else number_text(elapsed)
+    saved = f"{wall!r}" if type(wall) is float else number_text(wall)
+    now = f"{elapsed!r}" if type(elapsed) is float else number_text(elapsed)
+    since = "null" if finished is None else number_text(finished)
     tail = (
-        f'{added}],"saved_at":{saved}{middle}'
-        f',"elapsed_s":{now},"finished_s":{number_or_null(finished)}}}'
-    )
-    record.payload = b"".join((prefix, tail.encode()))  # type: ignore[arg-type]
+        f'{sep}{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
+    ).encode()
+    payload: bytes = record.payload  # type: ignore[assignment]
+    if end < _SLICED:
+        record.payload = payload[:end] + tail
+    else:  # the prefix copied once
+        record.payload = b"".join((memoryview(payload)[:end], tail))
     return record
 
 
-def _grown(
-    record: Record, entries: Sequence[str], limit: int, max_prefix: int
-) -> tuple[memoryview, str] | None:
-    """``record``'s prefix and the text that appends ``entries`` to it, its prefix then
-    ending after them; ``None`` when the record may not take them."""
-    count = len(entries)
-    if not record.appendable or record.entries + count > limit:
-        return None
-    added = entries[0] if count == 1 else ",".join(entries)
-    if added and record.entries:
-        added = "," + added
-    end = record.prefix_end
-    size = len(added) if added.isascii() else len(added.encode())
-    if end + size > max_prefix:  # type: ignore[operator]
-        return None
-    record.prefix_end = end + size  # type: ignore[operator]
-    record.entries += count
-    if record.snapshot is not None or record.journal:
-        record.snapshot, record.journal = None, ()  # read: only the bytes now
-    return memoryview(record.payload)[:end], added  # type: ignore[arg-type]
+_SLICED = 1 << 16
+"""Below this many bytes, a record's prefix is sliced and then copied (for a few
+kilobytes, faster than a memoryview's one copy)."""
 
 
 def _fresh(

@@ -375,7 +375,6 @@ class RedisStore(BytesStore):
         session_id: str,
         expected_version: int,
         payload: bytes,
-        *,
         incarnation: str | None,
         ended: bool = False,
     ) -> int:

@@ -18,7 +18,7 @@ from ..core._session import Session
 from ..core._taxonomy import SessionStatus
 from ._errors import CorruptSession, InvalidSessionId, SessionNotFound, StaleWrite
 from ._held import Held
-from ._journal import BUDGET, CHILD_SPEND, Step, take_step
+from ._journal import BUDGET, CHILD_SPEND, Step, take_steps
 
 MAX_DEPTH = 16
 """How deep a turn start settles the spend of ended sessions down a session tree."""
@@ -78,7 +78,7 @@ def charge(
                     live.version,
                     record,
                     session,
-                    [take_step(session, step, 0.0, wall)[1] for step in steps],
+                    take_steps(session, steps, 0.0, wall)[1],
                     wall=wall,
                     age=held.age(record, wall),
                     keys=record.keys,

@@ -37,7 +37,7 @@ from . import _spend as spend
 from ._core import SessionStore, check_name, check_version
 from ._errors import StaleWrite
 from ._held import Held, Live
-from ._journal import EVENT, START, Step, read_session, take_step
+from ._journal import EVENT, START, Step, read_session, take_steps
 from ._record import COMPACT_AT_START, MAX_KEYS, read_record
 
 _LARGEST = sys.float_info.max
@@ -99,6 +99,10 @@ class Advanced:
         """Whether this call wrote the next version."""
         return self.status is AdvanceStatus.APPLIED
 
+
+_APPLIED = AdvanceStatus.APPLIED
+"""Read once: an enum member read off its class costs as much as a call (every advance
+gives one)."""
 
 _make_advanced: Callable[
     [AdvanceStatus, Any, int, Action | None, tuple[ToolOutcome, ...], tuple[str, ...]], Advanced
@@ -185,6 +189,11 @@ class Worker:
         self._count_idle = count_idle
         self._observers = tuple(observers)
         self._doom_check = doom_check
+        self._adjusted = frozenset(
+            {type(None), ToolsDone} if doom_check is None else {type(None), ToolsDone, ModelReplied}
+        )
+        """The types of what an advance does not send to the turn as it is (see
+        :meth:`_steps`): any other event is one step, itself."""
         self._held = Held(
             store,
             owner=self.owner,
@@ -357,6 +366,12 @@ class Worker:
             return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
         if live.version != expected:
             return self._answer(session_id, AdvanceStatus.CONFLICT, live)
+        if event is not None and live.session.current_turn is None:
+            raise IllegalEvent(
+                f"session {session_id!r} has no turn yet: advance it with None to start one",
+                event=type(event).__name__,
+                state="no turn",
+            )
         return self._advanced(session_id, live, event, expected, key)
 
     def _advanced(
@@ -371,10 +386,8 @@ class Worker:
         age = held.age(record, wall)
         mark = _mark(session) if observers else (0, 0)
         before = session.cost_usd if live.tree else 0.0
-        entries = []
-        for step in self._steps(live, event):
-            action, entry = take_step(session, step, age, wall)
-            entries.append(entry)
+        steps = self._steps(live, event) if type(event) in self._adjusted else ((EVENT, event),)
+        action, entries = take_steps(session, steps, age, wall)
         keys = record.keys
         if key is not None:
             keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
@@ -386,10 +399,10 @@ class Worker:
                 record,
                 session,
                 entries,
-                wall=wall,
-                age=age,
-                keys=keys,
-                action=action,
+                wall,
+                age,
+                keys,
+                action,
                 limit=None if event is not None else COMPACT_AT_START,
             )
         except StaleWrite:
@@ -397,7 +410,7 @@ class Worker:
         if type(action) is Finish:
             action = self._on_clock_action(action, live.record.elapsed_s)
         handout = self._handout(session_id, live)
-        result = _make_advanced(AdvanceStatus.APPLIED, handout, live.version, action, (), ())
+        result = _make_advanced(_APPLIED, handout, live.version, action, (), ())
         # read the session before it is remembered: from then on another thread may
         # take it out and step it (an advance that may never be stored)
         if observers:
@@ -411,28 +424,24 @@ class Worker:
         return result
 
     def _steps(self, live: Live, event: object | None) -> Iterable[Step]:
-        """The steps of an advance of ``live`` with ``event``: ``None`` starts the next
-        turn (the children's totals and the ancestors' budget pulled first); an event
-        is sent to the turn, with the record's carried outcomes (a ``ToolsDone``) and
-        this worker's doom-check verdict (a reply) in it."""
+        """The steps of an advance of ``live`` with ``event``, one of ``_adjusted``:
+        ``None`` starts the next turn (the children's totals and the ancestors' budget
+        pulled first, when the session is in a tree); a ``ToolsDone`` is sent with the
+        record's carried outcomes in it, a reply with this worker's doom-check verdict."""
         session = live.session
         if event is None:
+            if not live.tree and not session.child_costs:
+                return ((START,),)
             held = self._held
             pulled = spend.pulled_spend(held, session)
             return [*pulled, *spend.pulled_budget(held, session), (START,)]
-        turn = session.current_turn
-        if turn is None:
-            raise IllegalEvent(
-                f"session {live.record.session_id!r} has no turn yet: advance it with None "
-                "to start one",
-                event=type(event).__name__,
-                state="no turn",
-            )
-        kind = type(event)
-        if kind is ToolsDone and live.record.carried:
-            event = ToolsDone((*live.record.carried, *event.outcomes))  # type: ignore[attr-defined]
-        elif kind is ModelReplied and self._doom_check is not None:
-            event = turn.judged(event, self._doom_check)  # type: ignore[arg-type]
+        if type(event) is ToolsDone:
+            if live.record.carried:
+                event = ToolsDone((*live.record.carried, *event.outcomes))
+        else:  # a reply, to a worker with a doom check
+            turn = session.current_turn
+            if turn is not None:  # else the step is refused: no turn yet
+                event = turn.judged(event, self._doom_check)  # type: ignore[arg-type]
         return ((EVENT, event),)
 
     def _deliver(self, session: Session, mark: tuple[int, int], offset: float) -> None:
@@ -496,8 +505,7 @@ class Worker:
         entries: list[str] = []
         action: Action | None = InvokeTools(rerun)
         if not rerun:  # nothing left to run: the outcomes are sent now
-            action, entry = take_step(session, (EVENT, ToolsDone(carried)), age, wall)
-            entries.append(entry)
+            action, entries = take_steps(session, [(EVENT, ToolsDone(carried))], age, wall)
             carried = ()
         try:
             live.version, live.record = self._held.write(
