@@ -764,9 +764,9 @@ class Group:
     """The payload check of the trigger (bad data refused before anything changes)."""
     charges: bool = False
     """The trigger reports a model call's usage: its event's ``cost`` is charged."""
-    trial: Callable[..., Trial] | None = None
+    trial: Callable[..., Trial[BoundRow]] | None = None
     """The table's own trial of these rows (``_trials.TRIALS``), if it has one."""
-    choose: Trial = attrs.field(default=None, eq=False, repr=False)
+    choose: Trial[BoundRow] = attrs.field(default=None, eq=False, repr=False)
     """The first row whose guards all hold (``None``: none does): the trial, or
     :meth:`try_rows`."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
@@ -864,7 +864,7 @@ def _group(
     rows: list[Row],
     effect_of: Mapping[str, Effect],
     check: Callable[[Core, TurnState, Any], None] | None,
-    trial: Callable[..., Trial] | None,
+    trial: Callable[..., Trial[BoundRow]] | None,
 ) -> Group:
     bound = []
     facts: Facts | None = None
