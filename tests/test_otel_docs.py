@@ -140,6 +140,7 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow  # a fresh interpreter
 @pytest.mark.requirement("ER-246", "ER-245")
 def test_the_pages_console_set_up_prints_the_turns_spans(vendor: _vendor.LoopbackVendor) -> None:
     """docs/telemetry.md's console set-up, then its turn, run as a script: standard
@@ -214,6 +215,7 @@ def _attribute(attributes: Any, key: str) -> Any:
     return None
 
 
+@pytest.mark.slow  # a fresh interpreter
 @pytest.mark.requirement("ER-246", "ER-245")
 def test_the_pages_otlp_set_up_exports_the_turn(vendor: _vendor.LoopbackVendor) -> None:
     """docs/telemetry.md's OTLP set-up, then its turn, run as a script whose collector
