@@ -480,3 +480,31 @@ def test_the_provider_model_is_seen_only_while_its_driver_runs() -> None:
     turn.send(sm.Assembled(REQUEST, size=10))
     turn.send(sm.ModelReplied(reply="By hand."))
     assert [chat["name"] for chat in run.chats()] == ["chat local-llama", "chat"]
+
+
+class _Interrupted(_OwnModel):
+    def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.requirement("ER-245")
+def test_the_provider_model_is_let_go_when_the_driver_is_interrupted() -> None:
+    """A driver left by an exception (the turn cancelled, the exception re-raised) lets
+    its provider go too: the cancelled call's span names it, the next turn's does not."""
+    run = Run(None)
+    with pytest.raises(KeyboardInterrupt):
+        sm.run_turn(
+            run.session.new_turn(),
+            model=_Interrupted("local-llama"),
+            tools=_Tools(),
+            context=_Context(),
+        )
+    turn = run.session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(REQUEST, size=10))
+    turn.send(sm.ModelReplied(reply="By hand."))
+    chats = run.chats()
+    assert [(chat["name"], chat.get("error.type")) for chat in chats] == [
+        ("chat local-llama", "cancelled"),
+        ("chat", None),
+    ]

@@ -68,7 +68,7 @@ from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ._classify import classify, is_timeout
 from ._loop import adrive, drive, text_of
-from ._provider_model import driving
+from ._provider_model import DRIVEN
 
 _T = TypeVar("_T")
 
@@ -305,8 +305,11 @@ def run_turn(
             return ToolsDone(tuple(_sync_tool(tools, call, tool_limit) for call in action.calls))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
-    with driving(model):
+    held = DRIVEN.set(model)
+    try:
         return drive(turn, perform)
+    finally:
+        DRIVEN.reset(held)
 
 
 def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) -> object:
@@ -392,8 +395,11 @@ async def arun_turn(
             return ToolsDone(await _async_tools(tools, action.calls, tool_limit))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
-    with driving(model):
+    held = DRIVEN.set(model)
+    try:
         return await adrive(turn, perform)
+    finally:
+        DRIVEN.reset(held)
 
 
 async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:
