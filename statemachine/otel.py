@@ -32,7 +32,11 @@ finish reason and answered model, where the call went (``gen_ai.provider.name``,
 ``server.address``, ``server.port``: a ready-made provider reports them on every
 event, failures included), and for a failure its category (``error.type``) and HTTP
 status. What a span needs when it starts (the provider, the server) comes from the
-last usage of the same requested model, else from ``provider_name``.
+last usage of the same requested model, else from ``provider_name``. The requested
+model (``gen_ai.request.model``, the span's name) is ``CallModel.model``, else the
+request mapping's ``model``, else the ``model`` attribute of the model provider
+``run_turn`` or ``arun_turn`` is calling (the ready-made providers' ``model=``; a
+host-written provider may have one): the model the call is sent to.
 
 Span times are the records' ``at`` (the session's injected clock) plus
 ``clock_offset`` (default: measured once, at the first record, so that a

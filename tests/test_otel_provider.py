@@ -26,7 +26,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import statemachine as sm
 from statemachine.otel import Telemetry
-from statemachine.providers import AnthropicModel, AsyncOpenAIModel, OpenAIModel
+from statemachine.providers import (
+    AnthropicModel,
+    AsyncAnthropicModel,
+    AsyncOpenAIModel,
+    OpenAIModel,
+)
 
 from .helpers import ManualClock
 from .servers.fake_llm import (
@@ -74,7 +79,7 @@ class _AsyncTools:
 class Run:
     """A bound Telemetry on a session whose clock the driver's sleep moves."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str | None) -> None:
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
@@ -309,3 +314,197 @@ def test_the_anthropic_provider_against_a_loopback_server(server: FakeLLM) -> No
         "gen_ai.usage.cache_read.input_tokens": 1000,
         "gen_ai.usage.cache_creation.input_tokens": 200,
     }
+
+
+# -- the model given to the provider ------------------------------------------------
+
+
+def _anthropic_reply() -> Canned:
+    reply = anthropic_message("It is sunny.")
+    reply.body.update(id="msg_02", model=DATED_ANTHROPIC)
+    return reply
+
+
+def _openai_reply() -> Canned:
+    reply = openai_completion("It is sunny.")
+    reply.body.update(id="chatcmpl-C1", model=DATED_OPENAI)
+    return reply
+
+
+def _drive(run: Run, make: Any, server: FakeLLM, model: str) -> sm.Finish:
+    """One turn of ``run`` with the provider ``make(client, model=model)``, through the
+    driver of its kind, against ``server`` (the SDK its class names)."""
+    name = make.__name__
+    sdk: Any = openai if "OpenAI" in name else anthropic
+    url = server.url + ("/v1" if sdk is openai else "")
+    if not name.startswith("Async"):
+        client_class = sdk.OpenAI if sdk is openai else sdk.Anthropic
+        with client_class(base_url=url, api_key="test", max_retries=0) as client:
+            return sm.run_turn(
+                run.session.new_turn(),
+                model=make(client, model=model),
+                tools=_Tools(),
+                context=_Context(),
+                sleep=run.sleep,
+            )
+
+    async def drive() -> sm.Finish:
+        async_class = sdk.AsyncOpenAI if sdk is openai else sdk.AsyncAnthropic
+        async with async_class(base_url=url, api_key="test", max_retries=0) as client:
+            return await sm.arun_turn(
+                run.session.new_turn(),
+                model=make(client, model=model),
+                tools=_AsyncTools(),
+                context=_AsyncContext(),
+                sleep=run.asleep,
+            )
+
+    return asyncio.run(drive())
+
+
+@pytest.mark.requirement("ER-245", "ER-152", "ER-155")
+@pytest.mark.parametrize(
+    "make", [AnthropicModel, AsyncAnthropicModel, OpenAIModel, AsyncOpenAIModel]
+)
+def test_a_model_given_to_the_provider_names_the_chat_spans(server: FakeLLM, make: Any) -> None:
+    """The README's way: the model given to the provider (``model=``), none in the
+    settings or the request. Every attempt's chat span is ``chat {model}`` with
+    ``gen_ai.request.model``, the model the vendor received; the reply's says the dated
+    name the server answered with as ``gen_ai.response.model``; the turn span and the
+    duration metric carry the requested model too."""
+    anthropic_sdk = "Anthropic" in make.__name__
+    path = ANTHROPIC if anthropic_sdk else OPENAI
+    model = "claude-sonnet-4-5" if anthropic_sdk else "gpt-4o"
+    failure = (
+        anthropic_error(529, "overloaded_error", "Overloaded")
+        if anthropic_sdk
+        else _rate_limited_openai()
+    )
+    server.script(path, failure, _anthropic_reply() if anthropic_sdk else _openai_reply())
+    run = Run(None)
+    finish = _drive(run, make, server, model)
+    assert finish.status is sm.TurnStatus.COMPLETED
+    assert [seen.body["model"] for seen in server.requests(path)] == [model, model]
+    failed, replied = run.chats()
+    for span in (failed, replied):
+        assert span["name"] == f"chat {model}"
+        assert span["gen_ai.request.model"] == model
+    assert "gen_ai.response.model" not in failed
+    assert replied["gen_ai.response.model"] == (DATED_ANTHROPIC if anthropic_sdk else DATED_OPENAI)
+    (turn,) = [s for s in run.exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert (turn.attributes or {})["gen_ai.request.model"] == model
+    durations = run.metric_points("gen_ai.client.operation.duration")
+    assert {a["gen_ai.request.model"] for a, _ in durations} == {model}
+
+
+@pytest.mark.requirement("ER-245")
+def test_the_request_and_the_action_name_the_model_before_the_provider(server: FakeLLM) -> None:
+    """The span names the model the provider sends: the request's ``model`` over the
+    provider's, and the settings' (``CallModel.model``) over both."""
+    server.script(OPENAI, _openai_reply(), _openai_reply())
+    request = {**REQUEST, "model": "gpt-4o-mini"}
+
+    class Context:
+        def assemble(self, action: sm.Assemble) -> sm.Assembled:
+            return sm.Assembled(request, size=10)
+
+    names = []
+    for settings_model in (None, "gpt-4.1"):
+        run = Run(settings_model)
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="test", max_retries=0) as client:
+            sm.run_turn(
+                run.session.new_turn(),
+                model=OpenAIModel(client, model="gpt-4o"),
+                tools=_Tools(),
+                context=Context(),
+            )
+        names += [chat["name"] for chat in run.chats()]
+    sent = [f"chat {seen.body['model']}" for seen in server.requests(OPENAI)]
+    assert names == sent == ["chat gpt-4o-mini", "chat gpt-4.1"]
+
+
+class _OwnModel:
+    """A host-written provider that names its model, as the drivers' protocol allows."""
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+
+    def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        return sm.ModelReplied(reply="It is sunny.")
+
+
+class _RaisingModel:
+    """A provider whose ``model`` cannot be read."""
+
+    @property
+    def model(self) -> str:
+        raise RuntimeError("no model configured")
+
+    def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        return sm.ModelReplied(reply="It is sunny.")
+
+
+@pytest.mark.requirement("ER-245")
+@pytest.mark.parametrize(
+    ("provider", "model"),
+    [
+        (_OwnModel("local-llama"), "local-llama"),
+        (_OwnModel(""), None),
+        (_OwnModel(42), None),
+        (_OwnModel(None), None),
+        (_RaisingModel(), None),
+    ],
+)
+def test_a_host_written_provider_names_its_model(provider: Any, model: str | None) -> None:
+    """A host's own provider with a ``model`` attribute (a non-empty str) names the chat
+    span; one whose ``model`` is not a name, or cannot be read, leaves it ``chat``
+    without ``gen_ai.request.model``, and the turn runs the same."""
+    run = Run(None)
+    finish = sm.run_turn(run.session.new_turn(), model=provider, tools=_Tools(), context=_Context())
+    assert finish.status is sm.TurnStatus.COMPLETED
+    (chat,) = run.chats()
+    assert chat["name"] == ("chat" if model is None else f"chat {model}")
+    assert chat.get("gen_ai.request.model") == model
+
+
+@pytest.mark.requirement("ER-245")
+def test_the_provider_model_is_seen_only_while_its_driver_runs() -> None:
+    """After ``run_turn`` returns, a turn the host steps by hand (sans-IO) in the same
+    session names no model: the provider is the driver's, for its turn only."""
+    run = Run(None)
+    sm.run_turn(
+        run.session.new_turn(), model=_OwnModel("local-llama"), tools=_Tools(), context=_Context()
+    )
+    turn = run.session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(REQUEST, size=10))
+    turn.send(sm.ModelReplied(reply="By hand."))
+    assert [chat["name"] for chat in run.chats()] == ["chat local-llama", "chat"]
+
+
+class _Interrupted(_OwnModel):
+    def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.requirement("ER-245")
+def test_the_provider_model_is_let_go_when_the_driver_is_interrupted() -> None:
+    """A driver left by an exception (the turn cancelled, the exception re-raised) lets
+    its provider go too: the cancelled call's span names it, the next turn's does not."""
+    run = Run(None)
+    with pytest.raises(KeyboardInterrupt):
+        sm.run_turn(
+            run.session.new_turn(),
+            model=_Interrupted("local-llama"),
+            tools=_Tools(),
+            context=_Context(),
+        )
+    turn = run.session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(REQUEST, size=10))
+    turn.send(sm.ModelReplied(reply="By hand."))
+    chats = run.chats()
+    assert [(chat["name"], chat.get("error.type")) for chat in chats] == [
+        ("chat local-llama", "cancelled"),
+        ("chat", None),
+    ]

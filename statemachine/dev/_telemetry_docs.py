@@ -310,6 +310,104 @@ USAGE = (
 """How a host attaches the observer (runs as written: tests/test_docs.py)."""
 
 
+EXPORT_CONSOLE = (
+    "from opentelemetry import trace\n"
+    "from opentelemetry.sdk.trace import TracerProvider\n"
+    "from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor\n\n"
+    "tracer_provider = TracerProvider()\n"
+    "tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))\n"
+    "trace.set_tracer_provider(tracer_provider)  # before the first Telemetry is made\n"
+)
+"""An exporter set-up: spans printed as JSON as they end (run: tests/test_otel_docs.py)."""
+
+EXPORT_OTLP = (
+    "from opentelemetry import metrics, trace\n"
+    "from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter\n"
+    "from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter\n"
+    "from opentelemetry.sdk.metrics import MeterProvider\n"
+    "from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader\n"
+    "from opentelemetry.sdk.resources import Resource\n"
+    "from opentelemetry.sdk.trace import TracerProvider\n"
+    "from opentelemetry.sdk.trace.export import BatchSpanProcessor\n\n"
+    "# the collector: OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318)\n"
+    'resource = Resource.create({"service.name": "weather-agent"})\n'
+    "tracer_provider = TracerProvider(resource=resource)\n"
+    "tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))\n"
+    "trace.set_tracer_provider(tracer_provider)  # before the first Telemetry is made\n"
+    "reader = PeriodicExportingMetricReader(OTLPMetricExporter())\n"
+    "metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))\n"
+)
+"""An exporter set-up: spans and metrics over OTLP/HTTP (run: tests/test_otel_docs.py)."""
+
+EXPORT_TURN = (
+    "import anthropic\n\n"
+    "import statemachine as sm\n"
+    "from statemachine.otel import Telemetry\n"
+    "from statemachine.providers import AnthropicModel\n\n"
+    'WEATHER = {"name": "get_weather", "description": "The weather in a city",\n'
+    '           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}\n'
+    'QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]\n\n\n'
+    "class Context:\n"
+    "    def assemble(self, action):\n"
+    '        return sm.Assembled({"messages": QUESTION, "tools": [WEATHER]}, size=40)\n\n\n'
+    "class Tools:\n"
+    "    def invoke(self, call):\n"
+    '        return sm.ToolOutcome(call.id, ok=True, content="Paris: sunny, 21 \u00b0C")\n\n\n'
+    "telemetry = Telemetry()  # the global providers set above\n"
+    'session = sm.Session(sm.Settings(), observers=[telemetry], session_id="chat-42")\n'
+    "telemetry.bind(session)\n"
+    "with anthropic.Anthropic(max_retries=0) as client:\n"
+    '    model = AnthropicModel(client, model="claude-sonnet-4-5")  # names the chat spans\n'
+    "    sm.run_turn(session.new_turn(), model=model, tools=Tools(), context=Context())\n"
+    "telemetry.end()\n"
+    "tracer_provider.shutdown()  # a script: export the spans still buffered before it exits\n"
+)
+"""The turn either set-up exports (against the loopback vendor in tests/test_otel_docs.py)."""
+
+NOT_RUN = "<!-- not-run -->"
+"""Marks a page block tests/test_docs.py only compiles: these need a vendor, and set
+the process's global providers (tests/test_otel_docs.py runs them apart)."""
+
+
+def _export_section() -> str:
+    return (
+        "## Exporting: the console, OTLP\n\n"
+        "The observer uses the OpenTelemetry API only; the application chooses the SDK and "
+        "the exporters (`pip install opentelemetry-sdk` for the console, and "
+        "`opentelemetry-exporter-otlp-proto-http` for OTLP; the `dev` extra has both) and "
+        "sets them up once, at start-up, before it makes its first `Telemetry`. Without "
+        "them every span and metric is a no-op that costs one attribute read per record. "
+        "Each span printed to standard output, as JSON, when it ends:\n\n"
+        f"{NOT_RUN}\n```python\n{EXPORT_CONSOLE}```\n\n"
+        "or spans and metrics sent to an OpenTelemetry collector (or any backend that "
+        "takes OTLP over HTTP, on port 4318: Jaeger, Grafana Tempo, Phoenix...), in "
+        "batches:\n\n"
+        f"{NOT_RUN}\n```python\n{EXPORT_OTLP}```\n\n"
+        "Then every session's `Telemetry()` records through them. One turn after either "
+        "set-up: offline, it runs against the loopback vendor as the README's example does "
+        "(`python -m statemachine vendor` in another shell, then `export "
+        "ANTHROPIC_BASE_URL=http://127.0.0.1:8765 ANTHROPIC_API_KEY=loopback`). The model "
+        "given to the provider names the chat spans (`chat claude-sonnet-4-5`): a chat "
+        "span's `gen_ai.request.model` is `CallModel.model` (the settings' model, a "
+        "fallback), else the request's `model`, else the `model` of the provider "
+        "`run_turn` or `arun_turn` calls, which a provider of your own may have too (a "
+        "non-empty `str`).\n\n"
+        f"{NOT_RUN}\n```python\n{EXPORT_TURN}```\n\n"
+        "The Anthropic SDK (2.x) traces its API calls itself once a tracer provider is "
+        "set: an `anthropic.messages.create` span per call, in a trace of its own (the "
+        "engine's chat span is not the current span while the provider runs); "
+        "`anthropic.Anthropic(..., open_telemetry=False)` or "
+        "`ANTHROPIC_OPEN_TELEMETRY=false` turns it off. "
+        "The set-ups make global providers; to keep a session's telemetry apart, pass "
+        "them instead: `Telemetry(tracer_provider=..., meter_provider=...)`. A batch "
+        "exporter sends every few seconds: a service that runs on needs nothing more, a "
+        "script calls `tracer_provider.shutdown()` (or `force_flush()`) before it exits, "
+        "as above (the SDK does it at exit too, and for the meter provider; "
+        "tests/test_otel_docs.py runs both set-ups with this turn, the OTLP one against "
+        "a receiver that decodes what arrives).\n\n"
+    )
+
+
 def _values(enum: Any, *aside: str) -> str:
     return ", ".join(f"`{member.value}`" for member in enum if member.value not in aside)
 
@@ -446,8 +544,7 @@ def _telemetry_page() -> str:
         "for them at creation, for sampling) comes from the last usage of the same "
         "requested model, else from `Telemetry(provider_name=...)`. A bound session's "
         "`session_id` is `gen_ai.conversation.id` (unless `Telemetry(session_id=...)` "
-        "names another).\n\n"
-        "## Spans\n\n" + _SPANS + "\n"
+        "names another).\n\n" + _export_section() + "## Spans\n\n" + _SPANS + "\n"
         "`error.type` (each span's status is ERROR when it is set): on a chat span the "
         f"model error category ({_values(ErrorCategory)}), or `cancelled`, or "
         "`unfinished` (the host stopped observing mid-call); on a tool span the tool "

@@ -27,6 +27,10 @@ Errors are translated at this one boundary:
   come back as cancelled error results), cancels and awaits its child tasks, and
   re-raises. The session is consistent and can be snapshotted or go on.
 
+While a driver runs a turn, the turn's observers can read its model provider's
+``model`` (the model it calls when the action and the request name none): the
+telemetry names its chat spans with it (:mod:`._provider_model`).
+
 Both drivers are the loop of ``_loop.py`` (written once, for the Temporal workflow's
 driver too) with a ``perform`` of their own.
 
@@ -64,6 +68,7 @@ from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ._classify import classify, is_timeout
 from ._loop import adrive, drive, text_of
+from ._provider_model import DRIVEN
 
 _T = TypeVar("_T")
 
@@ -75,7 +80,12 @@ class ContextProvider(Protocol):
 
 
 class ModelProvider(Protocol):
-    """Calls the model (sync). May return ``ModelFailed`` instead of raising."""
+    """Calls the model (sync). May return ``ModelFailed`` instead of raising.
+
+    It may have a ``model`` attribute, a non-empty ``str``: the model it calls when
+    neither ``CallModel.model`` nor the request names one (the ready-made providers'
+    ``model=``). The drivers show it to the session's observers, so the telemetry's chat
+    spans name it (:mod:`statemachine.io._provider_model`)."""
 
     def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
 
@@ -93,7 +103,8 @@ class AsyncContextProvider(Protocol):
 
 
 class AsyncModelProvider(Protocol):
-    """Calls the model (asyncio). May return ``ModelFailed`` instead of raising."""
+    """Calls the model (asyncio). May return ``ModelFailed`` instead of raising; its
+    ``model`` attribute, if any, as :class:`ModelProvider`'s."""
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
 
@@ -296,7 +307,11 @@ def run_turn(
             return ToolsDone(tuple(_sync_tool(tools, call, tool_limit) for call in action.calls))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
-    return drive(turn, perform)
+    held = DRIVEN.set(model)
+    try:
+        return drive(turn, perform)
+    finally:
+        DRIVEN.reset(held)
 
 
 def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) -> object:
@@ -382,7 +397,11 @@ async def arun_turn(
             return ToolsDone(await _async_tools(tools, action.calls, tool_limit))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
-    return await adrive(turn, perform)
+    held = DRIVEN.set(model)
+    try:
+        return await adrive(turn, perform)
+    finally:
+        DRIVEN.reset(held)
 
 
 async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:

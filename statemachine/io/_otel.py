@@ -31,6 +31,7 @@ from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall
 from ..core._trace import TraceRecord
 from ..core._usage import Usage
+from ._provider_model import provider_model
 
 SCOPE = "turnstate"
 """The instrumentation scope of every span and instrument."""
@@ -236,7 +237,8 @@ class _TurnSpans:
     """Where the turn's last call went, as far as known."""
     chat: _Chat | None = None
     first_call: CallModel | None = None
-    last_call: CallModel | None = None
+    last_model: str | None = None
+    """The model the turn's last call asked for (:func:`_requested_model`)."""
     deferred_chats: list[tuple[_Chat, int]] = attrs.Factory(list)
     """Failed attempts whose category the Finish will say (fallbacks read from a
     trace without their events), in order: (chat, end)."""
@@ -626,12 +628,9 @@ class Telemetry:
         self, turn: _TurnSpans, record: TraceRecord, action: CallModel, now: int
     ) -> None:
         request = action.request
-        model = action.model
-        if model is None and isinstance(request, Mapping):
-            named = request.get("model")
-            model = named if isinstance(named, str) and named else None
+        model = _requested_model(action)
         if "fallback_left" in record.guard:
-            self._fallback(turn, record, action, now)
+            self._fallback(turn, record, model, now)
         where = self._where_of(model)
         attrs: dict[str, Any] = {
             **self._base,
@@ -650,7 +649,7 @@ class Telemetry:
             turn.first_call = action
             if model is not None:
                 turn.span.set_attribute(REQUEST_MODEL, model)
-        turn.last_call = action
+        turn.last_model = model
         span = self._tracer.start_span(
             f"chat {model}" if model else "chat",
             trace.set_span_in_context(turn.span),
@@ -660,14 +659,13 @@ class Telemetry:
         )
         turn.chat = _Chat(span, now, model, where)
 
-    def _fallback(self, turn: _TurnSpans, record: TraceRecord, action: CallModel, now: int) -> None:
-        """Note a move to a fallback model: an event of the turn, a retry."""
+    def _fallback(self, turn: _TurnSpans, record: TraceRecord, model: str | None, now: int) -> None:
+        """Note a move to a fallback ``model``: an event of the turn, a retry."""
         moved: dict[str, Any] = {}
-        previous = turn.last_call.model if turn.last_call is not None else None
-        if previous is not None:
-            moved["turnstate.fallback.from_model"] = previous
-        if action.model is not None:
-            moved["turnstate.fallback.to_model"] = action.model
+        if turn.last_model is not None:
+            moved["turnstate.fallback.from_model"] = turn.last_model
+        if model is not None:
+            moved["turnstate.fallback.to_model"] = model
         turn.events.append((now, "turnstate.fallback", moved))
         cause = record.caused_by
         if type(cause) is ModelFailed:  # the error that moved it is the record's
@@ -823,6 +821,20 @@ class Telemetry:
 
 
 _CRASHED = ToolErrorCategory.PROCESS_CRASHED
+
+
+def _requested_model(action: CallModel) -> str | None:
+    """The model a call asks for, as its provider resolves it: ``CallModel.model`` (a
+    fallback, the settings' model), else the request mapping's ``model``, else the
+    ``model`` of the provider the driver calls (``None``: none of them names one)."""
+    if action.model is not None:
+        return action.model
+    request = action.request
+    if isinstance(request, Mapping):
+        named = request.get("model")
+        if isinstance(named, str) and named:
+            return named
+    return provider_model()
 
 
 def _failure_category(action: object) -> str | None:
