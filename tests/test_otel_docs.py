@@ -141,7 +141,7 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow  # a fresh interpreter
-@pytest.mark.requirement("ER-246", "ER-245")
+@pytest.mark.requirement("ER-252", "ER-251")
 def test_the_pages_console_set_up_prints_the_turns_spans(vendor: _vendor.LoopbackVendor) -> None:
     """docs/telemetry.md's console set-up, then its turn, run as a script: standard
     output holds one JSON span per span of the turn, in one trace, the chat span named
@@ -216,7 +216,7 @@ def _attribute(attributes: Any, key: str) -> Any:
 
 
 @pytest.mark.slow  # a fresh interpreter
-@pytest.mark.requirement("ER-246", "ER-245")
+@pytest.mark.requirement("ER-252", "ER-251")
 def test_the_pages_otlp_set_up_exports_the_turn(vendor: _vendor.LoopbackVendor) -> None:
     """docs/telemetry.md's OTLP set-up, then its turn, run as a script whose collector
     (OTEL_EXPORTER_OTLP_ENDPOINT) is a receiver in this process: the turn's spans reach
@@ -268,7 +268,7 @@ def test_the_pages_otlp_set_up_exports_the_turn(vendor: _vendor.LoopbackVendor) 
     assert "turnstate.turns" in metrics
 
 
-@pytest.mark.requirement("ER-246")
+@pytest.mark.requirement("ER-252")
 def test_the_pages_exporter_blocks_are_the_generators() -> None:
     """The blocks the two tests above run are the page's, marked not-run for
     tests/test_docs.py (they set the process's global providers and need a vendor)."""

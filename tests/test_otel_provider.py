@@ -362,7 +362,7 @@ def _drive(run: Run, make: Any, server: FakeLLM, model: str) -> sm.Finish:
     return asyncio.run(drive())
 
 
-@pytest.mark.requirement("ER-245", "ER-152", "ER-155")
+@pytest.mark.requirement("ER-251", "ER-152", "ER-155")
 @pytest.mark.parametrize(
     "make", [AnthropicModel, AsyncAnthropicModel, OpenAIModel, AsyncOpenAIModel]
 )
@@ -397,7 +397,7 @@ def test_a_model_given_to_the_provider_names_the_chat_spans(server: FakeLLM, mak
     assert {a["gen_ai.request.model"] for a, _ in durations} == {model}
 
 
-@pytest.mark.requirement("ER-245")
+@pytest.mark.requirement("ER-251")
 def test_the_request_and_the_action_name_the_model_before_the_provider(server: FakeLLM) -> None:
     """The span names the model the provider sends: the request's ``model`` over the
     provider's, and the settings' (``CallModel.model``) over both."""
@@ -444,7 +444,7 @@ class _RaisingModel:
         return sm.ModelReplied(reply="It is sunny.")
 
 
-@pytest.mark.requirement("ER-245")
+@pytest.mark.requirement("ER-251")
 @pytest.mark.parametrize(
     ("provider", "model"),
     [
@@ -467,7 +467,7 @@ def test_a_host_written_provider_names_its_model(provider: Any, model: str | Non
     assert chat.get("gen_ai.request.model") == model
 
 
-@pytest.mark.requirement("ER-245")
+@pytest.mark.requirement("ER-251")
 def test_the_provider_model_is_seen_only_while_its_driver_runs() -> None:
     """After ``run_turn`` returns, a turn the host steps by hand (sans-IO) in the same
     session names no model: the provider is the driver's, for its turn only."""
@@ -487,7 +487,7 @@ class _Interrupted(_OwnModel):
         raise KeyboardInterrupt
 
 
-@pytest.mark.requirement("ER-245")
+@pytest.mark.requirement("ER-251")
 def test_the_provider_model_is_let_go_when_the_driver_is_interrupted() -> None:
     """A driver left by an exception (the turn cancelled, the exception re-raised) lets
     its provider go too: the cancelled call's span names it, the next turn's does not."""
