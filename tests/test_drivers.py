@@ -339,6 +339,64 @@ def _assert_snapshot_ok(sess: sm.Session) -> None:
     restored.new_turn()  # the session goes on
 
 
+@pytest.mark.requirement("ER-245")
+def test_a_stream_cancelled_after_its_usage_is_charged_through_arun_turn() -> None:
+    """A ready-made streaming provider whose stream reported usage and then stalls:
+    cancelling arun_turn's task ends the turn cancelled, charged what the vendor had
+    reported (at the provider's price), as a reply would have been."""
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.completion_usage import CompletionUsage
+
+    from statemachine.providers import AsyncOpenAIModel
+
+    usage = CompletionUsage(prompt_tokens=1000, completion_tokens=10, total_tokens=1010)
+    chunk = ChatCompletionChunk(
+        id="c1", choices=[], created=0, model="gpt-x", object="chat.completion.chunk", usage=usage
+    )
+
+    async def scenario() -> tuple[sm.Session, sm.Turn]:
+        reported = asyncio.Event()
+
+        class Stalled:
+            async def __aenter__(self) -> Stalled:
+                return self
+
+            async def __aexit__(self, *_exc: object) -> None:
+                return None
+
+            async def __aiter__(self) -> Any:
+                yield chunk
+                reported.set()
+                await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
+
+        async def create(**_kwargs: Any) -> Stalled:
+            return Stalled()
+
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
+        client.chat.completions.create = create  # type: ignore[method-assign]
+        model = AsyncOpenAIModel(
+            client, model="gpt-x", on_text=lambda _text: None, price_per_mtok=(1.0, 2.0)
+        )
+        sess = session()
+        turn = sess.new_turn()
+        task = asyncio.create_task(
+            sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
+        )
+        await reported.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.close()
+        return sess, turn
+
+    sess, turn = asyncio.run(scenario())
+    assert turn.status is sm.TurnStatus.CANCELLED
+    assert sess.cost_usd == pytest.approx(1000 * 1.0e-6 + 10 * 2.0e-6)
+    (cancelled,) = [r.caused_by for r in turn.trace if isinstance(r.caused_by, sm.Cancelled)]
+    assert cancelled.usage is not None and cancelled.usage.input_tokens == 1000
+    _assert_snapshot_ok(sess)
+
+
 @pytest.mark.requirement("ER-50", "ER-32")
 @pytest.mark.parametrize("where", ["wait", "model", "tools"])
 def test_async_cancellation_cancels_the_turn_and_leaks_no_task(where: str) -> None:

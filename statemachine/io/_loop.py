@@ -15,6 +15,7 @@ connections do); the rest of a driver is its ``perform``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 
 from ..core._actions import Action, Finish
@@ -61,6 +62,20 @@ class CallCancelled(asyncio.CancelledError):
         self.usage = usage
 
 
+_SPENT: contextvars.ContextVar[list[Usage]] = contextvars.ContextVar("statemachine.spent")
+"""What the model call in flight was billed so far, as its provider saw it (the last
+usage, in a list the running drive reads when the turn is cancelled)."""
+
+
+def spent_so_far(usage: Usage) -> None:
+    """Say, inside a driven model call, what the vendor has reported it used so far (a
+    stream's usage): if the turn is cancelled before the call returns, its
+    ``Cancelled`` charges it. Nothing happens outside a drive."""
+    spent = _SPENT.get(None)
+    if spent is not None:
+        spent[:] = [usage]
+
+
 def cancel(turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
     """Cancel ``turn`` because ``exc`` escaped its I/O, if it is running and current.
     While its model call is in flight, the ``Cancelled`` charges what the call was
@@ -78,24 +93,40 @@ def cancel(turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
 
 
 def drive(turn: Turn, perform: Callable[[Action], object]) -> Finish:
-    """Run ``turn`` to its ``Finish``, ``perform`` doing each action (sync)."""
+    """Run ``turn`` to its ``Finish``, ``perform`` doing each action (sync). A model
+    call interrupted after its provider said what it had used (:func:`spent_so_far`) is
+    charged that on the turn's ``Cancelled``."""
     action = start(turn)
+    spent: list[Usage] = []
+    token = _SPENT.set(spent)
     try:
         while type(action) is not Finish:
-            action = turn.send(perform(action))
+            event = perform(action)
+            spent.clear()  # the call's event says what it cost
+            action = turn.send(event)
     except BaseException as exc:
-        cancel(turn, exc)
+        cancel(turn, exc, spent[0] if spent else None)
         raise
+    finally:
+        _SPENT.reset(token)
     return action
 
 
 async def adrive(turn: Turn, perform: Callable[[Action], Awaitable[object]]) -> Finish:
-    """Run ``turn`` to its ``Finish``, ``perform`` doing each action (asyncio)."""
+    """Run ``turn`` to its ``Finish``, ``perform`` doing each action (asyncio). A model
+    call cancelled after its provider said what it had used (:func:`spent_so_far`) is
+    charged that on the turn's ``Cancelled``."""
     action = start(turn)
+    spent: list[Usage] = []
+    token = _SPENT.set(spent)
     try:
         while type(action) is not Finish:
-            action = turn.send(await perform(action))
+            event = await perform(action)
+            spent.clear()  # the call's event says what it cost
+            action = turn.send(event)
     except BaseException as exc:
-        cancel(turn, exc)
+        cancel(turn, exc, spent[0] if spent else None)
         raise
+    finally:
+        _SPENT.reset(token)
     return action

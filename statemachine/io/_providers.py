@@ -75,6 +75,7 @@ default.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -91,6 +92,7 @@ from ..core._taxonomy import ErrorCategory
 from ..core._tool_calls import ToolCall
 from ..core._usage import MAX_PORT, MAX_TEXT, Usage
 from ._classify import classify, plain_data
+from ._loop import spent_so_far
 from ._stream_usage import StreamUsage, Tokens, plus
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
@@ -478,6 +480,12 @@ class AsyncAnthropicModel(_Streaming, _AnthropicBase):
                         delivered = True
                         await self._deliver(getattr(event.delta, "text", None))
                 message = await stream.get_final_message()
+        except asyncio.CancelledError:
+            snapshot = _field(stream, "current_message_snapshot")
+            usage = self._usage_of(started if snapshot is None else snapshot)
+            if _reported(usage):
+                spent_so_far(usage)  # the turn's Cancelled charges what was billed
+            raise
         except Exception as exc:
             # The snapshot's property asserts that message_start arrived: _field reads
             # it as None before.
@@ -629,6 +637,11 @@ class AsyncOpenAIModel(_Streaming, _OpenAIBase):
                             delivered = True
                         await self._deliver(getattr(delta, "content", None))
             completion = state.get_final_completion()
+        except asyncio.CancelledError:
+            usage = self._usage_of(_field(state, "current_completion_snapshot"), counted.total)
+            if _reported(usage):
+                spent_so_far(usage)  # the turn's Cancelled charges what was billed
+            raise
         except Exception as exc:
             # The snapshot's property asserts that a chunk arrived: _field reads it as
             # None before.
