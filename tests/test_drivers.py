@@ -397,6 +397,65 @@ def test_a_stream_cancelled_after_its_usage_is_charged_through_arun_turn() -> No
     _assert_snapshot_ok(sess)
 
 
+@pytest.mark.requirement("ER-245")
+def test_an_anthropic_stream_cancelled_after_message_start_is_charged() -> None:
+    """The same for AsyncAnthropicModel: the usage of the stream's message_start (the
+    SDK's snapshot) is what the turn's Cancelled charges."""
+    import anthropic
+    from anthropic.types import Message, Usage
+
+    from statemachine.providers import AsyncAnthropicModel
+
+    started = Message(
+        id="m1",
+        content=[],
+        model="claude-x",
+        role="assistant",
+        stop_reason=None,
+        stop_sequence=None,
+        type="message",
+        usage=Usage(input_tokens=2000, output_tokens=1),
+    )
+
+    async def scenario() -> tuple[sm.Session, sm.Turn]:
+        reported = asyncio.Event()
+
+        class Stalled:
+            current_message_snapshot = started
+
+            async def __aenter__(self) -> Stalled:
+                return self
+
+            async def __aexit__(self, *_exc: object) -> None:
+                return None
+
+            async def __aiter__(self) -> Any:
+                yield type("Start", (), {"type": "message_start", "message": started})()
+                reported.set()
+                await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
+
+        client = anthropic.AsyncAnthropic(base_url="http://127.0.0.1:9", api_key="k", max_retries=0)
+        client.messages.stream = lambda **_kwargs: Stalled()  # type: ignore[method-assign,assignment]
+        model = AsyncAnthropicModel(
+            client, model="claude-x", on_text=lambda _text: None, price_per_mtok=(1.0, 2.0)
+        )
+        sess = session()
+        turn = sess.new_turn()
+        task = asyncio.create_task(
+            sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
+        )
+        await reported.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.close()
+        return sess, turn
+
+    sess, turn = asyncio.run(scenario())
+    assert turn.status is sm.TurnStatus.CANCELLED
+    assert sess.cost_usd == pytest.approx(2000 * 1.0e-6 + 1 * 2.0e-6)
+
+
 @pytest.mark.requirement("ER-50", "ER-32")
 @pytest.mark.parametrize("where", ["wait", "model", "tools"])
 def test_async_cancellation_cancels_the_turn_and_leaks_no_task(where: str) -> None:
