@@ -35,7 +35,12 @@ each fleet's), read from ``INFO cpu`` (``used_cpu_sys + used_cpu_user`` of the s
 process; on a cluster summed over its nodes) before and after each fleet's attempts and
 divided by them; the barrier and the reports add a few commands per worker. More worker
 machines share the workers' CPU; every advance still costs the server this much.
-``server_cpu_of_floor`` is the median of per-round ratios of ours to the floor's.
+``server_cpu_of_floor`` is the median of per-round ratios of ours to the floor's; the
+time inside the commands (``server_command_us_per_attempt``, the ``usec`` of ``INFO
+commandstats`` summed; ``server_command_of_floor``) is beside it. Both grow per attempt
+the slower a client sends, for the same commands: on the 2-core VM the floor's own
+scripts sent 100 µs apart cost the server 1.6-2.6 x their CPU sent back to back
+(``benchmarks/README.md``), so a fleet slower than the floor reads above it here.
 
 ``affinity=0.9`` (``--affinity 0.9``) adds two fleets to every round, ours and the floor,
 in which a session's step goes to the worker that took its previous step with that
@@ -145,14 +150,30 @@ def _report(
     client.close()
 
 
-def _server_cpu_s(client: Any) -> float:
-    """The Redis server's CPU seconds so far: ``used_cpu_sys + used_cpu_user`` of its
-    process from ``INFO cpu``, summed over a cluster's nodes."""
+def _server_s(client: Any) -> tuple[float, float]:
+    """The Redis server's CPU seconds so far (``used_cpu_sys + used_cpu_user`` of its
+    process from ``INFO cpu``) and its seconds inside commands (the ``usec`` of
+    ``INFO commandstats``), each summed over a cluster's nodes."""
     if hasattr(client, "get_nodes"):  # a RedisCluster: every node, replicas too
-        infos = [client.get_redis_connection(node).info("cpu") for node in client.get_nodes()]
+        nodes = [client.get_redis_connection(node) for node in client.get_nodes()]
     else:
-        infos = [client.info("cpu")]
-    return sum(float(info["used_cpu_sys"]) + float(info["used_cpu_user"]) for info in infos)
+        nodes = [client]
+    cpu = commands = 0.0
+    for node in nodes:
+        info = node.info("cpu")
+        cpu += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        commands += sum(stat["usec"] for stat in node.info("commandstats").values()) / 1e6
+    return cpu, commands
+
+
+def _per_attempt_us(
+    before: tuple[float, float], after: tuple[float, float], attempts: int
+) -> dict[str, float]:
+    """The server's CPU and command time between two :func:`_server_s` readings, in
+    µs per attempt."""
+    cpu, commands = (a - b for a, b in zip(after, before, strict=True))
+    per = 1e6 / attempts if attempts else 0.0
+    return {"server_cpu_us_per_attempt": cpu * per, "server_command_us_per_attempt": commands * per}
 
 
 def affinity_plan(workers: int, steps: int, sessions: int, affinity: float, seed: int) -> Plan:
@@ -295,7 +316,7 @@ def _floor_round(
             client.delete(key)
             cas(keys=[key], args=[0, record, 0, "i"])
         round_ = f"{'json' if through_json else ''}floor{workers}{'plan' if plan else ''}"
-        server_cpu = _server_cpu_s(client)
+        server = _server_s(client)
         reports = _run_processes(
             client,
             round_,
@@ -304,7 +325,7 @@ def _floor_round(
             (url, round_, workers),
             (sessions, max(1, steps // workers), record, through_json, plan),
         )
-        server_cpu = _server_cpu_s(client) - server_cpu
+        after = _server_s(client)
         applied = sum(r["applied"] for r in reports)
         total = sum(r["applied"] + r["conflict"] for r in reports)
         wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
@@ -312,7 +333,7 @@ def _floor_round(
             "sessions_per_s": applied / wall if wall else float("inf"),
             "conflict_rate": (total - applied) / total if total else 0.0,
             "cpu_us_per_attempt": _cpu_us(reports, total),
-            "server_cpu_us_per_attempt": server_cpu / total * 1e6 if total else 0.0,
+            **_per_attempt_us(server, after, total),
         }
     finally:
         client.close()
@@ -427,7 +448,7 @@ def _round(
         for i in range(sessions):
             setup.create(f"s{i}", sm.Session(_settings(), seed=i))
         round_ = f"round{workers}{'plan' if plan else ''}"
-        server_cpu = _server_cpu_s(client)
+        server = _server_s(client)
         reports = _run_processes(
             client,
             round_,
@@ -436,7 +457,7 @@ def _round(
             (url, round_, workers),
             (sessions, max(1, steps // workers), options, plan),
         )
-        server_cpu = _server_cpu_s(client) - server_cpu
+        after = _server_s(client)
         applied = sum(r["applied"] for r in reports)
         conflicts = sum(r["conflict"] for r in reports)
         total = sum(sum(r[s.value] for s in AdvanceStatus) for r in reports)
@@ -455,7 +476,7 @@ def _round(
             "conflict_rate": conflicts / total if total else 0.0,
             "record_bytes": round(record_bytes),
             "cpu_us_per_attempt": _cpu_us(reports, total),
-            "server_cpu_us_per_attempt": server_cpu / total * 1e6 if total else 0.0,
+            **_per_attempt_us(server, after, total),
             "steps_on_previous_worker": _on_previous_worker(reports),
             # the JSON floor's: the record nearest the mean size
             "record": min(records, key=lambda record: abs(len(record) - record_bytes)),
@@ -576,8 +597,15 @@ def _summary(ours: Rows, floors: Rows, json_floors: Rows | None) -> dict[str, An
         "floor_cpu_us_per_attempt": _median_of(floors, "cpu_us_per_attempt", 1),
         "server_cpu_us_per_attempt": _median_of(ours, "server_cpu_us_per_attempt", 1),
         "floor_server_cpu_us_per_attempt": _median_of(floors, "server_cpu_us_per_attempt", 1),
+        "server_command_us_per_attempt": _median_of(ours, "server_command_us_per_attempt", 1),
+        "floor_server_command_us_per_attempt": _median_of(
+            floors, "server_command_us_per_attempt", 1
+        ),
         **_ratios("of_floor", _per_round(ours, floors, "sessions_per_s")),
         **_ratios("server_cpu_of_floor", _per_round(ours, floors, "server_cpu_us_per_attempt")),
+        **_ratios(
+            "server_command_of_floor", _per_round(ours, floors, "server_command_us_per_attempt")
+        ),
     }
     if json_floors is not None:
         summary |= {
@@ -607,7 +635,7 @@ def _rows(r: dict[str, Any], title: str) -> list[str]:
     out = [
         f"  {title}:",
         "    workers  ours/s  floor/s  of floor  conflicts  on previous worker"
-        "  server CPU µs/attempt: ours / floor (ratio)",
+        "  server µs/attempt, ours / floor (ratio): CPU; in commands",
     ]
     out += [_row(r, k) for k in r["sessions_per_s"]]
     return out
@@ -615,11 +643,14 @@ def _rows(r: dict[str, Any], title: str) -> list[str]:
 
 def _row(r: dict[str, Any], k: str) -> str:
     server, floor = r["server_cpu_us_per_attempt"][k], r["floor_server_cpu_us_per_attempt"][k]
+    inside = r["server_command_us_per_attempt"][k]
+    floor_inside = r["floor_server_command_us_per_attempt"][k]
     return (
         f"    {k:>7}  {r['sessions_per_s'][k]:>6,.0f}  {r['floor_sessions_per_s'][k]:>7,.0f}"
         f"  {r['of_floor'][k]:>8.0%}  {r['conflict_rate'][k]:>9.1%}"
         f"  {r['steps_on_previous_worker'][k]:>18.0%}"
-        f"  {server:,.0f} / {floor:,.0f} ({r['server_cpu_of_floor'][k]:.2f})"
+        f"  {server:,.0f} / {floor:,.0f} ({r['server_cpu_of_floor'][k]:.2f});"
+        f" {inside:,.1f} / {floor_inside:,.1f} ({r['server_command_of_floor'][k]:.2f})"
     )
 
 
