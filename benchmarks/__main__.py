@@ -156,8 +156,9 @@ def _nothing() -> str | None:
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
     if name == "crash":
         return _optional("crash_latency", _nothing)
-    if name == "redis":
-        return _optional("redis_store", _needs_redis)
+    if name == "redis":  # the random fleets and the 90 %-affinity ones
+        redis = _optional("redis_store", _needs_redis)
+        return lambda **kwargs: redis(affinity=0.9, **kwargs)
     if name == "temporal":  # its run() says "skipped" itself without the temporal CLI
         return _optional("temporal", _nothing)
     if name == "frameworks":  # its run() skips a framework that is not installed
@@ -389,6 +390,7 @@ _PRINTERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classify": _print_classify,
     "otel": _print_otel,
     "temporal": lambda r: importlib.import_module("benchmarks.temporal").lines(r),
+    "redis": lambda r: importlib.import_module("benchmarks.redis_store").lines(r),
     "copy": _print_copy,
     "tools": _print_tools,
     "retry": _print_retry,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -415,6 +414,7 @@ def _floor_worker(
     attempts: int,
     record: bytes,
     through_json: bool,
+    plan: redis_store.Plan | None = None,
 ) -> None:
     """:func:`benchmarks.redis_store._floor_worker` on a cluster: the same two scripts
     per attempt, each sent straight to the node serving the key (as ``RedisStore``
@@ -427,10 +427,9 @@ def _floor_worker(
             client.get_redis_connection(primary).script_load(source)
     load, cas = client.register_script(_LOAD).sha, client.register_script(_CAS).sha
     round_trip = redis_store.json_round_trip
-    rng = random.Random(index)
     counts, start = redis_store._barrier(client, round_, parties)
-    for _ in range(attempts):
-        key = f"floor:session:s{rng.randrange(sessions)}"
+    for session in redis_store._draws(index, sessions, attempts, plan):
+        key = f"floor:session:s{session}"
         node = client.get_redis_connection(client.get_node_from_key(key))
         reply = node.evalsha(load, 1, key, 10**9)
         payload = round_trip(reply[2]) if through_json else record

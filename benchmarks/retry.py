@@ -27,7 +27,9 @@ All variants run round-robin (one batch of each per round, ``repeats`` rounds af
 warm-up), so they share the machine's noise; each figure is the median over rounds and
 each ratio the median of the per-round ratios. The headline ratio is ours / tenacity
 per-attempt overhead (target <= 0.5), against the *cheaper* of tenacity's two call
-styles so the ratio is not flattered.
+styles so the ratio is not flattered. A whole turn with five retries, per retry, is
+reported beside it as a ratio kept within 10 % of the release before, not a target (its
+0.4 x target was retired in issue 38: ``benchmarks/README.md`` says why).
 """
 
 from __future__ import annotations
@@ -431,6 +433,8 @@ def run(n: int = 2000, repeats: int = 9) -> dict[str, Any]:
             "ours / transitions (not added)": per_round_ratio(ours, runs["transitions_not_added"]),
             "ours / dict table": per_round_ratio(ours, runs["dict_table"]),
         },
-        "target": {"ours / tenacity": 0.5, "whole turn per retry / tenacity": 0.4},
-        "met": headline <= 0.5 and whole <= 0.4,
+        # the whole turn's 0.4 x of tenacity was retired in issue 38 (kept as a ratio: its
+        # price was hand copies of the engine's logic; benchmarks/README.md says why)
+        "target": {"ours / tenacity": 0.5},
+        "met": headline <= 0.5,
     }

@@ -277,3 +277,54 @@ def test_tool_round_quick() -> None:
     assert set(result["per_call_us"]) == {str(n) for n in tool_round.SIZES}
     assert result["worst_over_one_call"] > 0
     assert isinstance(result["met"], bool)
+
+
+def test_affinity_plan_keeps_a_session_on_its_previous_worker() -> None:
+    """The affinity plan gives every step to one worker, seeded; at affinity 1 a session
+    never leaves worker ``session % workers``, below 1 sessions move."""
+    from benchmarks import redis_store
+
+    plan = redis_store.affinity_plan(4, 4000, 32, 0.9, seed=7)
+    assert sum(len(part) for part in plan) == 4000
+    assert plan == redis_store.affinity_plan(4, 4000, 32, 0.9, seed=7)
+    sticky = redis_store.affinity_plan(4, 4000, 32, 1.0, seed=7)
+    assert all(session % 4 == worker for worker, part in enumerate(sticky) for session in part)
+    moved = {
+        session for worker, part in enumerate(plan) for session in part if session % 4 != worker
+    }
+    assert len(moved) > 16  # about 12 moves a session at 0.9
+    assert len(redis_store.affinity_plan(1, 50, 4, 0.5, seed=1)[0]) == 50
+
+
+def test_steps_on_previous_worker_counts_each_sessions_successive_versions() -> None:
+    """The measured affinity: of the applied advances after each session's first, the
+    share whose previous version the same worker applied."""
+    from benchmarks import redis_store
+
+    reports = [
+        {"versions": [[0, 2], [0, 3], [1, 3]]},  # worker 0
+        {"versions": [[0, 4], [1, 2]]},  # worker 1
+    ]
+    # (0,3) after (0,2): same; (0,4) after (0,3): other; (1,3) after (1,2): other
+    assert redis_store._on_previous_worker(reports) == pytest.approx(1 / 3)
+    assert redis_store._on_previous_worker([{"versions": []}]) == 1.0
+
+
+def test_redis_quick_reports_server_cpu_and_affinity(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m benchmarks --only redis --quick`` reports the server's CPU per
+    attempt for ours and the floor, and the affinity fleets beside the random ones."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH")
+    results = runner.run_all(["redis"], quick=True, log=lambda _t: None)
+    result = results["redis"]
+    assert "error" not in result, result.get("traceback")
+    for fleet in (result, result["affinity"]):
+        assert _positive(fleet["server_cpu_us_per_attempt"]["1"])
+        assert _positive(fleet["floor_server_cpu_us_per_attempt"]["1"])
+        assert _positive(fleet["server_cpu_of_floor"]["1"])
+        assert fleet["steps_on_previous_worker"]["1"] == 1.0
+    assert result["affinity"]["share"] == 0.9
+    text = runner.report(results)
+    assert "90% of a session's steps on its previous worker" in text

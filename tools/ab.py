@@ -2,7 +2,7 @@
 
     python tools/ab.py --base REV --only retry,events [--rounds 3] [--quick]
 
-The base commit's ``statemachine/`` and ``benchmarks/`` are taken with ``git archive``
+The base commit's ``statemachine/``, ``benchmarks/`` and ``tests/`` are taken with ``git archive``
 into a temporary folder. Both sides are imported into this one interpreter under their
 own names in ``sys.modules`` (the set of the side about to run is swapped in before
 each call, so a lazy import inside a benchmark loads that side's module), and the
@@ -26,7 +26,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-_OURS = ("statemachine", "benchmarks")
+_OURS = ("statemachine", "benchmarks", "tests")
+"""The trees each side has its own of (``tests`` for the fakes some benchmarks import,
+such as ``benchmarks.frameworks``' fake model server)."""
 
 
 def _ours(name: str) -> bool:
@@ -35,10 +37,12 @@ def _ours(name: str) -> bool:
 
 def _extract(repo: Path, rev: str) -> Path:
     target = Path(tempfile.gettempdir()) / f"ab-{rev}"
-    if not (target / "statemachine").is_dir():
+    # only the trees not there yet: another run may be reading the others
+    missing = [tree for tree in _OURS if not (target / tree).is_dir()]
+    if missing:
         target.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(  # noqa: S603 - read-only git query
-            ["git", "-C", str(repo), "archive", rev, *_OURS],  # noqa: S607
+            ["git", "-C", str(repo), "archive", rev, *missing],  # noqa: S607
             capture_output=True,
             check=True,
         ).stdout
