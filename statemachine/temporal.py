@@ -13,7 +13,7 @@ Optional extra: ``pip install 'turnstate[temporal]'`` (``temporalio``, and
   ``invoke``) as activities; a model failure is classified in the activity and
   returned as data, so the engine reacts per category. :func:`report_usage`, inside
   the model activity, heartbeats what the vendor reported so far, so a call lost with
-  its worker is still charged. ``Activities(conversations=...)`` (a
+  its worker, or cancelled with its workflow, is still charged. ``Activities(conversations=...)`` (a
   :class:`ConversationStore`, :class:`InMemoryConversations` for one process) keeps
   the conversation of sessions started with ``store_conversation``.
 * :func:`run_turn`, :func:`new_session`, :func:`restore_session`: the pieces to write

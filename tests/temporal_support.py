@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -134,6 +135,23 @@ class Context:
 
 CANCELLED_CALLS: list[Any] = []
 """The ``tag`` of each hanging model call that was cancelled in this process."""
+CANCELLED_AT: dict[Any, float] = {}
+"""The Unix time each hanging model call (by ``tag``) saw its cancellation."""
+GATES: dict[str, asyncio.Event] = {}
+"""The event each gated model call (by ``gate``) waits for: the test sets it."""
+
+
+def gate(name: str) -> asyncio.Event:
+    """The event the model call gated by ``name`` waits for."""
+    return GATES.setdefault(name, asyncio.Event())
+
+
+async def _through_the_cancel(name: str) -> None:
+    """Wait for the gate ``name`` whatever cancels the call meanwhile: a vendor whose
+    reply is on its way comes back with it even after the cancel was asked."""
+    while not gate(name).is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await gate(name).wait()
 
 
 class Model:
@@ -154,8 +172,11 @@ class Model:
             try:
                 await asyncio.sleep(script["hang"])  # a slow provider: in flight this long
             except asyncio.CancelledError:
+                CANCELLED_AT[script.get("tag")] = time.time()
                 CANCELLED_CALLS.append(script.get("tag"))
                 raise
+        if script.get("gate") is not None and action.attempt == 0:
+            await _through_the_cancel(script["gate"])
         failure = script.get("fail")
         if failure is not None and request["turn"] <= script.get("fail_turns", 1 << 30):
             fails = script.get("fails", 1)

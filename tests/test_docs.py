@@ -324,3 +324,30 @@ def test_the_readme_command_table_lists_every_command_and_flag() -> None:
                 if flag in ("-h", "--help"):
                     continue
                 assert flag in rows[name], f"{name}: {flag} is not in the README's table"
+
+
+def test_the_layout_page_names_every_module_and_only_modules_that_exist() -> None:
+    """docs/layout.md is the package's map: each module of ``statemachine/`` is named
+    under its folder's heading, and each name there is a module of that folder."""
+    page = (ROOT / "docs" / "layout.md").read_text("utf-8")
+    named: set[str] = set()
+    for section in re.split(r"^## ", page, flags=re.M)[1:]:
+        folder = re.match(r"`statemachine/`|`(\w+)/`", section)
+        assert folder is not None, section[:60]
+        base = ROOT / "statemachine" / (folder.group(1) or "")
+        for row in re.findall(r"^\| (.+?) \| .+ \|$", section, flags=re.M):
+            sub = re.match(r"`(\w+)/` \((.*)\)", row)
+            if sub:
+                files = [
+                    base / sub.group(1) / n for n in re.findall(r"`([\w.]+\.py)`", sub.group(2))
+                ]
+            else:
+                files = [base / n for n in re.findall(r"`([\w.]+\.py)`", row)]
+            named |= {f.relative_to(ROOT).as_posix() for f in files}
+    modules = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "statemachine").rglob("*.py")
+        if p.name != "__init__.py" or p.parent.name in ("statemachine", "check")
+    }
+    assert sorted(modules - named) == []
+    assert sorted(named - modules) == []

@@ -407,6 +407,32 @@ def test_async_cancellation_cancels_the_turn_and_leaks_no_task(where: str) -> No
     _assert_snapshot_ok(sess)
 
 
+@pytest.mark.requirement("ER-245")
+def test_a_cancel_that_knows_what_the_call_in_flight_cost_charges_it() -> None:
+    """The drivers' cancel (``_loop.cancel``) charges what the escaping cancellation
+    says the model call in flight cost (``CallCancelled``, as the Temporal workflow
+    raises it), or the usage its caller saw so far; in a state with no model call in
+    flight it cancels without a charge."""
+    from statemachine.io._loop import CallCancelled, cancel
+
+    for escaped, usage, cost in (
+        (CallCancelled("stop", 0.25, sm.Usage(output_tokens=3)), None, 0.25),
+        (asyncio.CancelledError(), sm.Usage(input_tokens=9, cost_usd=0.5), 0.5),
+        (asyncio.CancelledError(), None, 0.0),
+    ):
+        sess = session()
+        turn = sess.new_turn()
+        turn.start()
+        turn.send(sm.Assembled("req", 10))
+        cancel(turn, escaped, usage)
+        assert turn.status is sm.TurnStatus.CANCELLED and sess.cost_usd == cost
+    sess = session()
+    turn = sess.new_turn()
+    turn.start()
+    cancel(turn, CallCancelled("stop", 0.25), sm.Usage(input_tokens=1))
+    assert turn.status is sm.TurnStatus.CANCELLED and sess.cost_usd == 0.0
+
+
 @pytest.mark.requirement("ER-50", "ER-32")
 @pytest.mark.parametrize("where", ["wait", "model", "tools"])
 def test_sync_keyboard_interrupt_cancels_the_turn_and_reraises(where: str) -> None:

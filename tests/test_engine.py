@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
+from statemachine.core._codec import decode
 from statemachine.core._engine import call_fingerprint
 
 from .helpers import ManualClock, calling_turn, complete_turn, fail, new_session, tool_round
@@ -717,6 +718,87 @@ def test_cancel_while_invoking_tools_returns_cancelled_results() -> None:
         ("c1", True, sm.ToolErrorCategory.CANCELLED),
         ("c2", True, sm.ToolErrorCategory.CANCELLED),
     ]
+
+
+@pytest.mark.requirement("ER-245")
+def test_a_cancelled_call_that_was_billed_is_counted_as_a_reply_would_be() -> None:
+    """Cancelled while the model call is in flight, with what the vendor reported:
+    its cost counts toward max_cost_usd (the next turn is the final-answer turn) and
+    its usage is kept in the trace and the snapshot, as a reply's would be; a
+    snapshot restores to the same spend."""
+    session = new_session(max_cost_usd=1.0)
+    turn = calling_turn(session)
+    usage = sm.Usage(input_tokens=900, output_tokens=40, model="m-1")
+    finish = turn.send(sm.Cancelled("user left", cost=1.25, usage=usage))
+    assert isinstance(finish, sm.Finish) and finish.status is sm.TurnStatus.CANCELLED
+    assert session.cost_usd == 1.25
+    last = turn.trace[-1]
+    assert last.event == "Cancelled" and last.cost_usd == 1.25
+    assert last.usage == sm.Usage(input_tokens=900, output_tokens=40, cost_usd=1.25, model="m-1")
+    restored = sm.Session.restore(json.loads(json.dumps(session.snapshot())))
+    assert restored.cost_usd == 1.25
+    assert restored.current_turn is not None
+    assert restored.current_turn.trace[-1].usage == last.usage
+    final = session.new_turn()
+    assert final.start() == sm.Assemble(
+        reduce=False, withhold_tools=True, instruction=final.instruction
+    )
+    assert "[limit: error_max_budget_usd]" in (final.instruction or "")
+
+
+@pytest.mark.requirement("ER-245")
+def test_a_cancel_gives_its_cost_once_in_either_field() -> None:
+    """The cost may come as ``cost`` or as ``usage.cost_usd`` (each fills the other);
+    ``Cancelled()`` charges nothing and prints as it always did; a record written
+    before the fields reads as charging nothing."""
+    old = decode({"$type": "Cancelled", "reason": "stop"}, "journal")
+    assert old == sm.Cancelled("stop") and old.cost == 0.0 and old.usage is None
+    assert sm.Cancelled(usage=sm.Usage(cost_usd=0.5)).cost == 0.5
+    assert sm.Cancelled(cost=0.5, usage=sm.Usage()).usage == sm.Usage(cost_usd=0.5)
+    assert repr(sm.Cancelled("stop")) == "Cancelled(reason='stop')"
+    assert "cost=0.5" in repr(sm.Cancelled("stop", cost=0.5))
+    session = new_session(max_cost_usd=1.0)
+    turn = calling_turn(session)
+    turn.send(sm.Cancelled("stop"))
+    assert session.cost_usd == 0.0 and turn.trace[-1].usage is None
+
+
+@pytest.mark.requirement("ER-245")
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cost": -0.1}, "cost: must be a finite number >= 0"),
+        ({"cost": float("nan")}, "cost: must be a finite number >= 0"),
+        ({"cost": True}, "cost: must be a finite number >= 0"),
+        ({"usage": {"input_tokens": 3}}, "usage: must be a Usage or None"),
+        ({"cost": 1.0, "usage": sm.Usage(cost_usd=2.0)}, "Cancelled.cost: 1.0 and usage"),
+    ],
+)
+def test_a_cancels_bad_cost_or_usage_is_refused_as_a_replys_is(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    """The same clear errors as on ModelReplied."""
+    with pytest.raises(sm.InvalidValue, match=message.replace("(", r"\(")):
+        sm.Cancelled("stop", **kwargs)
+
+
+@pytest.mark.requirement("ER-245")
+def test_a_cancel_charges_only_while_a_model_call_is_in_flight() -> None:
+    """Outside ``calling`` no model call is in flight: a cost or a usage is refused
+    (IllegalEvent, nothing changes); a cost past the largest float is refused too."""
+    session = new_session()
+    turn = session.new_turn()
+    turn.start()
+    for event in (sm.Cancelled(cost=0.1), sm.Cancelled(usage=sm.Usage(input_tokens=1))):
+        with pytest.raises(sm.IllegalEvent, match="only in state 'calling'"):
+            turn.send(event)
+        assert turn.state == "assembling" and session.cost_usd == 0.0
+    turn.send(sm.Assembled("r", 10))
+    turn.send(sm.ModelReplied(cost=1e308))
+    turn = calling_turn(session)
+    with pytest.raises(sm.IllegalEvent, match="past the largest float"):
+        turn.send(sm.Cancelled(cost=1e308))
+    assert turn.state == "calling" and session.cost_usd == 1e308
 
 
 @pytest.mark.requirement("ER-32")

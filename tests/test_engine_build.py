@@ -177,7 +177,7 @@ def test_trying_the_rows_picks_the_row_the_loop_picks(shape: tuple[int, ...]) ->
 
 
 def test_the_written_out_trials_are_what_the_command_writes() -> None:
-    """``core/_trials.py`` is what ``python -m statemachine.core._trials`` writes from the
+    """``core/_trials.py`` is what ``python -m statemachine.dev._write_trials`` writes from the
     table and the guards as they are now (a changed guard or row is written again)."""
     written = Path(_trials.__file__).read_text()
     assert written.split(_builder.TRIALS_MARK)[1] == trials_source(DISPATCH.groups, GUARDS)

@@ -566,6 +566,38 @@ def test_the_callers_own_error_inside_a_stream_is_not_a_model_failure() -> None:
     assert session.current_turn.status == sm.TurnStatus.CANCELLED
 
 
+@pytest.mark.requirement("ER-245")
+def test_a_stream_abandoned_mid_way_is_charged_what_it_used_so_far() -> None:
+    """The caller stops a stream it holds (its own error, a cancelled task): the turn
+    is cancelled with the usage the stream reported so far, and its cost is charged
+    toward the session's budget, as a reply's would be."""
+    from pydantic_ai.models.function import FunctionModel
+
+    async def words(_messages: Any, _info: Any) -> Any:
+        yield "one "
+        yield "two"
+
+    model = EngineModel(
+        FunctionModel(stream_function=words), price_per_mtok=(2.0, 10.0), sleep=FakeTime().sleep
+    )
+
+    async def consume() -> None:
+        async with Agent(model).run_stream("hi") as result:
+            async for _ in result.stream_text(delta=True, debounce_by=None):
+                raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        _run(consume())
+    (run_id,) = model._runs
+    session = model.session(run_id)
+    assert session is not None and session.current_turn is not None
+    assert session.current_turn.status == sm.TurnStatus.CANCELLED
+    last = session.current_turn.trace[-1]
+    assert last.event == "Cancelled" and last.usage is not None
+    assert last.usage.input_tokens and last.cost_usd > 0
+    assert session.cost_usd == last.cost_usd == last.usage.cost_usd
+
+
 def test_a_model_keeps_the_sessions_of_its_latest_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sessions are kept per run up to MAX_RUNS; the oldest run's is let go first."""
     from pydantic_ai.messages import ModelResponse as Response

@@ -953,3 +953,39 @@ def test_a_session_with_no_turn_holds_its_childrens_spend_and_no_more() -> None:
     assert _restores({**fresh, "cost_usd": 1e-9})
     with pytest.raises(sm.SnapshotError, match=r"^turn: missing, but the session has spent"):
         sm.Session.restore({**fresh, "cost_usd": 2e-9}, clock=ManualClock())
+
+
+def _cancelled(in_calling: bool) -> dict[str, Any]:
+    """A turn cancelled while its model call was in flight, charged what the vendor
+    reported (``in_calling``), or cancelled in its tool round, charged nothing."""
+    session = sm.Session(SETTINGS, seed=1, clock=ManualClock(), session_id="s")
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    if in_calling:
+        turn.send(sm.Cancelled("stop", cost=0.5, usage=sm.Usage(input_tokens=7)))
+    else:
+        turn.send(sm.ModelReplied(tool_calls=[sm.ToolCall("c1", "fs", "read", {})]))
+        turn.send(sm.Cancelled("stop"))
+    data: dict[str, Any] = json.loads(json.dumps(session.snapshot()))
+    return data
+
+
+@pytest.mark.requirement("ER-245")
+def test_a_cost_kept_for_a_cancel_restores_only_where_a_model_call_was_in_flight() -> None:
+    """A cancel of the model call in flight charges its cost and keeps its usage, and
+    restores; the same cost and usage kept for a cancel of a tool round (no model call
+    in flight) is refused, as the engine refuses to take it."""
+    charged = _cancelled(in_calling=True)
+    assert charged["turn"]["costs"] == [[2, 0.5]]
+    assert _restores(charged)
+    forged = _cancelled(in_calling=False)
+    forged["cost_usd"] = 0.5
+    forged["turn"]["costs"] = [[3, 0.5]]
+    with pytest.raises(sm.SnapshotError, match=r"turn\.costs\[0\]: step 3 is no model call's"):
+        sm.Session.restore(forged, clock=ManualClock())
+    forged = _cancelled(in_calling=False)
+    forged["turn"]["usages"] = [[3, charged["turn"]["usages"][0][1]]]
+    forged["turn"]["usages"][0][1]["cost_usd"] = None
+    with pytest.raises(sm.SnapshotError, match=r"turn\.usages\[0\]: step 3 is no model call's"):
+        sm.Session.restore(forged, clock=ManualClock())

@@ -839,6 +839,32 @@ def test_a_childs_spend_reaches_its_parents_record_across_workers(
     assert a.load("p").session.cost_usd == pytest.approx(1.1)  # a repeat counts nothing
 
 
+@pytest.mark.requirement("ER-82", "ER-245")
+def test_a_childs_cancelled_call_that_was_billed_reaches_its_parent(
+    backend: Backend, now: Clock
+) -> None:
+    """A child's turn cancelled while its model call was in flight, with the cost the
+    vendor reported: the journal keeps the cost and usage (a fresh worker reads the
+    same spend back) and the parent's record is charged, as for a reply."""
+    store = backend.make()
+    a, b = worker(store, "a", now), worker(store, "b", now)
+    parent = sm.Session(sm.Settings(max_cost_usd=1.0), seed=1, clock=lambda: 0.0, session_id="p")
+    child = parent.spawn(session_id="p.kid")
+    a.create("p", parent)
+    b.create("p.kid", child)
+    result = b.advance("p.kid", None, expected_version=1)
+    result = b.advance("p.kid", sm.Assembled("req", 10), expected_version=result.version)
+    cancel = sm.Cancelled("user left", cost=0.4, usage=sm.Usage(output_tokens=12))
+    result = b.advance("p.kid", cancel, expected_version=result.version)
+    assert result.applied and result.session.cost_usd == 0.4
+    loaded = worker(store, "c", now).load("p.kid").session
+    assert loaded.cost_usd == 0.4
+    assert loaded.current_turn is not None
+    assert loaded.current_turn.status is sm.TurnStatus.CANCELLED
+    assert loaded.current_turn.trace[-1].usage == sm.Usage(output_tokens=12, cost_usd=0.4)
+    assert a.load("p").session.child_costs == {"p.kid": pytest.approx(0.4)}
+
+
 @pytest.mark.requirement("ER-82")
 @pytest.mark.requirement("ER-93")
 def test_spend_reports_and_store_idle_time_keep_the_wall_clock_honest(

@@ -800,6 +800,106 @@ def test_cancelling_the_workflow_during_a_model_call_ends_it_cancelled(
     run(runner, body())
 
 
+async def _cancelled_during_the_call(client: Client, prompt: dict[str, Any], prefix: str) -> Any:
+    """Start a session on ``prompt`` with the default options, cancel the workflow
+    while its model call is in flight, and give back its handle once the workflow
+    has asked the model activity to stop (the call still in flight)."""
+    handle = await start(client, support.session_input(prompt), prefix)
+
+    async def calling() -> bool:
+        status = await handle.query("status", result_type=smt.Report)
+        return status is not None and status.state == "calling"
+
+    async def asked() -> bool:
+        events = await support.history_events(client, handle.id)
+        return bool(of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED))
+
+    await support.wait_for(calling)
+    await handle.cancel()
+    await support.wait_for(asked)
+    return handle
+
+
+async def _ends_cancelled_charged(client: Client, handle: Any, cost: float) -> list[Any]:
+    """The workflow ended cancelled, its turn ``cancelled``, the model call's ``cost``
+    counted; the replay check agrees. Gives back the history's events."""
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    described = await handle.describe()
+    assert described.status is not None and described.status.name == "CANCELED"
+    after = await handle.query("status", result_type=smt.Report)
+    assert (after.last_turn, after.status) == ("cancelled", "cancelled")
+    assert after.cost_usd == pytest.approx(cost)
+    assert smt.check_replay(await handle.fetch_history()) is None
+    return await support.history_events(client, handle.id)
+
+
+@pytest.mark.requirement("ER-107", "ER-246")
+def test_a_reply_that_comes_back_after_the_cancel_still_ends_the_workflow_cancelled(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """The reply first: the workflow is cancelled while its model call is in flight,
+    and the call's reply comes back before the activity gives up (its vendor answers
+    whatever the cancel). The turn ends ``cancelled``, not completed, the workflow ends
+    cancelled, and the reply's cost is counted."""
+    name = support.new_id("gate")
+
+    async def body() -> None:
+        handle = await _cancelled_during_the_call(env.client, {"gate": name}, "reply-first")
+        support.gate(name).set()  # the vendor's reply arrives now, after the cancel
+        events = await _ends_cancelled_charged(env.client, handle, 0.002)
+        assert of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)  # the reply came back
+        assert not of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_CANCELED)
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-107", "ER-246")
+def test_a_cancel_that_reaches_the_call_first_counts_what_the_vendor_reported(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """The cancel first: it reaches the provider's call (its await is cancelled), which
+    had reported its usage so far (``report_usage``); the workflow ends cancelled and
+    that cost is counted."""
+    tag = support.new_id("tag")
+
+    async def body() -> None:
+        prompt = {"hang": 60, "tag": tag, "report_cost": 0.003}
+        handle = await _cancelled_during_the_call(env.client, prompt, "cancel-first")
+        await _ends_cancelled_charged(env.client, handle, 0.003)
+        assert tag in support.CANCELLED_CALLS  # the provider's own call was cancelled
+
+    run(runner, body())
+
+
+@pytest.mark.requirement("ER-246")
+def test_with_the_default_options_a_cancel_reaches_the_call_within_two_seconds(
+    runner: asyncio.Runner, env: WorkflowEnvironment
+) -> None:
+    """With the default heartbeat timeout (2 s: the SDK heartbeats at most every
+    1.6 s, and a cancel reaches an activity only with a heartbeat's answer), the
+    provider's await sees its cancellation less than 2 s after the workflow asked the
+    model activity to stop (the server's time of that request, against the
+    provider's own observation)."""
+    tag = support.new_id("tag")
+
+    async def body() -> None:
+        prompt = {"hang": 60, "tag": tag}
+        handle = await _cancelled_during_the_call(env.client, prompt, "cancel-soon")
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        events = await support.history_events(env.client, handle.id)
+        (model,) = scheduled(events, _temporal.COMPLETE)
+        timeout = model.activity_task_scheduled_event_attributes.heartbeat_timeout
+        assert timeout.ToTimedelta().total_seconds() == smt.DEFAULT_HEARTBEAT_TIMEOUT_S == 2.0
+        (asked,) = of_type(events, E.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED)
+        requested = asked.event_time.ToNanoseconds() / 1e9
+        assert 0 <= support.CANCELLED_AT[tag] - requested < 2.0
+
+    run(runner, body())
+
+
 @pytest.mark.requirement("ER-105")
 def test_the_deferred_turns_bound_holds_across_continue_as_new() -> None:
     """``sleep_through_deferred`` counts deferred turns in a row across runs: a server

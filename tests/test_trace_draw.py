@@ -100,6 +100,26 @@ def test_the_writer_file_reads_back_as_the_sessions_records() -> None:
     assert [s.line for s in trace.steps] == list(range(2, len(lines) + 1))
 
 
+@pytest.mark.requirement("ER-130", "ER-245")
+def test_a_cancelled_calls_cost_and_usage_read_back_from_the_trace_file() -> None:
+    """A turn cancelled while its model call was in flight, charged what the vendor
+    reported: the trace file keeps the cost and the usage, and reads them back."""
+    file = io.StringIO()
+    seen: list[sm.TraceRecord] = []
+    session = sm.Session(
+        sm.Settings(), seed=2, clock=Clock(), observers=[TraceWriter(file), seen.append]
+    )
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled(request={"q": "hi"}, size=10))
+    turn.send(sm.Cancelled("user left", cost=0.25, usage=sm.Usage(input_tokens=10)))
+    steps = read_trace(file.getvalue().splitlines(), "cancel.jsonl").steps
+    assert [s.record for s in steps] == seen
+    last = steps[-1].record
+    assert last.event == "Cancelled" and last.cost_usd == 0.25
+    assert last.usage == sm.Usage(input_tokens=10, cost_usd=0.25)
+
+
 @pytest.mark.requirement("ER-130")
 def test_the_writer_appends_to_a_path(tmp_path: Path) -> None:
     """Given a path, the writer opens it for appending (a header only in a new file)

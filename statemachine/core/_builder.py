@@ -89,7 +89,7 @@ def _takes_class(instance: Any, cls: type) -> bool:
 # -- the dispatch (_engine.py) ---------------------------------------------------------
 
 
-TRIALS_MARK = "# -- written by python -m statemachine.core._trials: do not edit below --\n"
+TRIALS_MARK = "# -- written by python -m statemachine.dev._write_trials: do not edit below --\n"
 """The line of ``_trials.py`` after which :func:`write_trials` writes the trials."""
 
 
@@ -121,7 +121,7 @@ def trials_source(groups: Mapping[Any, Any], guards: Mapping[str, Any]) -> str:
         category_text = "None" if category is None else f"ErrorCategory.{category.name}"
         entries.append(f'    ("{state}", "{trigger}", {category_text}): {trials[names]},')
     table = [
-        "TRIALS: dict[tuple[str, str, ErrorCategory | None], Callable[..., Trial]] = {",
+        "TRIALS: dict[tuple[str, str, ErrorCategory | None], Callable[..., Trial[Any]]] = {",
         *entries,
         "}",
         '"""The trial of each group the table\'s rows make, by (state, trigger, category)."""',
@@ -148,7 +148,7 @@ def _trial_source(name: str, rows: Sequence[Sequence[str]], guards: Mapping[str,
         lines.append("        return None")
     core, turn, event, facts = (a if a in used else f"_{a}" for a in _ARGUMENTS)
     head = [
-        f"def {name}(r: tuple[BoundRow, ...]) -> Trial:",
+        f"def {name}(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:",
         f"    def choose({core}: Core, {turn}: TurnState, {event}: Any, {facts}: Any)"
         " -> BoundRow | None:",
     ]

@@ -61,7 +61,16 @@ from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
 from ._state import RowInfo, RowSteps, SessionState, Step, TurnState, traced_counters
-from ._table import BACKING_OFF_TOOLS, IDLE, INVOKING_TOOLS, ROWS, START, TERMINAL_STATES, Row
+from ._table import (
+    BACKING_OFF_TOOLS,
+    CALLING,
+    IDLE,
+    INVOKING_TOOLS,
+    ROWS,
+    START,
+    TERMINAL_STATES,
+    Row,
+)
 from ._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
 from ._tool_calls import ToolCall, ToolOutcome, ToolResult
 from ._trace import TraceRecord
@@ -764,9 +773,9 @@ class Group:
     """The payload check of the trigger (bad data refused before anything changes)."""
     charges: bool = False
     """The trigger reports a model call's usage: its event's ``cost`` is charged."""
-    trial: Callable[..., Trial] | None = None
+    trial: Callable[..., Trial[BoundRow]] | None = None
     """The table's own trial of these rows (``_trials.TRIALS``), if it has one."""
-    choose: Trial = attrs.field(default=None, eq=False, repr=False)
+    choose: Trial[BoundRow] = attrs.field(default=None, eq=False, repr=False)
     """The first row whose guards all hold (``None``: none does): the trial, or
     :meth:`try_rows`."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
@@ -856,7 +865,9 @@ class Dispatch:
         return f"{trigger} is not legal in state {state!r} (legal there: {legal})"
 
 
-_USAGE_TRIGGERS = frozenset({"ModelReplied", "ModelFailed"})
+_USAGE_TRIGGERS = frozenset({"ModelReplied", "ModelFailed", "Cancelled"})
+"""The triggers whose event reports a model call's cost and usage (a ``Cancelled``: of
+the call it abandoned)."""
 
 
 def _group(
@@ -864,7 +875,7 @@ def _group(
     rows: list[Row],
     effect_of: Mapping[str, Effect],
     check: Callable[[Core, TurnState, Any], None] | None,
-    trial: Callable[..., Trial] | None,
+    trial: Callable[..., Trial[BoundRow]] | None,
 ) -> Group:
     bound = []
     facts: Facts | None = None
@@ -890,7 +901,9 @@ def _group(
 # -- payload checks: bad data is refused before anything changes ---------------------------
 
 
-def _overspent(core: Core, turn: TurnState, event: ModelReplied | ModelFailed) -> IllegalEvent:
+def _overspent(
+    core: Core, turn: TurnState, event: ModelReplied | ModelFailed | Cancelled
+) -> IllegalEvent:
     """The refusal of a cost that would take the session's spend past the largest float."""
     trigger = type(event).__name__
     return IllegalEvent(
@@ -940,12 +953,23 @@ def _check_tools_done(_core: Core, turn: TurnState, event: ToolsDone) -> None:
         )
 
 
+def _check_cancelled(_core: Core, turn: TurnState, event: Cancelled) -> None:
+    if turn.state != CALLING and (event.cost or event.usage is not None):
+        raise IllegalEvent(
+            f"Cancelled in state {turn.state!r}: a cost or usage is the model call's in "
+            "flight, and none is (only in state 'calling'); send Cancelled(reason) alone",
+            event="Cancelled",
+            state=turn.state,
+        )
+
+
 _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
     "ModelReplied": _check_replied,
     "ToolsDone": _check_tools_done,
+    "Cancelled": _check_cancelled,
 }
 """The payload checks of the triggers that have one (a cost past the largest float is
-refused by ``Core.fire`` itself, for both model outcomes)."""
+refused by ``Core.fire`` itself, for every event that charges one)."""
 
 DISPATCH: Dispatch = Dispatch()
 """The dispatch of the table."""
@@ -1263,7 +1287,7 @@ class Core:
             facts = usage = None
             cost = 0.0
         else:
-            if group.charges:  # a model call's outcome: what it cost and used
+            if group.charges:  # a model call's outcome (or abandonment): its cost and usage
                 cost, usage = event.cost, event.usage
                 if cost and not math.isfinite(session.cost_usd + cost):
                     raise _overspent(self, turn, event)

@@ -71,7 +71,7 @@ def _doom_verdict(_instance: object, _attribute: object, value: Any) -> None:
         raise InvalidValue(f"doom_verdict: must be True, False or None, got {short_repr(value)}")
 
 
-def _charge(event: ModelReplied | ModelFailed) -> None:
+def _charge(event: ModelReplied | ModelFailed | Cancelled) -> None:
     """Reconcile ``cost`` and ``usage.cost_usd``: one says what the other leaves out,
     and two that disagree are refused."""
     usage = event.usage
@@ -197,12 +197,30 @@ class Cancelled:
 
     Legal in every running state; the turn ends ``cancelled`` and calls that were in
     flight come back as error results, so the conversation stays well-formed.
+
+    ``cost`` and ``usage`` are those of the model call in flight when the turn was
+    abandoned (state ``calling``), as far as the provider or the vendor reported them
+    (a stream's usage so far, a reply that came back after the cancel was asked): a
+    billed call is charged toward ``max_cost_usd`` and kept as a reply's would be
+    (``usage.cost_usd`` is the ``cost`` when that is left out). Refused in any other
+    state, where no model call is in flight. ``Cancelled()`` charges nothing.
     """
 
     reason: str = attrs.field(
         default="",
         validator=[instance_of(str), json_validator("reason")],
     )
+    cost: float = attrs.field(default=0.0, kw_only=True, validator=_cost, repr=False)
+    usage: Usage | None = attrs.field(default=None, kw_only=True, converter=_usage, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _charge(self)
+
+    def __repr__(self) -> str:
+        # a cancel that charges nothing prints as it always did (traces pin the text)
+        charged = self.cost or self.usage is not None
+        spend = f", cost={self.cost!r}, usage={self.usage!r}" if charged else ""
+        return f"Cancelled(reason={self.reason!r}{spend})"
 
 
 Event = Assembled | CannotShrink | ModelReplied | ModelFailed | WaitDone | ToolsDone | Cancelled

@@ -24,11 +24,20 @@ from typing import Any
 import attrs
 
 from ._actions import Assemble, CallModel, Finish, InvokeTools, Wait
-from ._events import ModelFailed, ModelReplied
+from ._events import Cancelled, ModelFailed, ModelReplied
 from ._exceptions import SnapshotError
 from ._settings import Settings
 from ._state import TRACED, RowInfo, SessionState, Step, TurnState, traced_counters
-from ._table import BACKING_OFF_TOOLS, EFFECTS, IDLE, INVOKING_TOOLS, ROWS, TERMINAL_STATES, Row
+from ._table import (
+    BACKING_OFF_TOOLS,
+    CALLING,
+    EFFECTS,
+    IDLE,
+    INVOKING_TOOLS,
+    ROWS,
+    TERMINAL_STATES,
+    Row,
+)
 from ._taxonomy import END_STATUSES, LIMIT_STATUSES, SessionStatus, ToolErrorCategory
 
 _ACTION_NAMED = {cls.__name__: cls for cls in (Assemble, CallModel, Finish, InvokeTools, Wait)}
@@ -82,7 +91,14 @@ _ROWS_TAKEN_BY: dict[bool, frozenset[RowInfo]] = {
 }
 """The rows a turn can take, by its ``final_answer`` flag (rows are tried in order)."""
 
-_MODEL_OUTCOMES = frozenset({ModelReplied.__name__, ModelFailed.__name__})
+_CHARGING_ROWS = frozenset(
+    row.info
+    for row in ROWS
+    if row.event in (ModelReplied.__name__, ModelFailed.__name__)
+    or (row.event == Cancelled.__name__ and row.source == CALLING)
+)
+"""The rows whose event may charge a model call's cost and report its usage: its
+outcome, or the turn abandoned while it was in flight."""
 _TOOL_ROUND = (INVOKING_TOOLS, BACKING_OFF_TOOLS)
 _MIDWAY = frozenset(row.source for row in ROWS) - {IDLE}
 """The states of a turn that has started and not finished: those rows leave, but idle."""
@@ -375,15 +391,15 @@ def _answered(turn: TurnState) -> bool:
 
 
 def _charge_problem(turn: TurnState) -> str | None:
-    """Each cost and usage kept names a later model call's outcome than the one before;
-    a cost is a charge, and a usage reports what its step charged."""
+    """Each cost and usage kept names a later model call's outcome (or abandonment)
+    than the one before; a cost is a charge, and a usage reports what its step charged."""
     path, costs, usages = turn.path, turn.costs or (), turn.usages or ()
     for key, kept in (("costs", costs), ("usages", usages)):
         previous = -1
         for i, (index, _) in enumerate(kept):
             if index <= previous or index >= len(path):
                 return f"turn.{key}[{i}]: step {index} is not a later step of the turn"
-            if _row(path[index]).event not in _MODEL_OUTCOMES:
+            if path[index][0] not in _CHARGING_ROWS:
                 return f"turn.{key}[{i}]: step {index} is no model call's outcome"
             previous = index
     for i, (_, cost) in enumerate(costs):

@@ -1,38 +1,47 @@
 """The trials of the table's row groups, each guard's expression written out.
 
-Written by ``python -m statemachine.core._trials`` from the table (``_table.ROWS``) and
-the guards (``_engine.GUARDS``), below the mark, and checked by
+Written by ``python -m statemachine.dev._write_trials`` from the table (``_table.ROWS``)
+and the guards (``_engine.GUARDS``), below the mark, and checked by
 ``tests/test_engine_build.py`` to be what that command writes now. Each trial returns
 the first row of its group whose guards all hold, as ``Group.try_rows`` does with one
 call of each guard (a table the model check mutates is tried so); written out, a rate
-limit's trial takes a fifth of the calls' instructions.
+limit's trial takes a fifth of the calls' instructions. The engine imports this module,
+never the other way: a trial sees the engine's ``Core`` through the protocol below and
+passes its rows on whatever they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._taxonomy import ErrorCategory
 
 if TYPE_CHECKING:
-    from ._engine import BoundRow, Core
-    from ._state import TurnState
+    from ._settings import Settings
+    from ._state import SessionState, TurnState
 
-Trial = Callable[["Core", "TurnState", Any, Any], "BoundRow | None"]
-
-if __name__ == "__main__":  # write the trials below anew from the table and the guards
-    from pathlib import Path
-
-    from . import _builder, _engine
-
-    _builder.write_trials(Path(__file__), _engine.DISPATCH.groups, _engine.GUARDS)
-    raise SystemExit
-
-# -- written by python -m statemachine.core._trials: do not edit below --
+BoundRow = TypeVar("BoundRow")
+"""A row of the group tried (the engine's ``_engine.BoundRow``)."""
 
 
-def _trial_1(r: tuple[BoundRow, ...]) -> Trial:
+class Core(Protocol):
+    """What a trial reads of the engine's ``_engine.Core``."""
+
+    @property
+    def state(self) -> SessionState: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+Trial = Callable[[Core, "TurnState", Any, Any], BoundRow | None]
+"""A group's trial over its rows: the first row whose guards hold, or ``None``."""
+
+# -- written by python -m statemachine.dev._write_trials: do not edit below --
+
+
+def _trial_1(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:
     def choose(_core: Core, turn: TurnState, event: Any, _facts: Any) -> BoundRow | None:
         if turn.final_answer:
             return r[0]  # final_answer
@@ -43,7 +52,7 @@ def _trial_1(r: tuple[BoundRow, ...]) -> Trial:
     return choose
 
 
-def _trial_2(r: tuple[BoundRow, ...]) -> Trial:
+def _trial_2(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:
     def choose(core: Core, turn: TurnState, event: Any, facts: Any) -> BoundRow | None:
         if event.partial:
             return r[0]  # partial
@@ -64,7 +73,7 @@ def _trial_2(r: tuple[BoundRow, ...]) -> Trial:
     return choose
 
 
-def _trial_3(r: tuple[BoundRow, ...]) -> Trial:
+def _trial_3(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:
     def choose(core: Core, turn: TurnState, event: Any, _facts: Any) -> BoundRow | None:
         if event.partial:
             return r[0]  # partial
@@ -77,7 +86,7 @@ def _trial_3(r: tuple[BoundRow, ...]) -> Trial:
     return choose
 
 
-def _trial_4(r: tuple[BoundRow, ...]) -> Trial:
+def _trial_4(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:
     def choose(_core: Core, _turn: TurnState, event: Any, _facts: Any) -> BoundRow | None:
         if event.partial:
             return r[0]  # partial
@@ -86,7 +95,7 @@ def _trial_4(r: tuple[BoundRow, ...]) -> Trial:
     return choose
 
 
-def _trial_5(r: tuple[BoundRow, ...]) -> Trial:
+def _trial_5(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:
     def choose(_core: Core, turn: TurnState, event: Any, _facts: Any) -> BoundRow | None:
         if (
             turn.overflowed_size is not None
@@ -99,7 +108,7 @@ def _trial_5(r: tuple[BoundRow, ...]) -> Trial:
     return choose
 
 
-def _trial_6(r: tuple[BoundRow, ...]) -> Trial:
+def _trial_6(r: tuple[BoundRow, ...]) -> Trial[BoundRow]:
     def choose(_core: Core, _turn: TurnState, _event: Any, facts: Any) -> BoundRow | None:
         if bool(facts.tripped):
             return r[0]  # trips_breaker
@@ -114,7 +123,7 @@ def _trial_6(r: tuple[BoundRow, ...]) -> Trial:
     return choose
 
 
-TRIALS: dict[tuple[str, str, ErrorCategory | None], Callable[..., Trial]] = {
+TRIALS: dict[tuple[str, str, ErrorCategory | None], Callable[..., Trial[Any]]] = {
     ("calling", "ModelReplied", None): _trial_1,
     ("calling", "ModelFailed", ErrorCategory.RATE_LIMITED): _trial_2,
     ("calling", "ModelFailed", ErrorCategory.OVERLOADED): _trial_2,

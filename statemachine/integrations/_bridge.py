@@ -51,6 +51,7 @@ from ..core._session import Session, Turn
 from ..core._settings import Settings
 from ..core._taxonomy import SessionStatus, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall, ToolOutcome
+from ..core._usage import Usage
 from ..io._classify import classify
 from ..io._loop import cancel, text_of
 
@@ -366,9 +367,10 @@ class Bridge:
             return
         self._end(turn, turn.send(event), None)
 
-    def abandon(self, turn: Turn, exc: BaseException) -> None:
-        """Cancel ``turn`` because ``exc`` escaped the framework while it held it."""
-        cancel(turn, exc)
+    def abandon(self, turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
+        """Cancel ``turn`` because ``exc`` escaped the framework while it held it;
+        ``usage``: what the stream it handed over had used so far (its cost charged)."""
+        cancel(turn, exc, usage)
 
     def _open(self) -> Turn:
         if self._pending is not None:  # the last reply's tools, with no results brought

@@ -292,8 +292,8 @@ class EngineModel(WrapperModel):
                 except _TurnFailed as failed:
                     raise failed from exc
                 raise
-            except BaseException as exc:
-                run.bridge.abandon(turn, exc)
+            except BaseException as exc:  # a cancel: what the stream used so far is charged
+                run.bridge.abandon(turn, exc, self._usage(stream.get(), used[0], streamed=True))
                 raise
             run.bridge.settle(turn, self._event(stream.get(), request, used[0], streamed=True))
 
@@ -303,10 +303,10 @@ class EngineModel(WrapperModel):
         """Settle a stream that raised ``exc`` after the hand-over: a model failure is
         reported ``partial`` with the usage so far (raising :class:`TurnFailed`); any
         other error (the agent's own) cancels the turn and propagates."""
-        if not _is_model_failure(exc):
-            bridge.abandon(turn, exc)
-            return
         usage = self._usage(stream.get(), model, streamed=True)
+        if not _is_model_failure(exc):
+            bridge.abandon(turn, exc, usage)
+            return
         event = ModelFailed(
             classify_raised(exc), partial=True, cost=usage.cost_usd or 0.0, usage=usage
         )

@@ -14,11 +14,14 @@ connections do); the rest of a driver is its ``perform``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from ..core._actions import Action, Finish
 from ..core._events import Cancelled
 from ..core._session import Turn
+from ..core._table import CALLING
+from ..core._usage import Usage
 
 MAX_REASON = 2000
 """Characters of an escaping exception's text kept as the cancel reason."""
@@ -47,11 +50,31 @@ def text_of(exc: BaseException, limit: int = MAX_REASON) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def cancel(turn: Turn, exc: BaseException) -> None:
-    """Cancel ``turn`` because ``exc`` escaped its I/O, if it is running and current."""
+class CallCancelled(asyncio.CancelledError):
+    """The model call in flight was cancelled, or came back after its cancel was
+    asked: ``cost`` and ``usage`` are what the provider or the vendor reported of it,
+    which the turn's ``Cancelled`` charges (:func:`cancel`)."""
+
+    def __init__(self, message: str, cost: float = 0.0, usage: Usage | None = None) -> None:
+        super().__init__(message)
+        self.cost = cost
+        self.usage = usage
+
+
+def cancel(turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
+    """Cancel ``turn`` because ``exc`` escaped its I/O, if it is running and current.
+    While its model call is in flight, the ``Cancelled`` charges what the call was
+    billed: a :class:`CallCancelled`'s cost and usage, else ``usage`` (what the
+    caller saw of the call so far, a stream's usage say; its ``cost_usd`` charged)."""
     if turn.state != "idle" and not turn.done and turn.current:
         reason = f"{type(exc).__name__}: {text_of(exc)}".rstrip(": ")
-        turn.send(Cancelled(reason=reason))
+        cost = 0.0
+        if isinstance(exc, CallCancelled):
+            cost, usage = exc.cost, exc.usage
+        if turn.state == CALLING and (cost or usage is not None):
+            turn.send(Cancelled(reason=reason, cost=cost, usage=usage))
+        else:
+            turn.send(Cancelled(reason=reason))
 
 
 def drive(turn: Turn, perform: Callable[[Action], object]) -> Finish:

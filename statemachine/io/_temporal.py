@@ -41,6 +41,7 @@ from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wa
 from ..core._codec import decode, encode
 from ..core._events import (
     Assembled,
+    Cancelled,
     CannotShrink,
     ModelFailed,
     ModelReplied,
@@ -64,14 +65,16 @@ from ..core._trace import TraceRecord
 from ..core._usage import Usage
 from ._classify import classify
 from ._drivers import check_retry_owner, provider_bug, tool_failure, tool_outcome
-from ._loop import adrive
+from ._loop import CallCancelled, adrive
 
 ASSEMBLE = "turnstate.assemble"
 """The context activity's name: ``{"action": Assemble, "prompt", "turns"}`` in,
 ``{"assembled": {"request", "size"}}`` or ``{"cannot_shrink": true}`` out."""
 COMPLETE = "turnstate.complete"
 """The model activity's name: a ``CallModel`` in, ``{"replied": ...}`` or
-``{"failed": ...}`` out (a failure classified in the activity, as data)."""
+``{"failed": ...}`` out (a failure classified in the activity, as data); a call
+cancelled after the provider reported what it cost (:func:`report_usage`),
+``{"cancelled": {"cost", "usage"}}``."""
 INVOKE = "turnstate.invoke"
 """The tool activity's name: one ``ToolCall`` in, its ``ToolOutcome`` out."""
 WORKFLOW = "turnstate.Session"
@@ -100,12 +103,16 @@ DEFAULT_ACTIVITY_TIMEOUT_S = 300.0
 (``overloaded``/``timeout`` for a model call, a ``timeout`` outcome for a tool)."""
 
 
-DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
 """``heartbeat_timeout`` of a model or tool activity unless set: the activity
 heartbeats every third of it while the provider's call runs (waiting on the vendor or
 streaming), so a worker that dies mid-call is noticed within it, not after the whole
 ``start_to_close_timeout``; the call counts as an ``overloaded``/``timeout`` failure
-(a ``timeout`` tool outcome) and the engine retries it by its rules."""
+(a ``timeout`` tool outcome) and the engine retries it by its rules. It also bounds
+how long a cancel takes to reach the call: the server hands a cancel to an activity
+only in the answer to a heartbeat, and the SDK sends at most one heartbeat per 0.8 x
+the heartbeat timeout (its throttle), so a cancel reaches the provider's call within
+1.6 s (it took up to 24 s with the 30 s this was before)."""
 
 STICKY_QUEUE_TIMEOUT_S = 3.0
 """What to give a worker as ``sticky_queue_schedule_to_start_timeout`` (Temporal's
@@ -136,7 +143,7 @@ def _value(data: Any, kind: type, where: str) -> Any:
     return value
 
 
-def model_event_data(event: ModelReplied | ModelFailed) -> dict[str, Any]:
+def model_event_data(event: ModelReplied | ModelFailed | Cancelled) -> dict[str, Any]:
     """A model activity's result as JSON data (the reply as its JSON form; the usage
     when the provider reported one)."""
     if isinstance(event, ModelReplied):
@@ -146,6 +153,9 @@ def model_event_data(event: ModelReplied | ModelFailed) -> dict[str, Any]:
             "cost": event.cost,
             "reply": event.reply_data,
         }
+    elif isinstance(event, Cancelled):
+        kind = "cancelled"
+        data = {"cost": event.cost}
     else:
         kind = "failed"
         data = {"error": encode(event.error), "partial": event.partial, "cost": event.cost}
@@ -159,8 +169,9 @@ def _usage_of(data: dict[str, Any], where: str) -> Usage | None:
     return None if raw is None else _value(raw, Usage, where)
 
 
-def model_event(data: Any) -> ModelReplied | ModelFailed:
-    """The engine event a model activity's result stands for."""
+def model_event(data: Any) -> ModelReplied | ModelFailed | Cancelled:
+    """The engine event a model activity's result stands for (a call cancelled after
+    its provider reported what it cost: ``Cancelled`` charging it)."""
     if isinstance(data, dict) and isinstance(data.get("replied"), dict):
         replied = data["replied"]
         calls = decode(replied.get("tool_calls", []), "replied.tool_calls")
@@ -178,7 +189,20 @@ def model_event(data: Any) -> ModelReplied | ModelFailed:
             cost=failed.get("cost", 0.0),
             usage=_usage_of(failed, "failed.usage"),
         )
+    if isinstance(data, dict) and isinstance(data.get("cancelled"), dict):
+        cost, usage = reported_spend(data["cancelled"])
+        return Cancelled(CANCELLED_CALL, cost=cost, usage=usage)
     raise TypeError(f"a model activity result must hold 'replied' or 'failed', got {data!r:.200}")
+
+
+CANCELLED_CALL = "the workflow was cancelled while the model call was in flight"
+
+
+def cancelled_call(event: ModelReplied | ModelFailed | Cancelled) -> CallCancelled:
+    """The workflow's cancel, asked while the model call ran: the turn ends
+    ``cancelled`` whatever came back first, charged what ``event`` (the call's reply,
+    failure or cancellation) says it cost."""
+    return CallCancelled(CANCELLED_CALL, event.cost, event.usage)
 
 
 def tool_outcome_of(data: Any) -> ToolOutcome:
@@ -345,8 +369,9 @@ def report_usage(cost: float = 0.0, usage: Usage | None = None) -> None:
     """Say, inside the model activity, what the vendor has reported so far for the call
     in flight (a stream's first usage event, say): the activity heartbeats it at once
     and with every heartbeat after, so if its worker dies mid-call the workflow still
-    charges ``cost`` (and keeps ``usage``) on the failure it counts. Without a report,
-    a lost call's cost is unknown and counted as 0. ``LookupError`` outside the
+    charges ``cost`` (and keeps ``usage``) on the failure it counts, and if the
+    workflow's cancel reaches the call, its ``Cancelled`` charges them. Without a
+    report, a lost or cancelled call's cost is unknown and counted as 0. ``LookupError`` outside the
     model activity; ``ValueError`` for a cost that is not a finite number >= 0."""
     box = _REPORTED.get(None)
     if box is None:
@@ -368,12 +393,14 @@ async def _beat(every: float, box: list[dict[str, Any]]) -> None:
         await asyncio.sleep(every)
 
 
-async def _heartbeating(method: Callable[[Any], Any], argument: Any) -> Any:
+async def _heartbeating(
+    method: Callable[[Any], Any], argument: Any, box: list[dict[str, Any]] | None = None
+) -> Any:
     """:func:`_call`, heartbeating every third of the activity's heartbeat timeout
     while it runs (a sync method runs on a thread: the event loop beats for it), with
-    what :func:`report_usage` said last. Cancelling the activity cancels the call
-    (an async provider's await)."""
-    box: list[dict[str, Any]] = []
+    what :func:`report_usage` said last (kept in ``box``). Cancelling the activity
+    cancels the call (an async provider's await)."""
+    box = [] if box is None else box
     token = _REPORTED.set(box)
     timeout = activity.info().heartbeat_timeout
     beat = asyncio.create_task(_beat(timeout.total_seconds() / 3, box)) if timeout else None
@@ -390,15 +417,21 @@ def lost_model(message: str, details: Sequence[Any]) -> ModelFailed:
     for: ``overloaded`` with ``code="timeout"`` (as the drivers' ``model_timeout_s``),
     charged what the vendor had reported (the last heartbeat's details, from
     :func:`report_usage`; nothing when it reported nothing)."""
-    reported = details[-1] if details else None
+    cost, usage = reported_spend(details[-1] if details else None)
+    error = ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
+    return ModelFailed(error, cost=cost, usage=usage)
+
+
+def reported_spend(reported: Any) -> tuple[float, Usage | None]:
+    """The cost and usage :func:`report_usage` heartbeated (a cost that is not a
+    finite number >= 0 counts as 0)."""
     if not isinstance(reported, dict):
         reported = {}
     cost = reported.get("cost", 0.0)
     cost = cost if type(cost) in (int, float) and 0 <= cost < float("inf") else 0.0
     raw = reported.get("usage")
     usage = _value(raw, Usage, "heartbeat.usage") if raw is not None else None
-    error = ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
-    return ModelFailed(error, cost=float(cost), usage=usage)
+    return float(cost), usage
 
 
 def _contract(message: str) -> ApplicationError:
@@ -477,8 +510,14 @@ class Activities:
         """The model activity: one attempt of ``model.complete(action)``; a raised
         error is classified here and returned, never raised."""
         action = _value(data, CallModel, "CallModel")
+        reported: list[dict[str, Any]] = []
         try:
-            event = await _heartbeating(self._model.complete, action)  # type: ignore[attr-defined]
+            event = await _heartbeating(self._model.complete, action, reported)  # type: ignore[attr-defined]
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if reported and details is not None and details.cancel_requested:
+                return {"cancelled": reported[-1]}  # what the vendor billed the cancelled call
+            raise
         except InvalidValue as exc:  # the provider's bug, not the model's failure
             raise _contract(str(provider_bug(action, exc))) from exc
         except Exception as exc:
@@ -609,7 +648,12 @@ class _Activities:
     async def _run(
         self, name: str, data: Any, timeout: timedelta, heartbeat: timedelta | None = None
     ) -> Any:
-        return await workflow.execute_activity(
+        return await self._start(name, data, timeout, heartbeat)
+
+    def _start(
+        self, name: str, data: Any, timeout: timedelta, heartbeat: timedelta | None = None
+    ) -> workflow.ActivityHandle[Any]:
+        return workflow.start_activity(
             name,
             data,
             start_to_close_timeout=timeout,
@@ -628,14 +672,24 @@ class _Activities:
             raise _failed("context", err) from err
 
     async def complete(self, action: CallModel) -> ModelReplied | ModelFailed:
+        call = self._start(COMPLETE, encode(action), self._model, self._heartbeat)
         try:
-            data = await self._run(COMPLETE, encode(action), self._model, self._heartbeat)
+            data = await call
+        except asyncio.CancelledError:
+            if call.done() and not call.cancelled() and call.exception() is None:
+                # the reply came back in the workflow task that brought the cancel
+                raise cancelled_call(model_event(call.result())) from None
+            raise
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
                 lost = err.cause.type is TimeoutType.HEARTBEAT
                 return model_timed_out(lost, err.cause.last_heartbeat_details)
             raise _failed("model", err) from err
-        return model_event(data)
+        event = model_event(data)
+        if isinstance(event, Cancelled) or workflow.cancellation_reason() is not None:
+            # the cancel was asked while the call ran, and the call came back first
+            raise cancelled_call(event)
+        return event
 
     async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
         return tuple(await asyncio.gather(*(self._invoke(call) for call in calls)))

@@ -34,7 +34,7 @@ from temporalio.converter import DataConverter
 
 from ..core._actions import Assemble, CallModel
 from ..core._codec import encode
-from ..core._events import Assembled, CannotShrink, ModelFailed, ModelReplied
+from ..core._events import Assembled, Cancelled, CannotShrink, ModelFailed, ModelReplied
 from ..core._exceptions import ConfigError, InvalidValue
 from ..core._settings import Settings
 from ..core._tool_calls import ToolCall, ToolOutcome
@@ -49,6 +49,7 @@ from ._temporal import (
     Holder,
     SessionInput,
     Talk,
+    cancelled_call,
     check_input,
     context_event,
     conversation_key,
@@ -183,7 +184,10 @@ class _History:
             payloads = list(info.last_heartbeat_details.payloads)
             details = self._converter.from_payloads(payloads) if payloads else []
             return model_timed_out(_heartbeat(result), details)
-        return model_event(self._completed(result))
+        event = model_event(self._completed(result))
+        if isinstance(event, Cancelled):  # the call's own cancellation, billed
+            raise cancelled_call(event)
+        return event
 
     async def invoke(self, calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
         results = self._answered(INVOKE, [(encode(call), f"{call!r:.200}") for call in calls])
@@ -292,10 +296,24 @@ class _History:
     def _result(self, scheduled: HistoryEvent) -> HistoryEvent:
         result = self._results.get(scheduled.event_id)
         if self._cancelled_before(result):
-            raise asyncio.CancelledError
+            raise self._cancelled(scheduled, result)
         if result is None or result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
             raise _Found(None)
         return result
+
+    def _cancelled(
+        self, scheduled: HistoryEvent, result: HistoryEvent | None
+    ) -> asyncio.CancelledError:
+        """The workflow's cancel, delivered before ``result``: a model call that came
+        back all the same is charged what it cost, as the live workflow charges it."""
+        name = scheduled.activity_task_scheduled_event_attributes.activity_type.name
+        if (
+            name != COMPLETE
+            or result is None
+            or result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        ):
+            return asyncio.CancelledError()
+        return cancelled_call(model_event(self._completed(result)))
 
     def _cancelled_before(self, result: HistoryEvent | None) -> bool:
         if self._cancel is None:

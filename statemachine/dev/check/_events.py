@@ -173,7 +173,7 @@ def _new_steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
         if settings.max_wall_clock_s is not None:
             steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
         if settings.max_cost_usd is not None:
-            steps.append(Step("ModelReplied", "costly"))
+            steps += [Step("ModelReplied", "costly"), Step("Cancelled", "costly")]
     elif state == "invoking_tools":
         if settings.denial_threshold is not None or settings.denial_window is not None:
             steps.append(Step("ToolsDone", "denied"))
@@ -292,7 +292,9 @@ def _tools_done(_c: _Ctx, variant: str, _s: SessionState, turn: TurnState, _k: _
     )
 
 
-def _cancelled(_c: _Ctx, variant: str, _s: SessionState, _t: TurnState, _k: _Clock) -> object:
+def _cancelled(ctx: _Ctx, variant: str, _s: SessionState, _t: TurnState, _k: _Clock) -> object:
+    if variant == "costly":  # the call in flight was billed the whole budget
+        return Cancelled(variant, cost=float(ctx.settings.max_cost_usd or 0.0))
     return _CANCELLED if variant == _CANCELLED.reason else Cancelled(variant)
 
 
