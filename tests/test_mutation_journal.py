@@ -5,12 +5,18 @@ another, which replays the journal."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 import statemachine as sm
+from statemachine.core._codec import compact, decode
+from statemachine.core._events import EVENT_TYPES
+from statemachine.core._state_text import json_text
 from statemachine.store import CorruptSession, InMemoryStore, Worker
+from statemachine.store._journal import EVENT, entry_text
 
 
 def _workers() -> tuple[InMemoryStore, Worker, Worker]:
@@ -134,3 +140,125 @@ def test_a_finished_s_that_disagrees_with_the_turn_says_which_way() -> None:
         store.compare_and_set("s", store.load_payload("s")[0], data)
         with pytest.raises(CorruptSession, match=rf"record's finished_s: {message}$"):
             reader.load("s")
+
+
+# -- issue 38's sample (seed 20261207) ---------------------------------------------------
+
+_DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.requirement("ER-70")
+@pytest.mark.parametrize(
+    "event",
+    [
+        *(cls() for cls in EVENT_TYPES if not attrs.fields(cls)),
+        sm.Assembled({"m": [1, "x"]}, 5),
+        sm.Assembled("q", 0),
+        sm.ModelReplied(),
+        sm.ModelReplied(cost=0.0),
+        sm.ModelReplied(cost=0),
+        sm.ModelReplied(cost=0.25),
+        sm.ModelReplied(cost=3, reply={"text": "hi", "n": [1]}),
+        sm.ModelReplied(reply=None),
+    ],
+    ids=repr,
+)
+def test_a_hand_written_entry_holds_what_the_general_encoding_holds(event: Any) -> None:
+    """The journal writes its most frequent events (a fieldless event, an assembled
+    request, a reply with no tool call) by hand: each entry holds the same JSON data as
+    the general encoding (a field at its default left out, a zero cost and a missing
+    reply included), so any reader of the journal sees one form per event."""
+    for at, wall in ((0.5, None), (2.0, 1_700_000_000.25)):
+        text = entry_text((EVENT, event), at, wall)
+        assert json.loads(text) == json.loads(json_text(["e", at, wall, compact(event)]))
+        assert decode(json.loads(text)[3], "event") == event
+
+
+@pytest.mark.requirement("ER-82")
+def test_a_childs_spend_of_zero_in_a_journal_is_read() -> None:
+    """A journal entry charging a child's total of exactly 0 (``["c", null, null, id,
+    0]``: a step the engine takes, changing nothing) is read, not refused as corrupt; a
+    negative total is refused naming it."""
+    store, writer, reader = _workers()
+    parent = sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0, session_id="p")
+    parent.spawn(session_id="p.kid")
+    writer.create("p", parent)
+    data: dict[str, Any] = json.loads(store.load_payload("p")[1])
+    for total in (0, 0.0):
+        data["journal"] = [["c", None, None, "p.kid", total]]
+        store.compare_and_set("p", store.load_payload("p")[0], data)
+        loaded = reader.load("p").session
+        assert loaded.child_costs == {"p.kid": 0.0}
+        assert loaded.cost_usd == 0.0
+    data["journal"] = [["c", None, None, "p.kid", -0.5]]
+    store.compare_and_set("p", store.load_payload("p")[0], data)
+    with pytest.raises(CorruptSession, match=r"journal\[0\]: child spend: -0.5 is not"):
+        reader.load("p")
+
+
+@pytest.mark.requirement("ER-70", "ER-77")
+def test_a_version_2_record_whose_replies_hold_verdicts_reads_as_version_3() -> None:
+    """A record of version 2 (entries ``[op, times, walls, ...]``) whose replies hold the
+    doom check's verdicts beside them (``[]``, ``[false]``) was stepped with a check: it
+    reads as the version 3 record of the same steps does (each verdict put in its
+    reply), by a worker whose check must not be asked."""
+    data = json.loads((_DATA / "store-v3-verdicts.json").read_text())["record"]
+    data["journal"] = data["journal"][:7]  # to the reply to c2, its verdicts [false]
+    data["claim"] = {"owner": "c", "calls": ["c2"], "until": 301.0}
+    old = {
+        **data,
+        "version": 2,
+        "journal": [
+            [op, [] if at is None else [at], [] if wall is None else [wall], *rest]
+            for op, at, wall, *rest in data["journal"]
+        ],
+    }
+    assert [len(entry) for entry in old["journal"]] == [3, 4, 5, 4, 3, 4, 5]
+
+    def refuse(_window: Any) -> bool:
+        raise AssertionError("a replay must not ask the doom check")
+
+    read = []
+    for record in (data, old):
+        store = InMemoryStore()
+        store.compare_and_set("s", 0, record)
+        reader = Worker(store, owner="b", clock=lambda: 0.0, now=lambda: 1.0, doom_check=refuse)
+        read.append(reader.load("s").session)
+    assert read[0].snapshot() == read[1].snapshot()
+    assert read[1].current_turn.action.calls[0].id == "c2"  # type: ignore[union-attr]
+
+
+@pytest.mark.requirement("ER-140")
+def test_a_version_2_records_actions_that_are_not_objects_are_refused() -> None:
+    """The previous release's deferred turn (record version 2, snapshot version 4), read
+    on its worker's clock, whose snapshot's actions hold a number beside the Finish: the
+    reader refuses the record as corrupt, naming the snapshot (no crash)."""
+    data = json.loads((_DATA / "store-v2-deferred.json").read_text())
+    data["snapshot"]["turn"]["actions"].insert(0, 5)
+    store = InMemoryStore()
+    store.compare_and_set("s", 0, data)
+    reader = Worker(store, owner="b", clock=lambda: 5000.0, now=lambda: 1000.0, remember=0)
+    with pytest.raises(CorruptSession, match=r"the stored snapshot is unusable: snapshot\.turn"):
+        reader.load("s")
+
+
+@pytest.mark.requirement("ER-77")
+def test_a_finished_s_near_zero_is_held_to_a_millionth_of_a_second() -> None:
+    """A record's ``finished_s`` may lie a rounding from what its journal says: within
+    ``1e-6`` s (scaled by the value when it is above 1 s). A turn that finished at the
+    record's age (``finished_s`` 0) read with ``finished_s`` 0.9 µs loads; with 1.5 µs it
+    is refused naming the key."""
+    store, writer, reader = _workers()
+    r = writer.create("s", sm.Session(sm.Settings(), seed=1, clock=lambda: 0.0))
+    r = writer.advance("s", None, expected_version=r.version)
+    r = writer.advance("s", sm.Assembled({"m": 1}, 5), expected_version=r.version)
+    writer.advance("s", sm.ModelReplied(), expected_version=r.version)
+    data: dict[str, Any] = json.loads(store.load_payload("s")[1])
+    assert data["finished_s"] == 0.0
+    data["finished_s"] = 0.9e-6
+    store.compare_and_set("s", store.load_payload("s")[0], data)
+    assert reader.load("s").session.current_turn.done  # type: ignore[union-attr]
+    data["finished_s"] = 1.5e-6
+    store.compare_and_set("s", store.load_payload("s")[0], data)
+    with pytest.raises(CorruptSession, match=r"finished_s: 1.5e-06, but the last turn finished"):
+        reader.load("s")

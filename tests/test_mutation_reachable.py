@@ -795,6 +795,17 @@ SESSION_FORGED: dict[str, tuple[Callable[[], dict[str, Any]], Forgery, str]] = {
         _set(doom_last="40d62018d8c48257259682e2"),
         r"^doom_run: a run of identical calls needs its fingerprint, and only then$",
     ),
+    # issue 38's sample (seed 20261207)
+    "a child with no id": (
+        _child,
+        _set(session_id=None),
+        r"^session_id: a child session has an id$",
+    ),
+    "a root with an ancestors' budget": (
+        _running,
+        _set(ancestor_budget_usd=1.0),
+        r"^ancestor_budget_usd: a root session has no ancestors$",
+    ),
 }
 
 
@@ -989,3 +1000,58 @@ def test_a_cost_kept_for_a_cancel_restores_only_where_a_model_call_was_in_flight
     forged["turn"]["usages"][0][1]["cost_usd"] = None
     with pytest.raises(sm.SnapshotError, match=r"turn\.usages\[0\]: step 3 is no model call's"):
         sm.Session.restore(forged, clock=ManualClock())
+
+
+# -- issue 38's sample (seed 20261207) ---------------------------------------------------
+
+
+def _replied(settings: sm.Settings, event: sm.ModelReplied) -> sm.Session:
+    session = sm.Session(settings, seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(event)
+    return session
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_budget_spent_exactly_and_a_denial_breaker_that_fired_restore() -> None:
+    """Limits the engine reaches restore: ``max_cost_usd`` 1.0 spent to the cent (0 left,
+    the limit fired), and the denial breaker tripped by one denial at
+    ``denial_threshold=1``."""
+    spent = _replied(sm.Settings(max_cost_usd=1.0), sm.ModelReplied(cost=1.0))
+    spent.new_turn()
+    assert spent.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+    restored = sm.Session.restore(_snap(spent), clock=ManualClock())
+    assert restored.limit_reached is sm.SessionStatus.ERROR_MAX_BUDGET_USD
+
+    call = sm.ToolCall("c1", "fs", "rm", {})
+    denied = _replied(sm.Settings(denial_threshold=1), sm.ModelReplied(tool_calls=[call]))
+    no = sm.ToolOutcome("c1", False, "no", category=sm.ToolErrorCategory.PERMISSION_DENIED)
+    denied.current_turn.send(sm.ToolsDone((no,)))  # type: ignore[union-attr]
+    assert denied.limit_reached is sm.SessionStatus.ERROR_DENIAL_BREAKER
+    restored = sm.Session.restore(_snap(denied), clock=ManualClock())
+    assert restored.limit_reached is sm.SessionStatus.ERROR_DENIAL_BREAKER
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_usage_that_reports_a_zero_cost_on_a_free_call_restores() -> None:
+    """A reply that charged nothing whose usage says it cost 0.0 (a cached or free call)
+    restores: the usage agrees with the step."""
+    usage = sm.Usage(input_tokens=3, cost_usd=0.0)
+    session = _replied(sm.Settings(), sm.ModelReplied(usage=usage))
+    restored = sm.Session.restore(_snap(session), clock=ManualClock())
+    assert restored.snapshot()["turn"]["usages"] == _snap(session)["turn"]["usages"]
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_turns_costs_may_exceed_the_sessions_spend_by_a_billionth() -> None:
+    """The turn's costs (1.0) and the session's spend may differ by float rounding: by
+    up to ``1e-9 * (1 + costs)``. A spend 1.5e-9 under restores; 3e-9 under is refused
+    naming the costs."""
+    data = _snap(_replied(sm.Settings(), sm.ModelReplied(cost=1.0)))
+    data["cost_usd"] = 1.0 - 1.5e-9
+    assert _restores(copy.deepcopy(data))
+    data["cost_usd"] = 1.0 - 3e-9
+    with pytest.raises(sm.SnapshotError, match=r"^turn\.costs: the turn spent more than"):
+        sm.Session.restore(data, clock=ManualClock())

@@ -418,3 +418,46 @@ def test_a_deferred_finishs_retry_at_must_be_a_finite_number(value: object, show
     _refused(
         data, rf"^turn\.actions\[2\]: Finish\.retry_at: {shown} is not what the engine writes$"
     )
+
+
+# -- issue 38's sample (seed 20261207) ---------------------------------------------------
+
+
+@pytest.mark.requirement("ER-38")
+def test_a_tripped_breaker_restores_naming_its_provider() -> None:
+    """A session whose breaker tripped on provider ``fs`` (a crash at the threshold of 1)
+    restores with ``fs`` tripped and the breaker's limit, and its snapshot reads back
+    as written."""
+    session = sm.Session(sm.Settings(breaker_threshold=1), seed=1, clock=ManualClock())
+    turn = session.new_turn()
+    turn.start()
+    turn.send(sm.Assembled({"m": 1}, 5))
+    turn.send(sm.ModelReplied(tool_calls=[sm.ToolCall("c1", "fs", "read", {})]))
+    crashed = sm.ToolOutcome("c1", False, "x", category=sm.ToolErrorCategory.PROCESS_CRASHED)
+    turn.send(sm.ToolsDone((crashed,)))
+    assert session.tripped_providers == frozenset({"fs"})
+    data = json.loads(json.dumps(session.snapshot()))
+    assert data["tripped"] == ["fs"]
+    restored = sm.Session.restore(data, clock=ManualClock())
+    assert restored.tripped_providers == frozenset({"fs"})
+    assert restored.limit_reached is sm.SessionStatus.ERROR_CIRCUIT_BREAKER
+    assert json.loads(json.dumps(restored.snapshot())) == data
+
+
+@pytest.mark.requirement("ER-97")
+def test_live_traces_share_their_steps() -> None:
+    """Sessions stepping through the same rows with the same counters in one process
+    hold the same step objects (a trace costs a pointer a step), as restored ones do."""
+    paths = []
+    for seed in (1, 2):
+        session = sm.Session(sm.Settings(), seed=seed, clock=ManualClock())
+        turn = session.new_turn()
+        turn.start()
+        turn.send(sm.Assembled({"m": seed}, 5))
+        turn.send(fail("overloaded"))
+        state = session.state.turn
+        assert state is not None
+        paths.append(state.path)
+    one, two = paths
+    assert len(one) == len(two) == 3
+    assert all(a is b for a, b in zip(one, two, strict=True))
