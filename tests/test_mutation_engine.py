@@ -698,3 +698,19 @@ def test_a_steps_wall_time_that_is_not_finite_is_refused(wall: float) -> None:
     with pytest.raises(ValueError, match="wall: must be a finite number of seconds"):
         turn.send(fail("rate_limited", headers={"retry-after": "1"}), wall=wall)
     assert turn.state == "calling" and turn.attempt == 0
+
+
+@pytest.mark.requirement("ER-35")
+def test_a_moment_given_as_an_int_is_read_and_a_non_number_is_refused_naming_at() -> None:
+    """``at`` may be any real number of seconds (an int read as its float); a bool or a
+    numeric string is no moment: ``TypeError`` naming ``at``, and the turn is as it was."""
+    session = sm.Session(seed=1, clock=ManualClock(0.0))
+    turn = session.new_turn()
+    turn.start(at=5)
+    assert turn.trace[0].at == 5.0 and type(turn.trace[0].at) is float
+    for bad in (True, "6"):
+        with pytest.raises(TypeError, match=rf"^at: must be a number of seconds, got {bad!r}"):
+            turn.send(sm.Assembled("r", 1), at=bad)  # type: ignore[arg-type]
+        assert turn.state == "assembling" and len(turn.trace) == 1
+    turn.send(sm.Assembled("r", 1), at=7)
+    assert turn.trace[-1].at == 7.0

@@ -112,6 +112,8 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         # a guard runs as written out in _trials.py (mutated there, against the tests
         # above): changed here, it must be written out again
         "tests/test_engine_build.py::test_the_written_out_trials_are_what_the_command_writes",
+        # the real table runs those trials, a mutated one tries its rows
+        "tests/test_engine_build.py::test_the_table_runs_its_written_out_trials_and_a_mutated_one_tries_its_rows",
     ),
     "statemachine/core/_trials.py": (
         "tests/test_engine.py",
@@ -205,6 +207,8 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_otel_genai.py",
         "tests/test_otel_provider.py",
     ),
+    # the model a driven provider calls, which chat spans name
+    "statemachine/io/_provider_model.py": ("tests/test_otel_provider.py",),
     "statemachine/io/_trace_file.py": (
         "tests/test_trace_draw.py",
         "tests/test_simulate.py",
