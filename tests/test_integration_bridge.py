@@ -344,3 +344,24 @@ def test_turn_failed_survives_pickling_as_itself() -> None:
         assert type(copy) is TurnFailed and str(copy) == str(original)
         assert copy.status == original.status and copy.error == original.error
         assert copy.finish == original.finish
+
+
+def test_the_bridges_edges_found_by_the_mutation_sample() -> None:
+    """Issue 38's sample of ``_bridge.py``: a tool result of 4,000 characters is kept
+    whole; a framework error carrying an HTTP status and a body (not an SDK's) is read
+    as that response; a price counts the tokens that are known; a bridge's own session
+    reads the wall clock (an HTTP-date retry-after is measured against it)."""
+    from statemachine.integrations._bridge import token_cost
+
+    assert MAX_TOOL_TEXT == 4000 and tool_text("x" * 4000) == "x" * 4000
+
+    class FrameworkHTTPError(Exception):
+        status_code = 429
+
+    raised = FrameworkHTTPError("HTTP 429")
+    raised.body = {"error": {"type": "rate_limit_error", "message": "slow down"}}  # type: ignore[attr-defined]
+    error = classify_raised(raised)
+    assert (error.category, error.status) == (sm.ErrorCategory.RATE_LIMITED, 429)
+    assert token_cost((2.0, 3.0), None, 1_000_000) == 3.0
+    assert token_cost((2.0, 3.0), 1_000_000, None) == 2.0
+    assert Bridge(sm.Settings()).session.wall_clock is not None
