@@ -191,7 +191,8 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
     "statemachine/store/_redis.py": ("tests/test_store_redis.py",),
     "statemachine/store/_redis_cluster.py": ("tests/test_store_redis_cluster.py",),
     "statemachine/io/_drivers.py": _DRIVERS,
-    "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py"),
+    # the drive shows its provider to the telemetry (provider_model)
+    "statemachine/io/_loop.py": (*_DRIVERS, "tests/test_mutation_engine.py", "tests/test_otel_provider.py"),
     "statemachine/io/_providers.py": (
         *_DRIVERS,
         "tests/test_provider_usage.py",
@@ -207,8 +208,6 @@ DEFAULT_TESTS: dict[str, tuple[str, ...]] = {
         "tests/test_otel_genai.py",
         "tests/test_otel_provider.py",
     ),
-    # the model a driven provider calls, which chat spans name
-    "statemachine/io/_provider_model.py": ("tests/test_otel_provider.py",),
     "statemachine/io/_trace_file.py": (
         "tests/test_trace_draw.py",
         "tests/test_simulate.py",

@@ -29,7 +29,7 @@ Errors are translated at this one boundary:
 
 While a driver runs a turn, the turn's observers can read its model provider's
 ``model`` (the model it calls when the action and the request name none): the
-telemetry names its chat spans with it (:mod:`._provider_model`).
+telemetry names its chat spans with it (``_loop.provider_model``).
 
 Both drivers are the loop of ``_loop.py`` (written once, for the Temporal workflow's
 driver too) with a ``perform`` of their own.
@@ -68,7 +68,6 @@ from ..core._taxonomy import ToolErrorCategory
 from ..core._tool_calls import ToolCall, ToolOutcome
 from ._classify import classify, is_timeout
 from ._loop import adrive, drive, text_of
-from ._provider_model import DRIVEN
 
 _T = TypeVar("_T")
 
@@ -85,7 +84,7 @@ class ModelProvider(Protocol):
     It may have a ``model`` attribute, a non-empty ``str``: the model it calls when
     neither ``CallModel.model`` nor the request names one (the ready-made providers'
     ``model=``). The drivers show it to the session's observers, so the telemetry's chat
-    spans name it (:mod:`statemachine.io._provider_model`)."""
+    spans name it (``statemachine.io._loop.provider_model``)."""
 
     def complete(self, action: CallModel) -> ModelReplied | ModelFailed: ...
 
@@ -307,11 +306,7 @@ def run_turn(
             return ToolsDone(tuple(_sync_tool(tools, call, tool_limit) for call in action.calls))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
-    held = DRIVEN.set(model)
-    try:
-        return drive(turn, perform)
-    finally:
-        DRIVEN.reset(held)
+    return drive(turn, perform, model)
 
 
 def _sync_model(model: ModelProvider, action: CallModel, limit: float | None) -> object:
@@ -397,11 +392,7 @@ async def arun_turn(
             return ToolsDone(await _async_tools(tools, action.calls, tool_limit))
         _unexpected(action)  # pragma: no cover - the engine emits no other action
 
-    held = DRIVEN.set(model)
-    try:
-        return await adrive(turn, perform)
-    finally:
-        DRIVEN.reset(held)
+    return await adrive(turn, perform, model)
 
 
 async def _async_model(model: AsyncModelProvider, action: CallModel, limit: float | None) -> object:

@@ -62,18 +62,46 @@ class CallCancelled(asyncio.CancelledError):
         self.usage = usage
 
 
-_SPENT: contextvars.ContextVar[list[Usage]] = contextvars.ContextVar("statemachine.spent")
-"""What the model call in flight was billed so far, as its provider saw it (the last
-usage, in a list the running drive reads when the turn is cancelled)."""
+class Driving:
+    """What a running drive shows the code it calls, through :data:`DRIVING`: its model
+    provider, and what the model call in flight reported it used so far."""
+
+    __slots__ = ("provider", "spent")
+
+    def __init__(self, provider: object) -> None:
+        self.provider = provider
+        self.spent: Usage | None = None
+
+
+DRIVING: contextvars.ContextVar[Driving | None] = contextvars.ContextVar(
+    "statemachine.driving", default=None
+)
+"""The drive running in this context (``None``: none). The session's observers run
+inside its ``turn.send``, so they see it too; a record handed to an observer later (a
+trace replayed, a worker's observers) does not."""
 
 
 def spent_so_far(usage: Usage) -> None:
     """Say, inside a driven model call, what the vendor has reported it used so far (a
     stream's usage): if the turn is cancelled before the call returns, its
     ``Cancelled`` charges it. Nothing happens outside a drive."""
-    spent = _SPENT.get(None)
-    if spent is not None:
-        spent[:] = [usage]
+    driving = DRIVING.get()
+    if driving is not None:
+        driving.spent = usage
+
+
+def provider_model() -> str | None:
+    """The ``model`` of the model provider driving the current turn, when it names one
+    (a non-empty ``str``): the model it calls when neither the action nor the request
+    names one, which the telemetry's chat spans name. ``None`` otherwise; never raises."""
+    driving = DRIVING.get()
+    if driving is None or driving.provider is None:
+        return None
+    try:
+        model = getattr(driving.provider, "model", None)
+    except Exception:  # a property that raises: no model known
+        return None
+    return model if isinstance(model, str) and model else None
 
 
 def cancel(turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
@@ -92,41 +120,45 @@ def cancel(turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
             turn.send(Cancelled(reason=reason))
 
 
-def drive(turn: Turn, perform: Callable[[Action], object]) -> Finish:
+def drive(turn: Turn, perform: Callable[[Action], object], provider: object = None) -> Finish:
     """Run ``turn`` to its ``Finish``, ``perform`` doing each action (sync). A model
     call interrupted after its provider said what it had used (:func:`spent_so_far`) is
-    charged that on the turn's ``Cancelled``."""
+    charged that on the turn's ``Cancelled``; ``provider`` is the model provider the
+    drive shows (:func:`provider_model`)."""
     action = start(turn)
-    spent: list[Usage] = []
-    token = _SPENT.set(spent)
+    driving = Driving(provider)
+    token = DRIVING.set(driving)
     try:
         while type(action) is not Finish:
             event = perform(action)
-            spent.clear()  # the call's event says what it cost
+            driving.spent = None  # the call's event says what it cost
             action = turn.send(event)
     except BaseException as exc:
-        cancel(turn, exc, spent[0] if spent else None)
+        cancel(turn, exc, driving.spent)
         raise
     finally:
-        _SPENT.reset(token)
+        DRIVING.reset(token)
     return action
 
 
-async def adrive(turn: Turn, perform: Callable[[Action], Awaitable[object]]) -> Finish:
+async def adrive(
+    turn: Turn, perform: Callable[[Action], Awaitable[object]], provider: object = None
+) -> Finish:
     """Run ``turn`` to its ``Finish``, ``perform`` doing each action (asyncio). A model
     call cancelled after its provider said what it had used (:func:`spent_so_far`) is
-    charged that on the turn's ``Cancelled``."""
+    charged that on the turn's ``Cancelled``; ``provider`` is the model provider the
+    drive shows (:func:`provider_model`)."""
     action = start(turn)
-    spent: list[Usage] = []
-    token = _SPENT.set(spent)
+    driving = Driving(provider)
+    token = DRIVING.set(driving)
     try:
         while type(action) is not Finish:
             event = await perform(action)
-            spent.clear()  # the call's event says what it cost
+            driving.spent = None  # the call's event says what it cost
             action = turn.send(event)
     except BaseException as exc:
-        cancel(turn, exc, spent[0] if spent else None)
+        cancel(turn, exc, driving.spent)
         raise
     finally:
-        _SPENT.reset(token)
+        DRIVING.reset(token)
     return action

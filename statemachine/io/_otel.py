@@ -31,7 +31,7 @@ from ..core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
 from ..core._tool_calls import ToolCall
 from ..core._trace import TraceRecord
 from ..core._usage import Usage
-from ._provider_model import provider_model
+from ._loop import provider_model
 
 SCOPE = "turnstate"
 """The instrumentation scope of every span and instrument."""
