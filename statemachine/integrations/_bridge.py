@@ -403,7 +403,19 @@ def no_outcome(call: ToolCall) -> None:
 
 
 def outcome(
-    call: ToolCall, ok: bool, content: Any, category: ToolErrorCategory | None
+    call: ToolCall,
+    ok: bool,
+    content: Any,
+    category: ToolErrorCategory | None,
+    *,
+    invoke_failed: bool = False,
 ) -> ToolOutcome:
-    """The outcome of ``call`` the framework reported, as the engine takes it."""
-    return ToolOutcome(call.id, ok=ok, content=tool_text(content), category=category)
+    """The outcome of ``call`` the framework reported, as the engine takes it
+    (``invoke_failed``: the framework says the tool raised)."""
+    return ToolOutcome(
+        call.id,
+        ok=ok,
+        content=tool_text(content),
+        category=category,
+        invoke_failed=invoke_failed,
+    )

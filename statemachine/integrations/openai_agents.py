@@ -550,13 +550,8 @@ def _settle(bridge: Bridge, items: list[Any]) -> None:
             call = next(call for call in calls if call.id == call_id)
             output = _get(item, "output")
             if output == _FAILED_TOOL_TEXT:
-                seen[call_id] = ToolOutcome(
-                    call_id,
-                    ok=False,
-                    content=output,
-                    category=ToolErrorCategory.UNKNOWN,
-                    invoke_failed=True,
-                )
+                unknown = ToolErrorCategory.UNKNOWN
+                seen[call_id] = outcome(call, False, output, unknown, invoke_failed=True)
             else:
                 seen[call_id] = outcome(call, True, output, None)
     bridge.settle_tools(lambda call: seen.get(call.id))
