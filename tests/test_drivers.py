@@ -339,6 +339,42 @@ def _assert_snapshot_ok(sess: sm.Session) -> None:
     restored.new_turn()  # the session goes on
 
 
+class _Stalled:
+    """A vendor stream that sends ``first`` and then goes quiet until cancelled,
+    setting ``reported`` once ``first`` is out (the SDKs' stream managers' shape)."""
+
+    def __init__(self, first: Any, reported: asyncio.Event, snapshot: Any = None) -> None:
+        self.first, self.reported = first, reported
+        self.current_message_snapshot = snapshot  # Anthropic's stream keeps its message
+
+    async def __aenter__(self) -> _Stalled:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        return None
+
+    async def __aiter__(self) -> Any:
+        yield self.first
+        self.reported.set()
+        await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
+
+
+async def _cancel_once_reported(model: Any, reported: asyncio.Event) -> tuple[sm.Session, sm.Turn]:
+    """Drive a turn on ``model`` with ``arun_turn``, cancel its task once the stream
+    reported its usage, and return the session and the cancelled turn."""
+    sess = session()
+    turn = sess.new_turn()
+    task = asyncio.create_task(
+        sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
+    )
+    await reported.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await model.client.close()
+    return sess, turn
+
+
 @pytest.mark.requirement("ER-245")
 def test_a_stream_cancelled_after_its_usage_is_charged_through_arun_turn() -> None:
     """A ready-made streaming provider whose stream reported usage and then stalls:
@@ -357,37 +393,15 @@ def test_a_stream_cancelled_after_its_usage_is_charged_through_arun_turn() -> No
     async def scenario() -> tuple[sm.Session, sm.Turn]:
         reported = asyncio.Event()
 
-        class Stalled:
-            async def __aenter__(self) -> Stalled:
-                return self
-
-            async def __aexit__(self, *_exc: object) -> None:
-                return None
-
-            async def __aiter__(self) -> Any:
-                yield chunk
-                reported.set()
-                await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
-
-        async def create(**_kwargs: Any) -> Stalled:
-            return Stalled()
+        async def create(**_kwargs: Any) -> _Stalled:
+            return _Stalled(chunk, reported)
 
         client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
         client.chat.completions.create = create  # type: ignore[method-assign]
         model = AsyncOpenAIModel(
             client, model="gpt-x", on_text=lambda _text: None, price_per_mtok=(1.0, 2.0)
         )
-        sess = session()
-        turn = sess.new_turn()
-        task = asyncio.create_task(
-            sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
-        )
-        await reported.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await client.close()
-        return sess, turn
+        return await _cancel_once_reported(model, reported)
 
     sess, turn = asyncio.run(scenario())
     assert turn.status is sm.TurnStatus.CANCELLED
@@ -416,40 +430,16 @@ def test_an_anthropic_stream_cancelled_after_message_start_is_charged() -> None:
         type="message",
         usage=Usage(input_tokens=2000, output_tokens=1),
     )
+    start = type("Start", (), {"type": "message_start", "message": started})()
 
     async def scenario() -> tuple[sm.Session, sm.Turn]:
         reported = asyncio.Event()
-
-        class Stalled:
-            current_message_snapshot = started
-
-            async def __aenter__(self) -> Stalled:
-                return self
-
-            async def __aexit__(self, *_exc: object) -> None:
-                return None
-
-            async def __aiter__(self) -> Any:
-                yield type("Start", (), {"type": "message_start", "message": started})()
-                reported.set()
-                await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
-
         client = anthropic.AsyncAnthropic(base_url="http://127.0.0.1:9", api_key="k", max_retries=0)
-        client.messages.stream = lambda **_kwargs: Stalled()  # type: ignore[method-assign,assignment]
+        client.messages.stream = lambda **_kwargs: _Stalled(start, reported, started)  # type: ignore[method-assign,assignment]
         model = AsyncAnthropicModel(
             client, model="claude-x", on_text=lambda _text: None, price_per_mtok=(1.0, 2.0)
         )
-        sess = session()
-        turn = sess.new_turn()
-        task = asyncio.create_task(
-            sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
-        )
-        await reported.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await client.close()
-        return sess, turn
+        return await _cancel_once_reported(model, reported)
 
     sess, turn = asyncio.run(scenario())
     assert turn.status is sm.TurnStatus.CANCELLED
