@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..core._exceptions import ConfigError
+from .. import ConfigError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -510,7 +510,7 @@ def _spans(scenarios: Sequence[Any], out: IO[str], err: IO[str]) -> int:
 
 
 def _text_printer(write: Callable[[str], None], layout: Any = None) -> Callable[[Any], None]:
-    from ..core._actions import Finish  # noqa: PLC0415
+    from .. import Finish  # noqa: PLC0415
     from . import _simulate as sim  # noqa: PLC0415
 
     columns = layout if layout is not None else sim.DEFAULT_LAYOUT

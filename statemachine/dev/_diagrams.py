@@ -37,9 +37,9 @@ from transitions.extensions import GraphMachine
 from transitions.extensions import diagrams_graphviz as _gv
 from transitions.extensions import diagrams_mermaid as _mm
 
-from ..core._machine import build_machine
-from ..core._table import GUARDS, ROWS, RUNNING_STATES, START, TERMINAL_KIND, TERMINAL_STATES, Row
-from ..core._taxonomy import RETRYABLE_CATEGORIES, ErrorCategory
+from .. import ErrorCategory
+from ..core import _machine, _table
+from ..core._taxonomy import RETRYABLE_CATEGORIES
 
 INSTALL_HINT = (
     "graphviz's `dot` was not found on PATH: install it (Debian/Ubuntu: "
@@ -96,7 +96,7 @@ def action_label(effect: str, status: str | None) -> str:
     return _ACTIONS.get(effect, effect)
 
 
-def row_key(row: Row) -> RowKey:
+def row_key(row: _table.Row) -> RowKey:
     """The key of a table row."""
     return (row.source, row.event, row.guards)
 
@@ -125,26 +125,26 @@ def category_rows(category: ErrorCategory) -> frozenset[RowKey]:
     """
     keys: set[RowKey] = set()
     entered: set[str] = set()
-    for row in ROWS:
+    for row in _table.ROWS:
         if row.event == "ModelFailed":
             named = [_CATEGORY_GUARD[g] for g in row.guards if g in _CATEGORY_GUARD]
             if named and all(category in cats for cats in named):
                 keys.add(row_key(row))
                 entered.add(row.dest)
-    recovers = bool(entered & set(RUNNING_STATES))
-    for row in ROWS:
+    recovers = bool(entered & set(_table.RUNNING_STATES))
+    for row in _table.ROWS:
         if row.event == "Cancelled":
             continue
         if (
-            (row.source, row.event) in {("idle", START), ("assembling", "Assembled")}
-            or (row.source in entered - {"calling"} and row.source in RUNNING_STATES)
+            (row.source, row.event) in {("idle", _table.START), ("assembling", "Assembled")}
+            or (row.source in entered - {"calling"} and row.source in _table.RUNNING_STATES)
             or (recovers and row.event == "ModelReplied" and row.guards == ("no_tool_calls",))
         ):
             keys.add(row_key(row))
     return frozenset(keys)
 
 
-ROW_NUMBERS: dict[RowKey, int] = {row_key(row): i for i, row in enumerate(ROWS, 1)}
+ROW_NUMBERS: dict[RowKey, int] = {row_key(row): i for i, row in enumerate(_table.ROWS, 1)}
 """Each row's number in the compact view: its place in the table, from 1."""
 
 
@@ -172,7 +172,7 @@ def views() -> tuple[View, ...]:
 
 def state_kind(state: str) -> str:
     """``running``, or a terminal state's kind (``TERMINAL_KIND``)."""
-    return TERMINAL_KIND.get(state, "running")
+    return _table.TERMINAL_KIND.get(state, "running")
 
 
 def _group(
@@ -199,9 +199,9 @@ def _group(
 
 def _lit_states(view: View) -> set[str]:
     if view.highlight is None:
-        return {*RUNNING_STATES, *TERMINAL_STATES}
+        return {*_table.RUNNING_STATES, *_table.TERMINAL_STATES}
     lit: set[str] = set()
-    for row in ROWS:
+    for row in _table.ROWS:
         if row_key(row) in view.highlight:
             lit.update((row.source, row.dest))
     return lit
@@ -323,7 +323,7 @@ def _rows_table(highlight: frozenset[RowKey] | None = None) -> str:
     grouped by the state they leave."""
     rows: list[str | tuple[str, str, str]] = []
     source = None
-    for number, row in enumerate(ROWS, 1):
+    for number, row in enumerate(_table.ROWS, 1):
         if row.event == "Cancelled" or (highlight is not None and row_key(row) not in highlight):
             continue
         if row.source != source:
@@ -333,7 +333,7 @@ def _rows_table(highlight: frozenset[RowKey] | None = None) -> str:
         rows.append(
             (str(number), event, f"{row.dest}: {action_label(row.effect, row.status or None)}")
         )
-    cancels = [n for n, row in enumerate(ROWS, 1) if row.event == "Cancelled"]
+    cancels = [n for n, row in enumerate(_table.ROWS, 1) if row.event == "Cancelled"]
     if cancels and highlight is None:  # one from every running state: one line
         rows += [
             "from every running state",
@@ -402,7 +402,7 @@ class _Model:
 
 
 def _graph(view: View, engine: str) -> Any:
-    machine: Any = build_machine(
+    machine: Any = _machine.build_machine(
         machine_class=_TurnGraphMachine,
         graph_engine=engine,
         show_conditions=True,
@@ -446,12 +446,12 @@ def dot_source(view: View) -> str:
         graph.node("rows", label=table, shape="plaintext", style="", fontsize="11")
         with graph.subgraph() as ends:  # the turn's ends side by side, one rank
             ends.attr(rank="same")
-            for state in TERMINAL_STATES:
+            for state in _table.TERMINAL_STATES:
                 ends.node(state)
         with graph.subgraph() as bottom:
             bottom.attr(rank="sink")
             bottom.node("rows")
-        for state in TERMINAL_STATES:
+        for state in _table.TERMINAL_STATES:
             graph.edge(state, "rows", style="invis")
         return str(graph.source)
     with graph.subgraph(name="cluster_legend") as legend:
@@ -474,7 +474,7 @@ def dot_source(view: View) -> str:
         if view.highlight is not None:
             lines.append("blue: rows this category can take, dashed grey: the others")
         lines.append("guards:")
-        lines.extend(f"  {name}: {meaning}" for name, meaning in GUARDS.items())
+        lines.extend(f"  {name}: {meaning}" for name, meaning in _table.GUARDS.items())
         legend.node(
             "legend_guards",
             label="\\l".join(lines) + "\\l",

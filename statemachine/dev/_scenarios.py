@@ -27,9 +27,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from ..core._exceptions import ConfigError
-from ..core._settings import Settings
-from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
+from .. import ConfigError, ErrorCategory, SessionStatus, Settings, ToolErrorCategory, TurnStatus
 
 EVENTS = (
     "Assembled",

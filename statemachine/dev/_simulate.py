@@ -18,23 +18,31 @@ from typing import Any
 
 import attrs
 
-from ..core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ..core._events import (
+from .. import (
+    Action,
+    Assemble,
     Assembled,
+    CallModel,
     Cancelled,
     CannotShrink,
+    Finish,
+    IllegalEvent,
+    InvokeTools,
+    ModelError,
     ModelFailed,
     ModelReplied,
+    Session,
+    SessionEnded,
+    ToolCall,
+    ToolOutcome,
     ToolsDone,
+    TraceRecord,
+    Turn,
+    Usage,
+    Wait,
     WaitDone,
 )
-from ..core._exceptions import IllegalEvent, SessionEnded
-from ..core._model_error import ModelError
-from ..core._session import Session, Turn
-from ..core._table import ROWS
-from ..core._tool_calls import ToolCall, ToolOutcome
-from ..core._trace import TraceRecord
-from ..core._usage import Usage
+from ..core import _table
 from ..io._trace_file import record_json
 from ._scenarios import OPEN, Scenario, Step, TurnSpec
 
@@ -519,7 +527,7 @@ def action_text(action: Action | None) -> str:
 
 
 ROW_NUMBERS: dict[tuple[str, str, str, str], int] = {
-    row.key: number for number, row in enumerate(ROWS, 1)
+    row.key: number for number, row in enumerate(_table.ROWS, 1)
 }
 """Each table row's number, as the table under the diagram (``diagrams/turn.svg``)
 numbers it: its place in the table, from 1."""
@@ -543,7 +551,7 @@ class Layout:
 
     step: int = 3
     time: int = 8
-    move: int = max(len(f"{row.source} -> {row.dest}") for row in ROWS)
+    move: int = max(len(f"{row.source} -> {row.dest}") for row in _table.ROWS)
     event: int = 48
     action: int = 40
     count: int = 3

@@ -35,15 +35,23 @@ from html import escape
 
 import attrs
 
-from ..core._actions import CallModel, Finish, InvokeTools, Wait
-from ..core._events import Cancelled, ModelFailed, ModelReplied, ToolsDone
-from ..core._model_error import ModelError
+from .. import (
+    CallModel,
+    Cancelled,
+    ErrorCategory,
+    Finish,
+    InvokeTools,
+    ModelError,
+    ModelFailed,
+    ModelReplied,
+    Settings,
+    ToolErrorCategory,
+    ToolsDone,
+    TraceRecord,
+    Wait,
+)
 from ..core._retry_after import _seconds, header_retry_after
-from ..core._settings import Settings
-from ..core._table import TERMINAL_KIND
-from ..core._taxonomy import ErrorCategory, ToolErrorCategory
-from ..core._trace import TraceRecord
-from ._diagrams import KIND_COLOURS
+from ._diagrams import KIND_COLOURS, state_kind
 
 WIDTH = 1200
 """The SVG's width in px: a page's width, drawn at scale 1."""
@@ -662,7 +670,7 @@ def _strip(out: list[str], y: float, records: Sequence[TraceRecord], timeline: T
         if x + width > WIDTH - 8:
             x = 12.0
             y += _ROW + 6
-        fill, line = KIND_COLOURS[TERMINAL_KIND.get(dest, "running")]
+        fill, line = KIND_COLOURS[state_kind(dest)]
         out.append(
             f'<g class="chip s{number}" data-step="{number}" data-x="{timeline.xs[index]:.1f}">'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{_ROW + 2}" '

@@ -29,10 +29,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..core._actions import Finish
-from ..core._table import ROWS, RUNNING_STATES, STATES, TERMINAL_STATES
-from ..core._trace import TraceRecord
-from ..io._trace_file import Trace, TracedStep, TraceFileError
+from .. import Finish, TraceFileError, TraceRecord
+from ..core import _table
+from ..io._trace_file import Trace, TracedStep
 from . import _timeline
 from ._diagrams import KIND_COLOURS, html_table, state_kind
 from ._simulate import action_text, event_text
@@ -176,11 +175,11 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
         "  edge [fontname=Helvetica, fontsize=11];",
         '  __start [label="", shape=point, width=0.15];',
     ]
-    for state in STATES:
+    for state in _table.STATES:
         kind = state_kind(state)
         fill, line = KIND_COLOURS[kind]
         label = state if kind == "running" else f"{state}\n({kind})"
-        periph = 1 if state in RUNNING_STATES else 2
+        periph = 1 if state in _table.RUNNING_STATES else 2
         if state in visited:
             lines.append(
                 f"  {state} [label={_quote(label)}, fillcolor={_quote(fill)}, "
@@ -196,7 +195,7 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
     for step in steps:
         record = step.traced.record
         numbered.setdefault((record.source, record.dest), []).append(step.name)
-    for source, dest in dict.fromkeys((row.source, row.dest) for row in ROWS):
+    for source, dest in dict.fromkeys((row.source, row.dest) for row in _table.ROWS):
         if (source, dest) not in numbered:
             lines.append(
                 f"  {source} -> {dest} [color={_quote(_FAINT)}, style=dashed, arrowsize=0.6];"
@@ -210,7 +209,7 @@ def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:
     table = html_table((s.name, s.event, f"{s.traced.record.dest}: {s.action}") for s in steps)
     lines.append(f'  steps [label={table}, shape=plaintext, style="", fontsize=11];')
     lines.append("  { rank=sink; steps; }")
-    lines.extend(f"  {state} -> steps [style=invis];" for state in TERMINAL_STATES)
+    lines.extend(f"  {state} -> steps [style=invis];" for state in _table.TERMINAL_STATES)
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -233,14 +232,14 @@ def mermaid_source(title: str, steps: Sequence[DrawnStep]) -> str:
             for kind, (fill, line) in KIND_COLOURS.items()
         ),
     ]
-    for state in STATES:
+    for state in _table.STATES:
         kind = state_kind(state)
         style = kind if state in visited else "faint"
         shape = f'(["{state}"])' if kind != "running" else f'("{state}")'
         lines.append(f"  {state}{shape}:::{style}")
     links: list[str] = []
     faint: list[int] = []
-    for source, dest in dict.fromkeys((row.source, row.dest) for row in ROWS):
+    for source, dest in dict.fromkeys((row.source, row.dest) for row in _table.ROWS):
         if (source, dest) not in taken:
             faint.append(len(links))
             links.append(f"  {source} -.-> {dest}")

@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ..core._exceptions import ConfigError
+from .. import ConfigError
 from ..core._json_data import json_problem
 
 ANTHROPIC = "/v1/messages"

@@ -25,12 +25,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ...core import _table
-from ...core._engine import DISPATCH, Dispatch, Effect
-from ...core._exceptions import ConfigError
-from ...core._session import Session
-from ...core._settings import Settings
-from ...core._table import RUNNING_STATES, START, TERMINAL_STATES, Row
+from ... import ConfigError, Session, Settings
+from ...core import _engine, _table
 from ._abstraction import step_bound
 from ._events import (
     _CLOCK_ZERO,
@@ -63,8 +59,8 @@ __all__ = [
 def check(
     settings: Settings | None = None,
     *,
-    rows: Sequence[Row] | None = None,
-    effects: Mapping[str, Effect] | None = None,
+    rows: Sequence[_table.Row] | None = None,
+    effects: Mapping[str, _engine.Effect] | None = None,
     saturation: int | None = None,
     exact: bool | None = None,
 ) -> CheckReport:
@@ -81,7 +77,7 @@ def check(
     if k is not None and k < 1:
         raise ConfigError(f"saturation: must be >= 1, got {k!r}")
     table = tuple(rows) if rows is not None else _table.ROWS
-    dispatch = Dispatch(table, effects) if rows is not None or effects else DISPATCH
+    dispatch = _engine.Dispatch(table, effects) if rows is not None or effects else _engine.DISPATCH
     ctx = _Ctx(settings, k, settings.max_turns is not None, _last_steps(table), dispatch)
     started = time.perf_counter()
     explorer = _Explorer(ctx, table)
@@ -129,12 +125,12 @@ def _report(explorer: _Explorer, exact: bool, longest: int, seconds: float) -> C
     )
 
 
-def _last_steps(table: Sequence[Row]) -> frozenset[str]:
+def _last_steps(table: Sequence[_table.Row]) -> frozenset[str]:
     """The running states all of whose rows (and at least one) lead to a terminal one."""
     return frozenset(
         state
-        for state in RUNNING_STATES
-        if all(row.dest in TERMINAL_STATES for row in table if row.source == state)
+        for state in _table.RUNNING_STATES
+        if all(row.dest in _table.TERMINAL_STATES for row in table if row.source == state)
         and any(row.source == state and row.event != "Cancelled" for row in table)
     )
 
@@ -175,7 +171,7 @@ def replay(settings: Settings, path: Sequence[Step]) -> Session:
             turn = session.new_turn()
         elif step.kind == _END:
             session.end(step.variant)
-        elif step.kind == START:
+        elif step.kind == _table.START:
             turn.start()
         else:
             state = session.state

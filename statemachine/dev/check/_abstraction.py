@@ -9,26 +9,12 @@ from typing import Any
 
 import attrs
 
-from ...core._session import Session, Turn
-from ...core._settings import Settings
-from ...core._state import (
-    SessionState,
-    TurnState,
-    copy_session_state,
-    key_fields,
-    make_step,
-    traced_counters,
-)
-from ...core._table import (
-    BACKING_OFF,
-    BACKING_OFF_TOOLS,
-    CALLING,
-    INVOKING_TOOLS,
-    TERMINAL_STATES,
-)
+from ... import Session, Settings, Turn
+from ...core import _state, _table
+from ...core._state import SessionState, TurnState
+from ._events import _Clock, _Ctx, _wall_clock
 
 # -- nodes -------------------------------------------------------------------------
-from ._events import _Clock, _Ctx, _wall_clock
 
 
 @attrs.define
@@ -64,9 +50,8 @@ def _node(
 
 def _clone(ctx: _Ctx, node: _Node) -> _Node:
     """A copy of ``node`` to step from."""
-    return _node(
-        ctx, copy_session_state(node.state), _Clock(node.clock.now), node.poisoned, node.fatal
-    )
+    state = _state.copy_session_state(node.state)
+    return _node(ctx, state, _Clock(node.clock.now), node.poisoned, node.fatal)
 
 
 def _canon(value: int, cap: int, saturation: int | None) -> int:
@@ -75,9 +60,10 @@ def _canon(value: int, cap: int, saturation: int | None) -> int:
     return max(cap - saturation, value)
 
 
-_TURN_KEY = key_fields(TurnState)
-_TOOL_STATES = (INVOKING_TOOLS, BACKING_OFF_TOOLS)
-_SESSION_KEY = key_fields(SessionState)
+_TURN_KEY = _state.key_fields(TurnState)
+_TOOL_STATES = (_table.INVOKING_TOOLS, _table.BACKING_OFF_TOOLS)
+_IN_CALL = (_table.CALLING, _table.BACKING_OFF, *_TOOL_STATES)
+_SESSION_KEY = _state.key_fields(SessionState)
 
 
 def _accelerate(ctx: _Ctx, node: _Node) -> None:
@@ -111,7 +97,7 @@ def _accelerate(ctx: _Ctx, node: _Node) -> None:
         }
     if turn.path:
         # the trace's last counters follow the state they describe
-        turn.path[-1] = make_step(turn.path[-1][0], *traced_counters(turn, state))
+        turn.path[-1] = _state.make_step(turn.path[-1][0], *_state.traced_counters(turn, state))
 
 
 def _field_key(value: Any, mode: str) -> Any:
@@ -164,7 +150,7 @@ def _key(ctx: _Ctx, node: _Node) -> tuple[Any, ...]:
     limit = ctx.settings.max_wall_clock_s
     late = limit is not None and node.clock.now - state.started >= limit
     where = turn.state
-    if where in TERMINAL_STATES:
+    if where in _table.TERMINAL_STATES:
         # a finished turn's future (the next turn) depends on the session alone
         turn_part: tuple[Any, ...] = (where, turn.status, turn.final_answer)
     elif where in _TOOL_STATES:
@@ -201,7 +187,7 @@ def _rank(settings: Settings, node: _Node) -> tuple[int, int, int, int, int]:
     minus the session's conflict re-invocations: within a turn bounded below, as each
     call of its round is re-invoked at most ``max_conflict_retries`` times)."""
     session, turn = node.state, node.ts
-    in_call = turn.state in (CALLING, BACKING_OFF, INVOKING_TOOLS, BACKING_OFF_TOOLS)
+    in_call = turn.state in _IN_CALL
     return (
         settings.session_retry_ceiling - session.retries,
         settings.max_context_reductions - turn.reductions,

@@ -9,33 +9,26 @@ from typing import NamedTuple
 
 import attrs
 
-from ...core._actions import Wait
-from ...core._engine import DISPATCH, Dispatch
-from ...core._events import (
+from ... import (
     Assembled,
     Cancelled,
     CannotShrink,
+    ErrorCategory,
+    ModelError,
     ModelFailed,
     ModelReplied,
+    Settings,
+    ToolCall,
+    ToolErrorCategory,
+    ToolOutcome,
     ToolsDone,
+    Wait,
     WaitDone,
 )
-from ...core._model_error import ModelError
-from ...core._settings import Settings
+from ...core import _engine, _table
 from ...core._state import SessionState, TurnState
-from ...core._table import (
-    BACKING_OFF,
-    BACKING_OFF_TOOLS,
-    CALLING,
-    IDLE,
-    REDUCING_CONTEXT,
-    START,
-    TERMINAL_STATES,
-)
-from ...core._taxonomy import ErrorCategory, ToolErrorCategory
-from ...core._tool_calls import ToolCall, ToolOutcome
 
-RECOVERY_STATES = (BACKING_OFF, REDUCING_CONTEXT, BACKING_OFF_TOOLS)
+RECOVERY_STATES = (_table.BACKING_OFF, _table.REDUCING_CONTEXT, _table.BACKING_OFF_TOOLS)
 """States a turn enters only to recover; with a fallback ``calling``, each entry
 must consume a bounded resource."""
 
@@ -100,7 +93,7 @@ class _Ctx:
     tracks_turns: bool
     last_steps: frozenset[str] = frozenset()
     """Running states all of whose rows lead to a terminal state."""
-    dispatch: Dispatch = DISPATCH
+    dispatch: _engine.Dispatch = _engine.DISPATCH
     """The table the sessions run (a mutated one for the mutants)."""
     errors: dict[str, tuple[ModelError, bool, float | None]] = attrs.field(factory=dict, eq=False)
     """The representative ModelErrors, built once (they are immutable)."""
@@ -124,7 +117,7 @@ def _steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> tuple[Step, ...
     by = (
         state,
         session.status is None,
-        state == "invoking_tools" and any(call.provider == "p" for call in turn.in_flight),
+        state == _table.INVOKING_TOOLS and any(call.provider == "p" for call in turn.in_flight),
         k is not None and session.retries == k + 1 < ctx.settings.session_retry_ceiling - k,
     )
     steps = ctx.steps.get(by)
@@ -138,22 +131,22 @@ def _variants(kind: str, *variants: str) -> tuple[Step, ...]:
 
 
 _STATE_STEPS: dict[str, tuple[Step, ...]] = {
-    IDLE: (Step(START),),
-    "assembling": (Step("Assembled", "fresh"), Step("CannotShrink")),
-    REDUCING_CONTEXT: (
+    _table.IDLE: (Step(_table.START),),
+    _table.ASSEMBLING: (Step("Assembled", "fresh"), Step("CannotShrink")),
+    _table.REDUCING_CONTEXT: (
         *_variants("Assembled", "shrunk", "same_size", "same_request"),
         Step("CannotShrink"),
     ),
-    CALLING: (
+    _table.CALLING: (
         *_variants("ModelFailed", *(category.value for category in ErrorCategory)),
         *_variants("ModelFailed", "rate_limited:partial", "auth_error:partial"),
         *_variants("ModelFailed", "content_filtered:partial", "rate_limited:too_long"),
         *_variants("ModelFailed", "overloaded:header_ms", "rate_limited:garbage"),
         *_variants("ModelReplied", "none", "p", "pq", "doom", "terminal"),
     ),
-    BACKING_OFF: (Step("WaitDone"),),
-    BACKING_OFF_TOOLS: (Step("WaitDone"),),
-    "invoking_tools": _variants("ToolsDone", "ok", "fail", "conflict"),
+    _table.BACKING_OFF: (Step("WaitDone"),),
+    _table.BACKING_OFF_TOOLS: (Step("WaitDone"),),
+    _table.INVOKING_TOOLS: _variants("ToolsDone", "ok", "fail", "conflict"),
 }
 """The representative steps of a running state, before those the settings or the
 node add (:func:`_new_steps`)."""
@@ -162,19 +155,19 @@ node add (:func:`_new_steps`)."""
 def _new_steps(ctx: _Ctx, session: SessionState, turn: TurnState) -> list[Step]:
     state = turn.state
     settings = ctx.settings
-    if state in TERMINAL_STATES:
+    if state in _table.TERMINAL_STATES:
         if session.status is not None:
             return []
         return [Step(_NEW_TURN), *_variants(_END, "completed", "cancelled", "failed")]
     steps = list(_STATE_STEPS.get(state, ()))
-    if state == CALLING:
+    if state == _table.CALLING:
         if settings.breaker_threshold > 1:
             steps.append(Step("ModelReplied", "p_many"))
         if settings.max_wall_clock_s is not None:
             steps += [Step("ModelFailed", "rate_limited:late"), Step("ModelReplied", "late")]
         if settings.max_cost_usd is not None:
             steps += [Step("ModelReplied", "costly"), Step("Cancelled", "costly")]
-    elif state == "invoking_tools":
+    elif state == _table.INVOKING_TOOLS:
         if settings.denial_threshold is not None or settings.denial_window is not None:
             steps.append(Step("ToolsDone", "denied"))
         if any(call.provider == "p" for call in turn.in_flight):

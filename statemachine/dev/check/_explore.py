@@ -8,29 +8,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ... import ErrorCategory, ModelFailed, Session, Settings, TurnStatus
+from ...core import _engine, _table
 from ...core._backoff import wait_seconds
-from ...core._engine import DISPATCH
-from ...core._events import (
-    ModelFailed,
-)
 from ...core._reachable import reachable_problem
-from ...core._session import Session
-from ...core._settings import Settings
-from ...core._table import (
-    BACKING_OFF,
-    CALLING,
-    IDLE,
-    REDUCING_CONTEXT,
-    ROWS,
-    RUNNING_STATES,
-    START,
-    TERMINAL_STATES,
-    Row,
-)
-from ...core._taxonomy import ErrorCategory, TurnStatus
 from ._abstraction import _accelerate, _clone, _key, _Node, _node, _rank
-
-# -- the exploration ---------------------------------------------------------------
 from ._events import (
     _CLOCK_ZERO,
     _END,
@@ -48,9 +30,11 @@ from ._events import (
 from ._properties import Properties
 from ._report import Violation
 
+# -- the exploration ---------------------------------------------------------------
+
 
 class _Explorer(Properties):
-    def __init__(self, ctx: _Ctx, rows: Sequence[Row]) -> None:
+    def __init__(self, ctx: _Ctx, rows: Sequence[_table.Row]) -> None:
         self.ctx = ctx
         self.rows = tuple(rows)
         self.row_index = {r.key: i for i, r in enumerate(rows)}
@@ -103,7 +87,7 @@ class _Explorer(Properties):
         self.nodes.append(node)
         self.parent.append(parent)
         self.succ.append([])
-        if self.ctx.saturation is None and self.ctx.dispatch is DISPATCH:
+        if self.ctx.saturation is None and self.ctx.dispatch is _engine.DISPATCH:
             # restore's rules must hold in every state the engine reaches (exact counters
             # only: acceleration jumps counters without the steps that would move them)
             checked = 0
@@ -137,7 +121,7 @@ class _Explorer(Properties):
                 break
             node = self.nodes[index]
             state = node.ts.state
-            if state in RUNNING_STATES and state not in self.illegal_checked:
+            if state in _table.RUNNING_STATES and state not in self.illegal_checked:
                 self.illegal_checked.add(state)
                 self.check_illegal(index)
             self.before = _rank(ctx.settings, node)  # each step's clone starts from it
@@ -176,7 +160,7 @@ class _Explorer(Properties):
             node.state.retries = ctx.settings.session_retry_ceiling - (ctx.saturation or 0)
             return self.add(node, (index, step))
         if step.kind == _END:
-            running = node.ts.state not in TERMINAL_STATES
+            running = node.ts.state not in _table.TERMINAL_STATES
             node.session.end(step.variant)
             if node.state.status is None or node.state.status.value != step.variant:
                 self.violate("ER-90", f"end({step.variant}) left status {node.state.status}", path)
@@ -184,9 +168,10 @@ class _Explorer(Properties):
                 self.violate("ER-90", "ending a session did not cancel its running turn", path)
             return self.add(node, (index, step))
         before = self.before
-        event = None if step.kind == START else _event(ctx, step, node.state, node.ts, node.clock)
+        start = step.kind == _table.START
+        event = None if start else _event(ctx, step, node.state, node.ts, node.clock)
         try:
-            action = node.turn.start() if step.kind == START else node.turn.send(event)
+            action = node.turn.start() if start else node.turn.send(event)
         except Exception as exc:  # any escape is a finding
             self.violate(
                 "ER-27",
@@ -230,7 +215,7 @@ class _Explorer(Properties):
                 _At(stuck),
             )
         # reaches a terminal without Cancelled (backwards, in reverse topological order)
-        done = [self.nodes[i].turn.state in TERMINAL_STATES for i in range(n)]
+        done = [self.nodes[i].turn.state in _table.TERMINAL_STATES for i in range(n)]
         changed = True
         while changed:
             changed = False
@@ -249,7 +234,7 @@ class _Explorer(Properties):
         longest = [0] * n
         for i in reversed(order):
             longest[i] = max((1 + longest[d] for d, _ in intra[i]), default=0)
-        idle = [longest[i] for i in range(n) if self.nodes[i].turn.state == IDLE]
+        idle = [longest[i] for i in range(n) if self.nodes[i].turn.state == _table.IDLE]
         return max(idle, default=0)
 
 
@@ -272,9 +257,9 @@ def _topological_order(successors: Sequence[Sequence[tuple[int, Step]]]) -> list
 def _required(settings: Settings) -> tuple[frozenset[str], frozenset[str]]:
     """The states and statuses these settings must let a session reach: the ends of
     the rows :func:`row_reason` finds no reason against (``idle`` always)."""
-    states = {IDLE}
+    states = {_table.IDLE}
     statuses: set[str] = set()
-    for row in ROWS:
+    for row in _table.ROWS:
         if row_reason(settings, row) is not None:
             continue
         states.add(row.dest)
@@ -292,7 +277,7 @@ _ANY_TURN_GUARDS = frozenset(
 """The ``calling`` rows a final-answer turn takes as well as a regular one."""
 
 
-def row_reason(settings: Settings, row: Row) -> str | None:
+def row_reason(settings: Settings, row: _table.Row) -> str | None:
     """Why the check may not reach ``row`` on ``settings``; ``None`` when it must.
 
     The reasons follow from the settings and the order of the rows (a row is tried
@@ -314,12 +299,12 @@ def row_reason(settings: Settings, row: Row) -> str | None:
     return None
 
 
-def _every_turn_reaches(row: Row) -> bool:
+def _every_turn_reaches(row: _table.Row) -> bool:
     """The start, the first assembly, a cancel before any wait, and the ``calling``
     rows a final-answer turn takes as well as a regular one."""
-    if row.source in (IDLE, "assembling"):
+    if row.source in (_table.IDLE, _table.ASSEMBLING):
         return True
-    if row.source != CALLING:
+    if row.source != _table.CALLING:
         return False
     return (
         row.event == "Cancelled" or "final_answer" in row.guards or row.guards in _ANY_TURN_GUARDS
@@ -534,12 +519,18 @@ def _spent_reason(settings: Settings) -> str | None:
     return _fits(settings, what, *_waits(settings, retries))
 
 
-_REASONS: tuple[tuple[Callable[[Row], bool], Callable[[Settings], str | None]], ...] = (
-    (lambda r: r.source == REDUCING_CONTEXT or "reductions_left" in r.guards, _reduce_reason),
-    (lambda r: r.source == "backing_off_tools" or "conflict_retry" in r.guards, _conflict_reason),
+_REASONS: tuple[tuple[Callable[[_table.Row], bool], Callable[[Settings], str | None]], ...] = (
+    (
+        lambda r: r.source == _table.REDUCING_CONTEXT or "reductions_left" in r.guards,
+        _reduce_reason,
+    ),
+    (
+        lambda r: r.source == _table.BACKING_OFF_TOOLS or "conflict_retry" in r.guards,
+        _conflict_reason,
+    ),
     (lambda r: "trips_denial_breaker" in r.guards, _denial_reason),
     (lambda r: "trips_breaker" in r.guards, _crash_reason),
-    (lambda r: r.source == BACKING_OFF or "wait_fits" in r.guards, _wait_reason),
+    (lambda r: r.source == _table.BACKING_OFF or "wait_fits" in r.guards, _wait_reason),
     (lambda r: "fallback_left" in r.guards, _fallback_reason),
     (lambda r: "ceiling_reached" in r.guards, _ceiling_reason),
     (lambda r: "wait_crosses_wall_clock" in r.guards, _crosses_reason),

@@ -5,28 +5,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...core._actions import Action, Assemble, CallModel, Finish, InvokeTools, Wait
-from ...core._events import (
+from ... import (
+    Action,
+    Assemble,
     Assembled,
+    CallModel,
     Cancelled,
     CannotShrink,
+    ErrorCategory,
+    Finish,
+    IllegalEvent,
+    InvokeTools,
+    ModelError,
     ModelFailed,
     ModelReplied,
+    Settings,
+    ToolCall,
+    ToolErrorCategory,
+    ToolOutcome,
     ToolsDone,
+    TurnStatus,
+    Wait,
     WaitDone,
 )
-from ...core._exceptions import IllegalEvent
-from ...core._model_error import ModelError
-from ...core._settings import Settings
+from ...core import _table
 from ...core._state import SessionState, TurnState
-from ...core._table import (
-    BACKING_OFF,
-    CALLING,
-    REDUCING_CONTEXT,
-    TERMINAL_STATES,
-)
-from ...core._taxonomy import ErrorCategory, ToolErrorCategory, TurnStatus
-from ...core._tool_calls import ToolCall, ToolOutcome
 from ._abstraction import _clone, _key, _Node, _rank
 from ._events import RECOVERY_STATES, Step, _At, _Ctx, _model_error
 
@@ -66,8 +69,8 @@ class Properties:
 
         # ranking function (ER-29)
         after = _rank(settings, node)
-        fell_back = src_state == CALLING and dest == CALLING
-        if after > before and dest not in TERMINAL_STATES:
+        fell_back = src_state == _table.CALLING and dest == _table.CALLING
+        if after > before and dest not in _table.TERMINAL_STATES:
             v("ER-29", f"ranking grew: {before} -> {after} on {src_state} -> {dest}", path)
         if (dest in RECOVERY_STATES or fell_back) and not after < before:
             v(
@@ -104,7 +107,7 @@ class Properties:
             blocked = [c.provider for c in action.calls if c.provider in source.state.tripped]
             if blocked:
                 v("ER-18", f"InvokeTools includes a tripped provider: {blocked}", path)
-            if source.ts.state == "backing_off_tools" and (
+            if source.ts.state == _table.BACKING_OFF_TOOLS and (
                 len(action.calls) != 1 or action.calls[0].id != source.ts.pending[0]
             ):
                 v(
@@ -114,9 +117,9 @@ class Properties:
                 )
         if type(action) is Finish and action.status is not turn.status:
             v("ER-30", f"Finish status {action.status} but turn status {turn.status}", path)
-        if type(action) is Finish and dest not in TERMINAL_STATES:
+        if type(action) is Finish and dest not in _table.TERMINAL_STATES:
             v("ER-29", f"Finish emitted in running state {dest!r}", path)
-        if dest in TERMINAL_STATES and type(action) is not Finish:
+        if dest in _table.TERMINAL_STATES and type(action) is not Finish:
             v("ER-29", f"terminal state {dest!r} reached with {action!r}", path)
 
     def check_event(
@@ -132,7 +135,7 @@ class Properties:
                 v("ER-32", f"Cancelled in {src_state!r} gave {action!r}", path)
         elif isinstance(event, ToolsDone):
             self.check_tools(source, node, event, action, path)
-        elif isinstance(event, Assembled | CannotShrink) and src_state == REDUCING_CONTEXT:
+        elif isinstance(event, Assembled | CannotShrink) and src_state == _table.REDUCING_CONTEXT:
             shrank = (
                 isinstance(event, Assembled)
                 and source.ts.overflowed_size is not None
@@ -145,7 +148,7 @@ class Properties:
                 v("ER-8", f"a context that cannot shrink gave {action!r}", path)
         elif (
             isinstance(event, WaitDone)
-            and src_state == BACKING_OFF
+            and src_state == _table.BACKING_OFF
             and not _resends(source, action)
         ):
             v("ER-1", f"WaitDone did not resend the same request, attempt+1: {action!r}", path)

@@ -7,17 +7,11 @@ from collections.abc import Mapping
 
 import attrs
 
+from ... import Settings, TurnStatus
 from ...core import _machine, _table
-from ...core._settings import Settings
-from ...core._table import (
-    RUNNING_STATES,
-    STATES,
-    Row,
-)
-from ...core._taxonomy import TurnStatus
+from ._events import Step
 
 # -- the report --------------------------------------------------------------------
-from ._events import Step
 
 
 @attrs.frozen
@@ -52,7 +46,7 @@ class CheckReport:
     """The ``SessionStatus`` values (limits that ended a session) reached."""
     required_states: frozenset[str]
     required_statuses: frozenset[str]
-    rows: tuple[Row, ...]
+    rows: tuple[_table.Row, ...]
     row_paths: Mapping[int, tuple[Step, ...]]
     """For every row index the exploration fired: a shortest step path ending in it."""
     row_reasons: Mapping[int, str] = attrs.field(factory=dict)
@@ -65,7 +59,7 @@ class CheckReport:
         return not self.violations
 
     @property
-    def uncovered_rows(self) -> tuple[Row, ...]:
+    def uncovered_rows(self) -> tuple[_table.Row, ...]:
         """Rows no explored path fires (dead, or not allowed by these settings)."""
         return tuple(row for i, row in enumerate(self.rows) if i not in self.row_paths)
 
@@ -78,7 +72,7 @@ class CheckReport:
             f"longest turn {self.longest_turn} steps (bound {self.step_bound}), "
             f"{self.seconds:.2f} s",
             f"  rows covered {len(self.row_paths)}/{len(self.rows)}, "
-            f"states reached {len(self.reached_states)}/{len(STATES)}, "
+            f"states reached {len(self.reached_states)}/{len(_table.STATES)}, "
             f"statuses reached {len(self.reached_statuses)}/{len(TurnStatus)}",
         ]
         for i, row in enumerate(self.rows):
@@ -121,7 +115,7 @@ def render_table() -> str:
         "| state | " + " | ".join(triggers) + " |",
         "|---|" + "---|" * len(triggers),
     ]
-    for state in RUNNING_STATES:
+    for state in _table.RUNNING_STATES:
         cells = []
         for trigger in triggers:
             rows = compiled.get((state, trigger), ())
@@ -137,7 +131,7 @@ def render_table() -> str:
         "",
         "In each state, for each event, the first row whose guards all hold fires.",
     ]
-    for state in RUNNING_STATES:
+    for state in _table.RUNNING_STATES:
         lines += [
             "",
             f"### {state}",
