@@ -1,16 +1,11 @@
 """The ``transitions`` machine built from the table, and the table read back from it.
 
-``transitions`` is the definition of the machine's shape: it validates the states and
-rows, and the diagrams are drawn from it. The engine runs on ``_engine.Dispatch``,
-built from the same ``ROWS`` in one step; :data:`COMPILED` is the table read back
-*from the machine* (its events, their transitions, conditions and ``after``
-callbacks), and ``tests/test_table.py`` proves the machine, ``COMPILED`` and the
-dispatch pick the same row on every (state, event, guard valuation);
-``specs/table.md`` is written from ``COMPILED``. A ``transitions`` trigger costs
-~7.5 µs and an ``add_model`` 20-120 µs and ~3 KB per turn; a dict lookup costs
-~0.1 µs and nothing per turn.
-
-Nothing outside this module touches the attributes ``transitions`` sets on a model.
+``transitions`` validates the states and rows, and the diagrams are drawn from it; the
+engine runs on ``_engine.Dispatch``, built from the same ``ROWS`` (a ``transitions``
+trigger costs ~7.5 µs and ~3 KB per turn, a dict lookup ~0.1 µs). :data:`COMPILED` is
+the table read back *from the machine*: ``tests/test_table.py`` proves the machine,
+``COMPILED`` and the dispatch pick the same row on every (state, event, guard
+valuation), and ``specs/table.md`` is written from it.
 """
 
 from __future__ import annotations

@@ -170,6 +170,9 @@ def _failed(source: str, event: str, guards: tuple[str, ...], status: str) -> Ro
     return Row(source, event, guards, FAILED, "finish", status)
 
 
+_FAILURE = (CALLING, "ModelFailed")
+_TOOLS_DONE = (INVOKING_TOOLS, "ToolsDone")
+
 ROWS: tuple[Row, ...] = (
     Row(IDLE, START, (), ASSEMBLING, "assemble"),
     # -- assembling: the first assembly of the turn
@@ -180,45 +183,23 @@ ROWS: tuple[Row, ...] = (
     Row(CALLING, "ModelReplied", ("no_tool_calls",), COMPLETED, "complete"),
     Row(CALLING, "ModelReplied", (), INVOKING_TOOLS, "invoke_tools"),
     # -- calling: a failure, by category (see the essay for the order)
-    Row(CALLING, "ModelFailed", ("content_filtered",), FILTERED, "finish", "content_filtered"),
-    _failed(CALLING, "ModelFailed", ("partial",), "stream_interrupted"),
-    _failed(CALLING, "ModelFailed", ("auth_error",), "auth_error"),
-    _failed(CALLING, "ModelFailed", ("invalid_request",), "invalid_request"),
-    _failed(CALLING, "ModelFailed", ("unknown",), "unknown_error"),
+    Row(*_FAILURE, ("content_filtered",), FILTERED, "finish", "content_filtered"),
+    _failed(*_FAILURE, ("partial",), "stream_interrupted"),
+    _failed(*_FAILURE, ("auth_error",), "auth_error"),
+    _failed(*_FAILURE, ("invalid_request",), "invalid_request"),
+    _failed(*_FAILURE, ("unknown",), "unknown_error"),
+    _failed(*_FAILURE, ("context_length_exceeded", "final_answer"), "context_exhausted"),
+    Row(*_FAILURE, ("context_length_exceeded", "reductions_left"), REDUCING_CONTEXT, "reduce"),
+    _failed(*_FAILURE, ("context_length_exceeded",), "context_exhausted"),
+    _failed(*_FAILURE, ("transient", "final_answer"), "retries_exhausted"),
+    _failed(*_FAILURE, ("transient", "ceiling_reached"), "retry_ceiling_reached"),
+    Row(*_FAILURE, ("transient", "retries_left", "wait_fits"), BACKING_OFF, "wait"),
+    Row(*_FAILURE, ("transient", "fallback_left"), CALLING, "fall_back"),
     _failed(
-        CALLING, "ModelFailed", ("context_length_exceeded", "final_answer"), "context_exhausted"
+        *_FAILURE, ("transient", "retries_left", "wait_crosses_wall_clock"), "budget_exhausted"
     ),
-    Row(
-        CALLING,
-        "ModelFailed",
-        ("context_length_exceeded", "reductions_left"),
-        REDUCING_CONTEXT,
-        "reduce",
-    ),
-    _failed(CALLING, "ModelFailed", ("context_length_exceeded",), "context_exhausted"),
-    _failed(CALLING, "ModelFailed", ("transient", "final_answer"), "retries_exhausted"),
-    _failed(CALLING, "ModelFailed", ("transient", "ceiling_reached"), "retry_ceiling_reached"),
-    Row(
-        CALLING,
-        "ModelFailed",
-        ("transient", "retries_left", "wait_fits"),
-        BACKING_OFF,
-        "wait",
-    ),
-    Row(CALLING, "ModelFailed", ("transient", "fallback_left"), CALLING, "fall_back"),
-    _failed(
-        CALLING,
-        "ModelFailed",
-        ("transient", "retries_left", "wait_crosses_wall_clock"),
-        "budget_exhausted",
-    ),
-    _failed(
-        CALLING,
-        "ModelFailed",
-        ("transient", "retries_left", "server_wait_too_long"),
-        "retry_deferred",
-    ),
-    _failed(CALLING, "ModelFailed", ("transient",), "retries_exhausted"),
+    _failed(*_FAILURE, ("transient", "retries_left", "server_wait_too_long"), "retry_deferred"),
+    _failed(*_FAILURE, ("transient",), "retries_exhausted"),
     # -- backing_off: the wait is over, the same request goes again
     Row(BACKING_OFF, "WaitDone", (), CALLING, "retry"),
     # -- reducing_context: the reduced assembly
@@ -226,25 +207,11 @@ ROWS: tuple[Row, ...] = (
     _failed(REDUCING_CONTEXT, "Assembled", (), "context_exhausted"),
     _failed(REDUCING_CONTEXT, "CannotShrink", (), "context_exhausted"),
     # -- invoking_tools: every outcome of the calls in flight is in
-    Row(
-        INVOKING_TOOLS,
-        "ToolsDone",
-        ("trips_breaker",),
-        BREAKER_OPEN,
-        "finish_tools",
-        "breaker_open",
-    ),
-    Row(
-        INVOKING_TOOLS,
-        "ToolsDone",
-        ("trips_denial_breaker",),
-        BREAKER_OPEN,
-        "finish_tools",
-        "breaker_open",
-    ),
-    Row(INVOKING_TOOLS, "ToolsDone", ("conflict_retry",), BACKING_OFF_TOOLS, "tool_wait"),
-    Row(INVOKING_TOOLS, "ToolsDone", ("terminal_tool",), COMPLETED, "finish_tools", "completed"),
-    Row(INVOKING_TOOLS, "ToolsDone", (), COMPLETED, "finish_tools", "completed"),
+    Row(*_TOOLS_DONE, ("trips_breaker",), BREAKER_OPEN, "finish_tools", "breaker_open"),
+    Row(*_TOOLS_DONE, ("trips_denial_breaker",), BREAKER_OPEN, "finish_tools", "breaker_open"),
+    Row(*_TOOLS_DONE, ("conflict_retry",), BACKING_OFF_TOOLS, "tool_wait"),
+    Row(*_TOOLS_DONE, ("terminal_tool",), COMPLETED, "finish_tools", "completed"),
+    Row(*_TOOLS_DONE, (), COMPLETED, "finish_tools", "completed"),
     # -- backing_off_tools: the wait is over, the first conflicting call goes again
     Row(BACKING_OFF_TOOLS, "WaitDone", (), INVOKING_TOOLS, "reinvoke"),
     # -- the host may abandon a running turn at any point
