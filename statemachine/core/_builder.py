@@ -1,20 +1,17 @@
 """Every piece of code the package generates, from its own declarations (never from input).
 
-Generated code stays where a plain loop over a class's fields measured well beyond the
-benchmarks' 10 %: in CPython 3.11 a field read by name costs many times one read by
-a specialized attribute access, and one call site that calls many functions is not
-specialized. Each ``build_*`` function writes the code of one piece and says what it
-replaces: making an action through its slots (``_actions.py``), copying a state for
-the model checker (``_state.py``), decoding a value and reading one with its checks
-(``_codec.py``), a snapshot's reader and writer of each state class
-(``_snapshot.py``). The trials of the table's row groups, each guard's expression in
-place, are written to ``_trials.py`` by :func:`trials_source` (a command, checked by a
-test, as the diagrams are): no guard's text is compiled at run time. The rest of the
-engine is plain Python: the guards, a value's encoding, a store's snapshot text, a
-trace record.
+Code is generated where a plain loop over a class's fields measured well beyond the
+benchmarks' 10 % (in CPython 3.11 a field read by name costs many times a specialized
+attribute read, and a call site that calls many functions is not specialized). Each
+``build_*`` function writes one piece and says what it replaces: an action's maker
+(``_actions.py``), the model checker's state copy (``_state.py``), a value's decoder and
+checked reader (``_codec.py``), a state class's snapshot reader and writer
+(``_snapshot.py``). :func:`trials_source` writes the trials of the table's row groups
+into ``_trials.py`` (a command, drift-checked by a test): no guard's text is compiled at
+run time.
 
-This module imports nothing of the package: every plan and every helper the generated
-code calls comes in as an argument.
+This module imports nothing of the package: what the generated code calls comes in as
+an argument.
 """
 
 from __future__ import annotations

@@ -3,15 +3,11 @@
 Each field of a :class:`SessionState` is checked by its kind when it is decoded; the
 rules here relate fields to each other, to the settings and to the transition table.
 :func:`reachable_problem` returns the first rule a state breaks (naming the key), or
-``None``. ``restore`` and ``Session.from_state`` run it on every state they take in, and
-the model check runs it on every state it reaches, so a rule that refused a reachable
-state would fail there. Each group of rules gives the first one it finds broken, and
-:func:`reachable_problem` asks the groups in the order they are checked (a rule takes
-the ones before it as holding): the session's, the turn's, then its path, a walk of
-the table from ``idle`` to the turn's state through rows this kind of turn can take
-(one guarded by ``final_answer`` only in the final-answer turn, which never takes a row
-such a row comes before), each step leaving the counters its effect leaves, with the
-action it emits.
+``None``; ``restore`` and ``Session.from_state`` run it on every state they take in, and
+the model check on every state it reaches. The groups of rules are asked in order, each
+taking the ones before as holding: the session's, the turn's, then its path, a walk of
+the table from ``idle`` to the turn's state through rows this kind of turn can take,
+each step leaving the counters its effect leaves, with the action it emits.
 """
 
 from __future__ import annotations

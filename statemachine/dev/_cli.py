@@ -465,9 +465,7 @@ def _simulate(options: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     for done, scenario in enumerate(scenarios):
         progress.draw(done, scenario.name)
         seed = scenario.seed if options.seed is None else options.seed
-        on_step = (
-            _json_printer(write) if options.json else _text_printer(write, sim.layout_for(scenario))
-        )
+        on_step = _json_printer(write) if options.json else _text_printer(write, scenario)
         if not options.json:
             write(sim.format_scenario_header(scenario, seed))
         result = sim.run(
@@ -509,12 +507,11 @@ def _spans(scenarios: Sequence[Any], out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
-def _text_printer(write: Callable[[str], None], layout: Any = None) -> Callable[[Any], None]:
+def _text_printer(write: Callable[[str], None], scenario: Any) -> Callable[[Any], None]:
     from .. import Finish  # noqa: PLC0415
     from . import _simulate as sim  # noqa: PLC0415
 
-    columns = layout if layout is not None else sim.DEFAULT_LAYOUT
-
+    columns = sim.layout_for(scenario)
     current: list[int] = []
 
     def on_step(record: sim.StepRecord) -> None:

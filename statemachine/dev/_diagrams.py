@@ -1,24 +1,15 @@
 """Diagrams of the turn machine, drawn by ``transitions`` from the machine itself.
 
-``python -m statemachine diagram`` writes, into ``diagrams/``:
-
-* ``turn.dot`` and ``turn.svg`` (graphviz) and ``turn.mmd`` (mermaid, which GitHub
-  renders): the whole machine;
-* ``category-<name>.dot`` and ``.svg``: one view per model error category, with the
-  rows that category can take highlighted (numbered, and listed in a table under the
-  machine, so the view reads at page width) and the rest greyed.
-
+``python -m statemachine diagram`` writes into ``diagrams/`` the whole machine
+(``turn.dot``, ``turn.svg``, ``turn.mmd`` for GitHub) and one view per model error
+category (``category-<name>``), its rows numbered and highlighted, the rest greyed.
 Every diagram comes from :func:`statemachine.core._machine.build_machine` with a
-``GraphMachine`` subclass and an explicit graph engine: the same states and rows the
-engine runs on. Edges read ``Event [guards] / Action``, one table row per line; the
-guards are the names of :data:`statemachine.core._table.GUARDS`. Terminal states are
-coloured by :data:`statemachine.core._table.TERMINAL_KIND` and a legend says what the
-colours mean.
+``GraphMachine`` subclass: the states and rows the engine runs on. Edges read
+``Event [guards] / Action``; terminal states are coloured by ``_table.TERMINAL_KIND``.
 
-The output is deterministic (no timestamps, table order), so a test regenerates it
-and compares with the committed files. An SVG depends on the installed graphviz
-version, so instead of comparing it byte for byte, each SVG records the SHA-256 of
-the ``.dot`` it was drawn from, and the test checks that record.
+The output is deterministic, so a test regenerates it and compares. An SVG depends on
+the graphviz version, so instead it records the SHA-256 of the ``.dot`` it was drawn
+from, and the test checks that record.
 """
 
 from __future__ import annotations

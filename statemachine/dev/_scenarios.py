@@ -1,18 +1,13 @@
 """Scenario files: settings and the events a host would send, scripted in TOML.
 
 A scenario scripts what the world does to an agent (the model fails, the context
-overflows, a plugin crashes) and what the engine must end with. The simulator
-(``python -m statemachine simulate``) drives the real engine through it on a virtual
-clock. The format, every key with an example, is ``docs/simulate.md`` ("Your own
-scenarios"): top-level ``description``, ``seed``, ``expect_*`` and ``end``, a
-``[settings]`` table, and one ``[[turn]]`` each, whose ``steps`` are one event each. Each
-key's check is a row of a table here (:data:`TOP_KEYS`, :data:`TURN_KEYS`,
-:data:`STEP_KEYS`, :data:`EVENT_KEYS`, :data:`CALL_KEYS`, :data:`OUTCOME_KEYS`), read by
-one function. A ``repeat`` is at most :data:`MAX_REPEAT`, and a scenario scripts at most
-:data:`MAX_EVENTS` events in all.
-
-Errors name the file, the line and the problem, with the path of the offending
-value (``turn[2].steps[3]``, counted from 1): :class:`ScenarioError`.
+overflows, a plugin crashes) and what the engine must end with; ``simulate`` drives the
+real engine through it on a virtual clock. The format is ``docs/simulate.md`` ("Your own
+scenarios"). Each key's check is a row of a table here (:data:`TOP_KEYS`,
+:data:`TURN_KEYS`, :data:`STEP_KEYS`, :data:`EVENT_KEYS`, :data:`CALL_KEYS`,
+:data:`OUTCOME_KEYS`) read by one function; :data:`MAX_REPEAT` and :data:`MAX_EVENTS`
+bound a run. A :class:`ScenarioError` names the file, the line, the problem and the path
+of the offending value (``turn[2].steps[3]``, counted from 1).
 """
 
 from __future__ import annotations
@@ -29,15 +24,6 @@ import attrs
 
 from .. import ConfigError, ErrorCategory, SessionStatus, Settings, ToolErrorCategory, TurnStatus
 
-EVENTS = (
-    "Assembled",
-    "CannotShrink",
-    "ModelReplied",
-    "ModelFailed",
-    "WaitDone",
-    "ToolsDone",
-    "Cancelled",
-)
 ACTIONS = ("Assemble", "CallModel", "Wait", "InvokeTools", "Finish")
 OPEN = "open"
 """``expect_session_status`` for a session that has not ended."""
@@ -123,9 +109,9 @@ class Scenario:
     expect_session_status: str | None
     expect_retries_used: int | None
     expect_lines: Mapping[str, int] = attrs.field(factory=dict)
+    """The line of each top-level ``expect_*`` key."""
     end: str | None = None
     """How the host ends the session after the turns (``Session.end``), if it does."""
-    """The line of each top-level ``expect_*`` key."""
 
     def where(self, line: int) -> str:
         """``file:line`` for messages."""
@@ -298,13 +284,6 @@ TURN_KEYS: dict[str, _Key] = {
     "expect_status": _one_of(TurnStatus, TurnStatus),
     "expect_fallbacks": _count(),
 }
-STEP_KEYS: dict[str, _Key] = {
-    "event": _one_of(EVENTS)._replace(required=True),
-    "repeat": _REPEAT,
-    "takes": _NUMBER,
-    "expect_action": _one_of(ACTIONS),
-}
-"""The keys any step may have; its event's own are :data:`EVENT_KEYS`."""
 EVENT_KEYS: dict[str, dict[str, _Key]] = {
     "Assembled": {"size": _count()._replace(required=True), "request": _ANY},
     "CannotShrink": {},
@@ -332,6 +311,15 @@ EVENT_KEYS: dict[str, dict[str, _Key]] = {
     },
     "Cancelled": {"reason": _TEXT},
 }
+EVENTS = tuple(EVENT_KEYS)
+"""The events a step may name."""
+STEP_KEYS: dict[str, _Key] = {
+    "event": _one_of(EVENTS)._replace(required=True),
+    "repeat": _REPEAT,
+    "takes": _NUMBER,
+    "expect_action": _one_of(ACTIONS),
+}
+"""The keys any step may have; its event's own are :data:`EVENT_KEYS`."""
 CALL_KEYS: dict[str, _Key] = {
     "provider": _NAME._replace(required=True),
     "name": _NAME._replace(required=True),

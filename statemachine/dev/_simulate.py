@@ -566,7 +566,6 @@ class Layout:
 
 
 DEFAULT_LAYOUT = Layout()
-HEADER = DEFAULT_LAYOUT.header()
 
 
 def layout_for(scenario: Scenario) -> Layout:
@@ -697,7 +696,7 @@ def step_json(record: StepRecord) -> dict[str, Any]:
 def result_json(result: Result) -> dict[str, Any]:
     """A scenario's outcome as one JSON object (``--json``), with the settings it ran
     with (what ``trace`` checks each ``Wait`` against)."""
-    summary: Mapping[str, Any] = {
+    return {
         "type": "summary",
         "scenario": result.scenario.name,
         "source": result.scenario.source,
@@ -712,4 +711,3 @@ def result_json(result: Result) -> dict[str, Any]:
         "failures": list(result.failures),
         "settings": result.scenario.settings.to_dict(),
     }
-    return dict(summary)

@@ -1,27 +1,16 @@
 """A recorded turn as a timeline: what an on-call engineer reads first.
 
-Time runs left to right on the session's clock, from its first recorded step (t = 0;
-the subtitle gives its wall-clock time when the trace records one): the axis starts at
-the first drawn step, and its ticks read session time. The
-*model* lane has one bar per call attempt, coloured by its outcome's error category
-(or green for a reply), named with the model when it changes (a fallback); the
-*waits* lane the waits between attempts, labelled with their seconds and where the
-honoured wait came from (the ``retry-after-ms`` header, the ``retry-after`` header as
-seconds or as an HTTP date, the error's ``retry_after_seconds``, or the engine's own
-backoff); the *tools* lane the tool rounds, crashes marked. Vertical lines mark the
-turns' starts, the limits that fired (with the bound's value when the trace records
-its settings), breaker trips and each turn's final status. Under the axis, the path
-on the machine as a strip: each step and the state it entered.
-
-The axis is linear except that no step is drawn closer than a few pixels to the one
-before (a zero-length call still shows as a bar); the ticks are placed at their true
-times. The SVG is :data:`WIDTH` px wide at its own scale (no viewBox scaling) and no
-text is smaller than :data:`SMALLEST_FONT_PX`, so it reads at page width.
-
-Steps are named as people count them (:func:`step_name`), as ``simulate`` and the step
-list name them. Every drawn item also carries ``data-step`` (the place in the drawing,
-from 1, of the step a click selects) and a class ``sN`` for each step it belongs to, so a
-page can link items and the step list.
+Time runs left to right on the session's clock, t = 0 at its first recorded step (the
+subtitle gives its wall-clock time when known): linear, except that no step is drawn
+closer than a few pixels to the one before, with ticks at their true times. Lanes: the
+*model* calls (a bar per attempt, coloured by outcome, named with the model when it
+changes), the *waits* (their seconds and where they came from:
+:data:`RETRY_AFTER_SOURCES`, or the engine's backoff) and the *tools* rounds (crashes
+marked). Vertical lines mark turn starts, limits, breaker trips and final statuses; under
+the axis runs the path on the machine. The SVG is :data:`WIDTH` px wide at scale 1, no
+text smaller than :data:`SMALLEST_FONT_PX`. Steps are named by :func:`step_name`; every
+item carries ``data-step`` (the step a click selects) and a class ``sN`` per step it
+belongs to, so a page can link items and the step list.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """A recorded turn drawn (``python -m statemachine trace FILE``): as a timeline
 (:mod:`statemachine.dev._timeline`, what an incident is read from) and on the machine.
 
-Steps are named as ``simulate`` numbers them, from 1 in each turn (``3``; ``2.3`` in a
-drawing of several turns: :func:`~statemachine.dev._timeline.step_name`), and timed on
-the session's clock from its first recorded step. On the machine, the whole table is
-drawn faintly (every state, every (source, dest) pair of a row as a dashed grey edge)
-and each pair of states the trace took as one bold edge labelled with the names of its
-steps; the table under the machine gives every step: ``3 | ModelFailed [transient &
-retries_left & wait_fits] | backing_off: Wait 2.000s rate_limited``. Drawn top to
-bottom, it reads at page width. States the turn visited keep their colours (terminal
-states by :data:`~statemachine.core._table.TERMINAL_KIND`), the others are greyed, and
-the title names the final status. The same drawing comes as graphviz source (rendered
-to SVG by ``dot``) and as a mermaid flowchart, one labelled edge per step.
-:func:`html_page` makes one self-contained page of the timeline beside a step list,
-linked both ways.
-
-Input comes from :func:`statemachine.io._trace_file.read_trace`, which refuses any
-step that is not a row of this engine's table, so nothing here can draw a row the
-machine does not have.
+Steps are named as ``simulate`` numbers them (:func:`~statemachine.dev._timeline.step_name`)
+and timed from the session's first recorded step. On the machine, every row's pair of
+states is a faint dashed edge and each pair the trace took one bold edge labelled with
+its steps; the table under the machine gives every step (``3 | ModelFailed [transient &
+retries_left & wait_fits] | backing_off: Wait 2.000s rate_limited``). Visited states keep
+their colours, the others are greyed. The drawing comes as graphviz source and as a
+mermaid flowchart; :func:`html_page` puts the timeline beside a step list, linked both
+ways. The input is :func:`statemachine.io._trace_file.read_trace`'s, which refuses any
+step that is not a row of this engine's table.
 """
 
 from __future__ import annotations
@@ -156,10 +148,6 @@ def _names(names: Sequence[str]) -> str:
     """Step names as an edge label: a long run shortened to its first and last."""
     listed = ", ".join(names)
     return listed if len(listed) <= 16 else f"{names[0]} ... {names[-1]} ({len(names)}x)"
-
-
-def _html_text(text: str) -> str:
-    return html.escape(text, quote=False)
 
 
 def dot_source(title: str, steps: Sequence[DrawnStep]) -> str:

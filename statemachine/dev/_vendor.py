@@ -3,20 +3,13 @@
 :class:`LoopbackVendor` is a threaded ``http.server`` on 127.0.0.1 that answers
 ``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/chat/completions`` (OpenAI
 Chat Completions) from a script: a queue of canned responses per path, each replayed
-once, in order. The official SDKs talk to it unchanged once their base URL points at
-it (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``), so an example written for the real
-service runs offline as written. Every request is recorded (path, headers, JSON body).
+once, in order (an exhausted script answers 418, or starts over with ``repeat``). The
+official SDKs talk to it once their base URL points at it, so an example runs offline
+as written. Every request is recorded.
 
-An exhausted script answers 418, or, with ``repeat``, starts over: the command line
-repeats, so every run of an example sees the same story.
-
-A script file is TOML: an ``[[anthropic]]`` and an ``[[openai]]`` array of tables,
-one table per response, in order (:data:`DEFAULT_SCRIPT` is the one the command
-serves without ``--script``). A table's keys: ``status`` (default 200), for an error
-``retry_after`` (seconds, sent as the ``retry-after`` header) and ``message``; for a
-reply ``text``, a tool call ``tool`` with its ``arguments`` (a table), and
-``stream_usage``: how a request that asks to stream (``"stream": true``) gets the reply's
-usage (:data:`STREAM_USAGES`).
+A script file is TOML (``docs/drivers.md``; :data:`DEFAULT_SCRIPT` is the built-in
+one): an ``[[anthropic]]`` and an ``[[openai]]`` array of tables, one per response,
+whose keys :data:`_KEYS` checks.
 """
 
 from __future__ import annotations
@@ -134,8 +127,7 @@ class LoopbackVendor:
 
     def count(self, path: str) -> int:
         """How many requests ``path`` received."""
-        with self._lock:
-            return sum(1 for seen in self.seen if seen.path == path)
+        return len(self.requests(path))
 
     def requests(self, path: str) -> list[Seen]:
         """The requests ``path`` received, in order."""

@@ -2,17 +2,12 @@
 
 The checker explores, breadth first, the *abstract* state space of a session (the
 turn's state x the counters that bound it), driving the **real engine**: every node
-holds a concrete ``Session``/``Turn`` on an injected clock, and every edge is one
-representative event (:mod:`._events`) sent to a copy of it. Over every node and edge
-it proves the properties :mod:`._properties` and :mod:`._explore` check: no illegal
-loop (a ranking function, an acyclic turn graph, a terminal state always in reach),
-the required reaction to each event, illegal events refused, and every state and
-status the settings allow reached, each row not fired reported with
-:func:`row_reason`'s reason. ``specs/invariants.md`` states each property and the
-argument for the accelerated counters used when caps are huge.
-
-To check a mutated table, pass ``rows`` (and ``effects`` for extra effect
-functions): the sessions run it in a ``Dispatch`` of its own.
+holds a concrete ``Session``/``Turn`` on an injected clock, every edge is one
+representative event (:mod:`._events`) sent to a copy of it. Over every node and edge it
+proves the properties of :mod:`._properties` and :mod:`._explore` (``specs/invariants.md``
+states each, and the argument for the counters accelerated when caps are huge); every
+row not fired is reported with :func:`row_reason`'s reason. A mutated table is checked
+by passing ``rows`` (and ``effects``).
 """
 
 from __future__ import annotations
