@@ -212,16 +212,11 @@ def main(
         options = parser.parse_args(args)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if options.command == "simulate":
-        return _simulate(options, out, err)
-    if options.command == "diagram":
-        return _diagram(options, out, err)
-    if options.command == "trace":
-        return _trace(options, out, err)
-    if options.command == "vendor":
-        return _vendor(options, out, err)
-    parser.print_help(out)
-    return EXIT_USAGE
+    command = _COMMANDS.get(options.command)
+    if command is None:
+        parser.print_help(out)
+        return EXIT_USAGE
+    return command(options, out, err)
 
 
 def _check(argv: list[str], err: IO[str]) -> int:
@@ -532,3 +527,12 @@ def _json_printer(write: Callable[[str], None]) -> Callable[[Any], None]:
         write(json.dumps(sim.step_json(record), sort_keys=True))
 
     return on_step
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
+    "simulate": _simulate,
+    "diagram": _diagram,
+    "trace": _trace,
+    "vendor": _vendor,
+}
+"""Each subcommand but ``check`` (which parses its own arguments), by name."""

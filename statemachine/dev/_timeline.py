@@ -455,14 +455,9 @@ def _label(x: float, y: float, text: str, classes: str, step: int, colour: str =
         f'<rect class="label-bg" x="{x - 2:.1f}" y="{y - _FONT + 1:.1f}" '
         f'width="{_width(text) - 2:.1f}" height="{_ROW - 3}" fill="#ffffff"/>'
     )
-    css, data = f"label {classes}", str(step)
-    if colour:
-        return (
-            ground
-            + "\n"
-            + _text(x, y, text, fill=colour, font_weight="bold", class_=css, data_step=data)
-        )
-    return f"{ground}\n{_text(x, y, text, class_=css, data_step=data)}"
+    bold = {"fill": colour, "font_weight": "bold"} if colour else {}
+    label = _text(x, y, text, size=_FONT, **bold, class_=f"label {classes}", data_step=str(step))
+    return f"{ground}\n{label}"
 
 
 def _classes(item: Item) -> str:

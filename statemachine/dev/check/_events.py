@@ -213,6 +213,17 @@ _WAIT_DONE = WaitDone()
 _CANCELLED = Cancelled("host")
 """Events with nothing of the node in them, built once (events are immutable)."""
 
+ILLEGAL_SAMPLES: tuple[tuple[str, object], ...] = (
+    ("Assembled", Assembled("x", 1)),
+    ("CannotShrink", _CANNOT_SHRINK),
+    ("ModelReplied", ModelReplied()),
+    ("ModelFailed", ModelFailed(ModelError("overloaded"))),
+    ("WaitDone", _WAIT_DONE),
+    ("ToolsDone", ToolsDone(())),
+    ("Cancelled", Cancelled()),
+)
+"""One event of each trigger, sent where the table has no row for it (it must be refused)."""
+
 
 def _event(ctx: _Ctx, step: Step, session: SessionState, turn: TurnState, clock: _Clock) -> object:
     """Build the event of ``step`` for this node (mutating the clock if it says so)."""

@@ -16,9 +16,7 @@ from ... import (
     Finish,
     IllegalEvent,
     InvokeTools,
-    ModelError,
     ModelFailed,
-    ModelReplied,
     Settings,
     ToolCall,
     ToolErrorCategory,
@@ -31,7 +29,7 @@ from ... import (
 from ...core import _table
 from ...core._state import SessionState, TurnState
 from ._abstraction import _clone, _key, _Node, _rank
-from ._events import RECOVERY_STATES, Step, _At, _Ctx, _model_error
+from ._events import ILLEGAL_SAMPLES, RECOVERY_STATES, Step, _At, _Ctx, _model_error
 
 _FIXED = {
     ErrorCategory.AUTH_ERROR: ("ER-9", TurnStatus.AUTH_ERROR, "failed"),
@@ -343,16 +341,7 @@ class Properties:
         source = self.nodes[index]
         state = source.ts.state
         legal = {trigger for (s, trigger, _) in self.ctx.dispatch.groups if s == state}
-        samples: list[tuple[str, object]] = [
-            ("Assembled", Assembled("x", 1)),
-            ("CannotShrink", CannotShrink()),
-            ("ModelReplied", ModelReplied()),
-            ("ModelFailed", ModelFailed(ModelError("overloaded"))),
-            ("WaitDone", WaitDone()),
-            ("ToolsDone", ToolsDone(())),
-            ("Cancelled", Cancelled()),
-        ]
-        for trigger, event in samples:
+        for trigger, event in ILLEGAL_SAMPLES:
             if trigger in legal:
                 continue
             node = _clone(self.ctx, source)
