@@ -100,7 +100,7 @@ class View:
     """File stem: ``turn`` or ``category-<category>``."""
     title: str
     highlight: frozenset[RowKey] | None = None
-    """Rows drawn in colour (others greyed); ``None``: every row, normally."""
+    """Rows drawn in colour (others greyed; a compact view's); ``None``: every row."""
     compact: bool = False
     """Edges labelled with row numbers, the rows in a table below, drawn top to bottom:
     the view for review at page width (the others put every row on its edge)."""
@@ -166,13 +166,9 @@ def state_kind(state: str) -> str:
     return _table.TERMINAL_KIND.get(state, "running")
 
 
-def _group(
-    machine: Any, transitions: Iterable[Mapping[str, Any]]
-) -> dict[tuple[str, str], list[tuple[str, bool]]]:
-    """Edge labels grouped by (source, dest), in table order, each with whether it is
-    highlighted in ``machine.view``."""
-    view: View = machine.view
-    grouped: dict[tuple[str, str], list[tuple[str, bool]]] = defaultdict(list)
+def _labels(transitions: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """Edge labels (``Event [guards] / Action``) grouped by (source, dest), in table order."""
+    grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
     for tran in transitions:
         if not tran.get("trigger"):
             continue  # transitions' marker for nested initial states; none here
@@ -183,8 +179,7 @@ def _group(
         if guards:
             label += f" [{' & '.join(guards)}]"
         label += f" / {action_label(effect, status or None)}"
-        lit = view.highlight is None or (tran["source"], tran["trigger"], guards) in view.highlight
-        grouped[(tran["source"], tran["dest"])].append((label, lit))
+        grouped[(tran["source"], tran["dest"])].append(label)
     return grouped
 
 
@@ -225,21 +220,8 @@ class _DotGraph(_gv.Graph):
         if self.machine.view.compact:
             _add_numbered_edges(transitions, container, self.machine.view.highlight)
             return
-        for (src, dst), labels in _group(self.machine, transitions).items():
-            lit = [label for label, on in labels if on]
-            if self.machine.view.highlight is None:
-                container.edge(src, dst, label="\\l".join(lit) + "\\l")
-            elif lit:
-                container.edge(
-                    src,
-                    dst,
-                    label="\\l".join(lit) + "\\l",
-                    color=_HIGHLIGHT,
-                    fontcolor=_HIGHLIGHT,
-                    penwidth="2",
-                )
-            else:
-                container.edge(src, dst, color=_DIM, style="dashed")
+        for (src, dst), labels in _labels(transitions).items():
+            container.edge(src, dst, label="\\l".join(labels) + "\\l")
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -372,8 +354,8 @@ class _MermaidGraph(_mm.Graph):
                 container.append(f"class {name} s_{kind}")
 
     def _add_edges(self, transitions: list[dict[str, Any]], container: list[str]) -> None:
-        for (src, dst), labels in _group(self.machine, transitions).items():
-            container.append(f"{src} --> {dst}: {'<br>'.join(label for label, _ in labels)}")
+        for (src, dst), labels in _labels(transitions).items():
+            container.append(f"{src} --> {dst}: {'<br>'.join(labels)}")
 
 
 class _TurnGraphMachine(GraphMachine):
@@ -461,10 +443,10 @@ def dot_source(view: View) -> str:
             if previous is not None:
                 legend.edge(previous, name, style="invis")
             previous = name
-        lines = ["edges: Event [guards, all must hold] / Action, rows tried top to bottom"]
-        if view.highlight is not None:
-            lines.append("blue: rows this category can take, dashed grey: the others")
-        lines.append("guards:")
+        lines = [
+            "edges: Event [guards, all must hold] / Action, rows tried top to bottom",
+            "guards:",
+        ]
         lines.extend(f"  {name}: {meaning}" for name, meaning in _table.GUARDS.items())
         legend.node(
             "legend_guards",
