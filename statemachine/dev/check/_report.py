@@ -99,10 +99,7 @@ def render_table() -> str:
     ``transitions`` machine), so the document cannot disagree with the engine.
     """
     compiled = _machine.COMPILED
-    triggers: list[str] = []
-    for _, trigger in compiled:
-        if trigger not in triggers:
-            triggers.append(trigger)
+    triggers = list(dict.fromkeys(trigger for _, trigger in compiled))
     lines = [
         "# The transition table",
         "",
@@ -116,14 +113,10 @@ def render_table() -> str:
         "|---|" + "---|" * len(triggers),
     ]
     for state in _table.RUNNING_STATES:
-        cells = []
-        for trigger in triggers:
-            rows = compiled.get((state, trigger), ())
-            dests: list[str] = []
-            for _, dest, _, _ in rows:
-                if dest not in dests:
-                    dests.append(dest)
-            cells.append(", ".join(dests))
+        cells = [
+            ", ".join(dict.fromkeys(dest for _, dest, _, _ in compiled.get((state, trigger), ())))
+            for trigger in triggers
+        ]
         lines.append(f"| {state} | " + " | ".join(cells) + " |")
     lines += [
         "",
