@@ -1,19 +1,12 @@
 """The turn's transition table: the whole behaviour of the engine, as data.
 
-Theory of operation
--------------------
-
-A *turn* is one pass of an agent loop: assemble the context, call the model (with
-retries, backoff, context reduction and fallback), invoke the tools it asked for,
-finish. The host drives it: it sends an *event* (a fact: ``ModelFailed``,
-``WaitDone``...) and gets back an *action* (an order: ``Wait``, ``CallModel``...).
-The engine never sleeps, calls, runs or reads anything on its own.
-
-Each row below says: in state ``source``, on ``event``, if every guard in
-``guards`` holds, go to ``dest`` and perform ``effect`` (which builds the action and
-updates the counters). Rows are tried in the order written; the first whose guards
-all hold fires, exactly as ``transitions`` tries a trigger's transitions. A
-(state, event) pair with no row is illegal: ``IllegalEvent``, nothing changes.
+A *turn* is one pass of an agent loop: assemble the context, call the model, invoke
+the tools it asked for, finish; the host sends it events and gets back actions. Each
+row below says: in state ``source``, on ``event``, if every guard in ``guards`` holds,
+go to ``dest`` and perform ``effect`` (which builds the action and updates the
+counters). Rows are tried in the order written; the first whose guards all hold fires,
+exactly as ``transitions`` tries a trigger's transitions. A (state, event) pair with
+no row is illegal: ``IllegalEvent``, nothing changes.
 
 Why the rows are ordered as they are, for a ``ModelFailed``:
 
