@@ -89,7 +89,6 @@ from ._state import (
     make_step,
     stored_fields,
 )
-from ._state_text import TextCache, encode_state_text, json_text
 from ._table import STATES
 from ._taxonomy import SessionStatus
 
@@ -99,38 +98,20 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 _CACHE_SIZE = 256
-_WRITTEN: dict[tuple[str, int], tuple[Settings, Any]] = {}
-"""What snapshots wrote of settings, by the settings' identity: a store snapshots the
-same few settings over and over (Settings are immutable)."""
-
-
-def _written(what: str, settings: Settings, make: Callable[[Settings], Any]) -> Any:
-    """``make(settings)``, computed once per settings object (by identity)."""
-    cached = _WRITTEN.get((what, id(settings)))
-    if cached is None or cached[0] is not settings:
-        cached = (settings, make(settings))
-        if len(_WRITTEN) >= _CACHE_SIZE:
-            _WRITTEN.clear()
-        _WRITTEN[(what, id(settings))] = cached
-    return cached[1]
+_SETTINGS_DATA: dict[int, tuple[Settings, dict[str, Any]]] = {}
+"""``Settings.to_dict`` of the settings snapshots wrote lately, by identity: a store
+snapshots the same few settings over and over (Settings are immutable)."""
 
 
 def _settings_data(settings: Settings) -> dict[str, Any]:
-    data = dict(_written("data", settings, Settings.to_dict))
+    cached = _SETTINGS_DATA.get(id(settings))
+    if cached is None or cached[0] is not settings:
+        if len(_SETTINGS_DATA) >= _CACHE_SIZE:
+            _SETTINGS_DATA.clear()
+        cached = _SETTINGS_DATA[id(settings)] = (settings, settings.to_dict())
+    data = dict(cached[1])
     data["fallback_models"] = list(settings.fallback_models)
     return data
-
-
-def _head_text(settings: Settings) -> str:
-    """The snapshot's text up to its first state field: format, version, settings."""
-    head = json_text(
-        {
-            "format": SNAPSHOT_FORMAT,
-            "version": SNAPSHOT_VERSION,
-            "settings": _settings_data(settings),
-        }
-    )
-    return head[:-1] + ","
 
 
 def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
@@ -138,16 +119,6 @@ def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[
     ``{"format", "version", "settings", **encode_state(state, now)}``, written by the
     code generated below."""
     return _write_session(settings, state, now)
-
-
-def write_snapshot_text(
-    settings: Settings, state: SessionState, now: float, old: TextCache, new: TextCache
-) -> str:
-    """``json_text(write_snapshot(settings, state, now))``, byte for byte, built from what
-    an earlier write of the same session left in ``old`` (see ``encode_state_text``):
-    a store's write costs what changed, not the whole trace again."""
-    head: str = _written("head", settings, _head_text)
-    return head + encode_state_text(state, now, old, new)[1:]
 
 
 def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:

@@ -38,8 +38,8 @@ import attrs
 
 from ..core._codec import decode, encode
 from ..core._session import Session
-from ..core._snapshot import write_snapshot_text
-from ..core._state_text import TextCache, json_text, number_text
+from ..core._snapshot import write_snapshot
+from ..core._state_text import json_text, number_text
 from ..core._tool_calls import ToolOutcome
 from ._core import decode_record
 from ._errors import corrupt
@@ -116,9 +116,6 @@ class Record:
     and the read found at most :data:`REPLAY_AT_MOST` entries other workers appended
     (for a session many workers share, reading a snapshot costs less than replaying
     their many steps)."""
-    cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
-    """What built the snapshot's text, when this worker wrote it: the next compaction
-    reuses it."""
     middle: str | None = attrs.field(default=None, eq=False, repr=False)
     """The text of ``keys``, ``claim`` and ``carried``, once written (kept while the
     three stay the same)."""
@@ -208,17 +205,14 @@ def _fresh(
     previous: Record | None, session_id: str, session: Session, elapsed: float, wall: float
 ) -> Record:
     """A record of ``session`` ``elapsed`` seconds old, written anew: its bytes up to its
-    empty journal (the incarnation ``previous``'s, or drawn for a new session; the
-    snapshot's text built from what ``previous``'s left)."""
-    cache = TextCache()
-    old = TextCache() if previous is None or previous.cache is None else previous.cache
-    text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
+    empty journal (the incarnation ``previous``'s, or drawn for a new session)."""
+    text = json_text(write_snapshot(session.settings, session.state, elapsed))
     incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
     head = (
         f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)},"snapshot":{text}'
     ).encode() + _JOURNAL
     record = Record(session_id, None, wall, incarnation=incarnation, payload=head)
-    record.prefix_end, record.appendable, record.cache = len(head), True, cache
+    record.prefix_end, record.appendable = len(head), True
     return record
 
 
