@@ -78,18 +78,7 @@ def write_end(
     wall = held.now()
     age = held.age(record, wall)
     session.end(status, reason=reason, at=age)
-    live.version, live.record = held.write(
-        session_id,
-        live.version,
-        record,
-        session,
-        [],
-        wall=wall,
-        age=age,
-        keys=keys,
-        action=pending(session),
-        limit=-1,
-    )
+    held.write(session_id, live, [], wall, pending(session), age=age, keys=keys, limit=-1)
 
 
 def running_descendants(

@@ -120,6 +120,10 @@ class Record:
     """The text of ``keys``, ``claim`` and ``carried``, once written (kept while the
     three stay the same)."""
 
+    def has_key(self, key: str | None) -> bool:
+        """Whether ``key`` is among the record's recent idempotency keys."""
+        return key is not None and any(k == key for _, k in self.keys)
+
 
 # -- writing --------------------------------------------------------------------------
 

@@ -73,16 +73,14 @@ def charge(
         if steps:
             wall = held.now()
             try:
-                live.version, live.record = held.write(
+                entries = take_steps(session, steps, 0.0, wall)[1]
+                # no new action: the claim and carried outcomes stay
+                held.write(
                     session_id,
-                    live.version,
-                    record,
-                    session,
-                    take_steps(session, steps, 0.0, wall)[1],
-                    wall=wall,
-                    age=held.age(record, wall),
-                    keys=record.keys,
-                    action=None,  # no new action: the claim and carried outcomes stay
+                    live,
+                    entries,
+                    wall,
+                    None,
                     claim=record.claim,
                     carried=record.carried,
                 )
