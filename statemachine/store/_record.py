@@ -29,7 +29,6 @@ the key.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import attrs
 
 from ..core._codec import decode, encode
+from ..core._json_data import finite
 from ..core._session import Session
 from ..core._snapshot import write_snapshot
 from ..core._state_text import json_text, number_text
@@ -184,25 +184,14 @@ def written(
         record.middle = middle = _middle_text(keys, claim, carried)
         record.keys, record.claim, record.carried = keys, claim, carried
     record.saved_at, record.elapsed_s, record.finished_s = wall, elapsed, finished
-    # the tail: the entries added, the journal's end and the keys after it (a float's
-    # repr written at once: the usual case)
-    saved = f"{wall!r}" if type(wall) is float else number_text(wall)
-    now = f"{elapsed!r}" if type(elapsed) is float else number_text(elapsed)
+    # the tail: the entries added, the journal's end and the keys after it
     since = "null" if finished is None else number_text(finished)
     tail = (
-        f'{sep}{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
+        f'{sep}{added}],"saved_at":{number_text(wall)}{middle},'
+        f'"elapsed_s":{number_text(elapsed)},"finished_s":{since}}}'
     ).encode()
-    payload: bytes = record.payload  # type: ignore[assignment]
-    if end < _SLICED:
-        record.payload = payload[:end] + tail
-    else:  # the prefix copied once
-        record.payload = b"".join((memoryview(payload)[:end], tail))
+    record.payload = record.payload[:end] + tail  # type: ignore[index]
     return record
-
-
-_SLICED = 1 << 16
-"""Below this many bytes, a record's prefix is sliced and then copied (for a few
-kilobytes, faster than a memoryview's one copy)."""
 
 
 def _fresh(
@@ -238,12 +227,7 @@ def _middle_text(
 
 
 def _finite(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+    return isinstance(value, int | float) and not isinstance(value, bool) and finite(value)
 
 
 def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
