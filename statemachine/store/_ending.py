@@ -1,19 +1,11 @@
-"""Ending a stored session on purpose: :meth:`Worker.end <._worker.Worker.end>`.
+"""Ending a stored session on purpose: the writes of :meth:`Worker.end <._worker.Worker.end>`
+and what they read of a session (``Worker.end`` checks the call and answers it).
 
-A host ends a session ``completed`` (the work is done), ``cancelled`` or ``failed``
-as ``Session.end`` does in one process, with compare-and-set. The store has no live
-children to reach: a parent's ``cancelled`` / ``failed`` reaches each child through
-the child's record, whichever worker last advanced it, by its own compare-and-set
-(retried on a conflict). The worker that held the child's turn learns of it at its
-next write (``CONFLICT``, the child ended), so no child's turn goes on once its parent
-is torn down. ``completed`` is refused while any descendant's turn runs: the child
-would go on charging a finished parent.
-
-Each ending writes the session's snapshot anew (no journal entry): a reader of any
-version of the record format reads the ended status from its snapshot.
-
-This module holds the ending's writes and what they read of a session;
-``Worker.end`` checks the call and answers it.
+The store has no live children to reach: a parent's ``cancelled`` / ``failed`` reaches
+each child through the child's record, by its own compare-and-set (retried on a
+conflict); the worker that held the child's turn learns of it at its next write
+(``CONFLICT``). Each ending writes the session's snapshot anew (no journal entry), so a
+reader of any version of the record format reads the ended status.
 """
 
 from __future__ import annotations

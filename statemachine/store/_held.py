@@ -1,12 +1,10 @@
 """The sessions a worker holds: read from its store, written back with compare-and-set,
 and remembered between calls.
 
-A worker holds, per session, the record it last read or wrote, its version, and the
-session that record holds, in the journal's frame (no clock: its times are seconds
-since the session started). The next call at that version takes it from memory
-instead of reading and restoring it; the compare-and-set still proves the store holds
-that version and incarnation. Reading back the very bytes it wrote, a worker decodes
-nothing; finding them grown by other workers' journal entries, it replays only those.
+The next call at the version held takes the session from memory instead of reading and
+restoring it (the compare-and-set still proves the store holds that version and
+incarnation). Reading back the very bytes it wrote, a worker decodes nothing; finding
+them grown by other workers' journal entries, it replays only those.
 """
 
 from __future__ import annotations

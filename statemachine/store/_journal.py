@@ -36,13 +36,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from json.encoder import encode_basestring
 from typing import Any
+
+import attrs
 
 from ..core._actions import Action, InvokeTools
 from ..core._builder import build_maker
 from ..core._codec import checked_decoder, compact, decode
 from ..core._engine import needs_wall
-from ..core._events import EVENT_TYPES, Assembled, ModelReplied
+from ..core._events import EVENT_TYPES, Assembled, ModelFailed, ModelReplied
 from ..core._exceptions import (
     ConfigError,
     IllegalEvent,
@@ -51,8 +54,10 @@ from ..core._exceptions import (
     TurnInProgress,
 )
 from ..core._json_data import MAX_COUNT, plain_json, short_repr
+from ..core._model_error import ModelError
 from ..core._session import Session
-from ..core._state_text import json_text
+from ..core._state_text import json_text, number_text
+from ..core._taxonomy import ErrorCategory
 from ._errors import CorruptSession, corrupt
 from ._record import RECORD_VERSION, Record, parse_record
 
@@ -122,11 +127,92 @@ def take_steps(
 
 def entry_text(step: Step, at: float | None, wall: float | None) -> str:
     """The journal entry of ``step`` taken at ``at`` (Unix time ``wall``), as JSON text
-    (an event encoded as a snapshot encodes values, without the fields at their
+    (the event encoded as a snapshot encodes values, without the fields at their
     default)."""
-    if step[0] == EVENT:
-        return json_text([EVENT, at, wall, compact(step[1])])
-    return json_text([step[0], at, wall, *step[1:]])
+    op = step[0]
+    if op == EVENT:
+        if type(at) is not float:
+            return json_text([op, at, wall, compact(step[1])])
+        when = "null" if wall is None else number_text(wall)
+        return f'["e",{at!r},{when},{event_text(step[1])}]'
+    if op == START and type(at) is float and wall is None:
+        return f'["s",{at!r},null]'
+    return json_text([op, at, wall, *step[1:]])
+
+
+def event_text(event: Any) -> str:
+    """``json_text(compact(event))``: an event's text in an entry, the most frequent
+    ones (a wait's end, a rate limit, an assembled request, a reply with no tool call)
+    written by hand (a property test holds each to the general encoding)."""
+    kind = type(event)
+    text = _FIELDLESS.get(kind)
+    if text is not None:
+        return text
+    if kind is ModelFailed and type(event.error) is ModelError and event.usage is None:
+        return _model_failed_text(event)
+    if kind is Assembled and type(event.size) is int:
+        return f'{{"$type":"Assembled","request":{json_text(event.request)},"size":{event.size!r}}}'
+    if (
+        kind is ModelReplied
+        and not event.tool_calls
+        and event.usage is None
+        and event.doom_verdict is None
+    ):
+        cost = event.cost
+        text = '{"$type":"ModelReplied"'
+        if not (type(cost) is float and cost == 0.0):
+            text += ',"cost":' + _number_text(cost)
+        data = event.reply_data
+        if data is not None:
+            text += ',"reply":' + json_text(data)
+        return text + "}"
+    return json_text(compact(event))
+
+
+def _model_failed_text(event: ModelFailed) -> str:
+    """``json_text(compact(event))`` written field by field: the event of every retry
+    (one string grown, not a list joined: most errors have three or four fields)."""
+    error = event.error
+    text = _FAILED_HEADS[error.category]
+    if error.message:
+        text += ',"message":' + encode_basestring(error.message)
+    waited = error.retry_after_seconds
+    if waited is not None:
+        text += ',"retry_after_seconds":' + _number_text(waited)
+    if error.headers is not None:
+        text += ',"headers":' + json_text(dict(error.headers))
+    if error.code is not None:
+        text += ',"code":' + encode_basestring(error.code)
+    status = error.status
+    if status is not None:
+        text += ',"status":' + (f"{status!r}" if type(status) is int else _number_text(status))
+    if error.body is not None:
+        text += ',"body":' + json_text(error.body)
+    text += '},"partial":true' if event.partial else "}"
+    cost = event.cost
+    if not (type(cost) is float and cost == 0.0):
+        text += ',"cost":' + json_text(cost)
+    return text + "}"
+
+
+def _number_text(value: Any) -> str:
+    """A field's number as ``json_text(compact(value))`` writes it (a non-finite float
+    as the codec's ``{"$float": ...}``)."""
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return number_text(value)
+    return json_text(compact(value))
+
+
+_FAILED_HEADS = {
+    category: '{"$type":"ModelFailed","error":{"$type":"ModelError","category":'
+    + encode_basestring(category.value)
+    for category in ErrorCategory
+}
+"""The text a failure's entry begins with, per category."""
+
+
+_FIELDLESS = {cls: json_text(compact(cls())) for cls in EVENT_TYPES if not attrs.fields(cls)}
+"""The journal text of each event class with no fields."""
 
 
 # -- reading an entry --------------------------------------------------------------

@@ -1,13 +1,10 @@
 """Workers over a store: compare-and-set advances, claims and resume (see the package docstring).
 
-A worker holds the sessions it last read or wrote, each in the journal's frame (no
-clock: its times are seconds since the session started, the age the record says it has
-now), and steps them with the session's public methods at that age: the step it takes
-live is the step another worker replays from the journal (``_journal.apply_step``).
-Every write goes one way: take or read the session, take the steps, write the record
-(``_record.written``: the entries appended in place, or the snapshot anew), then the
-compare-and-set. The caller of a worker never gets the worker's own session: a result
-holds a copy put on the worker's clock (``Session.copy``).
+A worker holds the sessions it last read or wrote in the journal's frame (no clock: its
+times are seconds since the session started) and steps them at the age their record
+gives, as :func:`~._journal.apply_step` replays them. Every write goes one way: take or
+read the session, take the steps, write the record, then the compare-and-set. A result
+holds a copy of the session put on the worker's clock, never the worker's own.
 """
 
 from __future__ import annotations
