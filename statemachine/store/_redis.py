@@ -308,9 +308,6 @@ class RedisStore(BytesStore):
         return self._prefix + check_name(session_id)
 
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
-        """:meth:`load` without decoding: the version and the record's bytes (one Lua
-        read; on a cluster, a second at the previous release's key when the session's
-        key is missing)."""
         reply = self._run(session_id, self._load, self._keys(session_id), self.max_bytes)
         if reply[0] == 0 and self.cluster:
             reply = self._run(session_id, self._load, [self._old_key(session_id)], self.max_bytes)
@@ -351,9 +348,6 @@ class RedisStore(BytesStore):
         incarnation: str | None,
         ended: bool = False,
     ) -> int:
-        """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
-        :class:`~statemachine.store.Worker` writes); ``incarnation`` is the one the
-        record names."""
         keys = self._keys(session_id)
         expected = check_version(session_id, expected_version)
         check_payload(session_id, payload, self.max_bytes)
