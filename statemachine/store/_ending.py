@@ -14,7 +14,7 @@ from ..core._actions import Action
 from ..core._session import Session
 from ..core._table import IDLE
 from ..core._taxonomy import END_STATUSES, SessionStatus
-from ._errors import CorruptSession, InvalidSessionId, SessionNotFound, StaleWrite, StoreError
+from ._errors import UNREADABLE, StaleWrite, StoreError
 from ._held import Held, Live
 
 ATTEMPTS = 16
@@ -107,7 +107,7 @@ def cascade(
         for _ in range(ATTEMPTS):
             try:
                 live = held.read(child_id)
-            except (SessionNotFound, CorruptSession, InvalidSessionId):
+            except UNREADABLE:
                 break  # gone, or not this store's: nothing left running here
             child = live.session
             if child.parent_id != parent_id:

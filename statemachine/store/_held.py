@@ -18,7 +18,7 @@ from ..core._actions import Action, Finish, InvokeTools
 from ..core._session import Session
 from ..core._tool_calls import ToolOutcome
 from ._core import DEFAULT_MAX_BYTES, SessionStore
-from ._errors import CorruptSession, InvalidSessionId, SessionNotFound
+from ._errors import UNREADABLE, CorruptSession
 from ._journal import check_record, read_session, replay_record
 from ._memory import InMemoryStore
 from ._record import COMPACT_EVERY, Claim, Record, extend, parse_record, read_record, written
@@ -164,7 +164,7 @@ class Held:
         cannot be read."""
         try:
             live = self.read(session_id)
-        except (SessionNotFound, CorruptSession, InvalidSessionId):
+        except UNREADABLE:
             return None
         value = read(live.session)
         self.remember(session_id, live)
