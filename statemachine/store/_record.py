@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -423,6 +423,17 @@ def _split(payload: bytes, start: int, known: int) -> tuple[list[Any], int, dict
 _HEAD_KEYS_OUT = TAIL_KEYS | {"journal"}
 
 
+def _journal_keys(payload: bytes) -> Iterator[int]:
+    """Where the last four ``,"journal":[`` in ``payload`` begin, the last first (host
+    data may hold the same bytes, later in the record than the record's own)."""
+    at = len(payload)
+    for _ in range(4):
+        at = payload.rfind(_JOURNAL, 0, at)
+        if at < 0:
+            return
+        yield at
+
+
 def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
     """``json.loads(payload)`` and where its prefix ends, decoding each byte once, for a
     record laid out as a worker writes it (the keys before the journal, the journal, then
@@ -431,11 +442,7 @@ def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
     are the whole record's JSON and nothing else: the text before the journal is a JSON
     object with neither the journal's nor the tail's keys, and the journal's entries and
     the tail follow it up to the end."""
-    at = len(payload)
-    for _ in range(4):  # host data may hold the same bytes, later in the record
-        at = payload.rfind(_JOURNAL, 0, at)
-        if at < 0:
-            return None
+    for at in _journal_keys(payload):
         try:
             head = _DECODER.decode(payload[:at].decode() + "}")
         except (ValueError, RecursionError):  # not the record's own journal key
@@ -456,11 +463,7 @@ def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
 def _prefix_end(payload: bytes, entries: int) -> int | None:
     """Where the prefix of a record read in full ends, if its bytes show exactly where
     the journal's entries end (a record written by a worker always does)."""
-    at = len(payload)
-    for _ in range(4):  # host data may hold the same bytes, later in the record
-        at = payload.rfind(_JOURNAL, 0, at)
-        if at < 0:
-            return None
+    for at in _journal_keys(payload):
         start = at + len(_JOURNAL)
         try:
             found, end, _ = _split(payload, start, 0)

@@ -273,8 +273,7 @@ class Worker:
         """A result that gives the stored session as it is (``live``, put back)."""
         record = live.record
         own = live.session
-        turn = own.current_turn
-        action = None if turn is None else turn.action
+        action = ending.pending(own)
         started = self._started(record)
         session: Session | Callable[[], Session]
         if type(action) is Finish and action.retry_at is not None:
@@ -291,8 +290,7 @@ class Worker:
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
         live = self._held.read(session_id)
-        mine = live.record.has_key(key)
-        status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
+        status = AdvanceStatus.DUPLICATE if live.record.has_key(key) else AdvanceStatus.CONFLICT
         return self._answer(session_id, status, live)
 
     def _settled(
