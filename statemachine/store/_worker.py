@@ -350,9 +350,7 @@ class Worker:
         stored state and nothing applied. Engine errors (``IllegalEvent``,
         ``SessionEnded``, ``TurnInProgress``) propagate and nothing is written.
         """
-        expected = expected_version
-        if type(expected) is not int or expected < 0:
-            expected = check_version(session_id, expected_version)
+        expected = check_version(session_id, expected_version)
         _check_key(key)
         live = self._held.recall(session_id, expected, key)
         if live is not None:
