@@ -114,7 +114,7 @@ class Held:
         live = self.live.pop(session_id, None)  # atomic: taken by one thread only
         if live is None:
             return None
-        if live.version != version or live.record.has_key(key):
+        if live.version != version or (key is not None and live.record.has_key(key)):
             self.live.setdefault(session_id, live)  # unless another was remembered meanwhile
             return None
         return live

@@ -184,11 +184,13 @@ def written(
         record.middle = middle = _middle_text(keys, claim, carried)
         record.keys, record.claim, record.carried = keys, claim, carried
     record.saved_at, record.elapsed_s, record.finished_s = wall, elapsed, finished
-    # the tail: the entries added, the journal's end and the keys after it
+    # the tail: the entries added, the journal's end and the keys after it (a float's
+    # repr written at once: the usual case)
+    saved = f"{wall!r}" if type(wall) is float else number_text(wall)
+    now = f"{elapsed!r}" if type(elapsed) is float else number_text(elapsed)
     since = "null" if finished is None else number_text(finished)
     tail = (
-        f'{sep}{added}],"saved_at":{number_text(wall)}{middle},'
-        f'"elapsed_s":{number_text(elapsed)},"finished_s":{since}}}'
+        f'{sep}{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
     ).encode()
     record.payload = record.payload[:end] + tail  # type: ignore[index]
     return record

@@ -111,15 +111,15 @@ def _default_owner() -> str:
 
 
 def _check_key(key: object) -> None:
-    if key is not None and (not isinstance(key, str) or not key):
+    if not isinstance(key, str) or not key:
         raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
 
 
 def _with_key(
-    keys: tuple[tuple[int, str], ...], version: int, key: str | None
+    keys: tuple[tuple[int, str], ...], version: int, key: str
 ) -> tuple[tuple[int, str], ...]:
     """``keys`` with ``key`` made at ``version`` (the most recent :data:`MAX_KEYS`)."""
-    return keys if key is None else (*keys, (version, key))[-MAX_KEYS:]
+    return (*keys, (version, key))[-MAX_KEYS:]
 
 
 def _mark(session: Session) -> tuple[int, int]:
@@ -350,8 +350,11 @@ class Worker:
         stored state and nothing applied. Engine errors (``IllegalEvent``,
         ``SessionEnded``, ``TurnInProgress``) propagate and nothing is written.
         """
-        expected = check_version(session_id, expected_version)
-        _check_key(key)
+        expected = expected_version
+        if type(expected) is not int or expected < 0:
+            expected = check_version(session_id, expected_version)
+        if key is not None:
+            _check_key(key)
         live = self._held.recall(session_id, expected, key)
         if live is not None:
             try:
@@ -384,7 +387,7 @@ class Worker:
         before = session.cost_usd if live.tree else 0.0
         steps = self._steps(live, event) if type(event) in self._adjusted else ((EVENT, event),)
         action, entries = take_steps(session, steps, age, wall)
-        keys = _with_key(record.keys, expected + 1, key)
+        keys = record.keys if key is None else _with_key(record.keys, expected + 1, key)
         offset = self._clock() - age if observers else 0.0
         try:
             limit = None if event is not None else COMPACT_AT_START
@@ -525,7 +528,8 @@ class Worker:
         """
         chosen = ending.end_status(status)
         expected = check_version(session_id, expected_version)
-        _check_key(key)
+        if key is not None:
+            _check_key(key)
         if not isinstance(reason, str):
             raise TypeError(f"reason: must be a str, got {reason!r:.60}")
         held = self._held
@@ -541,7 +545,9 @@ class Worker:
             if live.version != expected:
                 return self._answer(session_id, AdvanceStatus.CONFLICT, live)
         session, children = live.session, tuple(live.session.child_costs)
-        keys = _with_key(live.record.keys, expected + 1, key)
+        keys = live.record.keys
+        if key is not None:
+            keys = _with_key(keys, expected + 1, key)
         try:
             ending.write_end(held, session_id, live, chosen, reason, keys)
         except StaleWrite:
