@@ -173,11 +173,11 @@ def test_a_format_2_snapshot_restores_with_the_later_fields_at_their_defaults() 
 
 @pytest.mark.requirement("ER-38")
 def test_the_store_text_of_a_snapshot_writes_optional_numbers_as_numbers() -> None:
-    """The worker's text writer and ``json.dumps`` of the snapshot agree byte for byte,
+    """The store's text of a snapshot and ``json.dumps`` of it agree byte for byte,
     also for the optional numbers (an overflowed request's size, an ancestor's budget)
     once they hold one."""
-    from statemachine.core._snapshot import write_snapshot_text
-    from statemachine.core._state_text import TextCache
+    from statemachine.core._snapshot import write_snapshot
+    from statemachine.core._state_text import json_text
 
     parent = sm.Session(sm.Settings(max_cost_usd=5.0), seed=3, clock=ManualClock())
     child = parent.spawn()
@@ -189,7 +189,7 @@ def test_the_store_text_of_a_snapshot_writes_optional_numbers_as_numbers() -> No
     assert state.turn is not None and state.turn.overflowed_size == 10
     assert state.ancestor_budget_usd == 5.0
     now = 1000.0
-    text = write_snapshot_text(child.settings, state, now, TextCache(), TextCache())
+    text = json_text(write_snapshot(child.settings, state, now))
     expected = json.dumps(child.snapshot(), separators=(",", ":"), ensure_ascii=False)
     assert json.loads(text) == json.loads(expected)
     assert text == expected

@@ -64,15 +64,6 @@ def _field_plan(cls: type) -> tuple[tuple[str, bool, tuple[type[enum.Enum], ...]
     )
 
 
-_FORMS: dict[str, dict[str, str]] = {
-    cls.__name__: {f.name: f.metadata["form"] for f in attrs.fields(cls) if "form" in f.metadata}
-    for cls in _CLASSES.values()
-}
-"""Per class, the fields written as the JSON form another field holds (a reply object:
-its ``reply_data``; when that is ``None``, the value is data already, or its form is
-taken as it is written)."""
-
-
 def _formed(value: Any, field: str, form: str) -> Any:
     """What to write of ``value.field``: the JSON form ``value.form`` holds, or taken now."""
     data = getattr(value, form)
@@ -165,10 +156,10 @@ _NO_DEFAULT = object()
 
 
 def _writes(cls: type) -> tuple[tuple[str, bool, str | None, Any], ...]:
-    """(field, opaque, form, default) of each encoded field of ``cls``: the field whose
-    JSON form it is written as (``None``: itself), its default (``_NO_DEFAULT``: none,
-    or a factory's)."""
-    forms = _FORMS[cls.__name__]
+    """(field, opaque, form, default) of each encoded field of ``cls``: the field holding
+    the JSON form it is written as (``None``: itself; a reply object's is its
+    ``reply_data``), its default (``_NO_DEFAULT``: none, or a factory's)."""
+    forms = {f.name: f.metadata["form"] for f in attrs.fields(cls) if "form" in f.metadata}
     defaults = {
         f.name: f.default
         for f in attrs.fields(cls)

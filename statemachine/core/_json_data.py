@@ -222,15 +222,10 @@ def owned_json(value: Any, name: str) -> Any:
     means a host that goes on changing its own list or dict after sending it changes
     nothing in the engine, and what a restored session holds is what a live one holds.
     """
-    if type(value) in _JSON_SCALARS:
-        problem = json_problem(value)
-        if problem is not None:
-            raise InvalidValue(f"{name}: must be JSON data: {problem}")
-        return value
     problem = json_problem(value)
     if problem is not None:
         raise InvalidValue(f"{name}: must be JSON data: {problem}")
-    return json.loads(_COPY.encode(value))
+    return value if type(value) in _JSON_SCALARS else json.loads(_COPY.encode(value))
 
 
 _CONTAINERS = (dict, list, tuple)

@@ -19,23 +19,13 @@ process; the reply's JSON form is its ``reply``)::
               "times": [0.0, 0.5, ...],
               "usages": [[step, {"$type": "Usage", "input_tokens": 900, ...}], ...], ...}}
 
-Version 4 is read with no usage kept. Version 3 is read with its steps' times unknown
-(``None``). Version 2 is read with the
-fields version 3 added at their defaults. Version 1 (the first release) is read too: it
-is rewritten into version 2 (its ``doom`` object split in two, its turn's counters
-replayed along its trace from ``retries_at_start``) and then read like any other.
+Versions 1 to 4 are still read, each brought up to the next (``_from_version_*``).
 
 :func:`read_snapshot` refuses anything the engine could not have written: each field is
-checked by its kind, then the whole state by ``reachable_problem``. Every refusal is a
-:class:`SnapshotError` naming the key, whatever the data.
-
-Both ways run as code generated at import from the declaration: the reader of each
-state class takes a value its kind's fast test passes (an exact int, float or str in
-range, an empty list, a turn's path, times and actions) at once and hands any other
-to the kind's own decoder, which reads it or refuses it naming the key; the writer is
-one dict display. :func:`read_snapshot_by_fields`, every field through its kind's
-decoder, is what the reader must equal (the tests hold it to that on fuzzed and
-forged snapshots).
+checked by its kind, then the whole state by ``reachable_problem``; every refusal is a
+:class:`SnapshotError` naming the key. Both ways run as code generated at import from
+the declaration (``_reader``, ``_writer``); :func:`read_snapshot_by_fields` is what the
+reader must equal.
 """
 
 from __future__ import annotations
@@ -89,7 +79,6 @@ from ._state import (
     make_step,
     stored_fields,
 )
-from ._state_text import TextCache, encode_state_text, json_text
 from ._table import STATES
 from ._taxonomy import SessionStatus
 
@@ -99,38 +88,20 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 _CACHE_SIZE = 256
-_WRITTEN: dict[tuple[str, int], tuple[Settings, Any]] = {}
-"""What snapshots wrote of settings, by the settings' identity: a store snapshots the
-same few settings over and over (Settings are immutable)."""
-
-
-def _written(what: str, settings: Settings, make: Callable[[Settings], Any]) -> Any:
-    """``make(settings)``, computed once per settings object (by identity)."""
-    cached = _WRITTEN.get((what, id(settings)))
-    if cached is None or cached[0] is not settings:
-        cached = (settings, make(settings))
-        if len(_WRITTEN) >= _CACHE_SIZE:
-            _WRITTEN.clear()
-        _WRITTEN[(what, id(settings))] = cached
-    return cached[1]
+_SETTINGS_DATA: dict[int, tuple[Settings, dict[str, Any]]] = {}
+"""``Settings.to_dict`` of the settings snapshots wrote lately, by identity: a store
+snapshots the same few settings over and over (Settings are immutable)."""
 
 
 def _settings_data(settings: Settings) -> dict[str, Any]:
-    data = dict(_written("data", settings, Settings.to_dict))
+    cached = _SETTINGS_DATA.get(id(settings))
+    if cached is None or cached[0] is not settings:
+        if len(_SETTINGS_DATA) >= _CACHE_SIZE:
+            _SETTINGS_DATA.clear()
+        cached = _SETTINGS_DATA[id(settings)] = (settings, settings.to_dict())
+    data = dict(cached[1])
     data["fallback_models"] = list(settings.fallback_models)
     return data
-
-
-def _head_text(settings: Settings) -> str:
-    """The snapshot's text up to its first state field: format, version, settings."""
-    head = json_text(
-        {
-            "format": SNAPSHOT_FORMAT,
-            "version": SNAPSHOT_VERSION,
-            "settings": _settings_data(settings),
-        }
-    )
-    return head[:-1] + ","
 
 
 def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[str, Any]:
@@ -140,39 +111,20 @@ def write_snapshot(settings: Settings, state: SessionState, now: float) -> dict[
     return _write_session(settings, state, now)
 
 
-def write_snapshot_text(
-    settings: Settings, state: SessionState, now: float, old: TextCache, new: TextCache
-) -> str:
-    """``json_text(write_snapshot(settings, state, now))``, byte for byte, built from what
-    an earlier write of the same session left in ``old`` (see ``encode_state_text``):
-    a store's write costs what changed, not the whole trace again."""
-    head: str = _written("head", settings, _head_text)
-    return head + encode_state_text(state, now, old, new)[1:]
-
-
 def read_snapshot(data: object, now: float) -> tuple[Settings, SessionState]:
     """The settings and state in ``data``; :class:`SnapshotError` if it is not a snapshot
     this engine could have written."""
-    try:
-        return _read(data, now, _settings_seen, _read_session)
-    except RecursionError:  # pragma: no cover - every value's depth is checked first
-        raise SnapshotError("snapshot: nested too deep to read") from None
+    return _read(data, now, _settings_seen, _read_session_state)
 
 
 def read_snapshot_by_fields(data: object, now: float) -> tuple[Settings, SessionState]:
     """:func:`read_snapshot` as it is specified: the settings checked and built anew,
-    every field read by its kind's own decoder (``decode_state``). The reader
-    generated below must give the same settings, state or refusal, byte for byte
-    (the tests compare the two, on valid and forged snapshots)."""
-    try:
-        return _read(data, now, _settings_read, _decode_session)
-    except RecursionError:  # pragma: no cover - every value's depth is checked first
-        raise SnapshotError("snapshot: nested too deep to read") from None
-
-
-def _decode_session(raw: Any, now: float, _seen: set[int]) -> SessionState:
-    state: SessionState = decode_state(SessionState, raw, now)
-    return state
+    every field read by its kind's own decoder (``decode_state``). The generated reader
+    must give the same settings, state or refusal (the tests compare the two, on valid
+    and forged snapshots)."""
+    return _read(
+        data, now, _settings_read, lambda raw, now, _: decode_state(SessionState, raw, now)
+    )
 
 
 def _read(
@@ -211,8 +163,11 @@ def _read(
         _from_version_4(body, now)
     if "settings" not in body:
         raise SnapshotError("settings: missing")
-    settings = settings_of(body.pop("settings"))
-    state = read_state(body, now, set())
+    try:
+        settings = settings_of(body.pop("settings"))
+        state = read_state(body, now, set())
+    except RecursionError:  # pragma: no cover - every value's depth is checked first
+        raise SnapshotError("snapshot: nested too deep to read") from None
     check_reachable(state, settings)
     if version == 1 and state.turn is not None:
         status = state.turn.status
@@ -445,13 +400,7 @@ def _reader(cls: type, prefix: str, turn_reader: Any = None) -> Callable[..., An
     return build_state_reader(cls, prefix, fields, helpers)
 
 
-_read_turn = _reader(TurnState, "turn.")
-_read_session_state = _reader(SessionState, "", _read_turn)
-
-
-def _read_session(raw: Any, now: float, seen: set[int]) -> SessionState:
-    state: SessionState = _read_session_state(raw, now, seen)
-    return state
+_read_session_state = _reader(SessionState, "", _reader(TurnState, "turn."))
 
 
 _ENCODED: dict[int, tuple[Any, dict[str, Any]]] = {}

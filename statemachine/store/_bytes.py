@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._core import Stored, decode_record, encode_record, record_incarnation
+from ._core import SessionStore, Stored, decode_record, encode_record, record_incarnation
 from ._journal import current_record
 
 
-class BytesStore:
+class BytesStore(SessionStore):
     """What our stores share above the bytes: ``load`` and ``compare_and_set`` of a
     record as JSON data, over ``load_payload`` and ``compare_and_set_payload`` of its
     bytes (which a :class:`~statemachine.store.Worker` calls directly)."""
@@ -17,6 +17,7 @@ class BytesStore:
     max_bytes: int
 
     def load_payload(self, session_id: str) -> tuple[int, bytes]:  # pragma: no cover
+        """:meth:`load` without decoding: the version and the record's bytes."""
         raise NotImplementedError
 
     def compare_and_set_payload(  # pragma: no cover - each store defines it
@@ -27,12 +28,13 @@ class BytesStore:
         incarnation: str | None,
         ended: bool = False,
     ) -> int:
+        """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
+        worker writes); ``incarnation`` is the one the record names."""
         raise NotImplementedError
 
     def load(self, session_id: str) -> Stored:
-        """The record of ``session_id`` and its version, its journal applied (its
-        ``"snapshot"`` is the session's current one); ``SessionNotFound`` if none,
-        ``CorruptSession`` if it cannot be read (left untouched)."""
+        """:meth:`SessionStore.load`, the record's journal applied (its ``"snapshot"`` is
+        the session's current one)."""
         version, payload = self.load_payload(session_id)
         data = decode_record(session_id, payload, self.max_bytes)
         return Stored(session_id, version, current_record(session_id, data))
@@ -45,10 +47,8 @@ class BytesStore:
         *,
         ended: bool = False,
     ) -> int:
-        """Write ``record`` if the stored version is ``expected_version`` (0: create) and,
-        when the record names its incarnation, the stored one is that incarnation;
-        returns the new version. Raises ``StaleWrite`` (or ``SessionNotFound`` when the
-        record vanished) and writes nothing otherwise."""
+        """:meth:`SessionStore.compare_and_set`; a record that names its incarnation is
+        written only over that incarnation."""
         payload = encode_record(session_id, record, self.max_bytes)
         return self.compare_and_set_payload(
             session_id,

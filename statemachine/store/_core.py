@@ -1,9 +1,8 @@
 """What every session store shares: key naming, and the byte boundary.
 
-A store keeps one *record* per session: a JSON object (see ``_store_record``) and a
-version number that goes up by one on every write. Records cross this module's
-boundary as bytes, so the size limit and the JSON checks are the same for every
-backend, and a store never hands back anything it could not parse.
+Records (JSON objects, see ``_record``) cross this module's boundary as bytes, so the
+size limit and the JSON checks are the same for every backend, and a store never hands
+back anything it could not parse.
 """
 
 from __future__ import annotations

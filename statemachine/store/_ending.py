@@ -1,19 +1,11 @@
-"""Ending a stored session on purpose: :meth:`Worker.end <._worker.Worker.end>`.
+"""Ending a stored session on purpose: the writes of :meth:`Worker.end <._worker.Worker.end>`
+and what they read of a session (``Worker.end`` checks the call and answers it).
 
-A host ends a session ``completed`` (the work is done), ``cancelled`` or ``failed``
-as ``Session.end`` does in one process, with compare-and-set. The store has no live
-children to reach: a parent's ``cancelled`` / ``failed`` reaches each child through
-the child's record, whichever worker last advanced it, by its own compare-and-set
-(retried on a conflict). The worker that held the child's turn learns of it at its
-next write (``CONFLICT``, the child ended), so no child's turn goes on once its parent
-is torn down. ``completed`` is refused while any descendant's turn runs: the child
-would go on charging a finished parent.
-
-Each ending writes the session's snapshot anew (no journal entry): a reader of any
-version of the record format reads the ended status from its snapshot.
-
-This module holds the ending's writes and what they read of a session;
-``Worker.end`` checks the call and answers it.
+The store has no live children to reach: a parent's ``cancelled`` / ``failed`` reaches
+each child through the child's record, by its own compare-and-set (retried on a
+conflict); the worker that held the child's turn learns of it at its next write
+(``CONFLICT``). Each ending writes the session's snapshot anew (no journal entry), so a
+reader of any version of the record format reads the ended status.
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ from ..core._actions import Action
 from ..core._session import Session
 from ..core._table import IDLE
 from ..core._taxonomy import END_STATUSES, SessionStatus
-from ._errors import CorruptSession, InvalidSessionId, SessionNotFound, StaleWrite, StoreError
+from ._errors import UNREADABLE, StaleWrite, StoreError
 from ._held import Held, Live
 
 ATTEMPTS = 16
@@ -78,18 +70,7 @@ def write_end(
     wall = held.now()
     age = held.age(record, wall)
     session.end(status, reason=reason, at=age)
-    live.version, live.record = held.write(
-        session_id,
-        live.version,
-        record,
-        session,
-        [],
-        wall=wall,
-        age=age,
-        keys=keys,
-        action=pending(session),
-        limit=-1,
-    )
+    held.write(session_id, live, [], wall, pending(session), age=age, keys=keys, limit=-1)
 
 
 def running_descendants(
@@ -126,7 +107,7 @@ def cascade(
         for _ in range(ATTEMPTS):
             try:
                 live = held.read(child_id)
-            except (SessionNotFound, CorruptSession, InvalidSessionId):
+            except UNREADABLE:
                 break  # gone, or not this store's: nothing left running here
             child = live.session
             if child.parent_id != parent_id:

@@ -49,6 +49,11 @@ class StoreUnavailable(StoreError, ConnectionError):
     """The store's server could not be reached (down, restarting, loading its data)."""
 
 
+UNREADABLE = (SessionNotFound, CorruptSession, InvalidSessionId)
+"""What a read raises when the store holds no usable record of the session: a walk of
+a session tree skips such a session."""
+
+
 def corrupt(session_id: str, key: str, what: str) -> CorruptSession:
     """The error for a stored record whose ``key`` is wrong (``what``: how)."""
     return CorruptSession(

@@ -1,12 +1,10 @@
 """The sessions a worker holds: read from its store, written back with compare-and-set,
 and remembered between calls.
 
-A worker holds, per session, the record it last read or wrote, its version, and the
-session that record holds, in the journal's frame (no clock: its times are seconds
-since the session started). The next call at that version takes it from memory
-instead of reading and restoring it; the compare-and-set still proves the store holds
-that version and incarnation. Reading back the very bytes it wrote, a worker decodes
-nothing; finding them grown by other workers' journal entries, it replays only those.
+The next call at the version held takes the session from memory instead of reading and
+restoring it (the compare-and-set still proves the store holds that version and
+incarnation). Reading back the very bytes it wrote, a worker decodes nothing; finding
+them grown by other workers' journal entries, it replays only those.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from ..core._actions import Action, Finish, InvokeTools
 from ..core._session import Session
 from ..core._tool_calls import ToolOutcome
 from ._core import DEFAULT_MAX_BYTES, SessionStore
-from ._errors import CorruptSession, InvalidSessionId, SessionNotFound
+from ._errors import UNREADABLE, CorruptSession
 from ._journal import check_record, read_session, replay_record
 from ._memory import InMemoryStore
 from ._record import COMPACT_EVERY, Claim, Record, extend, parse_record, read_record, written
@@ -116,9 +114,7 @@ class Held:
         live = self.live.pop(session_id, None)  # atomic: taken by one thread only
         if live is None:
             return None
-        if live.version != version or (
-            key is not None and any(k == key for _, k in live.record.keys)
-        ):
+        if live.version != version or (key is not None and live.record.has_key(key)):
             self.live.setdefault(session_id, live)  # unless another was remembered meanwhile
             return None
         return live
@@ -168,7 +164,7 @@ class Held:
         cannot be read."""
         try:
             live = self.read(session_id)
-        except (SessionNotFound, CorruptSession, InvalidSessionId):
+        except UNREADABLE:
             return None
         value = read(live.session)
         self.remember(session_id, live)
@@ -177,27 +173,28 @@ class Held:
     def write(
         self,
         session_id: str,
-        expected: int,
-        previous: Record | None,
-        session: Session,
+        live: Live,
         entries: list[str],
         wall: float,
-        age: float,
-        keys: tuple[tuple[int, str], ...],
         action: Action | None,
         *,
+        age: float | None = None,
+        keys: tuple[tuple[int, str], ...] | None = None,
         claim: Claim | None = None,
         carried: tuple[ToolOutcome, ...] = (),
         limit: int | None = None,
-    ) -> tuple[int, Record]:
-        """Write ``session`` (the journal's frame), ``age`` seconds old at Unix time
-        ``wall`` after the steps of ``entries``, over the version ``expected`` of the
-        record ``previous`` (``None``: a new session): the record
+    ) -> None:
+        """Write ``live``'s session (the journal's frame) after the steps of ``entries``,
+        ``age`` seconds old (by default, as its record says) at Unix time ``wall``, over
+        the version ``live`` holds (0: a new session): the record
         (:func:`~._record.written`, its journal holding at most ``limit`` entries,
-        :data:`~._record.COMPACT_EVERY` by default) and the compare-and-set; the version
-        and record written. A pending ``action`` that invokes tools is claimed by the
-        worker. ``StaleWrite`` if the store moved on (then ``previous`` is no more the
-        caller's to use)."""
+        :data:`~._record.COMPACT_EVERY` by default; ``keys`` by default the record's) and
+        the compare-and-set, ``live`` then holding the version and record written. A
+        pending ``action`` that invokes tools is claimed by the worker. ``StaleWrite`` if
+        the store moved on (``live`` is then the caller's to drop)."""
+        previous, session = (live.record if live.version else None), live.session
+        if age is None:
+            age = self.age(live.record, wall)
         if type(action) is InvokeTools and claim is None and action.calls:
             claim = Claim(self.owner, tuple(c.id for c in action.calls), wall + self.lease_s)
         cas = self.payload_cas
@@ -216,7 +213,7 @@ class Held:
             wall,
             age,
             session.finished_at if between else None,
-            keys,
+            live.record.keys if keys is None else keys,
             claim,
             carried,
             limit,
@@ -224,8 +221,8 @@ class Held:
         )
         ended = between and session.status is not None
         if cas is not None:
-            version = cas(session_id, expected, record.payload, record.incarnation, ended)
+            version = cas(session_id, live.version, record.payload, record.incarnation, ended)
         else:
             data = json.loads(record.payload)  # type: ignore[arg-type]
-            version = self.store.compare_and_set(session_id, expected, data, ended=ended)
-        return version, record
+            version = self.store.compare_and_set(session_id, live.version, data, ended=ended)
+        live.version, live.record = version, record

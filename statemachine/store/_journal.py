@@ -343,15 +343,12 @@ def replay(
     for index, raw in enumerate(entries, first):
         try:
             _replay_entry(session, raw, version, legacy_asks)
-        except (
-            ValueError,
-            TypeError,
-            ConfigError,
-            IllegalEvent,
-            SessionEnded,
-            TurnInProgress,
-        ) as exc:
+        except _REFUSED as exc:
             raise ValueError(f"journal[{index}]: {exc}") from None
+
+
+_REFUSED = (ValueError, TypeError, ConfigError, IllegalEvent, SessionEnded, TurnInProgress)
+"""What a step the engine does not take from where a replay is raises."""
 
 
 def _replay_entry(session: Session, raw: object, version: int, legacy_asks: bool) -> None:

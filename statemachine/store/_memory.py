@@ -82,7 +82,6 @@ class InMemoryStore(BytesStore):
         return entry
 
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
-        """:meth:`load` without decoding: the version and the record's bytes."""
         key = self.key(session_id)
         with self._lock:
             entry = self._get(key)
@@ -98,10 +97,6 @@ class InMemoryStore(BytesStore):
         incarnation: str | None,
         ended: bool = False,
     ) -> int:
-        """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
-        :class:`Worker` writes: it builds the bytes from what changed since its last
-        write). ``incarnation`` is the one the record names. (A worker passes every
-        argument by position: it writes on every advance.)"""
         expected = expected_version
         if type(expected) is not int or expected < 0:
             expected = check_version(session_id, expected_version)
@@ -132,7 +127,6 @@ class InMemoryStore(BytesStore):
             lock.release()
 
     def delete(self, session_id: str) -> bool:
-        """Remove the record; whether there was one."""
         key = self.key(session_id)
         with self._lock:
             return self._get(key) is not None and self._data.pop(key, None) is not None

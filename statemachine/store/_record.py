@@ -29,17 +29,17 @@ the key.
 from __future__ import annotations
 
 import json
-import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
 
 from ..core._codec import decode, encode
+from ..core._json_data import finite
 from ..core._session import Session
-from ..core._snapshot import write_snapshot_text
-from ..core._state_text import TextCache, json_text, number_text
+from ..core._snapshot import write_snapshot
+from ..core._state_text import json_text, number_text
 from ..core._tool_calls import ToolOutcome
 from ._core import decode_record
 from ._errors import corrupt
@@ -116,12 +116,13 @@ class Record:
     and the read found at most :data:`REPLAY_AT_MOST` entries other workers appended
     (for a session many workers share, reading a snapshot costs less than replaying
     their many steps)."""
-    cache: TextCache | None = attrs.field(default=None, eq=False, repr=False)
-    """What built the snapshot's text, when this worker wrote it: the next compaction
-    reuses it."""
     middle: str | None = attrs.field(default=None, eq=False, repr=False)
     """The text of ``keys``, ``claim`` and ``carried``, once written (kept while the
     three stay the same)."""
+
+    def has_key(self, key: str | None) -> bool:
+        """Whether ``key`` is among the record's recent idempotency keys."""
+        return key is not None and any(k == key for _, k in self.keys)
 
 
 # -- writing --------------------------------------------------------------------------
@@ -191,34 +192,22 @@ def written(
     tail = (
         f'{sep}{added}],"saved_at":{saved}{middle},"elapsed_s":{now},"finished_s":{since}}}'
     ).encode()
-    payload: bytes = record.payload  # type: ignore[assignment]
-    if end < _SLICED:
-        record.payload = payload[:end] + tail
-    else:  # the prefix copied once
-        record.payload = b"".join((memoryview(payload)[:end], tail))
+    record.payload = record.payload[:end] + tail  # type: ignore[index]
     return record
-
-
-_SLICED = 1 << 16
-"""Below this many bytes, a record's prefix is sliced and then copied (for a few
-kilobytes, faster than a memoryview's one copy)."""
 
 
 def _fresh(
     previous: Record | None, session_id: str, session: Session, elapsed: float, wall: float
 ) -> Record:
     """A record of ``session`` ``elapsed`` seconds old, written anew: its bytes up to its
-    empty journal (the incarnation ``previous``'s, or drawn for a new session; the
-    snapshot's text built from what ``previous``'s left)."""
-    cache = TextCache()
-    old = TextCache() if previous is None or previous.cache is None else previous.cache
-    text = write_snapshot_text(session.settings, session.state, elapsed, old, cache)
+    empty journal (the incarnation ``previous``'s, or drawn for a new session)."""
+    text = json_text(write_snapshot(session.settings, session.state, elapsed))
     incarnation = uuid.uuid4().hex if previous is None else previous.incarnation
     head = (
         f'{_HEAD}{json_text(session_id)},"incarnation":{json_text(incarnation)},"snapshot":{text}'
     ).encode() + _JOURNAL
     record = Record(session_id, None, wall, incarnation=incarnation, payload=head)
-    record.prefix_end, record.appendable, record.cache = len(head), True, cache
+    record.prefix_end, record.appendable = len(head), True
     return record
 
 
@@ -240,12 +229,7 @@ def _middle_text(
 
 
 def _finite(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+    return isinstance(value, int | float) and not isinstance(value, bool) and finite(value)
 
 
 def _header(session_id: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -441,6 +425,17 @@ def _split(payload: bytes, start: int, known: int) -> tuple[list[Any], int, dict
 _HEAD_KEYS_OUT = TAIL_KEYS | {"journal"}
 
 
+def _journal_keys(payload: bytes) -> Iterator[int]:
+    """Where the last four ``,"journal":[`` in ``payload`` begin, the last first (host
+    data may hold the same bytes, later in the record than the record's own)."""
+    at = len(payload)
+    for _ in range(4):
+        at = payload.rfind(_JOURNAL, 0, at)
+        if at < 0:
+            return
+        yield at
+
+
 def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
     """``json.loads(payload)`` and where its prefix ends, decoding each byte once, for a
     record laid out as a worker writes it (the keys before the journal, the journal, then
@@ -449,11 +444,7 @@ def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
     are the whole record's JSON and nothing else: the text before the journal is a JSON
     object with neither the journal's nor the tail's keys, and the journal's entries and
     the tail follow it up to the end."""
-    at = len(payload)
-    for _ in range(4):  # host data may hold the same bytes, later in the record
-        at = payload.rfind(_JOURNAL, 0, at)
-        if at < 0:
-            return None
+    for at in _journal_keys(payload):
         try:
             head = _DECODER.decode(payload[:at].decode() + "}")
         except (ValueError, RecursionError):  # not the record's own journal key
@@ -474,11 +465,7 @@ def split_record(payload: bytes) -> tuple[dict[str, Any], int] | None:
 def _prefix_end(payload: bytes, entries: int) -> int | None:
     """Where the prefix of a record read in full ends, if its bytes show exactly where
     the journal's entries end (a record written by a worker always does)."""
-    at = len(payload)
-    for _ in range(4):  # host data may hold the same bytes, later in the record
-        at = payload.rfind(_JOURNAL, 0, at)
-        if at < 0:
-            return None
+    for at in _journal_keys(payload):
         start = at + len(_JOURNAL)
         try:
             found, end, _ = _split(payload, start, 0)

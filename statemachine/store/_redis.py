@@ -1,24 +1,17 @@
 """``RedisStore``: session records in Redis, the version check done inside Redis.
 
-Each session is one hash, ``<prefix>[:<tenant>]:session:{<id>}``, with three fields:
-``version`` (an integer, 1 after the first write), ``record`` (the JSON record) and
-``incarnation``. The braces make the id the key's hash tag, so on a Redis Cluster
-every key of one session is in one slot. Both reads and writes are Lua scripts, so
-each is one atomic step on the server: a compare-and-set reads the version and writes
-the new record with no window in between for another worker, and a read never sees a
-version from one write and a record from another. Which server a script goes to,
-and the redirections of a cluster, are ``_redis_cluster``'s; errors of redis-py are
+Each session is one hash, ``<prefix>[:<tenant>]:session:{<id>}`` (the braces make the
+id the key's hash tag: one slot per session on a cluster), with the fields ``version``,
+``record`` (the JSON record) and ``incarnation``. Reads and writes are Lua scripts, each
+one atomic step on the server. Routing is ``_redis_cluster``'s; redis-py's errors are
 translated here, at this one boundary.
 
-The previous release's key, ``<prefix>[:<tenant>]:session:<id>``, is read where the
-new one is missing, and the record's next write moves it to the new key. On one server
-that is one script (both keys in it). On a cluster the two keys are in different slots,
-so a move is two steps: the old key's version and incarnation are read and checked
-(``_PEEK``), the compare-and-set on the new key is told that version and writes only
-while the new key is still missing (so of two workers moving one record one wins),
-then the old key is deleted. A worker that dies between the steps leaves the old key
-behind the new one: unseen while the new key exists (read again if it expires), and
-removed by :meth:`RedisStore.delete` with it.
+The previous release's key, ``<prefix>[:<tenant>]:session:<id>``, is read where the new
+one is missing and moved by the record's next write: on one server in the same script;
+on a cluster, where the keys are in different slots, in two steps (``_PEEK`` reads and
+checks the old key, the compare-and-set writes the new key only while it is missing,
+then the old key is deleted). A worker dying between the steps leaves the old key
+hidden behind the new one, removed by :meth:`RedisStore.delete`.
 """
 
 from __future__ import annotations
@@ -179,36 +172,24 @@ def _pool_kwargs(client: Any, cluster: bool) -> list[dict[str, Any]]:
 
 
 class RedisStore(BytesStore):
-    """Session records in Redis (redis-py, the optional extra ``redis``).
+    """Session records in Redis (redis-py, the optional extra ``redis``); see
+    docs/workers.md.
 
     ``client`` is a ``redis.Redis`` or a ``redis.cluster.RedisCluster``
-    (``decode_responses`` either way). Keys are ``<prefix>:session:{<id>}``, or
-    ``<prefix>:<tenant>:session:{<id>}`` with a tenant, so one tenant's ids cannot
-    address another's keys; the braces make the id the key's hash tag, so on a cluster
-    each session lives in one slot and every script touches that slot only. A record
-    the previous release wrote at ``<prefix>[:<tenant>]:session:<id>`` is read there
-    and moved to the new key by its next write. With ``ended_ttl_s`` a
-    session that has ended expires that many seconds after its last write. Records
-    over ``max_bytes`` are refused on write and reported corrupt on read.
+    (``decode_responses`` either way). Keys are ``<prefix>[:<tenant>]:session:{<id>}``
+    (one tenant's ids cannot address another's keys); a record of the previous release's
+    key is read there and moved by its next write. With ``ended_ttl_s`` an ended session
+    expires that many seconds after its last write. Records over ``max_bytes`` are
+    refused on write and reported corrupt on read.
 
-    Durability: with ``replicas=n`` every write waits (``WAIT``) until ``n`` replicas
-    of the session's master hold it, at most ``replica_timeout_s`` (default 1 s,
-    shorter than ``timeout_s``); if fewer acknowledge it in time the write raises
-    :class:`StoreUnavailable`: it is on the master and may or may not survive a
-    failover. With ``replicas=0`` (the default) a write is acknowledged by the master
-    alone, and a failover right after it may lose it.
-
-    Timeouts: a frozen or unreachable server gives :class:`StoreUnavailable` in
-    bounded time, never a hang. ``timeout_s`` (default 2 s) bounds every reply and
-    ``connect_timeout_s`` (default 2 s) every connection attempt; they are set on
-    ``client``'s connection pools where the client left them unset (redis-py 5 blocks
-    forever by default), and a client's own values are kept (``timeout_s`` and
-    ``connect_timeout_s`` then report the client's). :meth:`from_url` builds a
-    client with both and no automatic retries, so one call waits at most about
-    ``timeout_s``; with a client that retries, multiply by its attempts. On a cluster
-    each script goes straight to the node serving the session's slot, MOVED and ASK
-    are followed, and the map of the slots is learned anew when a node fails; while
-    no master serves a session's slot, its calls raise :class:`StoreUnavailable`.
+    ``replicas=n``: every write waits (``WAIT``) until ``n`` replicas of the session's
+    master hold it, at most ``replica_timeout_s`` (shorter than ``timeout_s``), else
+    :class:`StoreUnavailable` (the write is on the master and may not survive a
+    failover). ``timeout_s`` bounds every reply and ``connect_timeout_s`` every
+    connection attempt: set on ``client``'s pools where it left them unset (redis-py
+    blocks forever by default); the client's own values are kept and reported. A
+    frozen or unreachable server, or a slot no master serves, is
+    :class:`StoreUnavailable` in bounded time.
     """
 
     def __init__(
@@ -327,9 +308,6 @@ class RedisStore(BytesStore):
         return self._prefix + check_name(session_id)
 
     def load_payload(self, session_id: str) -> tuple[int, bytes]:
-        """:meth:`load` without decoding: the version and the record's bytes (one Lua
-        read; on a cluster, a second at the previous release's key when the session's
-        key is missing)."""
         reply = self._run(session_id, self._load, self._keys(session_id), self.max_bytes)
         if reply[0] == 0 and self.cluster:
             reply = self._run(session_id, self._load, [self._old_key(session_id)], self.max_bytes)
@@ -347,7 +325,7 @@ class RedisStore(BytesStore):
             version = int(_text(raw_version))
         except ValueError:
             version = 0
-        if raw_version is None or version < 1:
+        if version < 1:
             raise CorruptSession(
                 f"session {session_id!r}: key {key!r} has no valid version ({raw_version!r})",
                 session_id=session_id,
@@ -359,16 +337,8 @@ class RedisStore(BytesStore):
                 f"session {session_id!r}: key {key!r} has no record field",
                 session_id=session_id,
             )
-        if isinstance(payload, str):
-            payload = payload.encode()
-        if not isinstance(payload, bytes):
-            raise CorruptSession(
-                f"session {session_id!r}: the stored record is not text ({type(payload).__name__})",
-                session_id=session_id,
-            )
-        if len(payload) > self.max_bytes:
-            raise oversized(session_id, len(payload), self.max_bytes)
-        return version, payload
+        # the script read the record only when it fits (HSTRLEN: its size in bytes)
+        return version, payload.encode() if isinstance(payload, str) else payload
 
     def compare_and_set_payload(
         self,
@@ -378,9 +348,6 @@ class RedisStore(BytesStore):
         incarnation: str | None,
         ended: bool = False,
     ) -> int:
-        """:meth:`compare_and_set` of a record already encoded as JSON bytes (what a
-        :class:`~statemachine.store.Worker` writes); ``incarnation`` is the one the
-        record names."""
         keys = self._keys(session_id)
         expected = check_version(session_id, expected_version)
         check_payload(session_id, payload, self.max_bytes)

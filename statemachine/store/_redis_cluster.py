@@ -1,18 +1,13 @@
 """Sending one of ``RedisStore``'s scripts to the master that serves a session's key.
 
-On one server that master is the client's server. On a Redis Cluster the script goes
-straight to the node that the client's map of the slots names for the key (a third
-less client time than redis-py's routing of a script), and the router follows what
-the cluster answers: ``MOVED`` (the slot has another master: the map is learned anew,
-the script sent there), ``ASK`` (the slot is being moved and the key is already on
-the new node: sent there once, after ``ASKING``) and ``NOSCRIPT`` (the node has not
-seen the script: loaded, sent again), at most :data:`REDIRECTS` times in a row. None
-of these replies means the script ran, so sending it again is safe. After a lost
-connection the map is learned anew and a read is sent once more (after a failover
-its slot has another master); a write is not, since it may have landed. With
-``replicas`` a write is followed by ``WAIT`` on the connection that sent it (WAIT
-counts the replicas holding that connection's writes). Every other error is raised as
-redis-py raised it, for the store to translate at its one boundary.
+On one server that is the client's server. On a Redis Cluster the script goes straight
+to the node the client's map of the slots names for the key, and the router follows
+``MOVED`` (the map learned anew), ``ASK`` (sent once to the new node, after ``ASKING``)
+and ``NOSCRIPT`` (loaded, sent again), at most :data:`REDIRECTS` times in a row: none
+of these means the script ran. After a lost connection the map is learned anew and a
+read is sent once more; a write is not, since it may have landed. With ``replicas`` a
+write is followed by ``WAIT`` on the connection that sent it. Every other error is
+raised as redis-py raised it, for the store to translate.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ..core._exceptions import SessionEnded
 from ..core._session import Session
 from ..core._taxonomy import SessionStatus
-from ._errors import CorruptSession, InvalidSessionId, SessionNotFound, StaleWrite
+from ._errors import UNREADABLE, StaleWrite
 from ._held import Held
 from ._journal import BUDGET, CHILD_SPEND, Step, take_steps
 
@@ -63,7 +63,7 @@ def charge(
     for _ in range(ATTEMPTS):
         try:
             live = held.read(session_id)
-        except (SessionNotFound, CorruptSession, InvalidSessionId):
+        except UNREADABLE:
             return None
         session, record = live.session, live.record
         steps = steps_of(session)
@@ -73,16 +73,14 @@ def charge(
         if steps:
             wall = held.now()
             try:
-                live.version, live.record = held.write(
+                entries = take_steps(session, steps, 0.0, wall)[1]
+                # no new action: the claim and carried outcomes stay
+                held.write(
                     session_id,
-                    live.version,
-                    record,
-                    session,
-                    take_steps(session, steps, 0.0, wall)[1],
-                    wall=wall,
-                    age=held.age(record, wall),
-                    keys=record.keys,
-                    action=None,  # no new action: the claim and carried outcomes stay
+                    live,
+                    entries,
+                    wall,
+                    None,
                     claim=record.claim,
                     carried=record.carried,
                 )

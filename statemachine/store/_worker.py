@@ -1,13 +1,10 @@
 """Workers over a store: compare-and-set advances, claims and resume (see the package docstring).
 
-A worker holds the sessions it last read or wrote, each in the journal's frame (no
-clock: its times are seconds since the session started, the age the record says it has
-now), and steps them with the session's public methods at that age: the step it takes
-live is the step another worker replays from the journal (``_journal.apply_step``).
-Every write goes one way: take or read the session, take the steps, write the record
-(``_record.written``: the entries appended in place, or the snapshot anew), then the
-compare-and-set. The caller of a worker never gets the worker's own session: a result
-holds a copy put on the worker's clock (``Session.copy``).
+A worker holds the sessions it last read or wrote in the journal's frame (no clock: its
+times are seconds since the session started) and steps them at the age their record
+gives, as :func:`~._journal.apply_step` replays them. Every write goes one way: take or
+read the session, take the steps, write the record, then the compare-and-set. A result
+holds a copy of the session put on the worker's clock, never the worker's own.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import enum
 import functools
 import os
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
@@ -38,9 +34,8 @@ from ._core import SessionStore, check_name, check_version
 from ._errors import StaleWrite
 from ._held import Held, Live
 from ._journal import EVENT, START, Step, read_session, take_steps
-from ._record import COMPACT_AT_START, MAX_KEYS, read_record
+from ._record import COMPACT_AT_START, MAX_KEYS, Record, read_record
 
-_LARGEST = sys.float_info.max
 _LIVE_SESSIONS = 1024
 """How many sessions a worker remembers its last record of, by default."""
 
@@ -115,6 +110,18 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
+def _check_key(key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
+
+
+def _with_key(
+    keys: tuple[tuple[int, str], ...], version: int, key: str
+) -> tuple[tuple[int, str], ...]:
+    """``keys`` with ``key`` made at ``version`` (the most recent :data:`MAX_KEYS`)."""
+    return (*keys, (version, key))[-MAX_KEYS:]
+
+
 def _mark(session: Session) -> tuple[int, int]:
     """Where the steps about to be taken begin: the current turn and its steps so far."""
     turn = session.current_turn
@@ -186,7 +193,6 @@ class Worker:
             self._idempotent = lambda call: call.name in names
         self._clock = clock
         self._now = now
-        self._count_idle = count_idle
         self._observers = tuple(observers)
         self._doom_check = doom_check
         self._adjusted = frozenset(
@@ -206,26 +212,19 @@ class Worker:
 
     # -- what a caller gets -----------------------------------------------------------
 
-    def _started(self, elapsed: float, saved_at: float) -> float:
-        """Where on this worker's clock a session starts that was ``elapsed`` seconds old
-        at ``saved_at``, as a read of it from the store puts it."""
-        age = elapsed
-        if self._count_idle:
-            idle = self._now() - saved_at
-            if idle > 0.0:
-                age = min(age + idle, _LARGEST)
-        return self._clock() - age
+    def _started(self, record: Record) -> float:
+        """Where on this worker's clock the session of ``record`` starts, as a read of
+        it from the store puts it."""
+        return self._clock() - self._held.age(record, self._now())
 
-    def _on_clock(
-        self, own: Session, elapsed: float, saved_at: float, started: float | None = None
-    ) -> Session:
-        """A copy of ``own`` (the journal's frame) put on this worker's clock, the session
-        ``elapsed`` seconds old at ``saved_at`` (or started at ``started``), as a read of
-        it from the store gives it."""
+    def _on_clock(self, own: Session, record: Record, started: float | None = None) -> Session:
+        """A copy of ``own`` (the journal's frame, as ``record`` holds it) put on this
+        worker's clock (or started at ``started``), as a read of it from the store gives
+        it."""
         return own.copy(
             clock=self._clock,
             wall_clock=self._now,
-            started=self._started(elapsed, saved_at) if started is None else started,
+            started=self._started(record) if started is None else started,
             observers=self._observers,
             doom_check=self._doom_check,
         )
@@ -243,13 +242,12 @@ class Worker:
         if live is not None:
             try:
                 if live.version == version and live.session is own:
-                    record = live.record
-                    return self._on_clock(own, record.elapsed_s, record.saved_at, started)
+                    return self._on_clock(own, live.record, started)
             finally:
                 held.setdefault(session_id, live)  # unless another was remembered meanwhile
         record = read_record(session_id, payload, self._held.max_bytes)
         session = read_session(record)
-        return self._on_clock(session, record.elapsed_s, record.saved_at, started)
+        return self._on_clock(session, record, started)
 
     def _handout(
         self, session_id: str, live: Live, started: float | None = None
@@ -259,7 +257,7 @@ class Worker:
         worker's clock then (an ``APPLIED`` result's) or starting at ``started``."""
         record = live.record
         if record.payload is None or not self._held.remember_at_most:
-            return self._on_clock(live.session, record.elapsed_s, record.saved_at, started)
+            return self._on_clock(live.session, record, started)
         return functools.partial(
             self._copy_at, session_id, live.version, live.session, record.payload, started
         )
@@ -275,13 +273,12 @@ class Worker:
         """A result that gives the stored session as it is (``live``, put back)."""
         record = live.record
         own = live.session
-        turn = own.current_turn
-        action = None if turn is None else turn.action
-        started = self._started(record.elapsed_s, record.saved_at)
+        action = ending.pending(own)
+        started = self._started(record)
         session: Session | Callable[[], Session]
         if type(action) is Finish and action.retry_at is not None:
             # a reading: the copy's Finish holds it on this worker's clock
-            session = self._on_clock(own, record.elapsed_s, record.saved_at, started)
+            session = self._on_clock(own, record, started)
             action = session.current_turn.action  # type: ignore[union-attr]
         else:  # copied when the caller first asks (many a host reads the action only)
             session = self._handout(session_id, live, started)
@@ -293,9 +290,19 @@ class Worker:
 
     def _lost_race(self, session_id: str, key: str | None) -> Advanced:
         live = self._held.read(session_id)
-        mine = key is not None and any(k == key for _, k in live.record.keys)
-        status = AdvanceStatus.DUPLICATE if mine else AdvanceStatus.CONFLICT
+        status = AdvanceStatus.DUPLICATE if live.record.has_key(key) else AdvanceStatus.CONFLICT
         return self._answer(session_id, status, live)
+
+    def _settled(
+        self, session_id: str, live: Live, expected: int, key: str | None
+    ) -> Advanced | None:
+        """The answer the stored session ``live`` gives already to a call at ``expected``
+        with ``key``: ``DUPLICATE`` (``key`` applied) or ``CONFLICT`` (another version)."""
+        if live.record.has_key(key):
+            return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
+        if live.version != expected:
+            return self._answer(session_id, AdvanceStatus.CONFLICT, live)
+        return None
 
     def load(self, session_id: str) -> Advanced:
         """The stored session, its version and pending action (``UNCHANGED``)."""
@@ -319,20 +326,13 @@ class Worker:
             )
         turn = session.current_turn
         action = None if turn is None else turn.action
-        own = session.copy(started=0.0)  # the journal's frame
-        version, record = self._held.write(
-            session_id,
-            0,
-            None,
-            own,
-            [],
-            wall=self._now(),
-            age=session.elapsed_s,
-            keys=() if key is None else ((1, key),),
-            action=action,
-        )
-        self._held.remember(session_id, Live(version, record, own))
-        return Advanced(AdvanceStatus.APPLIED, session, version, action)
+        wall = self._now()
+        # the journal's frame; version 0: no record before it (its own is a placeholder)
+        live = Live(0, Record(session_id, None, wall), session.copy(started=0.0))
+        keys = () if key is None else ((1, key),)
+        self._held.write(session_id, live, [], wall, action, age=session.elapsed_s, keys=keys)
+        self._held.remember(session_id, live)
+        return Advanced(AdvanceStatus.APPLIED, session, live.version, action)
 
     def advance(
         self,
@@ -353,8 +353,8 @@ class Worker:
         expected = expected_version
         if type(expected) is not int or expected < 0:
             expected = check_version(session_id, expected_version)
-        if key is not None and (not isinstance(key, str) or not key):
-            raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
+        if key is not None:
+            _check_key(key)
         live = self._held.recall(session_id, expected, key)
         if live is not None:
             try:
@@ -362,10 +362,9 @@ class Worker:
             except (IllegalEvent, SessionEnded, TurnInProgress):
                 pass  # maybe the store moved on: read it, and answer from there
         live = self._held.read(session_id)
-        if key is not None and any(k == key for _, k in live.record.keys):
-            return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
-        if live.version != expected:
-            return self._answer(session_id, AdvanceStatus.CONFLICT, live)
+        settled = self._settled(session_id, live, expected, key)
+        if settled is not None:
+            return settled
         if event is not None and live.session.current_turn is None:
             raise IllegalEvent(
                 f"session {session_id!r} has no turn yet: advance it with None to start one",
@@ -388,23 +387,11 @@ class Worker:
         before = session.cost_usd if live.tree else 0.0
         steps = self._steps(live, event) if type(event) in self._adjusted else ((EVENT, event),)
         action, entries = take_steps(session, steps, age, wall)
-        keys = record.keys
-        if key is not None:
-            keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
+        keys = record.keys if key is None else _with_key(record.keys, expected + 1, key)
         offset = self._clock() - age if observers else 0.0
         try:
-            live.version, live.record = held.write(
-                session_id,
-                expected,
-                record,
-                session,
-                entries,
-                wall,
-                age,
-                keys,
-                action,
-                limit=None if event is not None else COMPACT_AT_START,
-            )
+            limit = None if event is not None else COMPACT_AT_START
+            held.write(session_id, live, entries, wall, action, age=age, keys=keys, limit=limit)
         except StaleWrite:
             return self._lost_race(session_id, key)
         if type(action) is Finish:
@@ -508,18 +495,7 @@ class Worker:
             action, entries = take_steps(session, [(EVENT, ToolsDone(carried))], age, wall)
             carried = ()
         try:
-            live.version, live.record = self._held.write(
-                session_id,
-                live.version,
-                record,
-                session,
-                entries,
-                wall=wall,
-                age=age,
-                keys=record.keys,
-                action=action,
-                carried=carried,
-            )
+            self._held.write(session_id, live, entries, wall, action, age=age, carried=carried)
         except StaleWrite:
             return self._lost_race(session_id, None)
         action = self._on_clock_action(action, live.record.elapsed_s)
@@ -552,17 +528,16 @@ class Worker:
         """
         chosen = ending.end_status(status)
         expected = check_version(session_id, expected_version)
-        if key is not None and (not isinstance(key, str) or not key):
-            raise ValueError(f"key: must be a non-empty str or None, got {key!r}")
+        if key is not None:
+            _check_key(key)
         if not isinstance(reason, str):
             raise TypeError(f"reason: must be a str, got {reason!r:.60}")
         held = self._held
         tree_reason = reason or f"parent {session_id!r} ended {chosen.value}"
         live = held.recall(session_id, expected, key) or held.read(session_id)
-        if key is not None and any(k == key for _, k in live.record.keys):
-            return self._answer(session_id, AdvanceStatus.DUPLICATE, live)
-        if live.version != expected:
-            return self._answer(session_id, AdvanceStatus.CONFLICT, live)
+        settled = self._settled(session_id, live, expected, key)
+        if settled is not None:
+            return settled
         if live.session.status is not None:
             return self._ended_again(session_id, live, chosen, tree_reason)
         if chosen is SessionStatus.COMPLETED:
@@ -572,7 +547,7 @@ class Worker:
         session, children = live.session, tuple(live.session.child_costs)
         keys = live.record.keys
         if key is not None:
-            keys = (*keys, (expected + 1, key))[-MAX_KEYS:]
+            keys = _with_key(keys, expected + 1, key)
         try:
             ending.write_end(held, session_id, live, chosen, reason, keys)
         except StaleWrite:
