@@ -46,12 +46,27 @@ BLOCK_START = "<!-- otel-span-tree -->"
 BLOCK_END = "<!-- /otel-span-tree -->"
 
 
+def _scenario(scenario: Scenario | str) -> Scenario:
+    """``scenario``, a built-in's name, or a scenario file of the repository (``.toml``)."""
+    if not isinstance(scenario, str):
+        return scenario
+    if scenario.endswith(".toml"):
+        from ._scenarios import load  # noqa: PLC0415
+
+        return load(Path(__file__).resolve().parents[2] / scenario)
+    return builtin(scenario)
+
+
+def _play(scenario: Scenario | str) -> tuple[list[StepRecord], Any]:
+    """Every transition of a play of ``scenario``, and its result."""
+    steps: list[StepRecord] = []
+    result = run(_scenario(scenario), on_step=steps.append)
+    return steps, result
+
+
 def scenario_steps(scenario: Scenario | str) -> list[StepRecord]:
     """Every transition of a play of ``scenario`` (a built-in's name or a scenario)."""
-    chosen = builtin(scenario) if isinstance(scenario, str) else scenario
-    steps: list[StepRecord] = []
-    run(chosen, on_step=steps.append)
-    return steps
+    return _play(scenario)[0]
 
 
 def scenario_telemetry(
@@ -59,9 +74,7 @@ def scenario_telemetry(
 ) -> list[StepRecord]:
     """Play ``scenario`` and feed ``telemetry`` each transition, then end its session
     (with the run's session status, or ``session_status``). Returns the steps."""
-    chosen = builtin(scenario) if isinstance(scenario, str) else scenario
-    steps: list[StepRecord] = []
-    result = run(chosen, on_step=steps.append)
+    steps, result = _play(scenario)
     for step in steps:
         telemetry.observe(step.record, limit=step.limit, session_status=step.session_status)
     telemetry.end(session_status or result.session_status)
@@ -134,15 +147,6 @@ _TREE_ATTRIBUTES = (
 )
 
 
-def _scenario(name: str) -> Scenario:
-    """A built-in scenario, or a scenario file relative to the repository."""
-    if name.endswith(".toml"):
-        from ._scenarios import load  # noqa: PLC0415
-
-        return load(Path(__file__).resolve().parents[2] / name)
-    return builtin(name)
-
-
 def _in_memory() -> tuple[Any, Any]:
     """An SDK tracer provider exporting to memory, and its exporter."""
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - dev dependency
@@ -162,7 +166,7 @@ def run_span_tree(scenario: str | Scenario) -> str:
     the repository), on the SDK's in-memory exporter: what ``simulate --spans`` prints."""
     provider, exporter = _in_memory()
     telemetry = Telemetry(tracer_provider=provider, clock_offset=EPOCH, provider_name="demo")
-    scenario_telemetry(_scenario(scenario) if isinstance(scenario, str) else scenario, telemetry)
+    scenario_telemetry(scenario, telemetry)
     provider.shutdown()
     return span_tree(exporter.get_finished_spans(), attributes=_TREE_ATTRIBUTES)
 
@@ -276,11 +280,9 @@ def scenario_trace_lines(scenario: str) -> list[str]:
     """``simulate --json``'s lines for a built-in scenario."""
     from ._simulate import result_json  # noqa: PLC0415
 
-    chosen = builtin(scenario)
-    lines: list[str] = []
-    result = run(chosen, on_step=lambda s: lines.append(json.dumps(step_json(s), sort_keys=True)))
-    lines.append(json.dumps(result_json(result), sort_keys=True))
-    return lines
+    steps, result = _play(builtin(scenario))
+    lines = [json.dumps(step_json(step), sort_keys=True) for step in steps]
+    return [*lines, json.dumps(result_json(result), sort_keys=True)]
 
 
 def documents() -> dict[str, str]:

@@ -124,6 +124,10 @@ def record_json(record: TraceRecord) -> dict[str, Any]:
     return line
 
 
+_STEP_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=False, default=str)
+"""A step line's encoder, made once (``json.dumps`` with options makes one per call)."""
+
+
 class TraceWriter:
     """An observer that writes every transition to ``target`` as a trace file line.
 
@@ -185,7 +189,7 @@ class TraceWriter:
             limit, status = session.limit_reached, session.status
             line["limit"] = None if limit is None else limit.value
             line["session_status"] = None if status is None else status.value
-        stream.write(json.dumps(line, sort_keys=True, allow_nan=False, default=str) + "\n")
+        stream.write(_STEP_ENCODER.encode(line) + "\n")
         stream.flush()
 
     def close(self) -> None:
