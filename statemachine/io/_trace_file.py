@@ -585,32 +585,29 @@ def load_trace(path: str | Path) -> Trace:
     except OSError as exc:
         raise TraceFileError(f"{path}: {exc.strerror or exc}") from None
     chunks = raw.split(b"\n")
-    ended = chunks[-1] == b""
-    if ended:
+    cut = None
+    if chunks[-1] == b"":
+        chunks.pop()
+    elif len(chunks) > 1 and not _complete(chunks[-1]):  # a file of one line is not cut
+        cut = len(chunks)
         chunks.pop()
     lines: list[str] = []
-    cut = None
     for number, chunk in enumerate(chunks, start=1):
-        # a crash cuts the last line; a file of one line is not a trace cut short
-        last = number == len(chunks) > 1 and not ended
         try:
-            text = chunk.decode("utf-8")
+            lines.append(chunk.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            if last:
-                cut = number
-                break
             raise TraceFileError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from None
-        if last and text.strip() and not _is_json(text):
-            cut = number
-            break
-        lines.append(text)
     trace = read_trace(lines, str(path))
     return attrs.evolve(trace, cut=cut)
 
 
-def _is_json(text: str) -> bool:
+def _complete(chunk: bytes) -> bool:
+    """Whether a file's last line, one without its newline, is a whole record (UTF-8
+    text, blank or JSON) rather than one a crash cut off."""
     try:
-        json.loads(text)
-    except (ValueError, RecursionError):
+        text = chunk.decode("utf-8")
+        if text.strip():
+            json.loads(text)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return False
     return True
