@@ -404,13 +404,10 @@ class Telemetry:
             conversation = self._bound.session_id
         if conversation is not None:
             self._base["gen_ai.conversation.id"] = conversation
+        now = self._ns(record.at)
         workflow = {"gen_ai.workflow.name": self._agent}
         span = self._start(
-            f"invoke_workflow {self._agent}",
-            parent,
-            "invoke_workflow",
-            workflow,
-            self._ns(record.at),
+            f"invoke_workflow {self._agent}", parent, "invoke_workflow", workflow, now
         )
         self._session_span = span
         if not span.is_recording() and not _meter_records(self._meter_provider):
