@@ -1,5 +1,6 @@
-"""The generated telemetry and incident pages, and the README's span tree, are what
-the code produces now (regenerate with ``python -m statemachine.dev._telemetry_docs``)."""
+"""The generated blocks of the telemetry and incident pages, and the README's span
+tree, are what the code produces now (regenerate with
+``python -m statemachine.dev._telemetry_docs``)."""
 
 from __future__ import annotations
 
@@ -19,21 +20,16 @@ from typing import Any
 import pytest
 
 from statemachine.dev import _vendor
-from statemachine.dev._telemetry_docs import (
-    BLOCK_END,
-    BLOCK_START,
-    documents,
-    span_tree_block,
-    write_documents,
-)
+from statemachine.dev._telemetry_docs import documents, fill, span_tree_block, write_documents
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.requirement("ER-134")
 def test_the_generated_pages_have_not_drifted() -> None:
-    """docs/telemetry.md, docs/incident.md, docs/incident.dot match the code, and
-    docs/incident.svg records the digest of that .dot."""
+    """The marked blocks of docs/telemetry.md and docs/incident.md, and
+    docs/incident.dot, match the code, and docs/incident.svg records the digest of
+    that .dot."""
     if shutil.which("dot") is None:
         pytest.fail("graphviz's dot is needed to check docs/incident.svg")
     drifted = write_documents(ROOT, check=True)
@@ -68,11 +64,9 @@ def test_the_readme_span_tree_block_has_not_drifted() -> None:
     """README.md's marked block (<!-- otel-span-tree --> ... <!-- /otel-span-tree -->),
     once it has one, is the span tree the code produces."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    if BLOCK_START not in readme:
+    if "<!-- otel-span-tree -->" not in readme:
         pytest.skip("README.md has no otel-span-tree block yet")
-    start = readme.index(BLOCK_START)
-    end = readme.index(BLOCK_END, start) + len(BLOCK_END)
-    assert readme[start:end] == span_tree_block(), (
+    assert fill(readme, {"otel-span-tree": span_tree_block()}) == readme, (
         "the README's span tree drifted: paste span_tree_block() from "
         "statemachine/dev/_telemetry_docs.py (or docs/telemetry.md's block)"
     )
@@ -269,11 +263,21 @@ def test_the_pages_otlp_set_up_exports_the_turn(vendor: _vendor.LoopbackVendor) 
 
 
 @pytest.mark.requirement("ER-252")
-def test_the_pages_exporter_blocks_are_the_generators() -> None:
-    """The blocks the two tests above run are the page's, marked not-run for
-    tests/test_docs.py (they set the process's global providers and need a vendor)."""
-    from statemachine.dev._telemetry_docs import EXPORT_CONSOLE, EXPORT_OTLP, EXPORT_TURN
+def test_the_pages_not_run_blocks_are_the_ones_run_here() -> None:
+    """The page's blocks marked not-run for tests/test_docs.py (they set the process's
+    global providers and need a vendor) are, in order, the two set-ups and the turn
+    the two tests above run."""
+    page = (ROOT / "docs" / "telemetry.md").read_text(encoding="utf-8")
+    not_run = re.findall(r"<!-- not-run -->\n```python\n(.*?)```", page, re.DOTALL)
+    run_here = ("ConsoleSpanExporter", "OTLPSpanExporter", "sm.run_turn(")
+    assert not_run == [_page_block(needle) for needle in run_here]
 
-    page = documents()["docs/telemetry.md"]
-    for code in (EXPORT_CONSOLE, EXPORT_OTLP, EXPORT_TURN):
-        assert f"<!-- not-run -->\n```python\n{code}```" in page
+
+@pytest.mark.requirement("ER-134")
+def test_a_page_that_lost_a_blocks_marker_is_refused() -> None:
+    """A generated block whose markers are gone (or one of them) is an error, never a
+    page left as it was."""
+    page = (ROOT / "docs" / "telemetry.md").read_text(encoding="utf-8")
+    for marker in ("<!-- token-buckets -->", "<!-- /token-buckets -->"):
+        with pytest.raises(ValueError, match="no marked block token-buckets"):
+            fill(page.replace(marker, ""), {"token-buckets": "1, 4"})

@@ -1,12 +1,16 @@
 """The trace as OpenTelemetry spans and metrics: :class:`Telemetry`, behind
-:mod:`statemachine.otel` (whose docstring says what each span and metric holds).
+:mod:`statemachine.otel` (``docs/telemetry.md`` lists what each span and metric holds).
 
 Everything is derived from the records alone: each carries the event that fired it
-and the model call's :class:`~statemachine.Usage`.
+and the model call's :class:`~statemachine.Usage`. A record read from an old trace may
+lack its event; what it cannot say yet (the error that moved a call to a fallback
+model) the turn's ``Finish`` carries, and the spans it concerns end with the turn, at
+the times they had.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import weakref
@@ -54,44 +58,23 @@ TOKEN_BUCKETS = (
 
 _NS = 1_000_000_000
 
-# attribute names (the conventions' where they have one)
+# attribute names used in more than one place
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
-RESPONSE_ID = "gen_ai.response.id"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
-AGENT = "gen_ai.agent.name"
-WORKFLOW = "gen_ai.workflow.name"
-CONVERSATION = "gen_ai.conversation.id"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
-REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
-TOKEN_TYPE = "gen_ai.token.type"  # noqa: S105 - an attribute name, not a secret
 STREAM = "gen_ai.request.stream"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_RESULT = "gen_ai.tool.call.result"
-TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
 ERROR_TYPE = "error.type"
-HTTP_STATUS = "http.response.status_code"
 ERROR_MESSAGE = "turnstate.error.message"
 
 _USAGE_COUNTS = (
-    ("input_tokens", INPUT_TOKENS),
-    ("output_tokens", OUTPUT_TOKENS),
-    ("cached_tokens", CACHE_READ_TOKENS),
-    ("cache_creation_tokens", CACHE_CREATION_TOKENS),
-    ("reasoning_tokens", REASONING_TOKENS),
+    ("input_tokens", "gen_ai.usage.input_tokens"),
+    ("output_tokens", "gen_ai.usage.output_tokens"),
+    ("cached_tokens", "gen_ai.usage.cache_read.input_tokens"),
+    ("cache_creation_tokens", "gen_ai.usage.cache_creation.input_tokens"),
+    ("reasoning_tokens", "gen_ai.usage.reasoning.output_tokens"),
 )
 """A usage's token counts and their span attributes."""
 
@@ -103,18 +86,6 @@ _NOWHERE: _Where = (None, None, None)
 class _Instruments:
     """The instruments of one meter provider, made once and shared by every
     :class:`Telemetry` of it (a proxy meter remembers each instrument made on it)."""
-
-    __slots__ = (
-        "cost",
-        "duration",
-        "open",
-        "retries",
-        "sessions",
-        "tokens",
-        "trips",
-        "turns",
-        "waits",
-    )
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.duration = meter.create_histogram(
@@ -155,15 +126,17 @@ class _Instruments:
 
 
 _INSTRUMENTS: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
-_GLOBAL_INSTRUMENTS: list[_Instruments] = []
+
+
+@functools.cache
+def _global_instruments() -> _Instruments:
+    """The global provider's: its meter is a proxy until one is set, then forwards."""
+    return _Instruments(metrics.get_meter(SCOPE, __version__, schema_url=SCHEMA_URL))
 
 
 def _instruments(provider: metrics.MeterProvider | None) -> _Instruments:
-    if provider is None:  # the global provider: a proxy until one is set, then forwarded
-        if not _GLOBAL_INSTRUMENTS:
-            meter = metrics.get_meter(SCOPE, __version__, schema_url=SCHEMA_URL)
-            _GLOBAL_INSTRUMENTS.append(_Instruments(meter))
-        return _GLOBAL_INSTRUMENTS[0]
+    if provider is None:
+        return _global_instruments()
     try:
         made = _INSTRUMENTS.get(provider)
     except TypeError:  # not weakly referenceable: not shared
@@ -274,15 +247,11 @@ class Telemetry:
     (``None``: ``time.time() - at`` of the first record). ``capture_content`` records
     requests, replies, tool definitions, arguments and results, and error messages.
 
-    :meth:`bind` lets it read the session's id, limit and status (the conversation id,
-    the limit and session-end events and the session metrics need it); :meth:`end`
-    ends the session span (a session ended by a limit or by ``Session.end`` during a
-    turn ends it by itself once bound).
-
-    Whether anything records is decided when the observer is made (the providers, the
-    global ones as they stand then) and again at the session's first record (whether
-    its span records): with neither spans nor metrics recording (no SDK configured),
-    a record costs one attribute read.
+    :meth:`bind` lets it read the session's id, limit and status; :meth:`end` ends the
+    session span (a bound session that a limit or ``Session.end`` ends during a turn
+    ends it by itself). Whether anything records is decided when the observer is made
+    and again at the session's first record: with neither spans nor metrics recording
+    (no SDK configured), a record costs one attribute read.
     """
 
     def __init__(
@@ -338,8 +307,7 @@ class Telemetry:
         if session is None:
             self.observe(record)
             return
-        limit = session.limit_reached
-        status = session.status
+        limit, status = session.limit_reached, session.status
         self.observe(
             record,
             limit=None if limit is None else limit.value,
@@ -355,10 +323,9 @@ class Telemetry:
         self._ended = True
         if self._off:
             return
-        now = self._last_ns if at is None else self._ns(at)
-        turn = self._turn
-        if turn is not None:
-            self._end_turn(turn, None, now)
+        now = self._ns(at)
+        if self._turn is not None:
+            self._end_turn(self._turn, None, now)
         span = self._session_span
         if span is None:
             return
@@ -368,12 +335,9 @@ class Telemetry:
             span.set_attribute("turnstate.session.status", status)
             span.add_event("turnstate.session_end", {"turnstate.session.status": status}, now)
             self._m.sessions.add(1, {"turnstate.session.status": status})
-            if status not in ("completed", "cancelled"):
-                span.set_status(Status(StatusCode.ERROR, status))
-                span.set_attribute(ERROR_TYPE, status)
         for provider in self._tripped:
             self._m.open.add(-1, {"turnstate.tool.provider": provider})
-        span.end(now)
+        _end_span(span, now, None if status in (None, "completed", "cancelled") else status)
 
     # -- the records -----------------------------------------------------------
 
@@ -396,12 +360,12 @@ class Telemetry:
         its source recorded)."""
         if self._ended or self._off:
             return
-        if self._session_span is None:
-            self._open_session(record)
+        session_span = self._session_span
+        if session_span is None:
+            session_span = self._open_session(record)
             if self._off:
                 return
-        now = self._ns(record.at)
-        self._last_ns = now
+        now = self._last_ns = self._ns(record.at)
         turn = self._turn
         if record.step == 0 or turn is None or turn.index != record.turn:
             if turn is not None:
@@ -414,44 +378,47 @@ class Telemetry:
             self._end_turn(turn, record, now)
         if limit is not None and limit != self._limit:
             self._limit = limit
-            if self._session_span is not None:
-                self._session_span.add_event("turnstate.limit", {"turnstate.limit": limit}, now)
+            session_span.add_event("turnstate.limit", {"turnstate.limit": limit}, now)
         if finished and session_status is not None:
             self.end(session_status, at=record.at)
 
-    def _open_session(self, record: TraceRecord) -> None:
+    def _start(
+        self,
+        name: str,
+        parent: otel_context.Context | None,
+        operation: str,
+        attributes: dict[str, Any],
+        now: int,
+        kind: SpanKind = SpanKind.INTERNAL,
+    ) -> Span:
+        """Start a span of ``operation`` (with the attributes of every span)."""
+        attributes = {**self._base, OPERATION: operation, **attributes}
+        return self._tracer.start_span(name, parent, kind, attributes, start_time=now)
+
+    def _open_session(self, record: TraceRecord) -> Span:
         """Start the session span at the first record, and decide whether anything
         records (else the observer is off for the rest of the session)."""
-        now = self._ns(record.at)
         parent = self._parent if self._parent is not None else otel_context.get_current()
         conversation = self._session_id
         if conversation is None and self._bound is not None:
             conversation = self._bound.session_id
         if conversation is not None:
-            self._base[CONVERSATION] = conversation
-        attributes = {
-            **self._base,
-            OPERATION: "invoke_workflow",
-            WORKFLOW: self._agent,
-        }
-        span = self._tracer.start_span(
-            f"invoke_workflow {self._agent}", parent, SpanKind.INTERNAL, attributes, start_time=now
+            self._base["gen_ai.conversation.id"] = conversation
+        now = self._ns(record.at)
+        workflow = {"gen_ai.workflow.name": self._agent}
+        span = self._start(
+            f"invoke_workflow {self._agent}", parent, "invoke_workflow", workflow, now
         )
         self._session_span = span
         if not span.is_recording() and not _meter_records(self._meter_provider):
             self._off = True
-            return
-        self._session_context = trace.set_span_in_context(span, parent)
-
-    def _where_of(self, model: str | None) -> _Where:
-        """Where a call to ``model`` goes, as far as known before it is made."""
-        return self._known.get(model) or (self._provider, None, None)
+        else:
+            self._session_context = trace.set_span_in_context(span, parent)
+        return span
 
     def _open_turn(self, record: TraceRecord, now: int) -> _TurnSpans:
         attributes: dict[str, Any] = {
-            **self._base,
-            OPERATION: "invoke_agent",
-            AGENT: self._agent,
+            "gen_ai.agent.name": self._agent,
             "turnstate.turn.index": record.turn,
         }
         provider = self._latest
@@ -460,22 +427,14 @@ class Telemetry:
         action = record.action
         if type(action) is Assemble:
             attributes["turnstate.turn.final_answer"] = action.withhold_tools
-        span = self._tracer.start_span(
-            f"invoke_agent {self._agent}",
-            self._session_context,
-            SpanKind.INTERNAL,
-            attributes,
-            start_time=now,
-        )
-        turn = _TurnSpans(record.turn, span, where=(provider, None, None))
-        self._turn = turn
+        name = f"invoke_agent {self._agent}"
+        span = self._start(name, self._session_context, "invoke_agent", attributes, now)
+        turn = self._turn = _TurnSpans(record.turn, span, where=(provider, None, None))
         return turn
 
     def _close_pending(self, turn: _TurnSpans, record: TraceRecord, now: int) -> None:
         """End what ``record``'s event answers: the model call in flight, the tools."""
-        event = record.event
-        action = record.action
-        chat = turn.chat
+        event, action, chat = record.event, record.action, turn.chat
         if record.cost_usd:
             turn.cost += record.cost_usd
             cost_point: dict[str, Any] = {}
@@ -496,8 +455,7 @@ class Telemetry:
             for call in action.calls:  # re-invoked: the deferred attempt conflicted
                 deferred = turn.deferred_tools.pop(call.id, None)
                 if deferred is not None:
-                    span, end, _ = deferred
-                    _end_error(span, ToolErrorCategory.CONCURRENCY_CONFLICT.value, end)
+                    _end_span(deferred[0], deferred[1], _CONFLICT)
 
     def _answer_chat(self, turn: _TurnSpans, chat: _Chat, record: TraceRecord, now: int) -> None:
         """End a model call attempt's span with what its event says."""
@@ -545,8 +503,8 @@ class Telemetry:
     def _failure_attributes(self, found: dict[str, Any], record: TraceRecord) -> str | None:
         """A failure's details, and its category (``None``: a move to a fallback model,
         whose error the turn's ``Finish`` carries)."""
-        # the error itself: the event the record carries; a record read from a trace
-        # without it has the Finish's (a fallback's comes with the Finish)
+        # the error is the record's event's; a record read without its event has the
+        # Finish's
         cause, action = record.caused_by, record.action
         error = cause.error if type(cause) is ModelFailed else None
         if error is None and type(action) is Finish:
@@ -571,27 +529,23 @@ class Telemetry:
 
     def _end_chat(self, chat: _Chat, end: int, error: str | None) -> None:
         """End the span and record the call's duration and tokens."""
+        _end_span(chat.span, end, error)
         usage = chat.usage
-        if error is not None:
-            _end_error(chat.span, error, end)
-        else:
-            chat.span.end(end)
         point: dict[str, Any] = {OPERATION: "chat"}
         _where_attributes(point, chat.where, chat.model)
-        if usage is not None and usage.model is not None:
-            point[RESPONSE_MODEL] = usage.model
         if usage is not None:
-            if usage.input_tokens is not None:
-                self._m.tokens.record(usage.input_tokens, {**point, TOKEN_TYPE: "input"})
-            if usage.output_tokens is not None:
-                self._m.tokens.record(usage.output_tokens, {**point, TOKEN_TYPE: "output"})
+            if usage.model is not None:
+                point[RESPONSE_MODEL] = usage.model
+            for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+                if count is not None:
+                    self._m.tokens.record(count, {**point, "gen_ai.token.type": kind})
         if error is not None:
             point[ERROR_TYPE] = error
         self._m.duration.record((end - chat.start) / _NS, point)
 
     def _error_details(self, found: dict[str, Any], error: Any) -> None:
         if error.status is not None:
-            found[HTTP_STATUS] = error.status
+            found["http.response.status_code"] = error.status
         if error.retry_after_seconds is not None and type(error.retry_after_seconds) is float:
             found["turnstate.retry_after_s"] = error.retry_after_seconds
         if self._capture and error.message:
@@ -631,32 +585,26 @@ class Telemetry:
         model = _requested_model(action)
         if "fallback_left" in record.guard:
             self._fallback(turn, record, model, now)
-        where = self._where_of(model)
-        attrs: dict[str, Any] = {
-            **self._base,
-            OPERATION: "chat",
+        where = self._known.get(model) or (self._provider, None, None)
+        attributes: dict[str, Any] = {
             "turnstate.attempt": action.attempt,
             "turnstate.step": record.step,
         }
-        _where_attributes(attrs, where, model)
+        _where_attributes(attributes, where, model)
         if action.withhold_tools:
-            attrs["turnstate.withhold_tools"] = True
+            attributes["turnstate.withhold_tools"] = True
         if isinstance(request, Mapping):
-            _request_attributes(attrs, request, where[0])
+            _request_attributes(attributes, request, where[0])
         if self._capture:
-            _content_attributes(attrs, request)
+            _content_attributes(attributes, request)
         if turn.first_call is None:
             turn.first_call = action
             if model is not None:
                 turn.span.set_attribute(REQUEST_MODEL, model)
         turn.last_model = model
-        span = self._tracer.start_span(
-            f"chat {model}" if model else "chat",
-            trace.set_span_in_context(turn.span),
-            SpanKind.CLIENT,
-            attrs,
-            start_time=now,
-        )
+        parent = trace.set_span_in_context(turn.span)
+        name = f"chat {model}" if model else "chat"
+        span = self._start(name, parent, "chat", attributes, now, SpanKind.CLIENT)
         turn.chat = _Chat(span, now, model, where)
 
     def _fallback(self, turn: _TurnSpans, record: TraceRecord, model: str | None, now: int) -> None:
@@ -681,24 +629,16 @@ class Telemetry:
         for call in action.calls:
             turn.calls[call.id] = call
             attributes = {
-                **self._base,
-                OPERATION: "execute_tool",
-                TOOL_NAME: call.name,
-                TOOL_CALL_ID: call.id,
-                TOOL_TYPE: "function",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id,
+                "gen_ai.tool.type": "function",
                 "turnstate.tool.provider": call.provider,
                 "turnstate.step": record.step,
             }
             if self._capture:
-                attributes[TOOL_ARGUMENTS] = _json(_as_object(call.arguments))
-            span = self._tracer.start_span(
-                f"execute_tool {call.name}",
-                parent,
-                SpanKind.INTERNAL,
-                attributes,
-                start_time=now,
-            )
-            turn.tools[call.id] = (span, call)
+                attributes["gen_ai.tool.call.arguments"] = _json(_as_object(call.arguments))
+            name = f"execute_tool {call.name}"
+            turn.tools[call.id] = (self._start(name, parent, "execute_tool", attributes, now), call)
 
     def _end_turn(self, turn: _TurnSpans, record: TraceRecord | None, now: int) -> None:
         """End the turn's spans: with its Finish (``record``), or as they stand."""
@@ -715,7 +655,7 @@ class Telemetry:
             span.add_event(name, attributes, at)
         span.set_attributes(self._turn_attributes(turn))
         if finish is None or record is None:
-            _end_error(span, "unfinished", now)
+            _end_span(span, now, "unfinished")
             return
         status = finish.status.value
         span.set_attribute("turnstate.turn.status", status)
@@ -723,10 +663,7 @@ class Telemetry:
         self._m.turns.add(1, {"turnstate.turn.status": status})
         if record.guard in ("trips_breaker", "trips_denial_breaker"):
             self._breaker(turn, finish, record, now)
-        if finish.status is TurnStatus.COMPLETED:
-            span.end(now)
-        else:
-            _end_error(span, status, now)
+        _end_span(span, now, None if finish.status is TurnStatus.COMPLETED else status)
 
     def _end_fallbacks(self, turn: _TurnSpans, finish: Finish | None) -> None:
         """End the attempts that moved to a fallback model, with the errors the Finish
@@ -755,15 +692,16 @@ class Telemetry:
         for span, end, call in ending:
             result = results.get(call.id)
             if result is None:
-                _end_error(span, "unfinished", end)
+                _end_span(span, end, "unfinished")
             elif result.is_error:
                 if self._capture:
                     span.set_attribute(ERROR_MESSAGE, _text_of(result.content))
                 category = result.category.value if result.category is not None else "unknown"
-                _end_error(span, category, end)
+                _end_span(span, end, category)
             else:
                 if self._capture:
-                    span.set_attribute(TOOL_RESULT, _json(_as_object(result.content)))
+                    result_json = _json(_as_object(result.content))
+                    span.set_attribute("gen_ai.tool.call.result", result_json)
                 span.end(end)
 
     def _turn_attributes(self, turn: _TurnSpans) -> dict[str, Any]:
@@ -821,6 +759,7 @@ class Telemetry:
 
 
 _CRASHED = ToolErrorCategory.PROCESS_CRASHED
+_CONFLICT = ToolErrorCategory.CONCURRENCY_CONFLICT.value
 
 
 def _requested_model(action: CallModel) -> str | None:
@@ -860,7 +799,7 @@ def _usage_attributes(found: dict[str, Any], usage: Usage) -> None:
     if usage.model is not None:
         found[RESPONSE_MODEL] = usage.model
     if usage.response_id is not None:
-        found[RESPONSE_ID] = usage.response_id
+        found["gen_ai.response.id"] = usage.response_id
     if usage.finish_reason is not None:
         found[FINISH_REASONS] = (usage.finish_reason,)
     _where_attributes(found, (usage.provider_name, usage.server_address, usage.server_port))
@@ -876,14 +815,16 @@ def _where_attributes(found: dict[str, Any], where: _Where, model: str | None = 
     if model is not None:
         found[REQUEST_MODEL] = model
     if address is not None:
-        found[SERVER_ADDRESS] = address
+        found["server.address"] = address
         if port is not None:
-            found[SERVER_PORT] = port
+            found["server.port"] = port
 
 
-def _end_error(span: Span, error: str, end: int) -> None:
-    span.set_attribute(ERROR_TYPE, error)
-    span.set_status(Status(StatusCode.ERROR, error))
+def _end_span(span: Span, end: int, error: str | None) -> None:
+    """End ``span``, failed with ``error`` (``error.type``, status ERROR) unless ``None``."""
+    if error is not None:
+        span.set_attribute(ERROR_TYPE, error)
+        span.set_status(Status(StatusCode.ERROR, error))
     span.end(end)
 
 
@@ -977,16 +918,16 @@ def _content_attributes(found: dict[str, Any], request: Any) -> None:
         messages, system = input_messages(request)
     except Exception:
         messages, system = [_message("user", [_text_part(request)])], None
-    found[INPUT_MESSAGES] = _json(messages)
+    found["gen_ai.input.messages"] = _json(messages)
     if system:
-        found[SYSTEM_INSTRUCTIONS] = _json(system)
+        found["gen_ai.system_instructions"] = _json(system)
     if isinstance(request, Mapping):
         try:
             tools = tool_definitions(request.get("tools"))
         except Exception:
             tools = []
         if tools:
-            found[TOOL_DEFINITIONS] = _json(tools)
+            found["gen_ai.tool.definitions"] = _json(tools)
 
 
 def _message(role: Any, parts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -1039,14 +980,11 @@ def _input_message(item: Any) -> dict[str, Any]:
     if kind == "function_call":  # an OpenAI responses item: the model's call
         return _message("assistant", [_tool_call(item.get("call_id"), item)])
     if kind == "function_call_output":
-        response = {"type": "tool_call_response", "id": item.get("call_id")}
-        response["response"] = _as_object(item.get("output"))
-        return _message("tool", [response])
+        return _message("tool", [_tool_response(item.get("call_id"), item.get("output"))])
     role = item.get("role")
     extra = {"name": item["name"]} if isinstance(item.get("name"), str) else {}
     if role == "tool":  # OpenAI chat: a tool's result
-        response = {"type": "tool_call_response", "id": item.get("tool_call_id")}
-        response["response"] = _as_object(item.get("content"))
+        response = _tool_response(item.get("tool_call_id"), item.get("content"))
         return _message("tool", [response], **extra)
     parts = _parts(item.get("content"))
     for call in item.get("tool_calls") or ():
@@ -1098,9 +1036,8 @@ def _text_block(block: Mapping[Any, Any]) -> dict[str, Any] | None:
     return _text_part(text) if isinstance(text, str) else None
 
 
-def _tool_result(block: Mapping[Any, Any]) -> dict[str, Any]:
-    response = _as_object(block.get("content"))
-    return {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": response}
+def _tool_response(call_id: Any, content: Any) -> dict[str, Any]:
+    return {"type": "tool_call_response", "id": call_id, "response": _as_object(content)}
 
 
 def _thinking(block: Mapping[Any, Any]) -> dict[str, Any] | None:
@@ -1158,7 +1095,7 @@ _PARTS: dict[str, Callable[[Mapping[Any, Any]], dict[str, Any] | None]] = {
     "input_text": _text_block,
     "output_text": _text_block,
     "tool_use": lambda block: _tool_call(block.get("id"), block),  # Anthropic: the model's call
-    "tool_result": _tool_result,
+    "tool_result": lambda block: _tool_response(block.get("tool_use_id"), block.get("content")),
     "thinking": _thinking,
     "image_url": _image_url,
     "input_image": _image_url,

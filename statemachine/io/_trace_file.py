@@ -7,33 +7,27 @@ line. :class:`TraceWriter` starts the file with a *header*::
     {"type": "header", "format": "turnstate-trace", "version": 1,
      "engine": "<turnstate version>", "table": "<sha256 of the transition table>"}
 
-(with ``"settings"``, the session's settings, and ``"seed"``, its jitter seed, when the
-writer knows them, and ``"anchor"``, ``{"t": <session clock>, "wall": <Unix time>}`` read
-when the first step was written: the wall-clock time of the session's clock), then one
-``step`` object per
-transition, with the keys ``simulate --json`` uses for the same facts (``turn``,
-``step``, ``t``, ``state``, ``event``, ``guard``, ``next``, ``action``, ``attempt``,
-``session_retries``, ``reductions``), ``event_cost_usd``,
-the cost the transition's event carried, ``caused_by``, the event itself (encoded as a
-snapshot encodes values: a failure's error with its category, HTTP status and
-retry-after, a reply's usage; ``null`` for a start), ``wall``, the Unix time the
-step was given (``null``: none), and on a start ``made_t``, the session clock's reading
-when its turn was made (left out where not known); a writer bound to its session
-(:meth:`TraceWriter.bind`) adds ``limit`` and ``session_status`` as they stood after the
-step. ``simulate --json`` output has no header (its steps name their ``scenario``; its
-``cost_usd`` is the session's running total) and ends each scenario with a ``summary``
-line, which holds its settings and seed.
+with ``"settings"`` and ``"seed"`` (the session's, when the writer knows them) and
+``"anchor"``, ``{"t": <session clock>, "wall": <Unix time>}`` at the first step. Then
+one ``step`` object per transition, with ``simulate --json``'s keys for the same facts
+(``turn``, ``step``, ``t``, ``state``, ``event``, ``guard``, ``next``, ``action``,
+``attempt``, ``session_retries``, ``reductions``), and ``event_cost_usd`` (the cost
+the event carried), ``caused_by`` (the event, encoded as a snapshot encodes values;
+``null`` for a start), ``wall`` (the Unix time the step was given, or ``null``) and,
+on a start, ``made_t`` (the session clock when its turn was made, where known); a
+writer bound to its session adds ``limit`` and ``session_status`` after the step.
+``simulate --json`` writes no header: its steps name their ``scenario``, its
+``cost_usd`` is the session's running total, and a ``summary`` line, with the settings
+and seed, ends each scenario.
 
-:func:`read_trace` accepts both and checks every line before anything is drawn: a
-header of another format, version or table (an engine whose rows differ), a line
-that is not JSON, a step whose (state, event, guard, next) is not a row of this
-engine's table, an action that is not the one that row emits or whose fields are not
-what the engine writes (checked as a snapshot's restore checks them: a ``Wait`` that is
-not finite or negative), a ``Wait`` longer than the trace's settings allow (the
-defaults when it records none), a string that is not valid Unicode, or steps out of
-order is a :class:`TraceFileError` naming the line. A trace is never drawn wrong.
-:func:`load_trace` reads a file whose last line was cut off (a crash mid-write) up to
-its last complete line and says which line it dropped.
+:func:`read_trace` reads both and checks every line before anything is drawn: a
+header of another format, version or table, a line that is not JSON, a step that is
+not a row of this engine's table, an action that is not the one its row emits or not
+as the engine writes it (a snapshot's restore checks), a ``Wait`` longer than the
+trace's settings (else the defaults) allow, a string that is not valid Unicode, or
+steps out of order is a :class:`TraceFileError` naming the line: a trace is never
+drawn wrong. :func:`load_trace` reads a file whose last line a crash cut off up to
+its last complete line, and says which line it dropped.
 """
 
 from __future__ import annotations
@@ -83,10 +77,6 @@ def table_digest() -> str:
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
-def _engine_version() -> str:
-    return __version__
-
-
 def header(
     settings: Settings | None = None,
     anchor: tuple[float, float] | None = None,
@@ -98,7 +88,7 @@ def header(
         "type": "header",
         "format": FORMAT,
         "version": VERSION,
-        "engine": _engine_version(),
+        "engine": __version__,
         "table": table_digest(),
     }
     if settings is not None:
@@ -134,26 +124,24 @@ def record_json(record: TraceRecord) -> dict[str, Any]:
     return line
 
 
+_STEP_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=False, default=str)
+"""A step line's encoder, made once (``json.dumps`` with options makes one per call)."""
+
+
 class TraceWriter:
     """An observer that writes every transition to ``target`` as a trace file line.
 
-    ``target`` is a path (opened for appending text; closed by :meth:`close`) or an
-    open text stream (left open). The header is written before the first step, unless
-    the file at ``target`` already has content: a process that restores the session
-    after a restart appends to its trace. Each line is flushed as it is written, so a
-    crash loses no transition already taken.
-    A host's data inside actions (requests, tool arguments, replies) is written as it
-    is: a trace file holds what the session held.
+    ``target`` is a path (opened for appending; closed by :meth:`close`) or an open
+    text stream (left open). The header is written before the first step, unless the
+    file already has content (a restored session appends to its trace); each line is
+    flushed as it is written, so a crash loses no transition taken. The host's data
+    inside actions is written as it is. The header's anchor is the first step's
+    session-clock time and its Unix time (the step's ``wall``, else ``wall_clock()``).
 
-    The header records ``settings`` (what the reader checks each ``Wait`` against)
-    and an anchor: the first step's session-clock time and its Unix time (the step's
-    ``wall`` if the host gave one, else ``wall_clock()`` when it is written), so a
-    drawn trace can say when its session started.
-
-    Use one writer per session: ``Session(..., observers=[writer])``, then
-    ``writer.bind(session)``, which also records the session's settings and seed (what
-    a replay of the file takes), and after each step the limit that fired and the
-    session's status.
+    One writer per session: ``Session(..., observers=[writer])``, then
+    ``writer.bind(session)``, which records the session's settings (what the reader
+    checks each ``Wait`` against) and seed (what a replay takes), and after each step
+    the limit that fired and the session's status.
     """
 
     __slots__ = ("_bound", "_owned", "_seed", "_settings", "_started", "_stream", "_wall_clock")
@@ -201,7 +189,7 @@ class TraceWriter:
             limit, status = session.limit_reached, session.status
             line["limit"] = None if limit is None else limit.value
             line["session_status"] = None if status is None else status.value
-        stream.write(json.dumps(line, sort_keys=True, allow_nan=False, default=str) + "\n")
+        stream.write(_STEP_ENCODER.encode(line) + "\n")
         stream.flush()
 
     def close(self) -> None:
@@ -296,27 +284,27 @@ def _number(data: Mapping[str, Any], key: str, where: str) -> float | None:
     return float(value)
 
 
-def _settings(raw: object, where: str) -> Settings | None:
-    """The settings a header or a summary records (``None``: none recorded)."""
-    if raw is None:
-        return None
-    try:
-        return Settings.from_dict(raw, source="settings")  # type: ignore[arg-type]
-    except ConfigError as exc:
-        raise TraceFileError(f"{where}: {exc}") from None
-
-
-def _keep_seed(
-    seeds: dict[str | None, int], scenario: str | None, data: Mapping[str, Any], where: str
+def _keep_run(
+    settings: dict[str | None, Settings],
+    seeds: dict[str | None, int],
+    scenario: str | None,
+    data: Mapping[str, Any],
+    where: str,
 ) -> None:
-    """The seed a header or a summary records, kept for ``scenario`` as the session took
-    it (a 64-bit unsigned int)."""
-    raw = data.get("seed")
-    if raw is None:
+    """Keep for ``scenario`` the settings and the seed a header or a summary records, if
+    any (the seed as the session took it: a 64-bit unsigned int)."""
+    raw = data.get("settings")
+    if raw is not None:
+        try:
+            settings[scenario] = Settings.from_dict(raw, source="settings")
+        except ConfigError as exc:
+            raise TraceFileError(f"{where}: {exc}") from None
+    seed = data.get("seed")
+    if seed is None:
         return
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise TraceFileError(f"{where}: seed: must be an int, got {raw!r:.60}")
-    seeds[scenario] = raw & _SEED_MASK
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TraceFileError(f"{where}: seed: must be an int, got {seed!r:.60}")
+    seeds[scenario] = seed & _SEED_MASK
 
 
 _SEED_MASK = (1 << 64) - 1
@@ -362,7 +350,7 @@ def _check_header(data: Mapping[str, Any], where: str) -> str:
     if data.get("table") != table_digest():
         raise TraceFileError(
             f"{where}: written by turnstate {engine!s:.40}, whose transition table differs "
-            f"from this engine's ({_engine_version()}): its rows cannot be drawn on this machine"
+            f"from this engine's ({__version__}): its rows cannot be drawn on this machine"
         )
     return str(engine)
 
@@ -398,19 +386,13 @@ def read_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
             if seen_any:
                 raise TraceFileError(f"{where}: a header after the first line")
             engine = _check_header(data, where)
-            recorded = _settings(data.get("settings"), where)
-            if recorded is not None:
-                settings[None] = recorded
-            _keep_seed(seeds, None, data, where)
+            _keep_run(settings, seeds, None, data, where)
             anchor = _anchor(data.get("anchor"), where)
         elif kind == "summary":
-            scenario = _scenario(data, where)
+            scenario = _text(data, "scenario", where)
             status = data.get("session_status")
             statuses[scenario] = status if isinstance(status, str) else None
-            recorded = _settings(data.get("settings"), where)
-            if recorded is not None:
-                settings[scenario] = recorded
-            _keep_seed(seeds, scenario, data, where)
+            _keep_run(settings, seeds, scenario, data, where)
         elif kind == "step":
             step = _read_step(data, where, number, engine is not None, last, previous_cost)
             steps.append(step)
@@ -459,7 +441,7 @@ def _read_step(
     previous_cost: dict[str | None, float],
 ) -> TracedStep:
     values = {key: _field(data, key, kind, where) for key, kind in _STEP_FIELDS.items()}
-    scenario = _scenario(data, where)
+    scenario = _text(data, "scenario", where)
     action = _row_action(values, where)
     at, wall = _number(data, "t", where), _number(data, "wall", where)
     made = _number(data, "made_t", where)
@@ -566,13 +548,6 @@ def _check_order(
         raise TraceFileError(f"{where}: time runs backwards ({at} after {before.at})")
 
 
-def _scenario(data: Mapping[str, Any], where: str) -> str | None:
-    scenario = data.get("scenario")
-    if scenario is not None and not isinstance(scenario, str):
-        raise TraceFileError(f"{where}: scenario: got {scenario!r:.60}")
-    return scenario
-
-
 def _text(data: Mapping[str, Any], key: str, where: str) -> str | None:
     value = data.get(key)
     if value is not None and not isinstance(value, str):
@@ -610,32 +585,29 @@ def load_trace(path: str | Path) -> Trace:
     except OSError as exc:
         raise TraceFileError(f"{path}: {exc.strerror or exc}") from None
     chunks = raw.split(b"\n")
-    ended = chunks[-1] == b""
-    if ended:
+    cut = None
+    if chunks[-1] == b"":
+        chunks.pop()
+    elif len(chunks) > 1 and not _complete(chunks[-1]):  # a file of one line is not cut
+        cut = len(chunks)
         chunks.pop()
     lines: list[str] = []
-    cut = None
     for number, chunk in enumerate(chunks, start=1):
-        # a crash cuts the last line; a file of one line is not a trace cut short
-        last = number == len(chunks) > 1 and not ended
         try:
-            text = chunk.decode("utf-8")
+            lines.append(chunk.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            if last:
-                cut = number
-                break
             raise TraceFileError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from None
-        if last and text.strip() and not _is_json(text):
-            cut = number
-            break
-        lines.append(text)
     trace = read_trace(lines, str(path))
     return attrs.evolve(trace, cut=cut)
 
 
-def _is_json(text: str) -> bool:
+def _complete(chunk: bytes) -> bool:
+    """Whether a file's last line, one without its newline, is a whole record (UTF-8
+    text, blank or JSON) rather than one a crash cut off."""
     try:
-        json.loads(text)
-    except (ValueError, RecursionError):
+        text = chunk.decode("utf-8")
+        if text.strip():
+            json.loads(text)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return False
     return True
