@@ -70,13 +70,14 @@ _RESULTS = {
     _E.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
 }
 _ENDS = {
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "cancelled",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW: "continued as new",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed out",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
 }
+"""The events that close a run."""
 _NEVER = 1 << 62
 """An event id past any history's end."""
 
@@ -475,32 +476,30 @@ def _compare_end(
     recorded: _History, end: HistoryEvent, outcome: Any, data: SessionInput
 ) -> Drift | None:
     """The run's end (``outcome``) against the event that closed the recorded run."""
-    index = recorded.index
+    index, at = recorded.index, end.event_id
     if isinstance(outcome, Continue):
-        expected, kind = "continue-as-new", _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
-    elif fails_workflow(data, outcome):
-        expected = f"the run to fail ({FAILED_SESSION})"
-        kind = _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
-    else:
-        expected, kind = "the run to complete", _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
-    if end.event_type != kind:
-        return Drift(index, end.event_id, expected, _described(end))
-    if isinstance(outcome, Continue):
+        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            return Drift(index, at, "continue-as-new", _described(end))
         carried = recorded.input_of(end, "workflow_execution_continued_as_new_event_attributes")
-        found = _json(carried.snapshot)
-        expected = f"continue-as-new carrying {_json(outcome.snapshot):.300}"
-        same = found == _json(outcome.snapshot)
-        return None if same else Drift(index, end.event_id, expected, f"a snapshot {found:.300}")
-    if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        found, expected = _json(carried.snapshot), _json(outcome.snapshot)
+        if found != expected:
+            return Drift(
+                index, at, f"continue-as-new carrying {expected:.300}", f"a snapshot {found:.300}"
+            )
+        return None
+    if fails_workflow(data, outcome):
+        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            return Drift(index, at, f"the run to fail ({FAILED_SESSION})", _described(end))
         failure = end.workflow_execution_failed_event_attributes.failure.application_failure_info
         if failure.type != FAILED_SESSION:
-            expected = f"a {FAILED_SESSION} failure"
-            return Drift(index, end.event_id, expected, f"a {failure.type!r} failure")
+            return Drift(index, at, f"a {FAILED_SESSION} failure", f"a {failure.type!r} failure")
         return None
+    if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        return Drift(index, at, "the run to complete", _described(end))
     result = recorded.result_of(end)
     plain = json.loads(_json(dataclasses.asdict(outcome)))
     if _json(result) != _json(plain):
-        return Drift(index, end.event_id, f"the result {_json(plain):.300}", f"{result!r:.300}")
+        return Drift(index, at, f"the result {_json(plain):.300}", f"{result!r:.300}")
     return None
 
 
