@@ -202,14 +202,8 @@ class _History:
         expected = f"a wait for {kind} of {_nanos(timeout_s)} ns ({timeout_s!r} s)"
         event, fired = self._timer(expected, timeout_s)
         limit = fired.event_id if fired is not None else _NEVER
-        update = next(
-            (
-                e
-                for e in self._updates
-                if event.event_id < e.event_id < limit and e.event_id not in self._used
-            ),
-            None,
-        )
+        fresh = (e for e in self._updates if e.event_id not in self._used)
+        update = next((e for e in fresh if event.event_id < e.event_id < limit), None)
         if update is not None:
             self._used.add(update.event_id)
             request = update.workflow_execution_update_accepted_event_attributes.accepted_request
