@@ -267,11 +267,9 @@ class ConversationStore(Protocol):
         """Keep ``records`` as the records from index ``start`` of conversation ``key``
         (a repeat overwrites the same records); ``LookupError`` if it holds fewer than
         ``start`` (some were lost: the store is not shared, or was emptied)."""
-        ...
 
     def load(self, key: str) -> Any:
         """All of conversation ``key``'s records, oldest first (a list)."""
-        ...
 
 
 class InMemoryConversations:
@@ -524,7 +522,6 @@ class TurnIO(Protocol):
 
     async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
         """A person's input of ``kind`` (an update), or ``None`` after ``timeout_s``."""
-        ...
 
 
 def workflow_clock() -> float:
