@@ -1224,11 +1224,11 @@ def test_report_usage_is_checked_and_read_back_from_heartbeat_details() -> None:
     with pytest.raises(LookupError, match="only available inside the model activity"):
         smt.report_usage(0.1)
     usage = sm.Usage(input_tokens=10, cost_usd=0.5)
-    failed = _temporal.lost_model("lost", [{"cost": 0.5, "usage": _temporal.encode(usage)}])
+    failed = _temporal.lost_model(True, [{"cost": 0.5, "usage": _temporal.encode(usage)}])
     assert (failed.cost, failed.usage, failed.error.code) == (0.5, usage, "timeout")
     assert failed.error.category is sm.ErrorCategory.OVERLOADED
     for details in ([], ["text"], [{"cost": -1}], [{"cost": float("nan")}]):
-        assert _temporal.lost_model("lost", details).cost == 0.0
+        assert _temporal.lost_model(True, details).cost == 0.0
 
 
 @pytest.mark.requirement("ER-192")

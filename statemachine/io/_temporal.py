@@ -2,12 +2,11 @@
 docstring lists the pieces): the activities over a host's providers, the workflow-side
 driver, and the ready-made workflow, each usable on its own.
 
-Failures cross the activity boundary as data, never raised: a model call's exception
-is classified inside the activity and becomes ``ModelFailed``, so the engine, not
-Temporal's retry policy, reacts to each category; a tool's becomes a failed
-``ToolOutcome``. Everything the workflow holds is JSON data on the wire (the engine's
-codec), so the default data converter serialises it and :mod:`._temporal_replay` can
-read it back from a history.
+Failures cross the activity boundary as data, never raised: a model call's exception is
+classified inside the activity (``ModelFailed``), a tool's becomes a failed
+``ToolOutcome``, so the engine, not Temporal's retry policy, reacts to each. Everything
+the workflow holds is JSON data (the engine's codec), so the default data converter
+serialises it and :mod:`._temporal_replay` reads it back from a history.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -60,7 +59,7 @@ from ..core._model_error import ModelError
 from ..core._session import Session, Turn
 from ..core._settings import Settings
 from ..core._taxonomy import ErrorCategory, SessionStatus, ToolErrorCategory, TurnStatus
-from ..core._tool_calls import ToolCall, ToolOutcome, ToolResult
+from ..core._tool_calls import ToolCall, ToolOutcome
 from ..core._trace import TraceRecord
 from ..core._usage import Usage
 from ._classify import classify
@@ -72,9 +71,8 @@ ASSEMBLE = "turnstate.assemble"
 ``{"assembled": {"request", "size"}}`` or ``{"cannot_shrink": true}`` out."""
 COMPLETE = "turnstate.complete"
 """The model activity's name: a ``CallModel`` in, ``{"replied": ...}`` or
-``{"failed": ...}`` out (a failure classified in the activity, as data); a call
-cancelled after the provider reported what it cost (:func:`report_usage`),
-``{"cancelled": {"cost", "usage"}}``."""
+``{"failed": ...}`` out; a call cancelled after the provider reported what it cost
+(:func:`report_usage`), ``{"cancelled": {"cost", "usage"}}``."""
 INVOKE = "turnstate.invoke"
 """The tool activity's name: one ``ToolCall`` in, its ``ToolOutcome`` out."""
 WORKFLOW = "turnstate.Session"
@@ -83,8 +81,7 @@ WORKFLOW = "turnstate.Session"
 PASSTHROUGH_MODULES = ("statemachine", "attrs", "transitions")
 """Modules a workflow worker passes through its sandbox: the engine is deterministic
 and does no I/O, and attrs' generated ``__repr__`` keeps a ``threading.local`` that a
-re-imported (sandboxed) attrs may not touch, so engine values could not even be
-printed inside a workflow."""
+re-imported (sandboxed) attrs may not touch."""
 
 BUG_ERRORS: tuple[type[Exception], ...] = (
     IllegalEvent,
@@ -94,31 +91,23 @@ BUG_ERRORS: tuple[type[Exception], ...] = (
     TurnInProgress,
 )
 """Engine errors that mean a bug (in the host or its data): they fail the workflow
-(``failure_exception_types``) instead of failing its task, which Temporal would
-retry forever."""
+(``failure_exception_types``) instead of its task, which Temporal would retry forever."""
 
 DEFAULT_ACTIVITY_TIMEOUT_S = 300.0
 """``start_to_close_timeout`` of a model or tool activity when the settings give no
-``model_timeout_s`` / ``tool_timeout_s``; running out is a timeout the engine sees
-(``overloaded``/``timeout`` for a model call, a ``timeout`` outcome for a tool)."""
-
+``model_timeout_s`` / ``tool_timeout_s``."""
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
-"""``heartbeat_timeout`` of a model or tool activity unless set: the activity
-heartbeats every third of it while the provider's call runs (waiting on the vendor or
-streaming), so a worker that dies mid-call is noticed within it, not after the whole
-``start_to_close_timeout``; the call counts as an ``overloaded``/``timeout`` failure
-(a ``timeout`` tool outcome) and the engine retries it by its rules. It also bounds
-how long a cancel takes to reach the call: the server hands a cancel to an activity
-only in the answer to a heartbeat, and the SDK sends at most one heartbeat per 0.8 x
-the heartbeat timeout (its throttle), so a cancel reaches the provider's call within
-1.6 s (it took up to 24 s with the 30 s this was before)."""
+"""``heartbeat_timeout`` of a model or tool activity unless set: the activity heartbeats
+every third of it while the provider's call runs, so a dead worker is noticed within it
+(an ``overloaded``/``timeout`` failure, a ``timeout`` tool outcome). It also bounds a
+cancel's way to the call: the server hands a cancel over only in the answer to a
+heartbeat, which the SDK sends at most once per 0.8 x this timeout (within 1.6 s)."""
 
 STICKY_QUEUE_TIMEOUT_S = 3.0
 """What to give a worker as ``sticky_queue_schedule_to_start_timeout`` (Temporal's
-default is 10 s): after a worker dies, its workflows' next tasks wait this long on its
-sticky queue before any other worker may take them. Shorter sends a merely busy
-worker's workflows to another worker sooner, which then replays their histories."""
+default is 10 s): how long a dead worker's workflows wait on its sticky queue before
+another worker may take them (and replay their histories)."""
 
 
 def sandbox_restrictions() -> SandboxRestrictions:
@@ -128,8 +117,8 @@ def sandbox_restrictions() -> SandboxRestrictions:
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
-    """A workflow runner for ``Worker(workflow_runner=...)`` that keeps the sandbox
-    and passes the engine through it (:func:`sandbox_restrictions`)."""
+    """A ``Worker(workflow_runner=...)`` that keeps the sandbox and passes the engine
+    through it (:func:`sandbox_restrictions`)."""
     return SandboxedWorkflowRunner(restrictions=sandbox_restrictions())
 
 
@@ -143,9 +132,13 @@ def _value(data: Any, kind: type, where: str) -> Any:
     return value
 
 
+def _usage_of(data: dict[str, Any], where: str) -> Usage | None:
+    raw = data.get("usage")
+    return None if raw is None else _value(raw, Usage, where)
+
+
 def model_event_data(event: ModelReplied | ModelFailed | Cancelled) -> dict[str, Any]:
-    """A model activity's result as JSON data (the reply as its JSON form; the usage
-    when the provider reported one)."""
+    """A model activity's result as JSON data."""
     if isinstance(event, ModelReplied):
         kind = "replied"
         data = {
@@ -164,33 +157,25 @@ def model_event_data(event: ModelReplied | ModelFailed | Cancelled) -> dict[str,
     return {kind: data}
 
 
-def _usage_of(data: dict[str, Any], where: str) -> Usage | None:
-    raw = data.get("usage")
-    return None if raw is None else _value(raw, Usage, where)
-
-
 def model_event(data: Any) -> ModelReplied | ModelFailed | Cancelled:
-    """The engine event a model activity's result stands for (a call cancelled after
-    its provider reported what it cost: ``Cancelled`` charging it)."""
-    if isinstance(data, dict) and isinstance(data.get("replied"), dict):
-        replied = data["replied"]
-        calls = decode(replied.get("tool_calls", []), "replied.tool_calls")
+    """The engine event a model activity's result stands for."""
+    parts: Any = data if isinstance(data, dict) else {}
+    if isinstance(replied := parts.get("replied"), dict):
         return ModelReplied(
-            calls,
+            decode(replied.get("tool_calls", []), "replied.tool_calls"),
             cost=replied.get("cost", 0.0),
             reply=replied.get("reply"),
             usage=_usage_of(replied, "replied.usage"),
         )
-    if isinstance(data, dict) and isinstance(data.get("failed"), dict):
-        failed = data["failed"]
+    if isinstance(failed := parts.get("failed"), dict):
         return ModelFailed(
             _value(failed.get("error"), ModelError, "failed.error"),
             partial=failed.get("partial", False),
             cost=failed.get("cost", 0.0),
             usage=_usage_of(failed, "failed.usage"),
         )
-    if isinstance(data, dict) and isinstance(data.get("cancelled"), dict):
-        cost, usage = reported_spend(data["cancelled"])
+    if isinstance(cancelled := parts.get("cancelled"), dict):
+        cost, usage = reported_spend(cancelled)
         return Cancelled(CANCELLED_CALL, cost=cost, usage=usage)
     raise TypeError(f"a model activity result must hold 'replied' or 'failed', got {data!r:.200}")
 
@@ -200,9 +185,40 @@ CANCELLED_CALL = "the workflow was cancelled while the model call was in flight"
 
 def cancelled_call(event: ModelReplied | ModelFailed | Cancelled) -> CallCancelled:
     """The workflow's cancel, asked while the model call ran: the turn ends
-    ``cancelled`` whatever came back first, charged what ``event`` (the call's reply,
-    failure or cancellation) says it cost."""
+    ``cancelled`` whatever came back first, charged what ``event`` cost."""
     return CallCancelled(CANCELLED_CALL, event.cost, event.usage)
+
+
+def reported_spend(reported: Any) -> tuple[float, Usage | None]:
+    """The cost and usage :func:`report_usage` heartbeated (a cost that is not a
+    finite number >= 0 counts as 0)."""
+    if not isinstance(reported, dict):
+        reported = {}
+    cost = reported.get("cost", 0.0)
+    cost = cost if type(cost) in (int, float) and 0 <= cost < float("inf") else 0.0
+    return float(cost), _usage_of(reported, "heartbeat.usage")
+
+
+def lost_model(lost: bool, details: Sequence[Any] = ()) -> ModelFailed:
+    """What a model activity that ran out of time (``lost``: missed its heartbeat, its
+    worker died or hung) stands for: ``overloaded`` with ``code="timeout"``, as the
+    drivers' ``model_timeout_s``, charged what the last heartbeat's ``details`` reported
+    (:func:`report_usage`)."""
+    cost, usage = reported_spend(details[-1] if details else None)
+    error = ModelError(ErrorCategory.OVERLOADED, _timed_out("model", lost), code="timeout")
+    return ModelFailed(error, cost=cost, usage=usage)
+
+
+def tool_timed_out(call: ToolCall, lost: bool) -> ToolOutcome:
+    """What a tool activity that ran out of time stands for: a ``timeout`` outcome."""
+    message = _timed_out("tool", lost)
+    return ToolOutcome(call.id, ok=False, content=message, category=ToolErrorCategory.TIMEOUT)
+
+
+def _timed_out(what: str, lost: bool) -> str:
+    if lost:
+        return f"the {what} activity missed its heartbeat (its worker died or hung)"
+    return f"the {what} activity timed out (start_to_close_timeout)"
 
 
 def tool_outcome_of(data: Any) -> ToolOutcome:
@@ -219,32 +235,14 @@ def context_event_data(event: Assembled | CannotShrink) -> dict[str, Any]:
 
 def context_event(data: Any) -> Assembled | CannotShrink:
     """The engine event a context activity's result stands for."""
-    if isinstance(data, dict) and isinstance(data.get("assembled"), dict):
-        return Assembled(data["assembled"].get("request"), data["assembled"].get("size"))
-    if isinstance(data, dict) and data.get("cannot_shrink") is True:
+    parts: Any = data if isinstance(data, dict) else {}
+    if isinstance(parts.get("assembled"), dict):
+        return Assembled(parts["assembled"].get("request"), parts["assembled"].get("size"))
+    if parts.get("cannot_shrink") is True:
         return CannotShrink()
     raise TypeError(
         f"a context activity result must hold 'assembled' or 'cannot_shrink', got {data!r:.200}"
     )
-
-
-MODEL_TIMED_OUT = "the model activity timed out (start_to_close_timeout)"
-TOOL_TIMED_OUT = "the tool activity timed out (start_to_close_timeout)"
-MODEL_LOST = "the model activity missed its heartbeat (its worker died or hung)"
-TOOL_LOST = "the tool activity missed its heartbeat (its worker died or hung)"
-
-
-def model_timed_out(lost: bool, details: Sequence[Any] = ()) -> ModelFailed:
-    """What a model activity that ran out of time stands for (``lost``: it missed its
-    heartbeat, its worker died or hung): see :func:`lost_model`."""
-    return lost_model(MODEL_LOST if lost else MODEL_TIMED_OUT, details)
-
-
-def tool_timed_out(call: ToolCall, lost: bool) -> ToolOutcome:
-    """What a tool activity that ran out of time (or missed its heartbeat) stands for:
-    a ``timeout`` outcome."""
-    message = TOOL_LOST if lost else TOOL_TIMED_OUT
-    return ToolOutcome(call.id, ok=False, content=message, category=ToolErrorCategory.TIMEOUT)
 
 
 # -- activities -----------------------------------------------------------------------
@@ -252,10 +250,9 @@ def tool_timed_out(call: ToolCall, lost: bool) -> ToolOutcome:
 
 @attrs.frozen
 class Conversation:
-    """What a context provider's ``assemble`` may read, inside the context activity,
-    through :func:`conversation`: the session's ``prompt`` (the workflow's input) and
-    one record per finished turn (``turn``, ``status``, ``reply``, ``tool_results``),
-    oldest first. The workflow holds it, so it survives any worker."""
+    """What a context provider's ``assemble`` reads through :func:`conversation`: the
+    session's ``prompt`` (the workflow's input) and one record per finished turn
+    (``turn``, ``status``, ``reply``, ``tool_results``), oldest first."""
 
     prompt: Any
     turns: tuple[Any, ...]
@@ -264,23 +261,20 @@ class Conversation:
 class ConversationStore(Protocol):
     """Where the context activities keep a session's turn records when the workflow
     sends each one only once (``SessionInput.store_conversation``): shared by every
-    worker that runs the context activity (Redis, a database...). Methods may be sync
-    or async."""
+    worker that runs the context activity. Methods may be sync or async."""
 
     def append(self, key: str, start: int, records: list[Any]) -> Any:
         """Keep ``records`` as the records from index ``start`` of conversation ``key``
         (a repeat overwrites the same records); ``LookupError`` if it holds fewer than
         ``start`` (some were lost: the store is not shared, or was emptied)."""
-        ...
 
     def load(self, key: str) -> Any:
         """All of conversation ``key``'s records, oldest first (a list)."""
-        ...
 
 
 class InMemoryConversations:
     """A :class:`ConversationStore` in this process's memory: for one worker process
-    (tests, development). Workers in several processes need a shared one."""
+    (tests, development)."""
 
     def __init__(self) -> None:
         self._data: dict[str, list[Any]] = {}
@@ -304,19 +298,17 @@ class InMemoryConversations:
             return list(self._data.get(key, ()))
 
 
+@attrs.define
 class Talk:
     """The conversation as the session loop sends it to the context activity: every
-    record each time (``key`` ``None``: the workflow holds it), or only the records not
-    sent yet, the first of them record number ``sent`` of conversation ``key`` (the
-    context activities' :class:`ConversationStore` holds the rest)."""
+    record each time (``key`` ``None``), or only the records not sent yet, the first of
+    them record number ``sent`` of conversation ``key`` in the context activities'
+    :class:`ConversationStore`."""
 
-    def __init__(
-        self, prompt: Any, records: Sequence[Any], key: str | None = None, sent: int = 0
-    ) -> None:
-        self.prompt = prompt
-        self.records = list(records)
-        self.key = key
-        self.sent = sent
+    prompt: Any
+    records: list[Any]
+    key: str | None = None
+    sent: int = 0
 
     def data(self, action: Assemble) -> dict[str, Any]:
         """The context activity's input for ``action``."""
@@ -335,6 +327,9 @@ class Talk:
 _CONVERSATION: contextvars.ContextVar[Conversation] = contextvars.ContextVar(
     "statemachine.temporal.conversation"
 )
+_REPORTED: contextvars.ContextVar[list[dict[str, Any]]] = contextvars.ContextVar(
+    "statemachine.temporal.reported"
+)
 
 
 def conversation() -> Conversation:
@@ -349,30 +344,12 @@ def conversation() -> Conversation:
         ) from None
 
 
-async def _call(method: Callable[..., Any], *arguments: Any) -> Any:
-    """``method(*arguments)``: awaited when it is a coroutine function, else on a
-    thread (a sync SDK call must not block the worker's event loop)."""
-    if inspect.iscoroutinefunction(method):
-        return await method(*arguments)
-    result = await asyncio.to_thread(method, *arguments)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-_REPORTED: contextvars.ContextVar[list[dict[str, Any]]] = contextvars.ContextVar(
-    "statemachine.temporal.reported"
-)
-
-
 def report_usage(cost: float = 0.0, usage: Usage | None = None) -> None:
     """Say, inside the model activity, what the vendor has reported so far for the call
-    in flight (a stream's first usage event, say): the activity heartbeats it at once
-    and with every heartbeat after, so if its worker dies mid-call the workflow still
-    charges ``cost`` (and keeps ``usage``) on the failure it counts, and if the
-    workflow's cancel reaches the call, its ``Cancelled`` charges them. Without a
-    report, a lost or cancelled call's cost is unknown and counted as 0. ``LookupError`` outside the
-    model activity; ``ValueError`` for a cost that is not a finite number >= 0."""
+    in flight (a stream's first usage event, say): the activity heartbeats it, so a call
+    lost with its worker, or cancelled with its workflow, is still charged ``cost`` (and
+    keeps ``usage``); without a report it counts as 0. ``LookupError`` outside the model
+    activity; ``ValueError`` for a cost that is not a finite number >= 0."""
     box = _REPORTED.get(None)
     if box is None:
         raise LookupError(
@@ -387,6 +364,17 @@ def report_usage(cost: float = 0.0, usage: Usage | None = None) -> None:
     activity.heartbeat(*box)
 
 
+async def _call(method: Callable[..., Any], *arguments: Any) -> Any:
+    """``method(*arguments)``: awaited when it is a coroutine function, else on a
+    thread (a sync SDK call must not block the worker's event loop)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*arguments)
+    result = await asyncio.to_thread(method, *arguments)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
 async def _beat(every: float, box: list[dict[str, Any]]) -> None:
     while True:
         activity.heartbeat(*box)
@@ -396,10 +384,9 @@ async def _beat(every: float, box: list[dict[str, Any]]) -> None:
 async def _heartbeating(
     method: Callable[[Any], Any], argument: Any, box: list[dict[str, Any]] | None = None
 ) -> Any:
-    """:func:`_call`, heartbeating every third of the activity's heartbeat timeout
-    while it runs (a sync method runs on a thread: the event loop beats for it), with
-    what :func:`report_usage` said last (kept in ``box``). Cancelling the activity
-    cancels the call (an async provider's await)."""
+    """:func:`_call`, heartbeating what :func:`report_usage` said last (kept in ``box``)
+    every third of the heartbeat timeout while it runs (a sync method runs on a thread:
+    the event loop beats for it). Cancelling the activity cancels an async call."""
     box = [] if box is None else box
     token = _REPORTED.set(box)
     timeout = activity.info().heartbeat_timeout
@@ -410,28 +397,6 @@ async def _heartbeating(
         if beat is not None:
             beat.cancel()
         _REPORTED.reset(token)
-
-
-def lost_model(message: str, details: Sequence[Any]) -> ModelFailed:
-    """What a model activity that ran out of time, or whose worker was lost, stands
-    for: ``overloaded`` with ``code="timeout"`` (as the drivers' ``model_timeout_s``),
-    charged what the vendor had reported (the last heartbeat's details, from
-    :func:`report_usage`; nothing when it reported nothing)."""
-    cost, usage = reported_spend(details[-1] if details else None)
-    error = ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
-    return ModelFailed(error, cost=cost, usage=usage)
-
-
-def reported_spend(reported: Any) -> tuple[float, Usage | None]:
-    """The cost and usage :func:`report_usage` heartbeated (a cost that is not a
-    finite number >= 0 counts as 0)."""
-    if not isinstance(reported, dict):
-        reported = {}
-    cost = reported.get("cost", 0.0)
-    cost = cost if type(cost) in (int, float) and 0 <= cost < float("inf") else 0.0
-    raw = reported.get("usage")
-    usage = _value(raw, Usage, "heartbeat.usage") if raw is not None else None
-    return float(cost), usage
 
 
 def _contract(message: str) -> ApplicationError:
@@ -450,12 +415,11 @@ class Activities:
     """The three activities over a host's providers, as the drivers take them.
 
     ``model.complete(CallModel)``, ``tools.invoke(ToolCall)`` and
-    ``context.assemble(Assemble)`` may be sync or async. Register :attr:`all` with a
-    worker. A model provider holding an SDK client that retries on its own is
-    refused (``ConfigError``), as the drivers refuse it: the engine is the one retry
-    owner. A provider that breaks its contract (returns the wrong type) fails the
-    activity with a non-retryable ``ProviderContractError``, which fails the
-    workflow: it is a bug, not a provider failure.
+    ``context.assemble(Assemble)`` may be sync or async; register :attr:`all` with a
+    worker. A model provider holding an SDK client that retries on its own is refused
+    (``ConfigError``): the engine is the one retry owner. A provider that returns the
+    wrong type fails the activity, and so the workflow, with a non-retryable
+    ``ProviderContractError``: a bug, not a provider failure.
     """
 
     def __init__(
@@ -541,7 +505,7 @@ class Activities:
 
 
 class TurnIO(Protocol):
-    """What a turn needs done; :class:`_Activities` does it with activities and timers,
+    """What a turn needs done: :class:`_Activities` does it with activities and timers,
     the replay check with a recorded history."""
 
     def now(self) -> float: ...
@@ -558,7 +522,6 @@ class TurnIO(Protocol):
 
     async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
         """A person's input of ``kind`` (an update), or ``None`` after ``timeout_s``."""
-        ...
 
 
 def workflow_clock() -> float:
@@ -576,9 +539,9 @@ def new_session(
 ) -> Session:
     """A session for workflow code: both clocks read workflow time, never ``time.*``.
 
-    ``seed`` defaults to one derived from the workflow id (:func:`seed_of`), so a
-    session's jitter is fixed by its id and never random at replay; ``session_id``
-    defaults to the workflow id. Other keyword arguments go to ``Session``.
+    ``seed`` defaults to one derived from the workflow id (:func:`seed_of`), so jitter
+    is never random at replay; ``session_id`` defaults to the workflow id. Other keyword
+    arguments go to ``Session``.
     """
     workflow_id = workflow.info().workflow_id
     return Session(
@@ -623,8 +586,8 @@ _TRY_CANCEL = ActivityCancellationType.TRY_CANCEL
 
 WAIT_CANCELLATION_PATCH = "turnstate-wait-cancellation"
 """The ``workflow.patched`` id under which a cancelled workflow waits for its model
-and tool activities to confirm their cancellation (the provider's call stopped)
-before it ends: histories recorded before it replay as they ran."""
+and tool activities to confirm their cancellation before it ends: histories recorded
+before it replay as they ran."""
 
 
 class _Activities:
@@ -638,17 +601,12 @@ class _Activities:
         self._tool = timedelta(seconds=tool)
         self._context = timedelta(seconds=options.context_timeout_s)
         self._heartbeat = timedelta(seconds=options.heartbeat_timeout_s)
-        self._cancellation = ActivityCancellationType.TRY_CANCEL
+        self._cancellation = _TRY_CANCEL
         if workflow.patched(WAIT_CANCELLATION_PATCH):
             self._cancellation = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 
     def now(self) -> float:
         return workflow.time()
-
-    async def _run(
-        self, name: str, data: Any, timeout: timedelta, heartbeat: timedelta | None = None
-    ) -> Any:
-        return await self._start(name, data, timeout, heartbeat)
 
     def _start(
         self, name: str, data: Any, timeout: timedelta, heartbeat: timedelta | None = None
@@ -667,7 +625,7 @@ class _Activities:
 
     async def assemble(self, action: Assemble, talk: Talk) -> Assembled | CannotShrink:
         try:
-            return context_event(await self._run(ASSEMBLE, talk.data(action), self._context))
+            return context_event(await self._start(ASSEMBLE, talk.data(action), self._context))
         except ActivityError as err:
             raise _failed("context", err) from err
 
@@ -683,7 +641,7 @@ class _Activities:
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
                 lost = err.cause.type is TimeoutType.HEARTBEAT
-                return model_timed_out(lost, err.cause.last_heartbeat_details)
+                return lost_model(lost, err.cause.last_heartbeat_details)
             raise _failed("model", err) from err
         event = model_event(data)
         if isinstance(event, Cancelled) or workflow.cancellation_reason() is not None:
@@ -696,7 +654,7 @@ class _Activities:
 
     async def _invoke(self, call: ToolCall) -> ToolOutcome:
         try:
-            data = await self._run(INVOKE, encode(call), self._tool, self._heartbeat)
+            data = await self._start(INVOKE, encode(call), self._tool, self._heartbeat)
         except ActivityError as err:
             if isinstance(err.cause, TemporalTimeout):
                 return tool_timed_out(call, err.cause.type is TimeoutType.HEARTBEAT)
@@ -744,18 +702,13 @@ async def run_turn(
     """``sm.arun_turn`` for workflow code: run ``turn`` to its ``Finish`` with the
     activities of :class:`Activities` and durable timers.
 
-    Each ``CallModel`` is one activity attempt (``maximum_attempts=1``), each
-    ``Wait`` one ``workflow.sleep``; the tool calls of a round run as concurrent
-    activities. ``prompt`` and ``turns`` are what the context activity's
-    :func:`conversation` gives the context provider. Cancelling the workflow sends
+    Each ``CallModel`` is one activity attempt, each ``Wait`` one ``workflow.sleep``;
+    a round's tool calls run as concurrent activities. ``prompt`` and ``turns`` are what
+    the context provider's :func:`conversation` gives. Cancelling the workflow sends
     ``Cancelled()`` to the turn (which finishes ``cancelled``) and re-raises.
     """
     io = _Activities(options or ActivityOptions(), turn.session.settings)
-    return await drive(turn, io, Talk(prompt, turns))
-
-
-def _unexpected(action: object) -> NoReturn:
-    raise TypeError(f"unexpected action {action!r}")
+    return await drive(turn, io, Talk(prompt, list(turns)))
 
 
 Gate = Callable[[tuple[ToolCall, ...]], Awaitable[dict[str, ToolOutcome]]]
@@ -764,8 +717,8 @@ run (a person rejected them), by call id."""
 
 
 async def drive(turn: Turn, io: TurnIO, talk: Talk, gate: Gate | None = None) -> Finish:
-    """Run ``turn`` to its ``Finish`` with ``io``: the loop both the workflow and the
-    replay check run (the drivers' loop, ``_loop.adrive``, with ``io`` performing)."""
+    """Run ``turn`` to its ``Finish`` with ``io``: the drivers' loop (``_loop.adrive``),
+    as both the workflow and the replay check run it."""
 
     async def tools(calls: tuple[ToolCall, ...]) -> tuple[ToolOutcome, ...]:
         stopped = {} if gate is None else await gate(calls)
@@ -785,7 +738,7 @@ async def drive(turn: Turn, io: TurnIO, talk: Talk, gate: Gate | None = None) ->
             return WaitDone()
         if isinstance(action, InvokeTools):
             return ToolsDone(await tools(action.calls))
-        _unexpected(action)  # pragma: no cover - the engine emits no other action
+        raise TypeError(f"unexpected action {action!r}")  # pragma: no cover - no other action
 
     return await adrive(turn, perform)
 
@@ -795,23 +748,19 @@ async def drive(turn: Turn, io: TurnIO, talk: Talk, gate: Gate | None = None) ->
 
 @dataclasses.dataclass(frozen=True)
 class SessionInput:
-    """The ready-made workflow's input.
+    """The ready-made workflow's input (``docs/temporal.md``).
 
     ``prompt`` is the host's data for the context provider (:func:`conversation`);
     ``settings`` a ``Settings.to_dict()``-shaped mapping (unknown keys fail the
     workflow: ``ConfigError``); ``seed`` ``None``: derived from the workflow id.
     ``sleep_through_deferred``: how many turns in a row that end ``retry_deferred``
-    (the server asked for more than ``max_server_wait_s``) are each followed by a
-    durable sleep until their ``retry_at`` and a new turn, instead of ending the
-    workflow (0: none; the count bounds a server that keeps deferring).
-    ``turns_per_run``: continue-as-new after this many turns in one run (Temporal's
-    own suggestion is followed too). ``fail_workflow``: a session that ends with any
-    status but ``completed`` (``failed``, or a limit's ``error_*``) fails the
-    workflow (``ApplicationError`` of type ``SessionFailed``, the :class:`Report` as
-    its details) instead of completing it with the report; off by default, because
-    a failed workflow has no result: every host reading ``handle.result()`` would
-    have to change. ``snapshot``, ``turns`` and ``runs`` are what continue-as-new
-    carries; leave them out.
+    are each followed by a durable sleep until their ``retry_at`` and a new turn,
+    instead of ending the workflow. ``turns_per_run``: continue-as-new after this many
+    turns in one run (or when Temporal suggests it). ``fail_workflow``: a session that
+    ends with any status but ``completed`` fails the workflow (``ApplicationError`` of
+    type ``SessionFailed``, the :class:`Report` as its details) instead of completing
+    it with the report. ``snapshot``, ``turns``, ``sent``, ``runs`` and ``deferred``
+    are what continue-as-new carries; leave them out.
     """
 
     prompt: Any = None
@@ -829,26 +778,23 @@ class SessionInput:
     await_human_s: float = 0.0
     """How long the workflow waits for a person (an update) where one can let the
     session go on: after an ``auth_error`` turn (``credentials``), after a limit fired
-    (``raise_limit``, before the final-answer turn), and for each call of an
-    ``approve_tools`` tool (``decide``). 0: it never waits, as before."""
+    (``raise_limit``), and for each call of an ``approve_tools`` tool (``decide``). 0:
+    it never waits."""
     approve_tools: list[str] = dataclasses.field(default_factory=list)
     """Tools whose calls run only once a person approved them (``decide``); a call
-    rejected, or not decided within ``await_human_s``, comes back to the model as a
-    ``permission_denied`` outcome."""
+    rejected, or not decided in time, comes back as a ``permission_denied`` outcome."""
     store_conversation: bool = False
     """Send each turn's record to the context activity once, instead of the whole
-    conversation with every assemble and continue-as-new: the context activities
-    keep it (``Activities(conversations=...)``, a store every worker of theirs
-    shares), so the history grows by the same bytes every turn."""
+    conversation every time: the context activities keep it
+    (``Activities(conversations=...)``), so the history grows by the same bytes a turn."""
     snapshot: dict[str, Any] | None = None
     turns: list[Any] = dataclasses.field(default_factory=list)
     sent: int = 0
-    """With ``store_conversation``: how many records the store held when the last run
-    continued as new (``turns`` holds the ones after)."""
+    """With ``store_conversation``: the records the store held at continue-as-new
+    (``turns`` holds the ones after)."""
     runs: int = 0
     deferred: int = 0
-    """How many turns in a row had ended ``retry_deferred`` when the last run continued
-    as new: ``sleep_through_deferred`` bounds them across runs."""
+    """The turns in a row that had ended ``retry_deferred`` at continue-as-new."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -856,14 +802,10 @@ class Report:
     """The session's counters and state: the ``status`` query's answer and the
     workflow's result.
 
-    ``status`` is the session's status: ``completed`` once the model answered, a
-    limit's status after its final-answer turn, ``failed`` once a turn ended the
-    conversation (``auth_error``, ``retries_exhausted``, a ``retry_deferred`` the
-    workflow does not sleep through...: ``last_turn`` says which), ``cancelled``
-    once the workflow was cancelled, and ``None`` only while it can go on;
-    ``last_turn`` the last finished turn's status; ``state`` the current turn's
-    state; ``runs`` how many times the workflow continued as new. ``reply`` is the
-    last turn's reply.
+    ``status`` is the session's status, ``None`` only while it can go on (``failed``
+    once a turn ended the conversation: ``last_turn``, the last finished turn's status,
+    says why); ``state`` the current turn's state; ``runs`` how many times the workflow
+    continued as new; ``reply`` the last turn's reply.
     """
 
     status: str | None
@@ -904,44 +846,41 @@ def report(session: Session, runs: int, reply: Any = None) -> Report:
     )
 
 
-_GOES_ON = frozenset({TurnStatus.COMPLETED, TurnStatus.BREAKER_OPEN})
-"""Turn statuses after which the session's next turn runs (a limit's final-answer
-turn included); any other status ends the workflow with the session as it is."""
-
-
 @attrs.frozen
 class Continue:
-    """The session loop's request to continue as new with this state."""
+    """The session loop's request to continue as new with this state (``deferred``:
+    the run of ``retry_deferred`` turns so far; ``sent``: the records the context
+    activities' store holds)."""
 
     snapshot: dict[str, Any]
     turns: list[Any]
     deferred: int = 0
-    """The run of ``retry_deferred`` turns so far (carried, so it stays a bound)."""
     sent: int = 0
-    """The records the context activities' store holds (``store_conversation``)."""
 
 
+TRACE_KEPT = 256
+"""How many trace records the ``trace`` query gives (the run's latest)."""
+_TRACED = ("turn", "step", "source", "event", "guard", "dest")
+"""The fields of a trace record the ``trace`` query gives, with its ``caused_by``."""
+
+
+@attrs.define
 class Holder:
-    """Where the session loop leaves its session, for the status query, and where
-    the workflow's updates leave a person's input for it (``inbox``) while it waits
-    for one of kind ``waiting``."""
+    """Where the session loop leaves its session and trace, for the queries, and where
+    the workflow's updates leave a person's input (``inbox``) while it waits for one of
+    kind ``waiting``."""
 
-    def __init__(self) -> None:
-        self.session: Session | None = None
-        self.reply: Any = None
-        self.waiting: str | None = None
-        self.inbox: list[dict[str, Any]] = []
-        self.log: list[TraceRecord] = []
+    session: Session | None = None
+    reply: Any = None
+    waiting: str | None = None
+    inbox: list[dict[str, Any]] = attrs.Factory(list)
+    log: list[TraceRecord] = attrs.Factory(list)
 
     def observe(self, record: TraceRecord) -> None:
         """A session observer: the run's last :data:`TRACE_KEPT` trace records."""
         self.log.append(record)
         if len(self.log) > TRACE_KEPT:
             del self.log[: len(self.log) - TRACE_KEPT]
-
-
-TRACE_KEPT = 256
-"""How many trace records the ``trace`` query gives (the run's latest)."""
 
 
 CREDENTIALS = "credentials"
@@ -1014,13 +953,13 @@ def rejected(call: ToolCall, note: str) -> ToolOutcome:
 
 def turn_record(finish: Finish, index: int) -> dict[str, Any]:
     """One finished turn as the conversation keeps it (JSON data)."""
-    results: list[ToolResult] = list(finish.tool_results)
     return {
         "turn": index,
         "status": finish.status.value,
         "reply": finish.reply,
         "tool_results": [
-            {"call_id": r.call_id, "content": r.content, "is_error": r.is_error} for r in results
+            {"call_id": r.call_id, "content": r.content, "is_error": r.is_error}
+            for r in finish.tool_results
         ],
     }
 
@@ -1052,16 +991,20 @@ def conversation_key(workflow_id: str, first_run_id: str) -> str:
     return f"{workflow_id}/{first_run_id}"
 
 
+_GOES_ON = frozenset({TurnStatus.COMPLETED, TurnStatus.BREAKER_OPEN})
+"""Turn statuses after which the session's next turn runs (a limit's final-answer
+turn included); any other ends the workflow with the session as it is."""
+
+
 async def session_loop(
     data: SessionInput, io: TurnIO, workflow_id: str, holder: Holder, key: str | None = None
 ) -> Report | Continue:
-    """Run the session's turns: the ready-made workflow's body, also run by the
-    replay check. Returns the final report, or a :class:`Continue`. ``key`` names the
-    conversation in the context activities' store (``store_conversation``)."""
+    """Run the session's turns: the ready-made workflow's body, also run by the replay
+    check. ``key`` names the conversation in the context activities' store."""
     session = holder.session = open_session(data, io, workflow_id, [holder.observe])
     if data.store_conversation and key is None:
         raise ConfigError("store_conversation: the session loop needs the conversation's key")
-    talk = Talk(data.prompt, data.turns, key if data.store_conversation else None, data.sent)
+    talk = Talk(data.prompt, list(data.turns), key if data.store_conversation else None, data.sent)
     ran, deferred = 0, data.deferred
     gate = _approval(data, io, holder) if data.approve_tools else None
     while session.status is None:
@@ -1132,6 +1075,25 @@ async def _goes_on(
     return True
 
 
+def _approval(data: SessionInput, io: TurnIO, holder: Holder) -> Gate:
+    """The gate of ``approve_tools``: each such call waits for a person's decision."""
+    names = frozenset(data.approve_tools)
+
+    async def gate(calls: tuple[ToolCall, ...]) -> dict[str, ToolOutcome]:
+        stopped: dict[str, ToolOutcome] = {}
+        for call in calls:
+            if call.name not in names:
+                continue
+            given = await io.human(holder, f"{DECIDE}:{call.id}", float(data.await_human_s))
+            if given is None:
+                stopped[call.id] = rejected(call, "no decision in time")
+            elif not given["approve"]:
+                stopped[call.id] = rejected(call, given["note"])
+        return stopped
+
+    return gate
+
+
 def _count(least: int) -> tuple[Callable[[Any], bool], str]:
     # a bool is an int here: the first release's sleep_through_deferred was a bool
     return (lambda value: isinstance(value, int) and value >= least), f"an int >= {least}"
@@ -1174,9 +1136,8 @@ _INPUT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def check_input(data: SessionInput) -> SessionInput:
-    """``data`` if its fields hold what the workflow can run with, else
-    ``ConfigError`` naming the first field that does not (a bug error: it fails the
-    workflow, where a failing workflow task would be retried forever)."""
+    """``data`` if its fields hold what the workflow can run with, else ``ConfigError``
+    naming the first field that does not (a bug error: it fails the workflow)."""
     for name, (holds, what) in _INPUT_FIELDS.items():
         value = getattr(data, name)
         if not holds(value):
@@ -1198,63 +1159,31 @@ def fails_workflow(data: SessionInput, outcome: Report) -> bool:
     return data.fail_workflow and outcome.status not in (None, SessionStatus.COMPLETED.value)
 
 
-def session_failed(outcome: Report) -> ApplicationError:
-    """The error a session that ended failed fails the workflow with."""
-    return ApplicationError(
-        f"the session ended {outcome.status} (its last turn: {outcome.last_turn})",
-        dataclasses.asdict(outcome),
-        type=FAILED_SESSION,
-        non_retryable=True,
-    )
-
-
-def _approval(data: SessionInput, io: TurnIO, holder: Holder) -> Gate:
-    """The gate of ``approve_tools``: each such call waits for a person's decision."""
-    names = frozenset(data.approve_tools)
-
-    async def gate(calls: tuple[ToolCall, ...]) -> dict[str, ToolOutcome]:
-        stopped: dict[str, ToolOutcome] = {}
-        for call in calls:
-            if call.name not in names:
-                continue
-            given = await io.human(holder, f"{DECIDE}:{call.id}", float(data.await_human_s))
-            if given is None:
-                stopped[call.id] = rejected(call, "no decision in time")
-            elif not given["approve"]:
-                stopped[call.id] = rejected(call, given["note"])
-        return stopped
-
-    return gate
-
-
-def activity_options(data: SessionInput) -> ActivityOptions:
-    """The activity options the ready-made workflow uses for ``data``."""
+def _io_of(data: SessionInput) -> _Activities:
+    """The workflow-side driver a run of ``data`` runs with."""
+    if data.snapshot is not None:
+        settings = Settings.from_dict(data.snapshot.get("settings", {}), source="snapshot")
+    else:
+        settings = Settings.from_dict(data.settings)
     heartbeat = data.heartbeat_timeout_s
-    return ActivityOptions(
+    options = ActivityOptions(
         task_queue=data.task_queue,
         model_timeout_s=data.activity_timeout_s,
         tool_timeout_s=data.activity_timeout_s,
         heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S if heartbeat is None else heartbeat,
     )
-
-
-def settings_of(data: SessionInput) -> Settings:
-    """The settings a run of ``data`` runs with."""
-    if data.snapshot is not None:
-        return Settings.from_dict(data.snapshot.get("settings", {}), source="snapshot")
-    return Settings.from_dict(data.settings)
+    return _Activities(options, settings)
 
 
 @workflow.defn(name=WORKFLOW, failure_exception_types=list(BUG_ERRORS))
 class SessionWorkflow:
     """A session's turns, run by the engine: start it with a :class:`SessionInput`.
 
-    Runs turns until the model answers (``Finish.done``: the session ends
-    ``completed``), a limit's final-answer turn is over, or a turn ends with a
-    status that ends the conversation (``auth_error``, ``retries_exhausted``...).
-    ``status`` (a query) gives the :class:`Report`; cancelling the workflow cancels
-    the running turn. Register it with :class:`Activities` and
-    ``workflow_runner=sandbox_runner()``.
+    Runs turns until the model answers (the session ends ``completed``), a limit's
+    final-answer turn is over, or a turn ends with a status that ends the conversation
+    (``auth_error``, ``retries_exhausted``...). ``status`` (a query) gives the
+    :class:`Report`; cancelling the workflow cancels the running turn. Register it with
+    :class:`Activities` and ``workflow_runner=sandbox_runner()``.
     """
 
     def __init__(self) -> None:
@@ -1266,10 +1195,9 @@ class SessionWorkflow:
         """Run the session (see the class docstring)."""
         data = check_input(data)
         self._runs = data.runs
-        io = _Activities(activity_options(data), settings_of(data))
         info = workflow.info()
         key = conversation_key(info.workflow_id, info.first_execution_run_id)
-        outcome = await session_loop(data, io, info.workflow_id, self._holder, key)
+        outcome = await session_loop(data, _io_of(data), info.workflow_id, self._holder, key)
         if isinstance(outcome, Continue):
             workflow.continue_as_new(
                 dataclasses.replace(
@@ -1282,15 +1210,19 @@ class SessionWorkflow:
                 )
             )
         if fails_workflow(data, outcome):
-            raise session_failed(outcome)
+            raise ApplicationError(
+                f"the session ended {outcome.status} (its last turn: {outcome.last_turn})",
+                dataclasses.asdict(outcome),
+                type=FAILED_SESSION,
+                non_retryable=True,
+            )
         return outcome
 
-    def _check(self, kind: str, name: str, argument: Any) -> dict[str, Any]:
-        entry = human_input(name, argument)
+    def _check(self, kind: str, name: str, argument: Any) -> None:
+        human_input(name, argument)
         if self._holder.waiting != kind or self._holder.inbox:
             waiting = self._holder.waiting or "nothing"
             raise ValueError(f"{name}: the session is not waiting for it (it waits for {waiting})")
-        return entry
 
     @workflow.update(name=CREDENTIALS)
     def credentials(self, ref: str) -> str:
@@ -1332,19 +1264,10 @@ class SessionWorkflow:
     @workflow.query(name="trace")
     def trace(self) -> list[dict[str, Any]]:
         """This run's latest trace records (:data:`TRACE_KEPT`), as data: each step's
-        turn, source, event, guard, destination and the event that caused it. A
-        person's input shows in the steps it led to: the turn after new credentials
-        or a raised bound, a rejected call's outcome in its ``ToolsDone``."""
+        turn, source, event, guard, destination and the event that caused it."""
         return [
-            {
-                "turn": r.turn,
-                "step": r.step,
-                "source": r.source,
-                "event": r.event,
-                "guard": r.guard,
-                "dest": r.dest,
-                "caused_by": None if r.caused_by is None else encode(r.caused_by),
-            }
+            {name: getattr(r, name) for name in _TRACED}
+            | {"caused_by": None if r.caused_by is None else encode(r.caused_by)}
             for r in self._holder.log
         ]
 

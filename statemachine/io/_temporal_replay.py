@@ -1,21 +1,17 @@
 """The determinism check Temporal's replayer does not make: timer durations.
 
 Temporal's replayer checks that replayed workflow code issues the same *kinds* of
-commands in the same order; it does not compare a timer's duration, nor an
-activity's input. A changed seed, backoff setting or engine version therefore
-replays "fine" and waits differently. :func:`check_replay` replays a recorded
-history of :class:`~._temporal.SessionWorkflow` through the engine (the same session
-loop the workflow runs), feeding it the history's activity results at the history's
+commands in the same order, not a timer's duration nor an activity's input, so a
+changed seed, backoff setting or engine version replays "fine" and waits differently.
+:func:`check_replay` runs the session loop of :class:`~._temporal.SessionWorkflow`
+over a recorded history, feeding it the history's activity results at the history's
 workflow times, and compares every action with the history:
 
-* ``Wait`` with the next ``TimerStarted`` (its ``start_to_fire_timeout`` to the
-  nanosecond, as the SDK writes it: ``int(seconds * 1e9)``);
+* ``Wait`` with the next ``TimerStarted`` (to the nanosecond the SDK writes:
+  ``int(seconds * 1e9)``);
 * ``CallModel``, ``Assemble`` and each ``InvokeTools`` call with the next
   ``ActivityTaskScheduled`` (activity type and input);
 * the end: continue-as-new with the same snapshot, or the same result.
-
-It reports the first :class:`Drift`, or ``None`` when the history and the engine
-agree (up to where the history ends).
 """
 
 from __future__ import annotations
@@ -23,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
@@ -55,8 +53,8 @@ from ._temporal import (
     conversation_key,
     fails_workflow,
     human_input,
+    lost_model,
     model_event,
-    model_timed_out,
     session_loop,
     tool_outcome_of,
     tool_timed_out,
@@ -72,13 +70,16 @@ _RESULTS = {
     _E.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
 }
 _ENDS = {
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "cancelled",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW: "continued as new",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
-    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed out",
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
 }
+"""The events that close a run."""
+_NEVER = 1 << 62
+"""An event id past any history's end."""
 
 
 @attrs.frozen
@@ -129,39 +130,32 @@ class _History:
     def __init__(self, events: list[HistoryEvent], converter: DataConverter) -> None:
         self._converter = converter.payload_converter
         self._events = events
-        self._commands = [
-            e
+        of: defaultdict[int, list[HistoryEvent]] = defaultdict(list)
+        for e in events:
+            of[e.event_type].append(e)
+        commands = (_E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, _E.EVENT_TYPE_TIMER_STARTED)
+        self._commands = [e for e in events if e.event_type in commands]
+        self._results = {
+            getattr(e, field).scheduled_event_id: e
             for e in events
-            if e.event_type in (_E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, _E.EVENT_TYPE_TIMER_STARTED)
-        ]
-        self._results: dict[int, HistoryEvent] = {}
-        self._fired: dict[str, HistoryEvent] = {}
+            if (field := _RESULTS.get(e.event_type)) is not None
+        }
+        self._fired = {
+            e.timer_fired_event_attributes.timer_id: e for e in of[_E.EVENT_TYPE_TIMER_FIRED]
+        }
         completed = {
             e.workflow_task_completed_event_attributes.started_event_id
-            for e in events
-            if e.event_type == _E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+            for e in of[_E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
         }
         self._tasks = [
             (e.event_id, e.event_time.ToNanoseconds() / 1e9)
-            for e in events
-            if e.event_type == _E.EVENT_TYPE_WORKFLOW_TASK_STARTED and e.event_id in completed
+            for e in of[_E.EVENT_TYPE_WORKFLOW_TASK_STARTED]
+            if e.event_id in completed
         ]
-        self._cancel: int | None = None
-        self._updates = [
-            e for e in events if e.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-        ]
+        cancels = of[_E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
+        self._cancel = self._delivered(cancels[0].event_id) if cancels else None
+        self._updates = of[_E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
         self._used: set[int] = set()
-        for e in events:
-            field = _RESULTS.get(e.event_type)
-            if field is not None:
-                self._results[getattr(e, field).scheduled_event_id] = e
-            elif e.event_type == _E.EVENT_TYPE_TIMER_FIRED:
-                self._fired[e.timer_fired_event_attributes.timer_id] = e
-            elif (
-                e.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
-                and self._cancel is None
-            ):
-                self._cancel = self._delivered(e.event_id)
         self._now = self._tasks[0][1] if self._tasks else 0.0
         self.index = 0
 
@@ -181,9 +175,7 @@ class _History:
         (result,) = self._answered(COMPLETE, [(encode(action), f"{action!r:.200}")])
         if result.event_type == _E.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
             info = result.activity_task_timed_out_event_attributes.failure.timeout_failure_info
-            payloads = list(info.last_heartbeat_details.payloads)
-            details = self._converter.from_payloads(payloads) if payloads else []
-            return model_timed_out(_heartbeat(result), details)
+            return lost_model(_heartbeat(result), self._decoded(info.last_heartbeat_details))
         event = model_event(self._completed(result))
         if isinstance(event, Cancelled):  # the call's own cancellation, billed
             raise cancelled_call(event)
@@ -198,6 +190,33 @@ class _History:
             for call, result in zip(calls, results, strict=True)
         )
 
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._fire(self._timer(f"a timer of {_nanos(seconds)} ns ({seconds!r} s)", seconds)[1])
+
+    async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
+        """The wait for a person: the timer of ``wait_condition``'s timeout, and the
+        first update accepted before it fired (its input), else ``None``. (``holder``'s
+        inbox is the live workflow's: here the history is.)"""
+        del holder
+        expected = f"a wait for {kind} of {_nanos(timeout_s)} ns ({timeout_s!r} s)"
+        event, fired = self._timer(expected, timeout_s)
+        limit = fired.event_id if fired is not None else _NEVER
+        fresh = (e for e in self._updates if e.event_id not in self._used)
+        update = next((e for e in fresh if event.event_id < e.event_id < limit), None)
+        if update is not None:
+            self._used.add(update.event_id)
+            request = update.workflow_execution_update_accepted_event_attributes.accepted_request
+            self._advance(update.event_id)
+            try:
+                return human_input(request.input.name, self._first(request.input.args))
+            except ValueError as exc:
+                self._drift(update, f"an input for {kind}", f"an update {exc}")
+        self._fire(fired)
+        return None
+
+    # -- reading the history -------------------------------------------------------
+
     def _answered(self, name: str, inputs: list[tuple[Any, str]]) -> list[HistoryEvent]:
         """The results of activities ``name`` scheduled with ``inputs`` (data, what it
         is), compared with the history's next commands; the workflow time is then the
@@ -211,14 +230,12 @@ class _History:
         """A completed activity's result (the history ends where one failed)."""
         if result.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             raise _Found(None)
-        return self._payload(result.activity_task_completed_event_attributes)
+        return self._first(result.activity_task_completed_event_attributes.result)
 
     def _timer(self, expected: str, seconds: float) -> tuple[HistoryEvent, HistoryEvent | None]:
         """The next event, a timer of ``seconds`` (a drift naming ``expected``
         otherwise), taken, and the event of its firing, if it fired."""
-        event = self._next(expected)
-        if event.event_type != _E.EVENT_TYPE_TIMER_STARTED:
-            self._drift(event, expected, _described(event))
+        event = self._next(expected, _E.EVENT_TYPE_TIMER_STARTED)
         attributes = event.timer_started_event_attributes
         found = attributes.start_to_fire_timeout.ToNanoseconds()
         if found != _nanos(seconds):
@@ -234,42 +251,9 @@ class _History:
             raise _Found(None)
         self._advance(fired.event_id)
 
-    async def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self._fire(self._timer(f"a timer of {_nanos(seconds)} ns ({seconds!r} s)", seconds)[1])
-
-    async def human(self, holder: Holder, kind: str, timeout_s: float) -> dict[str, Any] | None:
-        """The wait for a person: the timer of ``wait_condition``'s timeout, and the
-        first update accepted before it fired (its input), else ``None``. (The
-        updates' inbox, ``holder``, is the live workflow's: here the history is.)"""
-        del holder
-        expected = f"a wait for {kind} of {_nanos(timeout_s)} ns ({timeout_s!r} s)"
-        event, fired = self._timer(expected, timeout_s)
-        limit = fired.event_id if fired is not None else 1 << 62
-        update = next(
-            (
-                e
-                for e in self._updates
-                if event.event_id < e.event_id < limit and e.event_id not in self._used
-            ),
-            None,
-        )
-        if update is not None:
-            self._used.add(update.event_id)
-            request = update.workflow_execution_update_accepted_event_attributes.accepted_request
-            payloads = list(request.input.args.payloads)
-            argument = self._converter.from_payloads(payloads)[0] if payloads else None
-            self._advance(update.event_id)
-            try:
-                return human_input(request.input.name, argument)
-            except ValueError as exc:
-                self._drift(update, f"an input for {kind}", f"an update {exc}")
-        self._fire(fired)
-        return None
-
-    # -- reading the history -------------------------------------------------------
-
-    def _next(self, expected: str) -> HistoryEvent:
+    def _next(self, expected: str, kind: EventType.ValueType) -> HistoryEvent:
+        """The history's next command, of ``kind`` (a drift naming ``expected``
+        otherwise)."""
         if self.index >= len(self._commands):
             if self._cancel is not None:
                 raise asyncio.CancelledError
@@ -277,17 +261,18 @@ class _History:
             if end is None or end.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
                 raise _Found(None)  # the history stops here, or the run failed here
             raise _Found(Drift(self.index, None, expected, f"no more commands ({_described(end)})"))
-        return self._commands[self.index]
+        event = self._commands[self.index]
+        if event.event_type != kind:
+            self._drift(event, expected, _described(event))
+        return event
 
     def _activity(self, name: str, data: Any, what: str) -> HistoryEvent:
         expected = f"activity {name} with {what}"
-        event = self._next(expected)
-        if event.event_type != _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            self._drift(event, expected, _described(event))
+        event = self._next(expected, _E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
         attributes = event.activity_task_scheduled_event_attributes
         if attributes.activity_type.name != name:
             self._drift(event, expected, f"activity {attributes.activity_type.name}")
-        found = self._payload(attributes)
+        found = self._first(attributes.input)
         if _json(found) != _json(data):
             self._drift(event, f"{expected}: {_json(data):.300}", f"input {_json(found):.300}")
         self.index += 1
@@ -322,17 +307,16 @@ class _History:
 
     def _delivered(self, event_id: int) -> int:
         """The workflow task that delivered event ``event_id`` to the workflow."""
-        return next((task for task, _ in self._tasks if task > event_id), 1 << 62)
+        return next((task for task, _ in self._tasks if task > event_id), _NEVER)
 
     def _advance(self, event_id: int) -> None:
         self._now = next((at for task, at in self._tasks if task > event_id), self._now)
 
-    def _payload(self, attributes: Any) -> Any:
-        field = "input" if hasattr(attributes, "input") else "result"
-        payloads = list(getattr(attributes, field).payloads)
-        if not payloads:
-            return None
-        return self._converter.from_payloads(payloads)[0]
+    def _decoded(self, payloads: Payloads) -> list[Any]:
+        return self._converter.from_payloads(list(payloads.payloads)) if payloads.payloads else []
+
+    def _first(self, payloads: Payloads) -> Any:
+        return next(iter(self._decoded(payloads)), None)
 
     def _drift(self, event: HistoryEvent, expected: str, found: str) -> None:
         raise _Found(Drift(self.index, event.event_id, expected, found))
@@ -360,7 +344,7 @@ class _History:
             raise ValueError(f"history: {what}'s input: {exc}") from None
 
     def result_of(self, event: HistoryEvent) -> Any:
-        return self._payload(event.workflow_execution_completed_event_attributes)
+        return self._first(event.workflow_execution_completed_event_attributes.result)
 
     @property
     def left(self) -> list[HistoryEvent]:
@@ -410,14 +394,13 @@ def _start(events: list[HistoryEvent]) -> HistoryEvent:
     """The run's start event, if it starts a :data:`WORKFLOW` run."""
     if not events or events[0].event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
         raise ValueError("history: the first event must be WorkflowExecutionStarted")
-    start = events[0]
-    kind = start.workflow_execution_started_event_attributes.workflow_type.name
+    kind = events[0].workflow_execution_started_event_attributes.workflow_type.name
     if kind != WORKFLOW:
         raise ValueError(
             f"history: a {kind!r} workflow's; check_replay replays {WORKFLOW!r} "
             "(SessionWorkflow) histories only"
         )
-    return start
+    return events[0]
 
 
 def _run(coro: Any) -> Any:
@@ -439,36 +422,33 @@ def check_replay(
     data_converter: DataConverter | None = None,
 ) -> Drift | None:
     """Replay one run of a recorded :class:`SessionWorkflow` history through the
-    engine and return the first :class:`Drift`, or ``None`` if they agree.
+    engine and return the first :class:`Drift`, or ``None`` if they agree (up to where
+    the history ends).
 
     ``history`` is a ``WorkflowHistory`` (``await handle.fetch_history()``) or its
-    JSON (``to_json()``, text or parsed). By default the run replays with the
-    input it was started with; ``settings`` and ``seed`` replace the input's (or the
-    carried snapshot's), to see what a changed configuration would have done to a
-    recorded session. The workflow id (the default seed and session id) is read from
-    the history (a ``WorkflowHistory``'s, or the start event's); pass ``workflow_id``
-    for a JSON history from a server that does not record it. ``data_converter`` must
-    be the one the workflow ran with.
+    JSON (``to_json()``, text or parsed). ``settings`` and ``seed`` replace the ones the
+    run started with (or the carried snapshot's), to see what a changed configuration
+    would have done. The workflow id (the default seed and session id) is read from the
+    history; pass ``workflow_id`` for a JSON history from a server that does not record
+    it. ``data_converter`` must be the one the workflow ran with.
 
     Raises ``ValueError`` naming what is wrong when ``history`` is not a Temporal
     history, is another workflow type's, or its start (or continue-as-new) event
-    does not carry one valid :class:`SessionInput` (none, several, a string...).
+    does not carry one valid :class:`SessionInput`.
     """
     events = _history(history)
-    start = _start(events)
+    start = _start(events).workflow_execution_started_event_attributes
     if settings is not None and not isinstance(settings, Settings):
         raise InvalidValue(f"settings: must be a Settings or None, got {settings!r:.60}")
     if seed is not None and type(seed) is not int:
         raise InvalidValue(f"seed: must be an int or None, got {seed!r:.60}")
     recorded = _History(events, data_converter or DataConverter.default)
-    data = recorded.input_of(start, "workflow_execution_started_event_attributes")
+    data = recorded.input_of(events[0], "workflow_execution_started_event_attributes")
     data = _override(data, settings, seed)
     if workflow_id is None:
-        workflow_id = events[0].workflow_execution_started_event_attributes.workflow_id
-        workflow_id = workflow_id or _workflow_id(history)
+        workflow_id = start.workflow_id or _workflow_id(history)
+    key = conversation_key(workflow_id, start.first_execution_run_id)
     end = recorded.end()
-    first_run = start.workflow_execution_started_event_attributes.first_execution_run_id
-    key = conversation_key(workflow_id, first_run)
     try:
         outcome = _run(session_loop(data, recorded, workflow_id, Holder(), key))
     except _Found as found:
@@ -481,62 +461,51 @@ def check_replay(
         if end is None or end.event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED:
             return None
         return Drift(recorded.index, end.event_id, "the run to end cancelled", _described(end))
-    extra = recorded.left
-    if extra:
+    if extra := recorded.left:
         return Drift(recorded.index, extra[0].event_id, "no more commands", _described(extra[0]))
-    if end is None:
-        return None
-    return _compare_end(recorded, end, outcome, data)
+    return None if end is None else _compare_end(recorded, end, outcome, data)
 
 
 def _compare_end(
     recorded: _History, end: HistoryEvent, outcome: Any, data: SessionInput
 ) -> Drift | None:
     """The run's end (``outcome``) against the event that closed the recorded run."""
-    index = recorded.index
+    index, at = recorded.index, end.event_id
     if isinstance(outcome, Continue):
-        expected, kind = "continue-as-new", _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
-    elif fails_workflow(data, outcome):
-        expected, kind = (
-            f"the run to fail ({FAILED_SESSION})",
-            _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-        )
-    else:
-        expected, kind = "the run to complete", _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
-    if end.event_type != kind:
-        return Drift(index, end.event_id, expected, _described(end))
-    if isinstance(outcome, Continue):
+        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            return Drift(index, at, "continue-as-new", _described(end))
         carried = recorded.input_of(end, "workflow_execution_continued_as_new_event_attributes")
-        found = _json(carried.snapshot)
-        expected = f"continue-as-new carrying {_json(outcome.snapshot):.300}"
-        same = found == _json(outcome.snapshot)
-        return None if same else Drift(index, end.event_id, expected, f"a snapshot {found:.300}")
-    if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        found, expected = _json(carried.snapshot), _json(outcome.snapshot)
+        if found != expected:
+            return Drift(
+                index, at, f"continue-as-new carrying {expected:.300}", f"a snapshot {found:.300}"
+            )
+        return None
+    if fails_workflow(data, outcome):
+        if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            return Drift(index, at, f"the run to fail ({FAILED_SESSION})", _described(end))
         failure = end.workflow_execution_failed_event_attributes.failure.application_failure_info
         if failure.type != FAILED_SESSION:
-            expected = f"a {FAILED_SESSION} failure"
-            return Drift(index, end.event_id, expected, f"a {failure.type!r} failure")
+            return Drift(index, at, f"a {FAILED_SESSION} failure", f"a {failure.type!r} failure")
         return None
+    if end.event_type != _E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        return Drift(index, at, "the run to complete", _described(end))
     result = recorded.result_of(end)
     plain = json.loads(_json(dataclasses.asdict(outcome)))
     if _json(result) != _json(plain):
-        return Drift(index, end.event_id, f"the result {_json(plain):.300}", f"{result!r:.300}")
+        return Drift(index, at, f"the result {_json(plain):.300}", f"{result!r:.300}")
     return None
 
 
 def _override(data: SessionInput, settings: Settings | None, seed: int | None) -> SessionInput:
+    """``data`` with ``settings`` and ``seed`` in place of its own (and its snapshot's)."""
     changes: dict[str, Any] = {}
-    if data.snapshot is not None and (settings is not None or seed is not None):
-        snapshot = dict(data.snapshot)
-        if settings is not None:
-            snapshot["settings"] = settings.to_dict()
-        if seed is not None:
-            snapshot["seed"] = seed
-        changes["snapshot"] = snapshot
     if settings is not None:
         changes["settings"] = settings.to_dict()
     if seed is not None:
         changes["seed"] = seed
+    if data.snapshot is not None and changes:
+        changes["snapshot"] = {**data.snapshot, **changes}
     return dataclasses.replace(data, **changes) if changes else data
 
 
