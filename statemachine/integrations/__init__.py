@@ -5,6 +5,8 @@
 * :mod:`statemachine.integrations.openai_agents`: ``EngineModel`` and
   ``EngineModelProvider`` for the OpenAI Agents SDK (``pip install
   'turnstate[openai-agents]'``);
+* :mod:`statemachine.integrations.langchain`: ``EngineChatModel``, a LangChain chat
+  model for LangChain and LangGraph agents (``pip install 'turnstate[langchain]'``);
 * :mod:`statemachine.integrations.litellm`: ``LiteLLMModel`` and ``AsyncLiteLLMModel``,
   model providers over LiteLLM (public as :mod:`statemachine.providers`; ``pip install
   'turnstate[litellm]'``).
