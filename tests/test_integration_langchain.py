@@ -31,6 +31,9 @@ from statemachine.integrations.langchain import EngineChatModel, TurnFailed
 
 from .helpers import FakeTime
 from .servers.fake_llm import OPENAI, FakeLLM, openai_completion, openai_error, openai_stream
+from .test_docs import ROOT, blocks
+
+DOCS = ROOT / "docs" / "integrations.md"
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 
@@ -226,3 +229,26 @@ def test_a_stream_passes_through_and_a_broken_one_is_never_resent(
     assert streamed == "Hello"
     assert error.status == sm.TurnStatus.STREAM_INTERRUPTED
     assert main.count(OPENAI) == 3
+
+
+@pytest.mark.requirement("ER-304")
+def test_the_pages_langgraph_example_runs_against_the_vendor(
+    servers: tuple[FakeLLM, FakeLLM],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/integrations.md's LangGraph "After" block, run as written with the openai
+    client pointed at the loopback vendor: a tool call, then the answer."""
+    (code,) = [code for _, code in blocks(DOCS, "python") if "EngineChatModel(" in code]
+    main, _ = servers
+    main.script(
+        OPENAI,
+        openai_completion(None, tool_calls=(("c1", "get_weather", {"city": "Paris"}),)),
+        openai_completion("It is sunny in Paris, 21 °C."),
+    )
+    monkeypatch.setenv("OPENAI_BASE_URL", main.url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "loopback")
+    exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})  # noqa: S102 - our docs
+    assert capsys.readouterr().out == "It is sunny in Paris, 21 °C.\n"
+    assert main.count(OPENAI) == 2
+    assert main.requests(OPENAI)[1].body["messages"][-1]["content"] == "Paris: sunny, 21 °C"

@@ -31,6 +31,9 @@ from statemachine.integrations.litellm import RETRY_KNOBS, classify_litellm
 from statemachine.providers import AsyncLiteLLMModel, LiteLLMModel
 
 from .servers.fake_llm import OPENAI, FakeLLM, openai_completion, openai_error, openai_stream
+from .test_docs import ROOT, blocks
+
+DOCS = ROOT / "docs" / "integrations.md"
 
 litellm.suppress_debug_info = True
 # LiteLLM warns inside its calls (its lazily imported modules' TypedDicts, a pydantic
@@ -407,3 +410,21 @@ def test_without_litellm_the_providers_import_and_building_one_names_the_extra()
     message = out.stdout.strip()
     assert message.startswith("statemachine.integrations.litellm needs "), message
     assert "pip install 'turnstate[litellm]'" in message and "No module named 'litellm" in message
+
+
+@pytest.mark.requirement("ER-300")
+def test_the_pages_litellm_example_runs_against_the_vendor(
+    servers: tuple[FakeLLM, FakeLLM],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/integrations.md's LiteLLM block, run as written with LiteLLM's OpenAI route
+    pointed at the loopback vendor."""
+    (code,) = [code for _, code in blocks(DOCS, "python") if "AsyncLiteLLMModel(" in code]
+    main, _ = servers
+    main.script(OPENAI, openai_completion("It is sunny in Paris, 21 °C."))
+    monkeypatch.setenv("OPENAI_BASE_URL", main.url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "loopback")
+    exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})  # noqa: S102 - our docs
+    assert capsys.readouterr().out == "completed It is sunny in Paris, 21 °C.\n"
+    assert main.count(OPENAI) == 1
