@@ -252,3 +252,20 @@ def test_the_pages_langgraph_example_runs_against_the_vendor(
     assert capsys.readouterr().out == "It is sunny in Paris, 21 °C.\n"
     assert main.count(OPENAI) == 2
     assert main.requests(OPENAI)[1].body["messages"][-1]["content"] == "Paris: sunny, 21 °C"
+
+
+@pytest.mark.requirement("ER-304", "ER-305", "ER-306", "ER-300", "ER-302", "ER-303")
+def test_the_engine_columns_of_litellm_and_langchain_are_correct() -> None:
+    """benchmarks/frameworks.py's eleven scenarios through the LiteLLM provider (alone
+    and through a Router) and EngineChatModel (alone and in LangGraph's prebuilt
+    agent): every row correct but the ones CANNOT names, which are never resent."""
+    pytest.importorskip("litellm")
+    from benchmarks import frameworks
+
+    for stack in ("litellm", "litellm-router", "langchain", "langgraph"):
+        for scenario in frameworks.SCENARIOS:
+            outcome = frameworks.play(stack, scenario, engine=True)
+            if (stack, scenario.key) in frameworks.CANNOT:
+                assert outcome.main == 1 and outcome.status == "stream_interrupted", outcome
+                continue
+            assert frameworks.correct(scenario, outcome), (stack, scenario.key, outcome)

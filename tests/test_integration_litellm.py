@@ -428,3 +428,25 @@ def test_the_pages_litellm_example_runs_against_the_vendor(
     exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})  # noqa: S102 - our docs
     assert capsys.readouterr().out == "completed It is sunny in Paris, 21 °C.\n"
     assert main.count(OPENAI) == 1
+
+
+@pytest.mark.requirement("ER-300")
+def test_a_fallback_model_on_its_own_server_takes_its_own_call_arguments(
+    servers: tuple[FakeLLM, FakeLLM],
+) -> None:
+    """model_kwargs gives a model its own arguments (a fallback's api_base): a 5xx storm
+    on the default model (max_retries=1: two requests) falls back to the backup server;
+    a retry knob among them is refused too."""
+    main, backup = servers
+    main.script(OPENAI, *[openai_error(500, "The server had an error", "server_error")] * 2)
+    backup.script(OPENAI, openai_completion("from the backup"))
+    model = _direct(main, model_kwargs={"openai/gpt-backup": {"api_base": backup.url + "/v1"}})
+    session = _session(max_retries=1, fallback_models=("openai/gpt-backup",))
+    finish = sm.run_turn(
+        session.new_turn(), model=model, tools=Tools(), context=Context(), sleep=lambda _s: None
+    )
+    assert finish.status == sm.TurnStatus.COMPLETED
+    assert (main.count(OPENAI), backup.count(OPENAI)) == (2, 1)
+    assert backup.requests(OPENAI)[0].body["model"] == "gpt-backup"
+    with pytest.raises(sm.ConfigError, match="fallbacks"):
+        _direct(main, model_kwargs={"openai/gpt-backup": {"fallbacks": ["x"]}})

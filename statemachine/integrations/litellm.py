@@ -173,7 +173,9 @@ def _cost(response: Any) -> float | None:
 
 class _LiteLLMBase(_OpenAIBase):
     """What both providers share; ``model``: a LiteLLM model name (``openai/gpt-5``,
-    ``anthropic/...``) or, with ``router``, a model group."""
+    ``anthropic/...``) or, with ``router``, a model group; ``model_kwargs``: call
+    arguments of one model by its name, over ``create_kwargs`` (a fallback's own
+    ``api_base`` and ``api_key``)."""
 
     _provider = "litellm"
 
@@ -184,13 +186,16 @@ class _LiteLLMBase(_OpenAIBase):
         router: Any = None,
         tool_provider: ToolProviderName = "tools",
         price_per_mtok: tuple[float, float] | None = None,
+        model_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         **create_kwargs: Any,
     ) -> None:
-        refused = sorted(RETRY_KNOBS & create_kwargs.keys())
+        self.model_kwargs = {name: dict(given) for name, given in (model_kwargs or {}).items()}
+        named = set(create_kwargs).union(*self.model_kwargs.values())
+        refused = sorted(RETRY_KNOBS & named)
         if refused:
             raise ConfigError(
-                f"create_kwargs: {', '.join(refused)} would retry or fall back inside LiteLLM; "
-                "the engine is the one retry owner (Settings.max_retries, "
+                f"create_kwargs / model_kwargs: {', '.join(refused)} would retry or fall back "
+                "inside LiteLLM; the engine is the one retry owner (Settings.max_retries, "
                 "Settings.fallback_models)"
             )
         if router is not None and not callable(getattr(router, "acompletion", None)):
@@ -209,7 +214,9 @@ class _LiteLLMBase(_OpenAIBase):
         """The call's arguments; ``ConfigError`` (raised, before anything is sent) while
         LiteLLM's process-wide retries or fallbacks are set."""
         _no_global_retries(self.client.litellm)
-        return super()._kwargs(action)
+        kwargs = super()._kwargs(action)
+        kwargs.update(self.model_kwargs.get(kwargs["model"], ()))
+        return kwargs
 
     def _raised(self, exc: Exception) -> ModelFailed:
         return ModelFailed(classify_litellm(exc), usage=self._usage())
