@@ -269,3 +269,29 @@ def test_the_engine_columns_of_litellm_and_langchain_are_correct() -> None:
                 assert outcome.main == 1 and outcome.status == "stream_interrupted", outcome
                 continue
             assert frameworks.correct(scenario, outcome), (stack, scenario.key, outcome)
+
+
+def test_without_langchain_the_import_names_the_extra() -> None:
+    """Importing the integration without langchain-core raises an ImportError naming
+    the module and the extra's install line (langchain-core hidden in a fresh
+    interpreter)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'langchain_core':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "try:\n"
+        "    import statemachine.integrations.langchain\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message = out.stdout.strip()
+    assert message.startswith("statemachine.integrations.langchain needs "), message
+    assert "pip install 'turnstate[langchain]'" in message
+    assert "No module named 'langchain_core" in message
