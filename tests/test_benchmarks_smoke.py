@@ -328,3 +328,44 @@ def test_redis_quick_reports_server_cpu_and_affinity(capsys: pytest.CaptureFixtu
     assert result["affinity"]["share"] == 0.9
     text = runner.report(results)
     assert "90% of a session's steps on its previous worker" in text
+
+
+@pytest.mark.slow
+def test_fleet_quick_accounts_for_every_session_and_request() -> None:
+    """The fleet benchmark's outage story, five times faster, with 12 sessions.
+
+    Every session ends with one status, the vendor's log sorts each request into the
+    phase its moment fell in, and the outage's requests are exactly those logged there.
+    """
+    from benchmarks import fleet
+
+    result = fleet.run(sessions=12, scale=0.2, rows=("engine", "openai"))
+    story = fleet.OUTAGE
+    for name, row in result["rows"].items():
+        assert sum(row["statuses"].values()) == 12, name
+        assert row["requests"] >= 12, name  # one call each at the least
+        assert row["outage_requests"] <= row["requests"] - row["after_recovery_requests"]
+        assert row["over_capacity_after_recovery"] <= row["after_recovery_requests"]
+    engine = result["rows"]["engine"]
+    assert engine["statuses"] == {"completed": 12}  # the engine waits the outage out
+    assert engine["p95_after_recovery_s"] is not None
+    assert 0 <= engine["p95_after_recovery_s"] < story.down_until
+
+
+def test_fleet_vendor_answers_by_phase() -> None:
+    """The vendor's answer is chosen by the story's moment, and the bucket caps the rate."""
+    from benchmarks import fleet
+
+    vendor = fleet.Vendor(capacity=2.0)
+    clock = iter([0.0, 0.0, 0.0, 2.5, 8.0, 12.5])
+    vendor.now = lambda: next(clock)  # type: ignore[method-assign]
+    answers = [vendor._answer() for _ in range(6)]
+    assert [status for status, _, _ in answers] == [200, 200, 429, 429, 503, 200]
+    assert answers[2][1] == {}  # over capacity: a bare 429
+    assert answers[3][1] == {"retry-after": "5"}  # the outage's 429 says when
+    assert [kind for _, kind in vendor.log] == ["ok", "ok", "over", "throttled", "down", "ok"]
+    summary = fleet.summarize(vendor, [(13.0, "completed"), (14.0, "RateLimitError 429")])
+    assert summary["outage_requests"] == 2
+    assert summary["after_recovery_requests"] == 1
+    assert summary["p95_after_recovery_s"] is None  # 1 of 2 completed: under 95 %
+    assert summary["statuses"] == {"completed": 1, "RateLimitError 429": 1}
