@@ -271,7 +271,7 @@ def _from_exception(exc: BaseException) -> ModelError:
             ErrorCategory.CONTENT_FILTERED,
             message,
             code="content_filter",
-            body=_bounded(_body_of(exc)),
+            body=_bounded(getattr(exc, "body", None)),
         )
     status = getattr(exc, "status_code", None)
     response = getattr(exc, "response", None)
@@ -281,14 +281,14 @@ def _from_exception(exc: BaseException) -> ModelError:
         return _from_response(response, response_status)
     if isinstance(status, int) and not isinstance(status, bool):
         headers = _headers(getattr(response, "headers", None))
-        return _from_parts(status, headers, _parse_body(_body_of(exc)), message)
+        return _from_parts(status, headers, _parse_body(getattr(exc, "body", None)), message)
     if isinstance(response, Mapping) and isinstance(response.get("Error"), Mapping):
         return _from_aws(response, message)
     if is_timeout(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
     if _is_connection_error(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="connection_error")
-    body = _body_of(exc)
+    body = getattr(exc, "body", None)
     if body is not None:  # an SDK APIError without a status: an error event in a stream
         return _from_parts(None, None, _parse_body(body), message)
     return ModelError(ErrorCategory.UNKNOWN, message, code=type(exc).__name__, body=None)
@@ -321,10 +321,6 @@ def _is_connection_error(exc: BaseException, names: set[str]) -> bool:
     )
 
 
-def _body_of(exc: BaseException) -> Any:
-    return getattr(exc, "body", None)
-
-
 def _exception_message(exc: BaseException) -> str:
     message = getattr(exc, "message", None)
     if not isinstance(message, str) or not message:
@@ -350,13 +346,13 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
     if said is None:
         return None
     message, code = said
-    return ModelError(
-        ErrorCategory.CONTENT_FILTERED,
-        message,
-        code=code,
-        status=200,
-        body=_bounded(plain_data(obj)),
-    )
+    return refused(message, code, _bounded(plain_data(obj)))
+
+
+def refused(message: str, code: str, body: Any) -> ModelError:
+    """The error of a reply that is a refusal or that a content filter stopped: its
+    HTTP call succeeded (200), but the turn must end ``content_filtered``."""
+    return ModelError(ErrorCategory.CONTENT_FILTERED, message, code=code, status=200, body=body)
 
 
 def _refusal_said(obj: object) -> tuple[str, str] | None:
@@ -755,14 +751,9 @@ def _str(value: Any) -> str | None:
 
 def _parse_body(body: Any) -> Any:
     """Bytes and str become parsed JSON when they hold JSON (or an SSE ``error``
-    event's data); otherwise text. Parsed JSON is kept as is.
-
-    Bounded whatever the body: only the first :data:`MAX_BODY` bytes (and of a longer
-    body the last ones, where a stream's error event is) are decoded, at most
-    :data:`MAX_SSE_LINES` ``data:`` lines are parsed, and JSON too deep to parse is
-    text. A body longer than :data:`MAX_BODY` is never parsed whole: it is read for
-    its SSE error event, else kept as the text of its head.
-    """
+    event's data); otherwise text (JSON too deep to parse too). Parsed JSON is kept as
+    is. A body longer than :data:`MAX_BODY` is never parsed whole: it is read for its
+    SSE error event, else kept as the text of its head."""
     if isinstance(body, bytes | bytearray | memoryview):
         head, tail = _byte_parts(body)
     elif isinstance(body, str):
@@ -846,10 +837,9 @@ def _is_refusal_event(data: Mapping[str, Any]) -> bool:
 def _bounded(body: Any) -> Any:
     """``body`` itself when it is JSON data within the bounds (:data:`MAX_BODY_VALUES`
     values, :data:`MAX_DEPTH` levels, :data:`MAX_BODY` characters of text), else a
-    bounded copy of it: the first values breadth first, strings cut (to
-    :data:`MAX_BODY_STRING` each), anything that is
-    not JSON data (or beyond the depth) ``None``, non-str keys dropped. So a hostile
-    body costs the ModelError a bounded walk, never a walk of all of it."""
+    bounded copy: the first values breadth first, strings cut to
+    :data:`MAX_BODY_STRING`, what is not JSON data (or too deep) ``None``, non-str keys
+    dropped. So a hostile body costs a bounded walk, never a walk of all of it."""
     if _within(body):
         return body
     return _copy(body)

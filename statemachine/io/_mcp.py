@@ -68,13 +68,11 @@ class _Unset(enum.Enum):
 class MCPStartError(RuntimeError):
     """The MCP server could not be started: it died at start-up, closed its pipes,
     failed the handshake or did not finish it within ``initialize_timeout_s``, or its
-    restart limit is reached.
+    restart limit is reached (a tool call never raises this: it fails with an outcome).
 
-    Raised by :meth:`MCPStdioTools.start`, the ``async with`` entry and
-    :meth:`MCPStdioTools.list_tools` (a tool call never raises: it fails with an
-    outcome). ``exit_code`` / ``signal`` say how the process ended (both ``None``
-    for a process that was stopped alive), ``stderr_tail`` is its redacted, bounded
-    stderr tail, ``info`` the full :class:`ExitInfo`.
+    ``exit_code`` / ``signal`` say how the process ended (both ``None`` for a process
+    that was stopped alive), ``stderr_tail`` is its redacted, bounded stderr tail,
+    ``info`` the full :class:`ExitInfo`.
     """
 
     def __init__(self, server: str, info: ExitInfo, *, restart_limit: int | None = None) -> None:
@@ -128,7 +126,6 @@ class _Connection:
         self.session: ClientSession | None = None
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.exit_info: ExitInfo | None = None
         self.exit_task: asyncio.Task[ExitInfo] | None = None
         self.transport_closed = asyncio.Event()
         """Set when the server's stdout ends (or breaks) or its stdin refuses a write."""
@@ -248,13 +245,8 @@ class MCPStdioTools:
         return self.initialize_timeout_s
 
     async def start(self) -> None:
-        """Start the server now rather than on the first call (a no-op while it runs).
-
-        Raises :class:`MCPStartError`, with the exit code or signal and the redacted
-        stderr tail, when the server dies while starting, closes its pipes, fails
-        the handshake or exceeds ``initialize_timeout_s``, or when the restart limit
-        is reached.
-        """
+        """Start the server now rather than on the first call (a no-op while it runs);
+        :class:`MCPStartError` when it cannot be started."""
         await self._started()
 
     async def _started(self) -> _Connection:
@@ -394,7 +386,6 @@ class MCPStdioTools:
         info = await watched.exit_info()
         if ended:
             info = attrs.evolve(info, transport=conn.transport_reason or "stopped serving")
-        conn.exit_info = info
         self._last_exit = info
         self.crashes.append(info)
         conn.stop.set()

@@ -39,11 +39,9 @@ from urllib.parse import urlsplit
 from ..core._actions import CallModel
 from ..core._events import ModelFailed, ModelReplied
 from ..core._json_data import MAX_COUNT, finite
-from ..core._model_error import ModelError
-from ..core._taxonomy import ErrorCategory
 from ..core._tool_calls import ToolCall
 from ..core._usage import MAX_PORT, MAX_TEXT, Usage
-from ._classify import classify, plain_data
+from ._classify import classify, plain_data, refused
 from ._loop import spent_so_far
 from ._stream_usage import StreamUsage, Tokens, plus
 
@@ -293,17 +291,15 @@ class _Base:
         raise NotImplementedError  # pragma: no cover - each API reads its own
 
 
+def _replied(response: Any, usage: Usage, calls: tuple[ToolCall, ...] = ()) -> ModelReplied:
+    return ModelReplied(
+        tool_calls=calls, cost=_charged(usage), reply=plain_data(response), usage=usage
+    )
+
+
 def _filtered(message: str, code: str, response: Any, usage: Usage) -> ModelFailed:
     return ModelFailed(
-        ModelError(
-            ErrorCategory.CONTENT_FILTERED,
-            message,
-            code=code,
-            status=200,
-            body=plain_data(response),
-        ),
-        cost=_charged(usage),
-        usage=usage,
+        refused(message, code, plain_data(response)), cost=_charged(usage), usage=usage
     )
 
 
@@ -368,9 +364,7 @@ class _AnthropicBase(_Base):
             for block in getattr(message, "content", None) or ()
             if getattr(block, "type", None) == "tool_use"
         )
-        return ModelReplied(
-            tool_calls=calls, cost=_charged(usage), reply=plain_data(message), usage=usage
-        )
+        return _replied(message, usage, calls)
 
 
 class AnthropicModel(_AnthropicBase):
@@ -513,7 +507,7 @@ class _OpenAIBase(_Base):
         usage = self._usage_of(completion, reported)
         choices = getattr(completion, "choices", None) or ()
         if not choices:
-            return ModelReplied(cost=_charged(usage), reply=plain_data(completion), usage=usage)
+            return _replied(completion, usage)
         choice = choices[0]
         message = getattr(choice, "message", None)
         if getattr(choice, "finish_reason", None) == "content_filter":
@@ -536,9 +530,7 @@ class _OpenAIBase(_Base):
             for call in getattr(message, "tool_calls", None) or ()
             if getattr(call, "function", None) is not None
         )
-        return ModelReplied(
-            tool_calls=calls, cost=_charged(usage), reply=plain_data(completion), usage=usage
-        )
+        return _replied(completion, usage, calls)
 
 
 class OpenAIModel(_OpenAIBase):
