@@ -1,25 +1,17 @@
 """``classify``: turn what a real provider gives you into a ``ModelError``.
 
-One boundary, as httpcore translates its errors at one place: every shape a model
-provider hands back on failure (an SDK exception, an ``httpx`` response, a ``(status,
-headers, body)`` triple, botocore's errors and event-stream frames, a reply that is a
-refusal) is read into a status, headers and a body, and the body into the few facts
-the rules read (:class:`_Error`). :data:`_RULES` is ``specs/classification.md``'s table
-of rules: each row names the statuses it applies to, what it matches, the category it
-gives and the code it keeps, and the first row that matches decides. What no row takes
-is one of two special cases (:func:`_verdict`): an error event inside a stream, which
-its type decides (else the HTTP status its numeric code names), or an error of a status
-no row names, which its type decides, else nothing (``unknown``). A vendor's new
-wording or code is a phrase or a name added to a row's vocabulary, a new kind of error
-a new row.
+One boundary, as httpcore translates its errors at one place: every shape a provider
+hands back on failure (an SDK exception, an ``httpx`` response, a ``(status, headers,
+body)`` triple, botocore's errors and event-stream frames, a reply that is a refusal) is
+read into a status, headers and a body, and the body into the few facts the rules read
+(:class:`_Error`). :data:`_RULES` is ``specs/classification.md``'s table of rules, read
+by one loop; what no rule takes is one of two special cases (:func:`_verdict`). A
+vendor's new wording or code is a phrase or a name added to a rule's vocabulary, a new
+kind of error a new rule.
 
-Any body costs a bounded time (ER-58): its first :data:`MAX_BODY` bytes (and the last
-ones of a longer body, where a stream's error event is) are read, at most
-:data:`MAX_SSE_LINES` SSE lines parsed, JSON too deep to parse is text, and a huge
-parsed body is kept as a bounded copy. The vendor's code, the status, the body and the
-headers are kept on the ``ModelError``; a delay the headers or the body ask for is
-copied onto ``retry_after_seconds`` (``specs/retry-after.md``). Nothing here raises:
-input that matches no shape is ``unknown``, carrying its ``repr``.
+Any body costs a bounded time (ER-58; the ``MAX_*`` bounds below). A delay the headers
+or the body ask for is copied onto ``retry_after_seconds`` (``specs/retry-after.md``).
+Nothing here raises: input that matches no shape is ``unknown``, carrying its ``repr``.
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ from typing import Any, Literal, NamedTuple
 import attrs
 
 from ..core._events import ModelFailed
-from ..core._json_data import MAX_DEPTH, MAX_INT_BITS, finite
+from ..core._json_data import MAX_DEPTH, MAX_INT_BITS, finite, json_problem
 from ..core._model_error import Headers, ModelError, to_headers
 from ..core._retry_after import header_retry_after
 from ..core._state_text import json_text
@@ -158,28 +150,18 @@ _KEY_PHRASES = (
 """Said by a 400 whose API key is invalid or expired (ER-173)."""
 _C = ErrorCategory
 _BY_TYPE = {
-    "rate_limit_error": _C.RATE_LIMITED,
-    "rate_limit_exceeded": _C.RATE_LIMITED,
-    "requests": _C.RATE_LIMITED,
-    "tokens": _C.RATE_LIMITED,
-    "throttlingexception": _C.RATE_LIMITED,
-    "overloaded_error": _C.OVERLOADED,
-    "api_error": _C.OVERLOADED,
-    "server_error": _C.OVERLOADED,
-    "service_unavailable": _C.OVERLOADED,
-    "timeout_error": _C.OVERLOADED,
-    "serviceunavailableexception": _C.OVERLOADED,
-    "internalserverexception": _C.OVERLOADED,
-    "modeltimeoutexception": _C.OVERLOADED,
-    "authentication_error": _C.AUTH_ERROR,
-    "permission_error": _C.AUTH_ERROR,
-    "invalid_api_key": _C.AUTH_ERROR,
-    "permission_denied": _C.AUTH_ERROR,
-    "invalid_request_error": _C.INVALID_REQUEST,
-    "not_found_error": _C.INVALID_REQUEST,
-    "request_too_large": _C.INVALID_REQUEST,
-    "model_not_found": _C.INVALID_REQUEST,
-    "validationexception": _C.INVALID_REQUEST,
+    name: category
+    for category, names in (
+        (_C.RATE_LIMITED, "rate_limit_error rate_limit_exceeded requests tokens"),
+        (_C.RATE_LIMITED, "throttlingexception"),
+        (_C.OVERLOADED, "overloaded_error api_error server_error service_unavailable"),
+        (_C.OVERLOADED, "timeout_error serviceunavailableexception internalserverexception"),
+        (_C.OVERLOADED, "modeltimeoutexception"),
+        (_C.AUTH_ERROR, "authentication_error permission_error invalid_api_key permission_denied"),
+        (_C.INVALID_REQUEST, "invalid_request_error not_found_error request_too_large"),
+        (_C.INVALID_REQUEST, "model_not_found validationexception"),
+    )
+    for name in names.split()
 }
 """The category an error's type or code names, in lower case (rows 4 and 9): Bedrock's
 event-stream ``throttlingException`` and its HTTP ``ThrottlingException`` are one name."""
@@ -289,7 +271,7 @@ def _from_exception(exc: BaseException) -> ModelError:
             ErrorCategory.CONTENT_FILTERED,
             message,
             code="content_filter",
-            body=_bounded(_body_of(exc)),
+            body=_bounded(getattr(exc, "body", None)),
         )
     status = getattr(exc, "status_code", None)
     response = getattr(exc, "response", None)
@@ -299,14 +281,14 @@ def _from_exception(exc: BaseException) -> ModelError:
         return _from_response(response, response_status)
     if isinstance(status, int) and not isinstance(status, bool):
         headers = _headers(getattr(response, "headers", None))
-        return _from_parts(status, headers, _parse_body(_body_of(exc)), message)
+        return _from_parts(status, headers, _parse_body(getattr(exc, "body", None)), message)
     if isinstance(response, Mapping) and isinstance(response.get("Error"), Mapping):
         return _from_aws(response, message)
     if is_timeout(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="timeout")
     if _is_connection_error(exc, names):
         return ModelError(ErrorCategory.OVERLOADED, message, code="connection_error")
-    body = _body_of(exc)
+    body = getattr(exc, "body", None)
     if body is not None:  # an SDK APIError without a status: an error event in a stream
         return _from_parts(None, None, _parse_body(body), message)
     return ModelError(ErrorCategory.UNKNOWN, message, code=type(exc).__name__, body=None)
@@ -339,10 +321,6 @@ def _is_connection_error(exc: BaseException, names: set[str]) -> bool:
     )
 
 
-def _body_of(exc: BaseException) -> Any:
-    return getattr(exc, "body", None)
-
-
 def _exception_message(exc: BaseException) -> str:
     message = getattr(exc, "message", None)
     if not isinstance(message, str) or not message:
@@ -368,13 +346,13 @@ def _refusal_of_reply(obj: object) -> ModelError | None:
     if said is None:
         return None
     message, code = said
-    return ModelError(
-        ErrorCategory.CONTENT_FILTERED,
-        message,
-        code=code,
-        status=200,
-        body=_bounded(plain_data(obj)),
-    )
+    return refused(message, code, _bounded(plain_data(obj)))
+
+
+def refused(message: str, code: str, body: Any) -> ModelError:
+    """The error of a reply that is a refusal or that a content filter stopped: its
+    HTTP call succeeded (200), but the turn must end ``content_filtered``."""
+    return ModelError(ErrorCategory.CONTENT_FILTERED, message, code=code, status=200, body=body)
 
 
 def _refusal_said(obj: object) -> tuple[str, str] | None:
@@ -397,20 +375,31 @@ def _refusal_said(obj: object) -> tuple[str, str] | None:
 
 
 class _Error(NamedTuple):
-    """What the rules read of one error."""
+    """What classify reads of one error, from its body (:func:`_error_fields`), any
+    vendor, and its headers; the rules read the first five."""
 
-    code: str | None
+    code: str | None = None
     """The vendor's code: ``error.code`` as text, Gemini's ``status``, Anthropic's
     ``details.error_code``."""
-    etype: str | None
+    etype: str | None = None
     """The error's type: the body's (botocore's ``Error.Code`` too), else an AWS header's."""
-    said: str
+    said: str = ""
     """What the server says in text, lower case and without backticks; ``""`` when it
     says nothing in text (a validator's problem list may echo the request: never read)."""
-    finish: str | None
+    finish: str | None = None
     """The stop or finish reason of a reply, or Gemini's block reason."""
-    reason: str | None
-    """Google's ``ErrorInfo.reason``."""
+    reason: str | None = None
+    """Google's ``ErrorInfo.reason`` (``API_KEY_INVALID``)."""
+    message: str | None = None
+    """What the server says, when it says it in text."""
+    problems: Any = None
+    """A ``message`` or ``detail`` that is an object or a list (a validator's problems:
+    FastAPI's 422, Mistral's), shown but never read."""
+    delay: float | None = None
+    """Google's ``RetryInfo.retryDelay``, else a numeric ``retry_after`` (Replicate's),
+    in seconds."""
+    status: int | None = None
+    """An HTTP error status the body names as its numeric ``error.code`` (400-599)."""
 
 
 def _names(error: _Error, rule: _Rule) -> str | None:
@@ -574,28 +563,28 @@ def _by_type(error: _Error) -> ErrorCategory:
 def _from_parts(
     status: int | None, headers: Headers | None, body: Any, fallback_message: str | None
 ) -> ModelError:
-    fields = _error_fields(body)
-    etype, echo = fields.etype, fields.status
+    error = _error_fields(body)
+    etype, echo = error.etype, error.status
     if headers:
         etype = etype or _header_type(headers)
         if headers.get(":message-type") in _FRAME_KINDS:
             status = echo = None  # a frame's error is an event in the stream: its type decides
-    text = fields.message or fallback_message
+    text = error.message or fallback_message
     if text:
         message = _clip(text)
-    elif fields.problems is not None:
-        message = _clip(json_text(_bounded(fields.problems)))
+    elif error.problems is not None:
+        message = _clip(json_text(_bounded(error.problems)))
     else:
         message = f"HTTP {status}" if status else ""
     said = message.lower().replace("`", "") if text else ""
-    error = _Error(fields.code, etype, said, fields.finish, fields.reason)
+    error = error._replace(etype=etype, said=said)
     category, code = _verdict(error, status, echo)
     # a delay, else the body's own; a date waits for a wall time (classify's, or the step's)
     waited = header_retry_after(headers, None) if headers else None
     return ModelError(
         category,
         message,
-        retry_after_seconds=fields.delay if waited is None else waited,
+        retry_after_seconds=error.delay if waited is None else waited,
         headers=headers,
         code=code,
         status=status,
@@ -618,35 +607,10 @@ def _header_type(headers: Headers) -> str | None:
 # -- reading a body -----------------------------------------------------------------
 
 
-@attrs.frozen
-class _Fields:
-    """What classify reads from a body, any vendor (``_error_fields``)."""
-
-    etype: str | None = None
-    """The error's type (Anthropic's, OpenAI's, AWS's ``Code``)."""
-    code: str | None = None
-    """Its code: ``error.code`` as text, Gemini's ``status``, Anthropic's
-    ``details.error_code``."""
-    message: str | None = None
-    """What the server says, when it says it in text."""
-    problems: Any = None
-    """A ``message`` or ``detail`` that is an object or a list (a validator's problems:
-    FastAPI's 422, Mistral's), shown but never read."""
-    finish: str | None = None
-    """The stop or finish reason of a reply (refusals, content filters)."""
-    reason: str | None = None
-    """Google's ``ErrorInfo.reason`` (``API_KEY_INVALID``)."""
-    delay: float | None = None
-    """Google's ``RetryInfo.retryDelay``, else a numeric ``retry_after`` (Replicate's),
-    in seconds."""
-    status: int | None = None
-    """An HTTP error status the body names as its numeric ``error.code`` (400-599)."""
+_NO_FIELDS = _Error()
 
 
-_NO_FIELDS = _Fields()
-
-
-def _error_fields(body: Any) -> _Fields:
+def _error_fields(body: Any) -> _Error:
     """The error's fields, from a body of any vendor.
 
     Anthropic: ``{"type": "error", "error": {"type", "message", "details":
@@ -657,17 +621,17 @@ def _error_fields(body: Any) -> _Fields:
     the message.
     """
     if isinstance(body, str):
-        return _Fields(message=body)
+        return _Error(message=body)
     if isinstance(body, list | tuple) and body and isinstance(body[0], Mapping):
         body = body[0]  # Vertex: [{"error": {...}}]
     if not isinstance(body, Mapping):
         return _NO_FIELDS
     inner = body.get("error")
     if isinstance(inner, str):  # {"error": "message"} (some gateways, xAI, TGI)
-        return _Fields(message=inner, delay=_retry_after_field(body))
+        return _Error(message=inner, delay=_retry_after_field(body))
     if inner is None and isinstance(body.get("Error"), Mapping):  # botocore
         aws = body["Error"]
-        return _Fields(etype=_str(aws.get("Code")), message=_str(aws.get("Message")))
+        return _Error(etype=_str(aws.get("Code")), message=_str(aws.get("Message")))
     err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
     etype = _str(err.get("type"))
     code, status = _code_of(err)
@@ -678,7 +642,7 @@ def _error_fields(body: Any) -> _Fields:
     if delay is None:
         delay = _retry_after_field(err, body)
     raw_message, detail = err.get("message"), body.get("detail")
-    return _Fields(
+    return _Error(
         etype=None if etype == "error" else etype,  # the Anthropic envelope, no inner object
         code=code,
         message=_str(raw_message) or _str(detail),  # a detail: FastAPI's, Mistral's 401
@@ -787,14 +751,9 @@ def _str(value: Any) -> str | None:
 
 def _parse_body(body: Any) -> Any:
     """Bytes and str become parsed JSON when they hold JSON (or an SSE ``error``
-    event's data); otherwise text. Parsed JSON is kept as is.
-
-    Bounded whatever the body: only the first :data:`MAX_BODY` bytes (and of a longer
-    body the last ones, where a stream's error event is) are decoded, at most
-    :data:`MAX_SSE_LINES` ``data:`` lines are parsed, and JSON too deep to parse is
-    text. A body longer than :data:`MAX_BODY` is never parsed whole: it is read for
-    its SSE error event, else kept as the text of its head.
-    """
+    event's data); otherwise text (JSON too deep to parse too). Parsed JSON is kept as
+    is. A body longer than :data:`MAX_BODY` is never parsed whole: it is read for its
+    SSE error event, else kept as the text of its head."""
     if isinstance(body, bytes | bytearray | memoryview):
         head, tail = _byte_parts(body)
     elif isinstance(body, str):
@@ -878,10 +837,9 @@ def _is_refusal_event(data: Mapping[str, Any]) -> bool:
 def _bounded(body: Any) -> Any:
     """``body`` itself when it is JSON data within the bounds (:data:`MAX_BODY_VALUES`
     values, :data:`MAX_DEPTH` levels, :data:`MAX_BODY` characters of text), else a
-    bounded copy of it: the first values breadth first, strings cut (to
-    :data:`MAX_BODY_STRING` each), anything that is
-    not JSON data (or beyond the depth) ``None``, non-str keys dropped. So a hostile
-    body costs the ModelError a bounded walk, never a walk of all of it."""
+    bounded copy: the first values breadth first, strings cut to
+    :data:`MAX_BODY_STRING`, what is not JSON data (or too deep) ``None``, non-str keys
+    dropped. So a hostile body costs a bounded walk, never a walk of all of it."""
     if _within(body):
         return body
     return _copy(body)
@@ -909,13 +867,7 @@ def _within(root: Any) -> bool:
                     stack.append((item, depth + 1))
             else:
                 stack.extend((item, depth + 1) for item in value)
-        elif kind is int:
-            if value.bit_length() > MAX_INT_BITS:
-                return False
-        elif kind is float:
-            if not math.isfinite(value):
-                return False
-        elif value is not None and kind is not bool:
+        elif json_problem(value, strict=True) is not None:  # a number, a bool, None, or not data
             return False
         if chars > MAX_BODY:
             return False

@@ -1,46 +1,23 @@
 """The engine with I/O attached: ``run_turn`` and ``arun_turn``.
 
-A driver is a thin loop around the sans-IO turn, as httpcore's connection is a
-thin loop around h11: it takes the turn's action, performs it with the
-providers the host gave it, and sends back the event that says what happened.
-Errors are translated at this one boundary:
+A driver is a thin loop around the sans-IO turn (the loop of :mod:`._loop`, as
+httpcore's connection is a thin loop around h11), and the one place errors are
+translated:
 
-* ``model.complete(action)`` raising ``exc`` becomes ``ModelFailed(classify(exc))``.
-  ``complete`` may also *return* a ``ModelFailed`` (a refusal it recognised, or a
-  stream that broke after part of the reply was delivered: ``partial=True``). But a
-  value the engine refuses at its door (:class:`~statemachine.InvalidValue`: an event
-  or a ``ToolCall`` the provider built wrong) is the host's programming error, not the
-  model's: it is re-raised, saying which call, and the turn is cancelled (a call that
-  succeeded, and was billed, must not come back as an ``unknown_error``).
-* ``tools.invoke(call)`` raising becomes a failed ``ToolOutcome`` (``timeout`` for
-  a timeout, else ``unknown``); a tool exception never escapes the driver.
-* ``settings.model_timeout_s`` bounds one model call: running out is classified
-  ``overloaded`` with ``code="timeout"`` (retried like any transient error);
-  ``settings.tool_timeout_s`` bounds one tool call: running out is a ``timeout``
-  outcome. The async driver uses ``asyncio.timeout``; the sync driver runs a
-  bounded call on a daemon worker thread and stops waiting for it when time is up
-  (Python cannot kill a thread: the abandoned call finishes, or not, on its own,
-  so give your SDK client its own timeout too).
-* Cancellation (``asyncio.CancelledError``, ``KeyboardInterrupt``) or any other
-  exception escaping a provider or the sleep: the driver sends
-  ``Cancelled(reason)`` to the turn (it finishes ``cancelled``; calls in flight
-  come back as cancelled error results), cancels and awaits its child tasks, and
-  re-raises. The session is consistent and can be snapshotted or go on.
+* ``model.complete(action)`` raising ``exc`` becomes ``ModelFailed(classify(exc))``
+  (``complete`` may also *return* a ``ModelFailed``). A value the engine refuses at its
+  door (:class:`~statemachine.InvalidValue`) is the provider's bug, not the model's:
+  re-raised naming the call (which may have succeeded, and been billed).
+* ``tools.invoke(call)`` raising becomes a failed ``ToolOutcome`` (``timeout`` for any
+  library's timeout, else ``unknown``); it never escapes.
+* ``model_timeout_s`` and ``tool_timeout_s`` bound each call: with ``asyncio.timeout``,
+  or in the sync driver on a daemon thread that is abandoned when time is up (Python
+  cannot kill a thread: give the SDK client its own timeout too).
+* Anything that escapes (a cancel, ``KeyboardInterrupt``) cancels the turn first.
 
-While a driver runs a turn, the turn's observers can read its model provider's
-``model`` (the model it calls when the action and the request name none): the
-telemetry names its chat spans with it (``_loop.provider_model``).
-
-Both drivers are the loop of ``_loop.py`` (written once, for the Temporal workflow's
-driver too) with a ``perform`` of their own.
-
-**One retry owner.** The engine owns retries. A model provider that is, or holds in
-one of its attributes (``.client``, ``._client``, any other), an official
-``anthropic``/``openai`` client whose ``max_retries`` is not 0 is refused with a
-``ConfigError`` before anything is sent: 3 SDK retries x 5 engine retries would be
-15 requests. Build the client with ``max_retries=0``, or use the ready-made
-providers of ``statemachine.providers``, which call
-``client.with_options(max_retries=0)``.
+**One retry owner.** A model provider that is, or holds a few links deep, an SDK client
+whose ``max_retries`` is not 0 is refused with ``ConfigError`` before anything is sent:
+SDK retries would multiply with the engine's.
 """
 
 from __future__ import annotations

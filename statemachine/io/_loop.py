@@ -63,14 +63,28 @@ class CallCancelled(asyncio.CancelledError):
 
 
 class Driving:
-    """What a running drive shows the code it calls, through :data:`DRIVING`: its model
-    provider, and what the model call in flight reported it used so far."""
+    """A running drive, shown through :data:`DRIVING` to the code it calls: its model
+    provider, and what the model call in flight reported it used so far. As a context
+    manager it is that drive: it cancels the turn when an exception escapes, before it
+    stops showing itself (the turn's observers may ask for the provider's model)."""
 
-    __slots__ = ("provider", "spent")
+    __slots__ = ("_token", "provider", "spent", "turn")
 
-    def __init__(self, provider: object) -> None:
+    def __init__(self, turn: Turn, provider: object) -> None:
+        self.turn = turn
         self.provider = provider
         self.spent: Usage | None = None
+
+    def __enter__(self) -> Driving:
+        self._token = DRIVING.set(self)
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            if exc is not None:
+                cancel(self.turn, exc, self.spent)
+        finally:
+            DRIVING.reset(self._token)
 
 
 DRIVING: contextvars.ContextVar[Driving | None] = contextvars.ContextVar(
@@ -126,39 +140,22 @@ def drive(turn: Turn, perform: Callable[[Action], object], provider: object = No
     charged that on the turn's ``Cancelled``; ``provider`` is the model provider the
     drive shows (:func:`provider_model`)."""
     action = start(turn)
-    driving = Driving(provider)
-    token = DRIVING.set(driving)
-    try:
+    with Driving(turn, provider) as driving:
         while type(action) is not Finish:
             event = perform(action)
             driving.spent = None  # the call's event says what it cost
             action = turn.send(event)
-    except BaseException as exc:
-        cancel(turn, exc, driving.spent)
-        raise
-    finally:
-        DRIVING.reset(token)
     return action
 
 
 async def adrive(
     turn: Turn, perform: Callable[[Action], Awaitable[object]], provider: object = None
 ) -> Finish:
-    """Run ``turn`` to its ``Finish``, ``perform`` doing each action (asyncio). A model
-    call cancelled after its provider said what it had used (:func:`spent_so_far`) is
-    charged that on the turn's ``Cancelled``; ``provider`` is the model provider the
-    drive shows (:func:`provider_model`)."""
+    """:func:`drive` with an asyncio ``perform``."""
     action = start(turn)
-    driving = Driving(provider)
-    token = DRIVING.set(driving)
-    try:
+    with Driving(turn, provider) as driving:
         while type(action) is not Finish:
             event = await perform(action)
             driving.spent = None  # the call's event says what it cost
             action = turn.send(event)
-    except BaseException as exc:
-        cancel(turn, exc, driving.spent)
-        raise
-    finally:
-        DRIVING.reset(token)
     return action

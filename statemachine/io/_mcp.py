@@ -5,44 +5,17 @@ Optional extra: ``pip install 'turnstate[mcp]'``. Use it with :func:`arun_turn`:
     async with MCPStdioTools("files", ["python", "files_server.py"]) as files:
         finish = await sm.arun_turn(turn, model=model, tools=files, context=context)
 
-**A server that dies mid-call.** The SDK's own ``stdio_client`` owns the server
-process and, when the process dies, fails the in-flight request with a generic
-``MCPError(-32000, "Connection closed")``: no exit code, no signal, no stderr. This
-provider spawns the process itself (``statemachine.io._procwatch``), hands its pipes
-to an SDK ``ClientSession`` and races every call against the process's exit,
-which the event loop reports the moment the child is reaped. A death fails the
-in-flight calls at once as ``ToolOutcome(ok=False, category=process_crashed)``
-whose content names the exit code or signal and carries a bounded, redacted tail
-of the server's stderr; :attr:`MCPStdioTools.crashes` keeps the same facts as
-:class:`~statemachine.io._procwatch.ExitInfo` values.
-
-**Restarts.** The next call after a crash starts a fresh server, at most
-``max_restarts`` times over the provider's life; after that, calls fail
-``process_crashed`` at once ("restart limit reached") without spawning. The
-engine's circuit breaker counts the crashes (``breaker_threshold`` in a row trip
-it), so a server that keeps dying ends the session on the limit-reached path.
-
-**A server that outlives its pipes.** A server whose stdout ends (or breaks), or
-whose stdin refuses a write, while the process keeps running is as dead as one
-that exited: it is ended (SIGTERM, then SIGKILL after a short grace), the
-in-flight calls fail ``process_crashed`` ("closed its stdout while running
-(transport closed) and was ended: ..."), it is recorded in ``crashes`` and
-restarted within ``max_restarts`` like any crash.
-
-**Starting.** ``start()`` and ``async with`` start the server and raise
-:class:`MCPStartError` (exit code or signal, redacted stderr tail) when it dies
-while starting, loses its pipes, fails the handshake or does not finish it within
-``initialize_timeout_s``, or when the restart limit is reached. A call never raises:
-started lazily, the same failures are ``process_crashed`` (a death) or
-``execution_failed`` (a live server stopped after a failed or too slow handshake);
-each start counts against ``max_restarts``. (Timeouts: see :class:`MCPStdioTools`.)
-
-Other failures map to the tool taxonomy: a tool result with ``isError`` is
-``execution_failed``; JSON-RPC ``-32602`` (invalid params) is
-``invalid_arguments``; ``-32601`` (method not found) and a call for another
-provider are ``not_found``. Every stderr tail and server error message is passed
-through :func:`redact` (its docstring lists the shapes). Asyncio only (the SDK runs
-on anyio's asyncio backend).
+The SDK's own ``stdio_client`` reports a server that dies mid-call as a bare
+"Connection closed": no exit code, no signal, no stderr. So this provider spawns the
+process itself (:mod:`statemachine.io._procwatch`), hands its pipes to an SDK
+``ClientSession`` and races every call against the process's exit and the end of its
+pipes. A server that dies, or outlives its pipes (then it is ended: SIGTERM, then
+SIGKILL), fails the calls in flight at once as ``process_crashed``, naming the exit
+code or signal with a redacted tail of its stderr, and is recorded in
+:attr:`MCPStdioTools.crashes`. The next call restarts it, at most ``max_restarts``
+times over the provider's life; the engine's breaker counts the crashes. A call never
+raises; ``start()``, ``async with`` and ``list_tools()`` raise :class:`MCPStartError`.
+Every stderr tail and server error message goes through :func:`redact`.
 """
 
 from __future__ import annotations
@@ -54,7 +27,6 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 import attrs
@@ -96,13 +68,11 @@ class _Unset(enum.Enum):
 class MCPStartError(RuntimeError):
     """The MCP server could not be started: it died at start-up, closed its pipes,
     failed the handshake or did not finish it within ``initialize_timeout_s``, or its
-    restart limit is reached.
+    restart limit is reached (a tool call never raises this: it fails with an outcome).
 
-    Raised by :meth:`MCPStdioTools.start`, the ``async with`` entry and
-    :meth:`MCPStdioTools.list_tools` (a tool call never raises: it fails with an
-    outcome). ``exit_code`` / ``signal`` say how the process ended (both ``None``
-    for a process that was stopped alive), ``stderr_tail`` is its redacted, bounded
-    stderr tail, ``info`` the full :class:`ExitInfo`.
+    ``exit_code`` / ``signal`` say how the process ended (both ``None`` for a process
+    that was stopped alive), ``stderr_tail`` is its redacted, bounded stderr tail,
+    ``info`` the full :class:`ExitInfo`.
     """
 
     def __init__(self, server: str, info: ExitInfo, *, restart_limit: int | None = None) -> None:
@@ -156,7 +126,6 @@ class _Connection:
         self.session: ClientSession | None = None
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.exit_info: ExitInfo | None = None
         self.exit_task: asyncio.Task[ExitInfo] | None = None
         self.transport_closed = asyncio.Event()
         """Set when the server's stdout ends (or breaks) or its stdin refuses a write."""
@@ -254,12 +223,7 @@ class MCPStdioTools:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -281,13 +245,8 @@ class MCPStdioTools:
         return self.initialize_timeout_s
 
     async def start(self) -> None:
-        """Start the server now rather than on the first call (a no-op while it runs).
-
-        Raises :class:`MCPStartError`, with the exit code or signal and the redacted
-        stderr tail, when the server dies while starting, closes its pipes, fails
-        the handshake or exceeds ``initialize_timeout_s``, or when the restart limit
-        is reached.
-        """
+        """Start the server now rather than on the first call (a no-op while it runs);
+        :class:`MCPStartError` when it cannot be started."""
         await self._started()
 
     async def _started(self) -> _Connection:
@@ -427,7 +386,6 @@ class MCPStdioTools:
         info = await watched.exit_info()
         if ended:
             info = attrs.evolve(info, transport=conn.transport_reason or "stopped serving")
-        conn.exit_info = info
         self._last_exit = info
         self.crashes.append(info)
         conn.stop.set()

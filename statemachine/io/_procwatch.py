@@ -259,10 +259,6 @@ class Watched:
     def pid(self) -> int:
         return self.process.pid
 
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode
-
     async def _read_stderr(self) -> None:
         stream = self.process.stderr
         try:
@@ -297,7 +293,7 @@ class Watched:
         """
         await wait_until(self.exited, exit_grace_s)  # a closed pipe can beat the reaping
         await wait_until(self._stderr_done, stderr_grace_s)
-        code = self.returncode
+        code = self.process.returncode
         return ExitInfo(
             pid=self.pid,
             exit_code=code if code is None or code >= 0 else None,
@@ -372,13 +368,8 @@ async def spawn(
     if not argv:
         raise ValueError("command: must name a program to run, got an empty command")
     loop = asyncio.get_running_loop()
-    limit = 2**24  # one JSON-RPC line may be large
-
-    def factory() -> _Protocol:
-        return _Protocol(limit, loop)
-
     transport, protocol = await loop.subprocess_exec(
-        factory,
+        lambda: _Protocol(2**24, loop),  # a limit of 16 MiB: one JSON-RPC line may be large
         *argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -6,71 +6,23 @@ Nothing here imports an SDK; the providers take a client you built::
     model = AsyncAnthropicModel(anthropic.AsyncAnthropic(), model="claude-sonnet-4-5")
     finish = await sm.arun_turn(turn, model=model, tools=tools, context=context)
 
-Each provider:
+Each provider switches the client's own retries off (the engine is the one retry
+owner), builds the call from ``CallModel.request`` over its ``create_kwargs`` (the
+model: ``action.model``, else the request's, else its ``model=``), and *returns* what
+went wrong rather than raising it: ``ModelFailed(content_filtered)`` for a refusal or
+a content filter (the HTTP call succeeded), ``ModelFailed(classify(exc))`` for an
+exception the SDK raised. Streamed (the async ones, given ``on_text``), a failure
+after text was delivered is ``partial=True`` (the turn ends ``stream_interrupted``),
+and one after the stream reported its usage carries that usage, so it is charged.
 
-* owns **no retries**: the client is replaced by ``client.with_options(max_retries=0)``
-  when its ``max_retries`` is not 0 (the engine is the one retry owner);
-* builds the call from ``CallModel.request``, which is either a mapping of create
-  arguments (``{"messages": [...], "tools": [...], "system": ...}``) or a bare
-  list of messages, over the ``create_kwargs`` given at construction; the model is
-  ``action.model`` (a fallback) or else the provider's ``model``;
-* withholds tools when ``action.withhold_tools``: drops ``tools`` and
-  ``tool_choice``, or, when the conversation already holds tool calls or results
-  (which both APIs refuse without tool definitions), keeps ``tools`` and sets
-  ``tool_choice`` to none (the
-  final-answer turn);
-* *returns* ``ModelFailed(content_filtered)`` for a refusal (Anthropic
-  ``stop_reason == "refusal"``) or a content filter (OpenAI ``finish_reason ==
-  "content_filter"`` or ``message.refusal``): the HTTP call succeeded, so nothing
-  is raised, but the turn must end ``content_filtered``;
-* *returns* ``ModelFailed(classify(exc))`` for an exception the SDK call raised
-  (what a driver would send for it), carrying a ``Usage`` that says where the call
-  went: so a failed call is as well described as a reply (its provider and server,
-  in the trace and on its telemetry span);
-* maps tool-use blocks / tool calls to ``ToolCall``\\ s whose ``provider`` is
-  ``tool_provider`` (a name, or a function of the tool name);
-* streams when given ``on_text`` (async providers): text deltas go to it as they
-  arrive; a failure after one was delivered is returned as
-  ``ModelFailed(..., partial=True)`` so the engine ends the turn
-  ``stream_interrupted`` instead of resending, and a failure before any text but
-  after the stream reported its usage is returned as ``ModelFailed(...,
-  partial=False)`` carrying that usage, so the spend is counted and the engine
-  retries (or not) as the error's category says;
-* reports what every response it saw used, as a :class:`~statemachine.Usage` on
-  every event it builds (``ModelReplied``, the content-filtered ``ModelFailed``,
-  the ``ModelFailed`` of a broken stream that had reported usage):
-  ``input_tokens`` (the whole prompt), ``output_tokens``, ``cached_tokens`` (of
-  the prompt, read from a prompt cache), ``model`` (the name the server answered
-  with), ``response_id`` and ``finish_reason`` (Anthropic ``stop_reason``, OpenAI
-  ``choices[0].finish_reason``). What a response leaves out, or reports in a shape
-  that is not a token count (an int >= 0) or a short string, is ``None``: reading
-  the usage never raises; and where every call went: ``provider_name`` (``openai``
-  or ``anthropic``, ``azure.ai.openai``, ``aws.bedrock`` or ``gcp.vertex_ai`` for the
-  SDKs' Azure, Bedrock and Vertex clients), ``server_address`` and ``server_port`` (of
-  the client's ``base_url``; the scheme's port when it names none) and ``streamed``;
-* reports ``cost`` (and ``Usage.cost_usd``) when given ``price_per_mtok=(input_usd,
-  output_usd)`` per million tokens: every prompt token at the input price (cache
-  reads, cheaper in fact, and Anthropic's cache writes, dearer, included: a host
-  that wants the cache rates computes its own cost) plus the output tokens at the
-  output price; a count that is unknown counts 0, and without a price, or when the
-  response reported no token count at all, the cost is 0.0 and ``cost_usd`` unknown
-  (``None``). The ``reply`` is the response as plain JSON (``model_dump``), so a
-  session holding it can be snapshotted.
-
-Where the usage comes from: Anthropic ``message.usage`` (``input_tokens`` there
-excludes the prompt tokens read from or written to the cache, so the reported
-``input_tokens`` is ``input_tokens + cache_read_input_tokens +
-cache_creation_input_tokens``, ``cached_tokens`` is ``cache_read_input_tokens`` and
-``cache_creation_tokens`` is ``cache_creation_input_tokens``);
-streamed, the SDK's ``current_message_snapshot`` (its usage arrives with
-``message_start`` and is updated by ``message_delta``). OpenAI ``completion.usage``
-(``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``,
-``completion_tokens_details.reasoning_tokens``);
-streamed, the usages the chunks carried, counted once whatever their shape: one usage
-chunk at the end, the totals so far on every chunk (vLLM's continuous usage stats) or
-what each chunk added (:mod:`statemachine.io._stream_usage`); a stream reports usage
-only when asked, ``stream_options={"include_usage": True}``, which the provider asks by
-default.
+Every event carries a :class:`~statemachine.Usage` of what the response reported (what
+is missing, or not a count or a short string, is ``None``: reading it never raises)
+and where the call went (``provider_name``: ``openai``, ``anthropic`` or the SDKs'
+Azure, Bedrock and Vertex clients'; the ``base_url``'s host and port; ``streamed``),
+priced with ``price_per_mtok=(input_usd, output_usd)`` per million tokens (every prompt
+token, cached or not, at the input price). A stream's usage is counted once whatever
+shape its chunks report it in (:mod:`statemachine.io._stream_usage`). The reply is the
+response as plain JSON (``model_dump``). ``docs/drivers.md`` shows them at work.
 """
 
 from __future__ import annotations
@@ -86,12 +38,10 @@ from urllib.parse import urlsplit
 
 from ..core._actions import CallModel
 from ..core._events import ModelFailed, ModelReplied
-from ..core._json_data import MAX_COUNT
-from ..core._model_error import ModelError
-from ..core._taxonomy import ErrorCategory
+from ..core._json_data import MAX_COUNT, finite
 from ..core._tool_calls import ToolCall
 from ..core._usage import MAX_PORT, MAX_TEXT, Usage
-from ._classify import classify, plain_data
+from ._classify import classify, plain_data, refused
 from ._loop import spent_so_far
 from ._stream_usage import StreamUsage, Tokens, plus
 
@@ -147,15 +97,14 @@ def _label(value: Any) -> str | None:
     return str.__str__(value)
 
 
-def _price(value: Any) -> float | None:
-    """A price per million tokens: a finite number >= 0 (as a float), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        price = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return price if math.isfinite(price) and price >= 0 else None
+def _is_price(value: Any) -> bool:
+    """Whether ``value`` is a price per million tokens: a finite number >= 0."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and finite(value)
+        and value >= 0
+    )
 
 
 def _reported(usage: Usage) -> bool:
@@ -169,7 +118,7 @@ def checked_prices(price_per_mtok: object) -> tuple[float, float] | None:
     if price_per_mtok is not None and (
         not isinstance(price_per_mtok, tuple)
         or len(price_per_mtok) != 2
-        or not all(_price(price) is not None for price in price_per_mtok)
+        or not all(_is_price(price) for price in price_per_mtok)
     ):
         raise TypeError(
             "price_per_mtok: expected (input_usd, output_usd) per million tokens, "
@@ -342,17 +291,15 @@ class _Base:
         raise NotImplementedError  # pragma: no cover - each API reads its own
 
 
+def _replied(response: Any, usage: Usage, calls: tuple[ToolCall, ...] = ()) -> ModelReplied:
+    return ModelReplied(
+        tool_calls=calls, cost=_charged(usage), reply=plain_data(response), usage=usage
+    )
+
+
 def _filtered(message: str, code: str, response: Any, usage: Usage) -> ModelFailed:
     return ModelFailed(
-        ModelError(
-            ErrorCategory.CONTENT_FILTERED,
-            message,
-            code=code,
-            status=200,
-            body=plain_data(response),
-        ),
-        cost=_charged(usage),
-        usage=usage,
+        refused(message, code, plain_data(response)), cost=_charged(usage), usage=usage
     )
 
 
@@ -417,9 +364,7 @@ class _AnthropicBase(_Base):
             for block in getattr(message, "content", None) or ()
             if getattr(block, "type", None) == "tool_use"
         )
-        return ModelReplied(
-            tool_calls=calls, cost=_charged(usage), reply=plain_data(message), usage=usage
-        )
+        return _replied(message, usage, calls)
 
 
 class AnthropicModel(_AnthropicBase):
@@ -452,10 +397,19 @@ class _Streaming(_Base):
             if inspect.isawaitable(result):
                 await result
 
-
-def _broken(exc: Exception, delivered: bool, usage: Usage) -> ModelFailed:
-    """The event of a stream that failed with ``exc`` after text or usage was seen."""
-    return ModelFailed(classify(exc), partial=delivered, cost=_charged(usage), usage=usage)
+    def _interrupted(
+        self, exc: asyncio.CancelledError | Exception, delivered: bool, usage: Usage
+    ) -> ModelFailed:
+        """The event of a stream ``exc`` interrupted, given whether text was
+        ``delivered`` and the ``usage`` it reported so far. A cancel is re-raised,
+        having said what the call was billed (the turn's ``Cancelled`` charges it)."""
+        if isinstance(exc, asyncio.CancelledError):
+            if _reported(usage):
+                spent_so_far(usage)
+            raise exc
+        if not (delivered or _reported(usage)):
+            return self._raised(exc)
+        return ModelFailed(classify(exc), partial=delivered, cost=_charged(usage), usage=usage)
 
 
 class AsyncAnthropicModel(_Streaming, _AnthropicBase):
@@ -480,20 +434,12 @@ class AsyncAnthropicModel(_Streaming, _AnthropicBase):
                         delivered = True
                         await self._deliver(getattr(event.delta, "text", None))
                 message = await stream.get_final_message()
-        except asyncio.CancelledError:
-            snapshot = _field(stream, "current_message_snapshot")
-            usage = self._usage_of(started if snapshot is None else snapshot)
-            if _reported(usage):
-                spent_so_far(usage)  # the turn's Cancelled charges what was billed
-            raise
-        except Exception as exc:
+        except (asyncio.CancelledError, Exception) as exc:
             # The snapshot's property asserts that message_start arrived: _field reads
             # it as None before.
             snapshot = _field(stream, "current_message_snapshot")
             usage = self._usage_of(started if snapshot is None else snapshot)
-            if not (delivered or _reported(usage)):
-                return self._raised(exc)
-            return _broken(exc, delivered, usage)
+            return self._interrupted(exc, delivered, usage)
         return self._event(message)
 
 
@@ -561,7 +507,7 @@ class _OpenAIBase(_Base):
         usage = self._usage_of(completion, reported)
         choices = getattr(completion, "choices", None) or ()
         if not choices:
-            return ModelReplied(cost=_charged(usage), reply=plain_data(completion), usage=usage)
+            return _replied(completion, usage)
         choice = choices[0]
         message = getattr(choice, "message", None)
         if getattr(choice, "finish_reason", None) == "content_filter":
@@ -584,9 +530,7 @@ class _OpenAIBase(_Base):
             for call in getattr(message, "tool_calls", None) or ()
             if getattr(call, "function", None) is not None
         )
-        return ModelReplied(
-            tool_calls=calls, cost=_charged(usage), reply=plain_data(completion), usage=usage
-        )
+        return _replied(completion, usage, calls)
 
 
 class OpenAIModel(_OpenAIBase):
@@ -637,16 +581,9 @@ class AsyncOpenAIModel(_Streaming, _OpenAIBase):
                             delivered = True
                         await self._deliver(getattr(delta, "content", None))
             completion = state.get_final_completion()
-        except asyncio.CancelledError:
-            usage = self._usage_of(_field(state, "current_completion_snapshot"), counted.total)
-            if _reported(usage):
-                spent_so_far(usage)  # the turn's Cancelled charges what was billed
-            raise
-        except Exception as exc:
+        except (asyncio.CancelledError, Exception) as exc:
             # The snapshot's property asserts that a chunk arrived: _field reads it as
             # None before.
             usage = self._usage_of(_field(state, "current_completion_snapshot"), counted.total)
-            if not (delivered or _reported(usage)):
-                return self._raised(exc)
-            return _broken(exc, delivered, usage)
+            return self._interrupted(exc, delivered, usage)
         return self._event(completion, counted.total)

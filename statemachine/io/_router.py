@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Generic, TypeVar
 
 from ..core._taxonomy import ToolErrorCategory
@@ -79,10 +78,5 @@ class AsyncToolRouter(_Routes[AsyncToolProvider]):
     async def __aenter__(self) -> AsyncToolRouter:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()

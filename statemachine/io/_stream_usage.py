@@ -1,31 +1,15 @@
 """A streamed reply's usage, counted once whatever shape its chunks report it in.
 
-The chunks of a stream (OpenAI Chat Completions chunks, or the events another API
-streams) report the call's usage in one of three shapes, and none says which:
-
-* **final**: one chunk carries the whole call's usage (OpenAI's ``include_usage`` chunk);
-* **cumulative**: every chunk carries the totals so far, the last the whole call's
-  (vLLM's continuous usage stats, Gemini's and Cloudflare's OpenAI-compatible streams);
-* **delta**: every chunk carries what it added, so the call's usage is their sum (the
-  first chunk reports the prompt, the later ones 0 input tokens).
-
-Summing every chunk counts a cumulative stream once per chunk; keeping the last counts a
-delta stream as its last chunk. So the shape is read from the numbers, one chunk at a
-time (:func:`repeats_totals`): a chunk whose input tokens equal the running total's
-(and are not 0) and whose output tokens are no fewer repeats the totals so far and
-replaces them; any other chunk adds to them. A cumulative stream repeats the prompt on
-every chunk; a delta stream reports it once; a final event comes alone, onto nothing.
-Misread would be a delta stream that repeats the prompt's count on every chunk, or a
-cumulative one that reports 0 input tokens: no vendor is known to.
-
-:class:`StreamUsage` applies the rule to any usage type, given how to read its two
-counts and how to add two of them; the OpenAI providers (SDK usage objects) and the
-pydantic-ai integration (``RequestUsage``) use it. (It belongs with
-:mod:`statemachine.core._usage`, and can move there.) An Anthropic Messages stream is
-not read so: its protocol defines ``message_delta``'s counts as cumulative, and the SDK's
-snapshot replaces by them; the rule would add a ``message_delta`` that reports the output
-total alone (no input count, as Anthropic's own stream often sends it) to the output
-count ``message_start`` reported.
+A stream's chunks report the call's usage as **final** (one chunk carries the whole
+call's: OpenAI's ``include_usage``), **cumulative** (every chunk carries the totals so
+far: vLLM's continuous usage stats, Gemini's and Cloudflare's OpenAI-compatible
+streams) or **delta** (every chunk what it added), and none says which. So the shape is
+read from the numbers, one chunk at a time (:func:`repeats_totals`): a cumulative
+stream repeats the prompt's count on every chunk, a delta stream reports it once, a
+final chunk comes alone. Misread would be a delta stream that repeats the prompt's
+count on every chunk, or a cumulative one that reports 0 input tokens: no vendor is
+known to. An Anthropic stream is not read so: its protocol defines ``message_delta``'s
+counts as cumulative, and it may report the output total alone.
 """
 
 from __future__ import annotations
