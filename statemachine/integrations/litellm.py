@@ -65,10 +65,10 @@ from ..io._providers import (
     ToolProviderName,
     _charged,
     _field,
+    _is_price,
     _openai_sum,
     _openai_tokens,
     _OpenAIBase,
-    _price,
     _reported,
     _Streaming,
 )
@@ -162,13 +162,13 @@ def classify_litellm(exc: BaseException) -> ModelError:
 def _cost(response: Any) -> float | None:
     """LiteLLM's own cost of ``response``; ``None`` for a model its price map lacks."""
     hidden = getattr(response, "_hidden_params", None)
-    known = _price(hidden.get("response_cost")) if isinstance(hidden, Mapping) else None
-    if known is not None or response is None:
-        return known
-    try:
-        return _price(_litellm().completion_cost(completion_response=response))
-    except Exception:  # a model LiteLLM has no price for
-        return None
+    known: Any = hidden.get("response_cost") if isinstance(hidden, Mapping) else None
+    if known is None and response is not None:
+        try:
+            known = _litellm().completion_cost(completion_response=response)
+        except Exception:  # a model LiteLLM has no price for
+            return None
+    return float(known) if _is_price(known) else None
 
 
 class _LiteLLMBase(_OpenAIBase):
