@@ -1,25 +1,12 @@
 """The engine: the table's guards and effects over the declared state, and the one
 object that owns a session's state.
 
-:class:`Core` holds a session's :class:`SessionState` with what is fixed for its
-life (settings, observers, the dispatch). :meth:`Core.fire` takes one event for the
-current turn at one moment: it finds the rows for (state, event), derives once the
-*facts* the guards of those rows read (the wait a failure would take, the breakers a
-tool round would trip), picks the first row whose guards hold, runs its effect (which
-updates the state and builds the action) and records the step. Guards read and
-never change; facts are handed to guards and effect alike, as an argument.
-
-Time is an input, as every other fact: the core reads no clock. Each step is given
-its moment (``at``: the session's monotonic clock; ``wall``: Unix time, where a rule
-needs it) by the handle that calls it, and :meth:`Core.reading` checks it before
-anything changes: a time that is not a finite number is refused, a time before the
-session's last reading is read as that reading (the clock stood still), so no input
-can make a state that ``restore`` refuses. A replay is the same calls with the
-recorded moments.
-
-The dispatch is built from ``ROWS`` in one step (:class:`Dispatch`); the
-``transitions`` machine built from the same rows is the definition a test proves it
-equal to, and the source of the diagrams.
+:meth:`Core.fire` takes one event for the current turn at one moment: it finds the rows
+for (state, event), derives once the *facts* their guards read, picks the first row
+whose guards hold, runs its effect (which updates the state and builds the action) and
+records the step. The core reads no clock: each step is given its moment (``at``, and
+``wall``, Unix time, where a rule needs it), checked by :meth:`Core.reading`, so a
+replay is the same calls with the recorded moments.
 """
 
 from __future__ import annotations
@@ -79,9 +66,8 @@ from ._trials import TRIALS, Trial
 Observer = Callable[[TraceRecord], None]
 DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 """A host's second-tier doom-loop check: the last ``doom_check_window`` tool calls in,
-``True`` when the model is going round in circles. The session asks it before a reply
-is sent, where a verdict is due, and sends the verdict in the reply
-(``ModelReplied.doom_verdict``): the engine's step reads the event only."""
+``True`` when the model is going round in circles. Asked by the session before a reply
+is sent (``ModelReplied.doom_verdict``); no step calls it."""
 
 logger = logging.getLogger("statemachine")
 logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
@@ -101,34 +87,19 @@ _REDUCE = Assemble(reduce=True)
 
 
 WaitFacts = tuple[float | None, float, bool, bool, float]
-"""What a transient failure at ``now`` would lead to, previewing (not consuming) the
-jitter: ``(server, seconds, too_long, crosses, now)``.
-
-``server``: the retry-after the server asked for, if usable; ``seconds``: the wait the
-engine would take; ``too_long``: the server asked for more than ``max_server_wait_s``;
-``crosses``: the wait would cross ``max_wall_clock_s``. (A plain tuple: built once per
-transient failure, on the hot path, with no constructor to call.)"""
+"""What a transient failure at ``now`` would lead to, the jitter previewed:
+``(server, seconds, too_long, crosses, now)``: the usable retry-after, the wait the
+engine would take, whether the server asked for more than ``max_server_wait_s``, and
+whether the wait would cross ``max_wall_clock_s``. (A plain tuple: no constructor to
+call on the hot path.)"""
 
 
+@attrs.define(init=False, eq=False, repr=False)
 class ToolFacts:
     """What a tool round leads to: the breakers' and the denial counter's new values,
     the providers it trips, the latest outcome of every call, the conflicting calls
     still to re-invoke and the wait before the next, and whether a terminal tool
     succeeded. (Derived before anything changes; the effects apply it.)"""
-
-    __slots__ = (
-        "attempt",
-        "counts",
-        "denial_log",
-        "denials",
-        "denied",
-        "logs",
-        "outcomes",
-        "pending",
-        "seconds",
-        "terminal",
-        "tripped",
-    )
 
     counts: dict[str, int]
     logs: dict[str, str] | None
@@ -298,28 +269,18 @@ def _conflict_facts(
     )
 
 
+@attrs.define(eq=False, repr=False)
 class DoomFacts:
     """What a reply's tool calls do to the doom-loop detector (both tiers): ``due`` says
     whether the second tier's verdict is read at this reply (``window`` the calls it
     judges); ``fired`` is the first tier's, and the verdict's once it is read."""
 
-    __slots__ = ("due", "fired", "last", "run", "since", "window")
-
-    def __init__(
-        self,
-        last: str | None,
-        run: int,
-        fired: bool,
-        window: tuple[ToolCall, ...] | None,
-        since: int,
-        due: bool,
-    ) -> None:
-        self.last = last
-        self.run = run
-        self.fired = fired
-        self.window = window
-        self.since = since
-        self.due = due
+    last: str | None
+    run: int
+    fired: bool
+    window: tuple[ToolCall, ...] | None
+    since: int
+    due: bool
 
 
 def doom_facts(
@@ -445,7 +406,8 @@ Effect = Callable[..., Action]
 """``effect(core, turn, event, facts, status) -> action``."""
 
 
-def _model(core: Core, turn: TurnState) -> str | None:
+def model_of(core: Core, turn: TurnState) -> str | None:
+    """The model ``turn`` currently calls (``None``: the host's default)."""
     if turn.model_index < 0:
         return core.settings.model
     return core.settings.fallback_models[turn.model_index]
@@ -468,12 +430,12 @@ def _call_model(core: Core, turn: TurnState, event: Assembled, _f: None, _s: Non
     turn.request = event.request
     turn.size = event.size
     turn.attempt = 0
-    return make_call_model(event.request, 0, _model(core, turn), turn.final_answer)
+    return make_call_model(event.request, 0, model_of(core, turn), turn.final_answer)
 
 
 def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
     turn.attempt += 1
-    return make_call_model(turn.request, turn.attempt, _model(core, turn), turn.final_answer)
+    return make_call_model(turn.request, turn.attempt, model_of(core, turn), turn.final_answer)
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
@@ -483,7 +445,7 @@ def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s:
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
-    before = _model(core, turn)
+    before = model_of(core, turn)
     turn.model_index += 1
     after = core.settings.fallback_models[turn.model_index]
     turn.fallbacks = (*turn.fallbacks, Fallback(before, after, event.error))
@@ -599,7 +561,7 @@ def _log_failure(core: Core, turn: TurnState, error: ModelError, status: TurnSta
         status.value,
         error.code,
         error.status,
-        _model(core, turn),
+        model_of(core, turn),
         turn.index,
         turn.attempt,
         request_shape(turn.request),
@@ -666,7 +628,7 @@ def _finish_action(
         status,
         results,
         error,
-        _model(core, turn),
+        model_of(core, turn),
         turn.fallbacks,
         retry_at,
         reply,
@@ -1000,23 +962,9 @@ def final_answer_instruction(limit: SessionStatus, settings: Settings) -> str:
     )
 
 
+@attrs.define(init=False, eq=False, repr=False)
 class Core:
     """A session's state and the one place that changes it."""
-
-    __slots__ = (
-        "__weakref__",
-        "by_state",
-        "ceiling",
-        "children",
-        "dispatch",
-        "doom_check",
-        "failures",
-        "last",
-        "observers",
-        "parent",
-        "settings",
-        "state",
-    )
 
     settings: Settings
     state: SessionState
@@ -1025,19 +973,16 @@ class Core:
     by_state: dict[str, dict[str, Group]]
     failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
-    """The host's second-tier doom check, asked by the session's turn before it sends a
-    reply (``Turn.judged``); no step calls it."""
+    """Asked by ``Turn.judged`` before a reply is sent; no step calls it."""
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
     children: list[weakref.ref[Any]] | None
-    """The sessions spawned from this one in this process (for cancellation; ``None``
-    until the first: a session holds no empty list)."""
+    """The sessions spawned from this one in this process (``None`` until the first)."""
     last: float
-    """The latest moment the state holds (:func:`last_reading`), kept as steps are
-    taken: no step is taken before it."""
+    """The latest moment the state holds (:func:`last_reading`): no step is before it."""
     ceiling: float
-    """A reading below it is surely a number of seconds from the session's start: a
-    float from ``last`` up to it needs no other check (:meth:`reading` checks the rest)."""
+    """A float from ``last`` up to it is surely seconds from the session's start: it
+    needs no other check (:meth:`reading` checks the rest)."""
 
     def __init__(
         self,
@@ -1067,13 +1012,12 @@ class Core:
     # -- time ----------------------------------------------------------------------
 
     def reading(self, at: object) -> float:
-        """``at``, a reading of the session's clock, as the moment of a step: checked,
-        and clamped to the state's last reading (nothing changes here).
+        """``at``, a reading of the session's clock, as the moment of a step: one before
+        the state's last reading is read as that one (the clock stood still).
 
-        Refused (``ValueError``; ``TypeError`` for what is not a number): a reading
-        that is not a finite number, or one so far from the session's start that the
-        seconds between do not fit a float. Clamped: a reading before the last one the
-        state holds is read as that one (a clock that ran back stood still).
+        Raises ``TypeError`` for what is not a number, ``ValueError`` for a reading
+        that is not finite or so far from the session's start that the seconds between
+        do not fit a float.
         """
         reading: float
         if type(at) is not float:
@@ -1097,17 +1041,10 @@ class Core:
         return now - self.state.started
 
     def bound_elapsed_s(self, now: float) -> float:
-        """The seconds ``max_wall_clock_s`` measures at ``now``: all of them, or (with
-        ``wall_clock_counts_idle = False``) all but those between a turn's Finish and
-        the next turn's start."""
-        state = self.state
-        elapsed = now - state.started
-        if self.settings.wall_clock_counts_idle:
-            return elapsed
-        idle = state.idle_s
-        if state.finished_at is not None:
-            idle += now - state.finished_at
-        return elapsed - idle
+        """The seconds ``max_wall_clock_s`` measures at ``now`` (a checked reading):
+        with ``wall_clock_counts_idle = False``, all but the idle ones."""
+        elapsed = now - self.state.started
+        return elapsed if self.settings.wall_clock_counts_idle else elapsed - self.idle_s(now)
 
     def idle_s(self, now: float) -> float:
         """Seconds the session spent between turns, up to ``now``."""
