@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import enum
 import math
+import operator
 import secrets
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, overload
 
 from ._actions import Action, Finish
 from ._engine import (
@@ -119,6 +120,26 @@ def _start_reading(value: object, name: str = "started") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
         raise ConfigError(f"{name}: must be a finite number of seconds, got {value!r:.60}")
     return float(value)
+
+
+_T = TypeVar("_T")
+
+
+class _Reads(property, Generic[_T]):
+    """A read-only attribute of a handle: the value at ``path`` from it (a property
+    whose getter is ``operator.attrgetter``)."""
+
+    def __init__(self, path: str, doc: str) -> None:
+        super().__init__(operator.attrgetter(path))
+        self.__doc__ = doc  # a property subclass would show its own docstring
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __get__(self, handle: None, owner: type | None = None) -> _Reads[_T]: ...
+        @overload
+        def __get__(self, handle: object, owner: type | None = None) -> _T: ...
+        def __get__(self, handle: object, owner: type | None = None) -> Any: ...
 
 
 class Session:
@@ -402,57 +423,38 @@ class Session:
 
     # -- what the session holds -------------------------------------------------
 
-    @property
-    def settings(self) -> Settings:
-        """The session's settings."""
-        return self._core.settings
+    settings: _Reads[Settings] = _Reads("_core.settings", "The session's settings.")
 
     @property
     def state(self) -> SessionState:
         """A copy of the session's declared state (changing it changes nothing)."""
         return copy_session_state(self._core.state)
 
-    @property
-    def seed(self) -> int:
-        """The jitter seed (as a 64-bit unsigned int)."""
-        return self._core.state.seed
-
-    @property
-    def status(self) -> SessionStatus | None:
-        """``None`` while the session can go on; then the limit that ended it."""
-        return self._core.state.status
-
-    @property
-    def limit_reached(self) -> SessionStatus | None:
-        """The limit that has fired, from the moment it fires (the final-answer turn
-        may still be to come); ``None`` while no limit has fired."""
-        return self._core.state.limit
-
-    @property
-    def current_turn(self) -> Turn | None:
-        """The latest turn (after ``restore``: the restored one)."""
-        return self._handle
-
-    @property
-    def turns(self) -> int:
-        """How many turns have been created, the final-answer turn included."""
-        return self._core.state.turns
-
-    @property
-    def retries_used(self) -> int:
-        """Retries (waits and fallbacks) taken across the session."""
-        return self._core.state.retries
-
-    @property
-    def waited_s(self) -> float:
-        """Seconds of backoff the session's ``Wait`` actions asked for, summed."""
-        return self._core.state.waited_s
-
-    @property
-    def cost_usd(self) -> float:
-        """Every cost charged so far (``ModelReplied`` and billed ``ModelFailed``),
-        children's included: what ``max_cost_usd`` bounds."""
-        return self._core.state.cost_usd
+    seed: _Reads[int] = _Reads("_core.state.seed", "The jitter seed (as a 64-bit unsigned int).")
+    status: _Reads[SessionStatus | None] = _Reads(
+        "_core.state.status", "``None`` while the session can go on; then the limit that ended it."
+    )
+    limit_reached: _Reads[SessionStatus | None] = _Reads(
+        "_core.state.limit",
+        "The limit that has fired, from the moment it fires (``None``: none has).",
+    )
+    current_turn: _Reads[Turn | None] = _Reads(
+        "_handle", "The latest turn (after ``restore``: the restored one)."
+    )
+    turns: _Reads[int] = _Reads(
+        "_core.state.turns", "How many turns have been created, the final-answer turn included."
+    )
+    retries_used: _Reads[int] = _Reads(
+        "_core.state.retries", "Retries (waits and fallbacks) taken across the session."
+    )
+    waited_s: _Reads[float] = _Reads(
+        "_core.state.waited_s",
+        "Seconds of backoff the session's ``Wait`` actions asked for, summed.",
+    )
+    cost_usd: _Reads[float] = _Reads(
+        "_core.state.cost_usd",
+        "Every cost charged so far, children's included: what ``max_cost_usd`` bounds.",
+    )
 
     @property
     def own_cost_usd(self) -> float:
@@ -471,25 +473,19 @@ class Session:
         unbounded)."""
         return self._core.remaining_budget_usd()
 
-    @property
-    def session_id(self) -> str | None:
-        """The session's id in its tree."""
-        return self._core.state.session_id
-
-    @property
-    def parent_id(self) -> str | None:
-        """The parent's id, for a child session."""
-        return self._core.state.parent_id
-
-    @property
-    def tool_retries(self) -> int:
-        """Re-invocations of conflicting tool calls across the session."""
-        return self._core.state.tool_retries
-
-    @property
-    def denials(self) -> int:
-        """Consecutive ``permission_denied`` outcomes (for the denial breaker)."""
-        return self._core.state.denials
+    session_id: _Reads[str | None] = _Reads(
+        "_core.state.session_id", "The session's id in its tree."
+    )
+    parent_id: _Reads[str | None] = _Reads(
+        "_core.state.parent_id", "The parent's id, for a child session."
+    )
+    tool_retries: _Reads[int] = _Reads(
+        "_core.state.tool_retries", "Re-invocations of conflicting tool calls across the session."
+    )
+    denials: _Reads[int] = _Reads(
+        "_core.state.denials",
+        "Consecutive ``permission_denied`` outcomes (for the denial breaker).",
+    )
 
     @property
     def idle_s(self) -> float:
@@ -503,27 +499,20 @@ class Session:
         no clock: up to its last step)."""
         return self._core.elapsed_s(self._reading())
 
-    @property
-    def started(self) -> float:
-        """The session clock's reading when the session started."""
-        return self._core.state.started
-
-    @property
-    def finished_at(self) -> float | None:
-        """The session clock's reading when its last turn finished, while no turn runs
-        (``None`` while one runs, or before the first)."""
-        return self._core.state.finished_at
-
-    @property
-    def last_at(self) -> float:
-        """The latest moment the session holds (its start, its current turn's last step,
-        its last Finish): a step given an earlier ``at`` is taken at this one."""
-        return self._core.last
-
-    @property
-    def tripped_providers(self) -> frozenset[str]:
-        """Tool providers whose circuit breaker is open; never invoked again."""
-        return self._core.state.tripped
+    started: _Reads[float] = _Reads(
+        "_core.state.started", "The session clock's reading when the session started."
+    )
+    finished_at: _Reads[float | None] = _Reads(
+        "_core.state.finished_at",
+        "The clock's reading when the last turn finished, while no turn runs (else ``None``).",
+    )
+    last_at: _Reads[float] = _Reads(
+        "_core.last",
+        "The latest moment the session holds: a step given an earlier ``at`` is taken then.",
+    )
+    tripped_providers: _Reads[frozenset[str]] = _Reads(
+        "_core.state.tripped", "Tool providers whose circuit breaker is open; never invoked again."
+    )
 
     @property
     def crash_counts(self) -> Mapping[str, int]:
@@ -760,30 +749,19 @@ class Turn:
 
     # -- what the turn holds -----------------------------------------------
 
-    @property
-    def index(self) -> int:
-        """This turn's number in its session, from 1."""
-        return self._turn.index
-
-    @property
-    def final_answer(self) -> bool:
-        """Whether this is the final-answer turn of the limit-reached path."""
-        return self._turn.final_answer
-
-    @property
-    def instruction(self) -> str | None:
-        """The synthetic final-answer instruction (final-answer turn only)."""
-        return self._turn.instruction
-
-    @property
-    def state(self) -> str:
-        """The current state's name (``idle`` before ``start()``)."""
-        return self._turn.state
-
-    @property
-    def status(self) -> TurnStatus | None:
-        """``None`` while the turn runs, then the status its :class:`Finish` carries."""
-        return self._turn.status
+    index: _Reads[int] = _Reads("_turn.index", "This turn's number in its session, from 1.")
+    final_answer: _Reads[bool] = _Reads(
+        "_turn.final_answer", "Whether this is the final-answer turn of the limit-reached path."
+    )
+    instruction: _Reads[str | None] = _Reads(
+        "_turn.instruction", "The synthetic final-answer instruction (final-answer turn only)."
+    )
+    state: _Reads[str] = _Reads(
+        "_turn.state", "The current state's name (``idle`` before ``start()``)."
+    )
+    status: _Reads[TurnStatus | None] = _Reads(
+        "_turn.status", "``None`` while the turn runs, then the status its :class:`Finish` carries."
+    )
 
     @property
     def done(self) -> bool:
@@ -812,35 +790,25 @@ class Turn:
         """How many transitions the turn has taken (the length of :attr:`trace`)."""
         return len(self._turn.path)
 
-    @property
-    def attempt(self) -> int:
-        """The current call's attempt number (0 for a first try)."""
-        return self._turn.attempt
-
-    @property
-    def reductions(self) -> int:
-        """How many context reductions this turn asked for."""
-        return self._turn.reductions
+    attempt: _Reads[int] = _Reads(
+        "_turn.attempt", "The current call's attempt number (0 for a first try)."
+    )
+    reductions: _Reads[int] = _Reads(
+        "_turn.reductions", "How many context reductions this turn asked for."
+    )
 
     @property
     def model(self) -> str | None:
         """The model the turn currently calls (``None``: the host's default)."""
         return model_of(self._core, self._turn)
 
-    @property
-    def session(self) -> Session:
-        """The session this turn belongs to."""
-        return self._session
-
-    @property
-    def calls(self) -> tuple[Any, ...]:
-        """The tool calls of the reply being handled (empty before any)."""
-        return self._turn.calls
-
-    @property
-    def in_flight(self) -> tuple[Any, ...]:
-        """The calls of the last ``InvokeTools``: what ``ToolsDone`` must answer."""
-        return self._turn.in_flight
+    session: _Reads[Session] = _Reads("_session", "The session this turn belongs to.")
+    calls: _Reads[tuple[Any, ...]] = _Reads(
+        "_turn.calls", "The tool calls of the reply being handled (empty before any)."
+    )
+    in_flight: _Reads[tuple[Any, ...]] = _Reads(
+        "_turn.in_flight", "The calls of the last ``InvokeTools``: what ``ToolsDone`` must answer."
+    )
 
     @property
     def trace(self) -> tuple[TraceRecord, ...]:
