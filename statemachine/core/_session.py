@@ -63,13 +63,16 @@ _DEFAULT_SETTINGS = Settings()
 Clock = Callable[[], float]
 
 
-def _check_clocks(clock: object, wall_clock: object) -> None:
+def _check_hooks(clock: object, wall_clock: object, doom_check: object) -> None:
+    """Refuse a clock or a doom check that is neither callable nor ``None``."""
     if (clock is not None and not callable(clock)) or (
         wall_clock is not None and not callable(wall_clock)
     ):
         raise ConfigError(
             "clock: clock and wall_clock must be callables returning seconds, or None"
         )
+    if doom_check is not None and not callable(doom_check):
+        raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
 
 
 def _no_clock(what: str) -> TypeError:
@@ -77,18 +80,6 @@ def _no_clock(what: str) -> TypeError:
         f"at: the session has no clock (clock=None), so {what} must say when it happens: "
         "pass at=<the session clock's reading, in seconds>"
     )
-
-
-def _check_doom_check(doom_check: object) -> None:
-    if doom_check is not None and not callable(doom_check):
-        raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
-
-
-def _check_id(name: str, value: object) -> None:
-    if value is not None and (
-        not isinstance(value, str) or not value or json_problem(value) is not None
-    ):
-        raise ConfigError(f"{name}: must be a non-empty str or None, got {value!r:.60}")
 
 
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
@@ -190,14 +181,15 @@ class Session:
             seed = secrets.randbits(64)  # its own: sessions made alike jitter apart
         elif isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed: must be an int or None, got {seed!r}")
-        if (clock is not None and not callable(clock)) or (
-            wall_clock is not None and not callable(wall_clock)
+        _check_hooks(clock, wall_clock, doom_check)
+        if session_id is not None and (
+            not isinstance(session_id, str)
+            or not session_id
+            or json_problem(session_id) is not None
         ):
-            _check_clocks(clock, wall_clock)  # raises, naming them
-        if session_id is not None:
-            _check_id("session_id", session_id)
-        if doom_check is not None:
-            _check_doom_check(doom_check)
+            raise ConfigError(
+                f"session_id: must be a non-empty str or None, got {session_id!r:.60}"
+            )
         if started is None:
             started = 0.0 if clock is None else clock()
         if type(started) is not float or started - started != 0.0:  # not a finite float
@@ -232,12 +224,11 @@ class Session:
             raise ConfigError(f"settings: must be a Settings, got {settings!r}")
         if not isinstance(state, SessionState):
             raise ConfigError(f"state: must be a SessionState, got {type(state).__name__}")
-        _check_clocks(clock, wall_clock)
+        _check_hooks(clock, wall_clock, doom_check)
         if check:  # every field by its kind, as restore reads it, then the whole state
             now = last_reading(state)
             state = decode_state(SessionState, encode_state(state, now), now)
             check_reachable(state, settings)
-        _check_doom_check(doom_check)
         core = Core(settings, state, tuple(observers), dispatch, doom_check)
         return cls._over(core, clock, wall_clock)
 
@@ -554,8 +545,7 @@ class Session:
         (default: where this one's lies); every reading it holds moves with the start.
         A child's live parent and children stay with this session."""
         core = self._core
-        _check_clocks(clock, wall_clock)
-        _check_doom_check(doom_check)
+        _check_hooks(clock, wall_clock, doom_check)
         state = copy_session_state(core.state)
         if started is not None:
             delta = _start_reading(started) - state.started
@@ -587,8 +577,7 @@ class Session:
         not data: pass it again. A restored child has no live parent: its spend reaches
         its ancestors through :meth:`record_child_spend`.
         """
-        _check_clocks(clock, wall_clock)
-        _check_doom_check(doom_check)
+        _check_hooks(clock, wall_clock, doom_check)
         if at is None:
             if clock is None:
                 raise _no_clock("restore()")
