@@ -718,36 +718,17 @@ def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
     """The state as plain JSON data, one key per declared field, clock readings
     written relative to ``now``."""
     out: dict[str, Any] = {}
-    for name, key, encoder, mode in _WRITE_PLANS[type(state)]:
+    for name, key, kind in _PLANS[type(state)]:
         value = getattr(state, name)
-        if mode == "relative":
+        if kind.relative:
             out[key] = None if value is None else now - value
-        elif mode == "actions":
+        elif kind is ACTIONS:
             out[key] = [encode_action(action, now) for action in value]
-        elif mode == "turn":
+        elif kind is TURN:
             out[key] = None if value is None else encode_state(value, now)
         else:
-            out[key] = value if encoder is None else encoder(value)
+            out[key] = kind.encode(value)
     return out
-
-
-def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
-    plan = []
-    for name, key, kind in _PLANS[cls]:
-        mode = (
-            "relative"
-            if kind.relative
-            else "turn"
-            if kind is TURN
-            else "actions"
-            if kind is ACTIONS
-            else None
-        )
-        plan.append((name, key, None if kind.encode is _same else kind.encode, mode))
-    return tuple(plan)
-
-
-_WRITE_PLANS = {cls: _write_plan(cls) for cls in _PLANS}
 
 
 def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
