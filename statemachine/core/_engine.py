@@ -47,7 +47,7 @@ from ._model_error import ModelError
 from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
-from ._state import RowInfo, RowSteps, SessionState, Step, TurnState, traced_counters
+from ._state import RowInfo, RowSteps, SessionState, TurnState, traced_counters
 from ._table import (
     BACKING_OFF_TOOLS,
     CALLING,
@@ -863,16 +863,20 @@ def _group(
 # -- payload checks: bad data is refused before anything changes ---------------------------
 
 
+def refused(trigger: str, state: str, problem: str) -> IllegalEvent:
+    """The refusal of a ``trigger`` event in ``state`` for ``problem`` in its payload."""
+    return IllegalEvent(f"{trigger} in state {state!r}: {problem}", event=trigger, state=state)
+
+
 def _overspent(
     core: Core, turn: TurnState, event: ModelReplied | ModelFailed | Cancelled
 ) -> IllegalEvent:
     """The refusal of a cost that would take the session's spend past the largest float."""
-    trigger = type(event).__name__
-    return IllegalEvent(
-        f"{trigger} in state {turn.state!r}: cost {event.cost!r} would take the session's "
-        f"spend ({core.state.cost_usd!r}) past the largest float",
-        event=trigger,
-        state=turn.state,
+    return refused(
+        type(event).__name__,
+        turn.state,
+        f"cost {event.cost!r} would take the session's spend ({core.state.cost_usd!r}) "
+        "past the largest float",
     )
 
 
@@ -882,11 +886,7 @@ def _check_replied(_core: Core, turn: TurnState, event: ModelReplied) -> None:
     seen: set[str] = set()
     for call in event.tool_calls:
         if call.id in seen:
-            raise IllegalEvent(
-                f"ModelReplied in state {turn.state!r}: tool call id {call.id!r} appears twice",
-                event="ModelReplied",
-                state=turn.state,
-            )
+            raise refused("ModelReplied", turn.state, f"tool call id {call.id!r} appears twice")
         seen.add(call.id)
 
 
@@ -910,18 +910,16 @@ def _check_tools_done(_core: Core, turn: TurnState, event: ToolsDone) -> None:
         if missing:
             problem = f"no outcome for call id(s) {', '.join(map(repr, missing))}"
     if problem:
-        raise IllegalEvent(
-            f"ToolsDone in state {turn.state!r}: {problem}", event="ToolsDone", state=turn.state
-        )
+        raise refused("ToolsDone", turn.state, problem)
 
 
 def _check_cancelled(_core: Core, turn: TurnState, event: Cancelled) -> None:
     if turn.state != CALLING and (event.cost or event.usage is not None):
-        raise IllegalEvent(
-            f"Cancelled in state {turn.state!r}: a cost or usage is the model call's in "
-            "flight, and none is (only in state 'calling'); send Cancelled(reason) alone",
-            event="Cancelled",
-            state=turn.state,
+        raise refused(
+            "Cancelled",
+            turn.state,
+            "a cost or usage is the model call's in flight, and none is (only in state "
+            "'calling'); send Cancelled(reason) alone",
         )
 
 
@@ -1252,12 +1250,7 @@ class Core:
         if type(action) is Finish:
             self._turn_finished(turn, action, now)
         if self.observers:
-            # as Turn.trace gives it: the start plus the step's time (same float)
-            at = session.started + elapsed
-            made = made_at(turn, session.started) if trigger == START else None
-            record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage, made
-            )
+            record = trace_record(turn, len(turn.path) - 1, session.started)
             for observer in self.observers:
                 observer(record)
         return action
@@ -1333,38 +1326,42 @@ def _reading(value: object, name: str) -> float:
     return reading
 
 
-def trace_record(
-    turn: int,
-    index: int,
-    step: Step,
-    action: Action,
-    cost: float = 0.0,
-    at: float | None = None,
-    event: Any = None,
-    wall: float | None = None,
-    usage: Any = None,
-    made_at: float | None = None,
-) -> TraceRecord:
-    """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
-    row, its action, the counters of :data:`TRACED` (in the order
-    :func:`traced_counters` reads them), the cost its event carried, the moment it was
-    taken and the event that caused it (a start's: when its turn was made)."""
+def trace_record(turn: TurnState, index: int, started: float) -> TraceRecord:
+    """The :class:`TraceRecord` of ``turn``'s ``index``-th transition in a session that
+    started at ``started``: its row, action and counters (:data:`TRACED`), what its event
+    cost and used, when it was taken and the event that caused it, as the turn keeps
+    them (a restored turn keeps no event of the steps before its snapshot)."""
+    step = turn.path[index]
     source, trigger, guard, dest, _ = step[0]
+    at = turn.times[index]
+    unknown = len(turn.path) - len(turn.events)
+    event = turn.events[index - unknown] if index >= unknown else None
+    wall = None
+    if type(event) is tuple:  # a step given a wall time keeps it beside its event
+        event, wall = event
     return TraceRecord(
-        turn=turn,
+        turn=turn.index,
         step=index,
         source=source,
         event=trigger,
         guard=guard,
         dest=dest,
-        action=action,
+        action=turn.actions[index],
         attempt=step[1],
         reductions=step[2],
         session_retries=step[3],
-        cost_usd=cost,
-        at=at,
+        cost_usd=_kept_at(turn.costs, index, 0.0),
+        at=None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
         caused_by=event,
         wall=wall,
-        usage=usage,
-        made_at=made_at,
+        usage=_kept_at(turn.usages, index, None),
+        made_at=None if index else made_at(turn, started),  # a start's: when its turn was made
     )
+
+
+def _kept_at(entries: list[tuple[int, Any]] | None, index: int, default: Any) -> Any:
+    """The value ``entries`` (``(step, value)``, in step order) keep for step ``index``."""
+    for step, value in reversed(entries or ()):
+        if step <= index:
+            return value if step == index else default
+    return default

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import math
 import operator
 import secrets
 import time
@@ -30,8 +29,8 @@ from ._engine import (
     Observer,
     doom_facts,
     last_reading,
-    made_at,
     model_of,
+    refused,
     trace_record,
     wall_reading,
 )
@@ -679,13 +678,12 @@ class Turn:
             facts = doom_facts(core, state, event.tool_calls, checked=True)
         if verdict is not None:
             if verdict and (facts is None or not facts.due):
-                raise IllegalEvent(
-                    f"ModelReplied in state {state.state!r}: doom_verdict is True, but no "
-                    "second-tier doom verdict is due at this reply (one is due when the first "
-                    "tier is one identical call short of firing, and after every "
-                    "doom_check_window calls)",
-                    event="ModelReplied",
-                    state=state.state,
+                raise refused(
+                    "ModelReplied",
+                    state.state,
+                    "doom_verdict is True, but no second-tier doom verdict is due at this "
+                    "reply (one is due when the first tier is one identical call short of "
+                    "firing, and after every doom_check_window calls)",
                 )
             return event
         if check is None:
@@ -804,35 +802,8 @@ class Turn:
         """One frozen record per transition taken so far, in order (the steps of a
         restored turn taken before its snapshot have no ``caused_by``)."""
         turn = self._turn
-        costs = dict(turn.costs or ())
-        usages = dict(turn.usages or ())
         started = self._core.state.started
-        events = turn.events
-        made = made_at(turn, started)
-        unknown = len(turn.path) - len(events)  # restored steps: their events were not kept
-        records = []
-        for i, (step, action, at) in enumerate(
-            zip(turn.path, turn.actions, turn.times, strict=True)
-        ):
-            event = events[i - unknown] if i >= unknown else None
-            wall = None
-            if type(event) is tuple:  # a step given a wall time keeps it beside its event
-                event, wall = event
-            records.append(
-                trace_record(
-                    turn.index,
-                    i,
-                    step,
-                    action,
-                    costs.get(i, 0.0),
-                    None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
-                    event,
-                    wall,
-                    usages.get(i),
-                    None if i else made,  # a start's record says when its turn was made
-                )
-            )
-        return tuple(records)
+        return tuple(trace_record(turn, i, started) for i in range(len(turn.path)))
 
     def __repr__(self) -> str:
         return f"<Turn {self.index} state={self.state!r} status={self.status!s}>"
