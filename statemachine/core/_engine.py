@@ -286,10 +286,9 @@ class DoomFacts:
 def doom_facts(
     core: Core, turn: TurnState, calls: tuple[ToolCall, ...], checked: bool
 ) -> DoomFacts | None:
-    """What a reply of ``calls`` in ``turn`` does to the doom-loop detector, ``checked``:
-    taken with a second-tier check (whose verdict this does not read); ``None`` where
-    the detector does not run (no call, or the final-answer turn). Changes nothing: a
-    session asks it whether a verdict is due before it sends the reply."""
+    """What a reply of ``calls`` does to the doom-loop detector, ``checked``: taken with
+    a second-tier verdict (not read here); ``None`` where the detector does not run (no
+    call, or the final-answer turn). Changes nothing."""
     if not calls or turn.final_answer:
         return None
     state = core.state
@@ -697,11 +696,8 @@ def canonical_json(value: object) -> str:
 
 
 def call_fingerprint(call: ToolCall) -> str:
-    """A stable hash of (tool name, canonical JSON of the arguments).
-
-    The provider is left out on purpose: the same call routed elsewhere is still
-    the same call.
-    """
+    """A stable hash of (tool name, canonical JSON of the arguments): the provider is
+    left out, as the same call routed elsewhere is still the same call."""
     canonical = canonical_json([call.name, call.arguments])
     return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
 
@@ -741,8 +737,7 @@ class Group:
     """The first row whose guards all hold (``None``: none does): the trial, or
     :meth:`try_rows`."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
-    """The one row of a group with nothing to try, charge, check or derive: a step
-    through it needs none of that."""
+    """The one row of a group with nothing to try, charge, check or derive."""
 
     def __attrs_post_init__(self) -> None:
         chosen = self.try_rows if self.trial is None else self.trial(self.rows)
@@ -757,8 +752,8 @@ class Group:
             object.__setattr__(self, "only", self.rows[0])
 
     def try_rows(self, core: Core, turn: TurnState, event: Any, facts: Any) -> BoundRow | None:
-        """The first row whose guards all hold, each guard called in order until one
-        fails (``None``: no row's do): what each trial of ``_trials.py`` does."""
+        """The first row whose guards all hold (``None``: none's do), as each trial of
+        ``_trials.py`` finds it."""
         for row in self.rows:
             if all(guard(core, turn, event, facts) for guard in row.guards):
                 return row
@@ -769,13 +764,10 @@ DispatchKey = tuple[str, str, "ErrorCategory | None"]
 
 
 class Dispatch:
-    """The table as the engine runs it: ``(state, trigger, category) -> Group``.
-
-    ``category`` is the error's category for a ``ModelFailed`` and ``None`` for every
-    other trigger: each category's group holds the rows whose category guards hold for
-    it, in order, with those guards already resolved. Built from ``rows`` (the table;
-    the model check passes mutated ones) and ``effects`` (extra effect functions a
-    mutated row may name).
+    """The table as the engine runs it: ``(state, trigger, category) -> Group``, the
+    category a ``ModelFailed``'s (its category guards resolved), else ``None``. Built
+    from ``rows`` (the model check passes mutated ones) and ``effects`` (extra effect
+    functions a mutated row may name).
     """
 
     __slots__ = ("by_state", "failures", "groups", "legal", "rows")
@@ -828,8 +820,7 @@ class Dispatch:
 
 
 _USAGE_TRIGGERS = frozenset({"ModelReplied", "ModelFailed", "Cancelled"})
-"""The triggers whose event reports a model call's cost and usage (a ``Cancelled``: of
-the call it abandoned)."""
+"""The triggers whose event reports a model call's cost and usage."""
 
 
 def _group(
@@ -928,8 +919,8 @@ _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
     "ToolsDone": _check_tools_done,
     "Cancelled": _check_cancelled,
 }
-"""The payload checks of the triggers that have one (a cost past the largest float is
-refused by ``Core.fire`` itself, for every event that charges one)."""
+"""The payload checks of the triggers that have one (``Core.fire`` refuses a cost
+past the largest float itself)."""
 
 DISPATCH: Dispatch = Dispatch()
 """The dispatch of the table."""
@@ -1017,13 +1008,7 @@ class Core:
         that is not finite or so far from the session's start that the seconds between
         do not fit a float.
         """
-        reading: float
-        if type(at) is not float:
-            reading = _reading(at, "at")
-        elif at - at != 0.0:  # NaN or infinite
-            raise ValueError(f"at: must be a finite number of seconds, got {at!r}")
-        else:
-            reading = at
+        reading = _reading(at, "at")
         last = self.last
         if reading < last:
             return last
@@ -1191,9 +1176,8 @@ class Core:
     # -- events ------------------------------------------------------------------------
 
     def start(self, turn: TurnState, now: float) -> Action:
-        """Start ``turn`` at ``now``: the time since the last turn's Finish was idle
-        (counted only when the start is legal, before the transition an observer may
-        see)."""
+        """Start ``turn`` at ``now``; the time since the last turn's Finish was idle
+        (counted only when the start is legal)."""
         state = self.state
         if state.finished_at is not None and START in self.by_state.get(turn.state, ()):
             state.idle_s += max(0.0, now - state.finished_at)
