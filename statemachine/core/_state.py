@@ -348,12 +348,7 @@ def _decode_path(raw: Any, key: str) -> list[Step]:
             )
         source, trigger, guard, dest, *counters = entry
         info = None
-        if (
-            type(source) is str
-            and type(trigger) is str
-            and type(guard) is str
-            and type(dest) is str
-        ):
+        if type(source) is type(trigger) is type(guard) is type(dest) is str:
             info = infos.get((source, trigger, guard, dest))
         if info is None:
             raise SnapshotError(
