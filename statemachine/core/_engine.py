@@ -34,9 +34,9 @@ from ._actions import (
 )
 from ._backoff import jitter, wait_seconds
 from ._events import (
+    EVENT_TYPES,
     Assembled,
     Cancelled,
-    CannotShrink,
     ModelFailed,
     ModelReplied,
     ToolsDone,
@@ -72,10 +72,7 @@ is sent (``ModelReplied.doom_verdict``); no step calls it."""
 logger = logging.getLogger("statemachine")
 logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
 
-TRIGGERS: dict[type, str] = {
-    cls: cls.__name__
-    for cls in (Assembled, CannotShrink, ModelReplied, ModelFailed, WaitDone, ToolsDone, Cancelled)
-}
+TRIGGERS: dict[type, str] = {cls: cls.__name__ for cls in EVENT_TYPES}
 """The trigger of each event class (its name)."""
 
 _LARGEST = sys.float_info.max

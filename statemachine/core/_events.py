@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import attrs
 
@@ -209,12 +209,4 @@ class Cancelled:
 
 
 Event = Assembled | CannotShrink | ModelReplied | ModelFailed | WaitDone | ToolsDone | Cancelled
-EVENT_TYPES: tuple[type, ...] = (
-    Assembled,
-    CannotShrink,
-    ModelReplied,
-    ModelFailed,
-    WaitDone,
-    ToolsDone,
-    Cancelled,
-)
+EVENT_TYPES: tuple[type, ...] = get_args(Event)

@@ -218,20 +218,12 @@ def _unknown(name: object, where: str) -> ConfigError:
     )
 
 
-RETRY_FIELD_NAMES = frozenset(
-    {
-        "base_delay_ms",
-        "backoff_factor",
-        "max_retries",
-        "max_delay_ms",
-        "session_retry_ceiling",
-        "max_server_wait_s",
-    }
-)
-
-
 REQUIRED_RETRY_FIELDS = ("base_delay_ms", "backoff_factor", "max_retries")
 """The three fields the specification's ``retry{}`` block requires once it is given."""
+RETRY_FIELD_NAMES = frozenset(
+    (*REQUIRED_RETRY_FIELDS, "max_delay_ms", "session_retry_ceiling", "max_server_wait_s")
+)
+"""Every field a ``retry{}`` block may give."""
 
 
 def _flatten_retry(data: Mapping[str, Any], source: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import attrs
 
@@ -485,7 +485,7 @@ def action_at(action: Action, now: float, where: str) -> Action:
     return action
 
 
-ACTION_TYPES = (Assemble, CallModel, Wait, InvokeTools, Finish)
+ACTION_TYPES: tuple[type, ...] = get_args(Action)
 
 # -- the trace's rows and steps -------------------------------------------------------
 
