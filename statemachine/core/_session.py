@@ -257,7 +257,7 @@ class Session:
         :class:`TurnInProgress` while the current turn has not finished.
         """
         core = self._core
-        turn = Turn(self, core, core.new_turn(_moment(self.clock, self._core, at, "new_turn()")))
+        turn = Turn(self, core, core.new_turn(_moment(self.clock, core, at, "new_turn()")))
         self._handle = turn
         return turn
 
@@ -615,7 +615,14 @@ class Turn:
                 f"({status.value})",
                 status=status,
             )
-        return core.start(self._turn, _moment(self._session.clock, core, at, "start()"))
+        if at is None:
+            clock = self._session.clock
+            if clock is None:
+                raise _no_clock("start()")
+            at = clock()
+        if type(at) is not float or not core.last <= at < core.ceiling:  # as send takes it
+            at = core.reading(at)
+        return core.start(self._turn, at)
 
     def send(
         self,
