@@ -1,8 +1,7 @@
 """Actions: what a turn tells the host to do next, each an imperative.
 
-Actions are plain frozen values with no ``__weakref__`` slot: the engine makes one on
-every step, and a class with only its fields' slots can be made by filling an
-unfrozen twin and giving it the class (:func:`_builder.build_maker`)."""
+Plain frozen values with no ``__weakref__`` slot, so the engine can make one on every
+step through an unfrozen twin (:func:`_builder.build_maker`)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ from ._tool_calls import ToolCall, ToolResult
 
 @attrs.frozen(weakref_slot=False)
 class Assemble:
-    """Assemble the context. With ``reduce`` the last request overflowed: the next one
-    must be smaller. On the final-answer turn ``withhold_tools`` is true and
-    ``instruction`` is the synthetic text to append, asking for a final answer."""
+    """Assemble the context; with ``reduce`` smaller than the last, which overflowed.
+    On the final-answer turn ``withhold_tools`` is true and ``instruction`` is the
+    synthetic text to append."""
 
     reduce: bool
     withhold_tools: bool = False
@@ -30,10 +29,8 @@ class Assemble:
 
 @attrs.frozen(weakref_slot=False)
 class CallModel:
-    """Send ``request`` to ``model`` (``None``: the host's default model).
-
-    ``attempt`` is 0 for a first try and counts retries of the same request.
-    """
+    """Send ``request`` to ``model`` (``None``: the host's default model); ``attempt``
+    counts retries of the same request from 0."""
 
     request: Any = attrs.field(metadata=OPAQUE)
     attempt: int
@@ -43,15 +40,10 @@ class CallModel:
 
 @attrs.frozen(weakref_slot=False)
 class Wait:
-    """Sleep ``seconds`` before retrying after a ``category`` error on ``attempt``.
-
-    ``category`` is a model error's (``rate_limited``, ``overloaded``) before a model
-    call is retried, or ``ToolErrorCategory.CONCURRENCY_CONFLICT`` before a tool call
-    that conflicted is re-invoked. ``retry_after`` is the wait the server asked for
-    (``retry-after``, ``retry-after-ms``, an HTTP-date or the error's own field), in
-    seconds, which ``seconds`` is never shorter than; ``None`` when it asked for none
-    (and for a tool's wait). It is information for observers: two waits that differ
-    only in it compare equal."""
+    """Sleep ``seconds`` before retrying after a ``category`` error on ``attempt``: a
+    model error's, or ``ToolErrorCategory.CONCURRENCY_CONFLICT`` before a conflicting
+    tool call is re-invoked. ``retry_after`` is the wait the server asked for, which
+    ``seconds`` is never shorter than (``None``: none); it takes no part in ``==``."""
 
     seconds: float
     category: ErrorCategory | ToolErrorCategory
@@ -80,16 +72,12 @@ class Finish:
     """The turn is over with ``status``.
 
     ``tool_results`` holds one result per tool call of the reply (error-flagged for
-    failed or blocked calls). ``error`` is the model error that ended the turn, if
-    any. ``model`` is the model that served the last attempt and ``fallbacks`` the
-    moves that led to it. ``retry_at`` (``retry_deferred`` only) is when, on the
-    session's clock, the server said to come back. ``reply`` is the host's reply: the
-    object its ``ModelReplied`` carried, in process (after a restore: its JSON form,
-    ``reply_data``, which is what a snapshot keeps).
-    ``done`` says the loop is done: the reply asked for no tool call, or a call marked
-    ``terminates_turn`` succeeded (no further model call is needed).
-    ``==`` compares the contract's fields (status, tool results, error); the rest
-    is provenance.
+    failed or blocked calls); ``error`` is the model error that ended the turn, if any;
+    ``model`` served the last attempt, after the moves ``fallbacks``. ``retry_at``
+    (``retry_deferred`` only) is when, on the session's clock, the server said to come
+    back. ``reply`` is the object the ``ModelReplied`` carried (after a restore: its
+    JSON form). ``done``: no further model call is needed (no tool call, or a
+    ``terminates_turn`` call succeeded). ``==`` compares status, tool results and error.
     """
 
     status: TurnStatus
@@ -108,9 +96,8 @@ Action = Assemble | CallModel | Wait | InvokeTools | Finish
 
 
 def _maker(cls: type) -> Callable[..., Any]:
-    """``cls``'s fields set straight through its slots (the engine builds an action on
-    every step): ``make(*values)`` equals ``cls(*values)`` with every field given, in
-    order. Only for a class with nothing to run on construction."""
+    """A maker of ``cls`` whose ``make(*values)`` equals ``cls(*values)``, every field
+    given in order, set straight through its slots (for a class that runs nothing)."""
     fields = attrs.fields(cls)
     if any(f.validator or f.converter for f in fields) or hasattr(cls, "__attrs_post_init__"):
         raise TypeError(f"{cls.__name__} runs code when it is made: build it by its __init__")

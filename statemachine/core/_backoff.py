@@ -6,16 +6,11 @@ in sync)::
     delay_ms(n) = min(base_delay_ms * backoff_factor ** n, max_delay_ms)
     wait_ms(n)  = max(delay_ms(n) * (0.5 + u), 1000 * retry_after)
 
-``n`` is the retry's number within one call (0 for the first retry), ``u`` in [0, 1)
-the session's next jitter draw and ``retry_after`` the server's requested wait in
-seconds (0 when it gave none). So without a retry-after the n-th wait lies in
-``[0.5, 1.5) x delay_ms(n)``: "equal jitter", which spreads a thundering herd of
-clients while keeping every wait at least half its nominal value.
-
-The jitter is SplitMix64 evaluated at (seed, draw number): the session keeps two
-integers instead of a ``random.Random`` (2.9 KB, 625 integers in a snapshot), and a
-draw can be *previewed* without being consumed, which lets the table's guards ask
-"would this wait cross the wall clock?" without side effects.
+``n`` is the retry's number within one call (from 0), ``u`` in [0, 1) the session's
+next jitter draw and ``retry_after`` the server's requested wait in seconds (0: none):
+"equal jitter", which spreads a herd of clients while keeping every wait at least half
+its nominal value. The jitter is SplitMix64 at (seed, draw number): a session keeps two
+integers, and a guard can preview a draw without consuming it.
 """
 
 from __future__ import annotations
@@ -42,12 +37,8 @@ def wait_seconds(
     factor: float,
     max_delay_ms: float,
 ) -> float:
-    """``wait_ms(n) / 1000``: the seconds to wait before the n-th retry.
-
-    Finite whatever the (finite) settings: a ``delay_ms(n)`` whose power overflows is
-    ``max_delay_ms``, and a delay so near the largest float that jittering it would
-    overflow is divided before it is jittered.
-    """
+    """``wait_ms(n) / 1000``: the seconds to wait before the n-th retry, finite
+    whatever the (finite) settings (a power that overflows is ``max_delay_ms``)."""
     try:
         # float(factor): an int factor would raise an exact integer to the n-th power
         delay = base_delay_ms * float(factor) ** n

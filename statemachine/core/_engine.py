@@ -1,25 +1,12 @@
 """The engine: the table's guards and effects over the declared state, and the one
 object that owns a session's state.
 
-:class:`Core` holds a session's :class:`SessionState` with what is fixed for its
-life (settings, observers, the dispatch). :meth:`Core.fire` takes one event for the
-current turn at one moment: it finds the rows for (state, event), derives once the
-*facts* the guards of those rows read (the wait a failure would take, the breakers a
-tool round would trip), picks the first row whose guards hold, runs its effect (which
-updates the state and builds the action) and records the step. Guards read and
-never change; facts are handed to guards and effect alike, as an argument.
-
-Time is an input, as every other fact: the core reads no clock. Each step is given
-its moment (``at``: the session's monotonic clock; ``wall``: Unix time, where a rule
-needs it) by the handle that calls it, and :meth:`Core.reading` checks it before
-anything changes: a time that is not a finite number is refused, a time before the
-session's last reading is read as that reading (the clock stood still), so no input
-can make a state that ``restore`` refuses. A replay is the same calls with the
-recorded moments.
-
-The dispatch is built from ``ROWS`` in one step (:class:`Dispatch`); the
-``transitions`` machine built from the same rows is the definition a test proves it
-equal to, and the source of the diagrams.
+:meth:`Core.fire` takes one event for the current turn at one moment: it finds the rows
+for (state, event), derives once the *facts* their guards read, picks the first row
+whose guards hold, runs its effect (which updates the state and builds the action) and
+records the step. The core reads no clock: each step is given its moment (``at``, and
+``wall``, Unix time, where a rule needs it), checked by :meth:`Core.reading`, so a
+replay is the same calls with the recorded moments.
 """
 
 from __future__ import annotations
@@ -47,9 +34,9 @@ from ._actions import (
 )
 from ._backoff import jitter, wait_seconds
 from ._events import (
+    EVENT_TYPES,
     Assembled,
     Cancelled,
-    CannotShrink,
     ModelFailed,
     ModelReplied,
     ToolsDone,
@@ -60,7 +47,7 @@ from ._model_error import ModelError
 from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
-from ._state import RowInfo, RowSteps, SessionState, Step, TurnState, traced_counters
+from ._state import RowInfo, RowSteps, SessionState, TurnState, traced_counters
 from ._table import (
     BACKING_OFF_TOOLS,
     CALLING,
@@ -79,17 +66,13 @@ from ._trials import TRIALS, Trial
 Observer = Callable[[TraceRecord], None]
 DoomCheck = Callable[[tuple[ToolCall, ...]], bool]
 """A host's second-tier doom-loop check: the last ``doom_check_window`` tool calls in,
-``True`` when the model is going round in circles. The session asks it before a reply
-is sent, where a verdict is due, and sends the verdict in the reply
-(``ModelReplied.doom_verdict``): the engine's step reads the event only."""
+``True`` when the model is going round in circles. Asked by the session before a reply
+is sent (``ModelReplied.doom_verdict``); no step calls it."""
 
 logger = logging.getLogger("statemachine")
 logger.addHandler(logging.NullHandler())  # a library logs; the host decides where to
 
-TRIGGERS: dict[type, str] = {
-    cls: cls.__name__
-    for cls in (Assembled, CannotShrink, ModelReplied, ModelFailed, WaitDone, ToolsDone, Cancelled)
-}
+TRIGGERS: dict[type, str] = {cls: cls.__name__ for cls in EVENT_TYPES}
 """The trigger of each event class (its name)."""
 
 _LARGEST = sys.float_info.max
@@ -101,34 +84,19 @@ _REDUCE = Assemble(reduce=True)
 
 
 WaitFacts = tuple[float | None, float, bool, bool, float]
-"""What a transient failure at ``now`` would lead to, previewing (not consuming) the
-jitter: ``(server, seconds, too_long, crosses, now)``.
-
-``server``: the retry-after the server asked for, if usable; ``seconds``: the wait the
-engine would take; ``too_long``: the server asked for more than ``max_server_wait_s``;
-``crosses``: the wait would cross ``max_wall_clock_s``. (A plain tuple: built once per
-transient failure, on the hot path, with no constructor to call.)"""
+"""What a transient failure at ``now`` would lead to, the jitter previewed:
+``(server, seconds, too_long, crosses, now)``: the usable retry-after, the wait the
+engine would take, whether the server asked for more than ``max_server_wait_s``, and
+whether the wait would cross ``max_wall_clock_s``. (A plain tuple: no constructor to
+call on the hot path.)"""
 
 
+@attrs.define(init=False, eq=False, repr=False)
 class ToolFacts:
     """What a tool round leads to: the breakers' and the denial counter's new values,
     the providers it trips, the latest outcome of every call, the conflicting calls
     still to re-invoke and the wait before the next, and whether a terminal tool
     succeeded. (Derived before anything changes; the effects apply it.)"""
-
-    __slots__ = (
-        "attempt",
-        "counts",
-        "denial_log",
-        "denials",
-        "denied",
-        "logs",
-        "outcomes",
-        "pending",
-        "seconds",
-        "terminal",
-        "tripped",
-    )
 
     counts: dict[str, int]
     logs: dict[str, str] | None
@@ -298,37 +266,26 @@ def _conflict_facts(
     )
 
 
+@attrs.define(eq=False, repr=False)
 class DoomFacts:
     """What a reply's tool calls do to the doom-loop detector (both tiers): ``due`` says
     whether the second tier's verdict is read at this reply (``window`` the calls it
     judges); ``fired`` is the first tier's, and the verdict's once it is read."""
 
-    __slots__ = ("due", "fired", "last", "run", "since", "window")
-
-    def __init__(
-        self,
-        last: str | None,
-        run: int,
-        fired: bool,
-        window: tuple[ToolCall, ...] | None,
-        since: int,
-        due: bool,
-    ) -> None:
-        self.last = last
-        self.run = run
-        self.fired = fired
-        self.window = window
-        self.since = since
-        self.due = due
+    last: str | None
+    run: int
+    fired: bool
+    window: tuple[ToolCall, ...] | None
+    since: int
+    due: bool
 
 
 def doom_facts(
     core: Core, turn: TurnState, calls: tuple[ToolCall, ...], checked: bool
 ) -> DoomFacts | None:
-    """What a reply of ``calls`` in ``turn`` does to the doom-loop detector, ``checked``:
-    taken with a second-tier check (whose verdict this does not read); ``None`` where
-    the detector does not run (no call, or the final-answer turn). Changes nothing: a
-    session asks it whether a verdict is due before it sends the reply."""
+    """What a reply of ``calls`` does to the doom-loop detector, ``checked``: taken with
+    a second-tier verdict (not read here); ``None`` where the detector does not run (no
+    call, or the final-answer turn). Changes nothing."""
     if not calls or turn.final_answer:
         return None
     state = core.state
@@ -445,7 +402,8 @@ Effect = Callable[..., Action]
 """``effect(core, turn, event, facts, status) -> action``."""
 
 
-def _model(core: Core, turn: TurnState) -> str | None:
+def model_of(core: Core, turn: TurnState) -> str | None:
+    """The model ``turn`` currently calls (``None``: the host's default)."""
     if turn.model_index < 0:
         return core.settings.model
     return core.settings.fallback_models[turn.model_index]
@@ -468,12 +426,12 @@ def _call_model(core: Core, turn: TurnState, event: Assembled, _f: None, _s: Non
     turn.request = event.request
     turn.size = event.size
     turn.attempt = 0
-    return make_call_model(event.request, 0, _model(core, turn), turn.final_answer)
+    return make_call_model(event.request, 0, model_of(core, turn), turn.final_answer)
 
 
 def _retry(core: Core, turn: TurnState, _e: WaitDone, _f: None, _s: None) -> Action:
     turn.attempt += 1
-    return make_call_model(turn.request, turn.attempt, _model(core, turn), turn.final_answer)
+    return make_call_model(turn.request, turn.attempt, model_of(core, turn), turn.final_answer)
 
 
 def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s: None) -> Action:
@@ -483,7 +441,7 @@ def _wait(core: Core, turn: TurnState, event: ModelFailed, facts: WaitFacts, _s:
 
 
 def _fall_back(core: Core, turn: TurnState, event: ModelFailed, _f: Any, _s: None) -> Action:
-    before = _model(core, turn)
+    before = model_of(core, turn)
     turn.model_index += 1
     after = core.settings.fallback_models[turn.model_index]
     turn.fallbacks = (*turn.fallbacks, Fallback(before, after, event.error))
@@ -599,7 +557,7 @@ def _log_failure(core: Core, turn: TurnState, error: ModelError, status: TurnSta
         status.value,
         error.code,
         error.status,
-        _model(core, turn),
+        model_of(core, turn),
         turn.index,
         turn.attempt,
         request_shape(turn.request),
@@ -666,7 +624,7 @@ def _finish_action(
         status,
         results,
         error,
-        _model(core, turn),
+        model_of(core, turn),
         turn.fallbacks,
         retry_at,
         reply,
@@ -735,11 +693,8 @@ def canonical_json(value: object) -> str:
 
 
 def call_fingerprint(call: ToolCall) -> str:
-    """A stable hash of (tool name, canonical JSON of the arguments).
-
-    The provider is left out on purpose: the same call routed elsewhere is still
-    the same call.
-    """
+    """A stable hash of (tool name, canonical JSON of the arguments): the provider is
+    left out, as the same call routed elsewhere is still the same call."""
     canonical = canonical_json([call.name, call.arguments])
     return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
 
@@ -779,8 +734,7 @@ class Group:
     """The first row whose guards all hold (``None``: none does): the trial, or
     :meth:`try_rows`."""
     only: BoundRow | None = attrs.field(default=None, eq=False, repr=False)
-    """The one row of a group with nothing to try, charge, check or derive: a step
-    through it needs none of that."""
+    """The one row of a group with nothing to try, charge, check or derive."""
 
     def __attrs_post_init__(self) -> None:
         chosen = self.try_rows if self.trial is None else self.trial(self.rows)
@@ -795,8 +749,8 @@ class Group:
             object.__setattr__(self, "only", self.rows[0])
 
     def try_rows(self, core: Core, turn: TurnState, event: Any, facts: Any) -> BoundRow | None:
-        """The first row whose guards all hold, each guard called in order until one
-        fails (``None``: no row's do): what each trial of ``_trials.py`` does."""
+        """The first row whose guards all hold (``None``: none's do), as each trial of
+        ``_trials.py`` finds it."""
         for row in self.rows:
             if all(guard(core, turn, event, facts) for guard in row.guards):
                 return row
@@ -807,13 +761,10 @@ DispatchKey = tuple[str, str, "ErrorCategory | None"]
 
 
 class Dispatch:
-    """The table as the engine runs it: ``(state, trigger, category) -> Group``.
-
-    ``category`` is the error's category for a ``ModelFailed`` and ``None`` for every
-    other trigger: each category's group holds the rows whose category guards hold for
-    it, in order, with those guards already resolved. Built from ``rows`` (the table;
-    the model check passes mutated ones) and ``effects`` (extra effect functions a
-    mutated row may name).
+    """The table as the engine runs it: ``(state, trigger, category) -> Group``, the
+    category a ``ModelFailed``'s (its category guards resolved), else ``None``. Built
+    from ``rows`` (the model check passes mutated ones) and ``effects`` (extra effect
+    functions a mutated row may name).
     """
 
     __slots__ = ("by_state", "failures", "groups", "legal", "rows")
@@ -866,8 +817,7 @@ class Dispatch:
 
 
 _USAGE_TRIGGERS = frozenset({"ModelReplied", "ModelFailed", "Cancelled"})
-"""The triggers whose event reports a model call's cost and usage (a ``Cancelled``: of
-the call it abandoned)."""
+"""The triggers whose event reports a model call's cost and usage."""
 
 
 def _group(
@@ -901,16 +851,20 @@ def _group(
 # -- payload checks: bad data is refused before anything changes ---------------------------
 
 
+def refused(trigger: str, state: str, problem: str) -> IllegalEvent:
+    """The refusal of a ``trigger`` event in ``state`` for ``problem`` in its payload."""
+    return IllegalEvent(f"{trigger} in state {state!r}: {problem}", event=trigger, state=state)
+
+
 def _overspent(
     core: Core, turn: TurnState, event: ModelReplied | ModelFailed | Cancelled
 ) -> IllegalEvent:
     """The refusal of a cost that would take the session's spend past the largest float."""
-    trigger = type(event).__name__
-    return IllegalEvent(
-        f"{trigger} in state {turn.state!r}: cost {event.cost!r} would take the session's "
-        f"spend ({core.state.cost_usd!r}) past the largest float",
-        event=trigger,
-        state=turn.state,
+    return refused(
+        type(event).__name__,
+        turn.state,
+        f"cost {event.cost!r} would take the session's spend ({core.state.cost_usd!r}) "
+        "past the largest float",
     )
 
 
@@ -920,11 +874,7 @@ def _check_replied(_core: Core, turn: TurnState, event: ModelReplied) -> None:
     seen: set[str] = set()
     for call in event.tool_calls:
         if call.id in seen:
-            raise IllegalEvent(
-                f"ModelReplied in state {turn.state!r}: tool call id {call.id!r} appears twice",
-                event="ModelReplied",
-                state=turn.state,
-            )
+            raise refused("ModelReplied", turn.state, f"tool call id {call.id!r} appears twice")
         seen.add(call.id)
 
 
@@ -948,18 +898,16 @@ def _check_tools_done(_core: Core, turn: TurnState, event: ToolsDone) -> None:
         if missing:
             problem = f"no outcome for call id(s) {', '.join(map(repr, missing))}"
     if problem:
-        raise IllegalEvent(
-            f"ToolsDone in state {turn.state!r}: {problem}", event="ToolsDone", state=turn.state
-        )
+        raise refused("ToolsDone", turn.state, problem)
 
 
 def _check_cancelled(_core: Core, turn: TurnState, event: Cancelled) -> None:
     if turn.state != CALLING and (event.cost or event.usage is not None):
-        raise IllegalEvent(
-            f"Cancelled in state {turn.state!r}: a cost or usage is the model call's in "
-            "flight, and none is (only in state 'calling'); send Cancelled(reason) alone",
-            event="Cancelled",
-            state=turn.state,
+        raise refused(
+            "Cancelled",
+            turn.state,
+            "a cost or usage is the model call's in flight, and none is (only in state "
+            "'calling'); send Cancelled(reason) alone",
         )
 
 
@@ -968,8 +916,8 @@ _PAYLOAD_CHECKS: dict[str, Callable[[Core, TurnState, Any], None]] = {
     "ToolsDone": _check_tools_done,
     "Cancelled": _check_cancelled,
 }
-"""The payload checks of the triggers that have one (a cost past the largest float is
-refused by ``Core.fire`` itself, for every event that charges one)."""
+"""The payload checks of the triggers that have one (``Core.fire`` refuses a cost
+past the largest float itself)."""
 
 DISPATCH: Dispatch = Dispatch()
 """The dispatch of the table."""
@@ -1000,23 +948,9 @@ def final_answer_instruction(limit: SessionStatus, settings: Settings) -> str:
     )
 
 
+@attrs.define(init=False, eq=False, repr=False)
 class Core:
     """A session's state and the one place that changes it."""
-
-    __slots__ = (
-        "__weakref__",
-        "by_state",
-        "ceiling",
-        "children",
-        "dispatch",
-        "doom_check",
-        "failures",
-        "last",
-        "observers",
-        "parent",
-        "settings",
-        "state",
-    )
 
     settings: Settings
     state: SessionState
@@ -1025,19 +959,16 @@ class Core:
     by_state: dict[str, dict[str, Group]]
     failures: dict[str, dict[ErrorCategory, Group]]
     doom_check: DoomCheck | None
-    """The host's second-tier doom check, asked by the session's turn before it sends a
-    reply (``Turn.judged``); no step calls it."""
+    """Asked by ``Turn.judged`` before a reply is sent; no step calls it."""
     parent: Core | None
     """The parent session's core, for a child spawned in this process (live spend)."""
     children: list[weakref.ref[Any]] | None
-    """The sessions spawned from this one in this process (for cancellation; ``None``
-    until the first: a session holds no empty list)."""
+    """The sessions spawned from this one in this process (``None`` until the first)."""
     last: float
-    """The latest moment the state holds (:func:`last_reading`), kept as steps are
-    taken: no step is taken before it."""
+    """The latest moment the state holds (:func:`last_reading`): no step is before it."""
     ceiling: float
-    """A reading below it is surely a number of seconds from the session's start: a
-    float from ``last`` up to it needs no other check (:meth:`reading` checks the rest)."""
+    """A float from ``last`` up to it is surely seconds from the session's start: it
+    needs no other check (:meth:`reading` checks the rest)."""
 
     def __init__(
         self,
@@ -1067,21 +998,14 @@ class Core:
     # -- time ----------------------------------------------------------------------
 
     def reading(self, at: object) -> float:
-        """``at``, a reading of the session's clock, as the moment of a step: checked,
-        and clamped to the state's last reading (nothing changes here).
+        """``at``, a reading of the session's clock, as the moment of a step: one before
+        the state's last reading is read as that one (the clock stood still).
 
-        Refused (``ValueError``; ``TypeError`` for what is not a number): a reading
-        that is not a finite number, or one so far from the session's start that the
-        seconds between do not fit a float. Clamped: a reading before the last one the
-        state holds is read as that one (a clock that ran back stood still).
+        Raises ``TypeError`` for what is not a number, ``ValueError`` for a reading
+        that is not finite or so far from the session's start that the seconds between
+        do not fit a float.
         """
-        reading: float
-        if type(at) is not float:
-            reading = _reading(at, "at")
-        elif at - at != 0.0:  # NaN or infinite
-            raise ValueError(f"at: must be a finite number of seconds, got {at!r}")
-        else:
-            reading = at
+        reading = _reading(at, "at")
         last = self.last
         if reading < last:
             return last
@@ -1097,17 +1021,10 @@ class Core:
         return now - self.state.started
 
     def bound_elapsed_s(self, now: float) -> float:
-        """The seconds ``max_wall_clock_s`` measures at ``now``: all of them, or (with
-        ``wall_clock_counts_idle = False``) all but those between a turn's Finish and
-        the next turn's start."""
-        state = self.state
-        elapsed = now - state.started
-        if self.settings.wall_clock_counts_idle:
-            return elapsed
-        idle = state.idle_s
-        if state.finished_at is not None:
-            idle += now - state.finished_at
-        return elapsed - idle
+        """The seconds ``max_wall_clock_s`` measures at ``now`` (a checked reading):
+        with ``wall_clock_counts_idle = False``, all but the idle ones."""
+        elapsed = now - self.state.started
+        return elapsed if self.settings.wall_clock_counts_idle else elapsed - self.idle_s(now)
 
     def idle_s(self, now: float) -> float:
         """Seconds the session spent between turns, up to ``now``."""
@@ -1256,9 +1173,8 @@ class Core:
     # -- events ------------------------------------------------------------------------
 
     def start(self, turn: TurnState, now: float) -> Action:
-        """Start ``turn`` at ``now``: the time since the last turn's Finish was idle
-        (counted only when the start is legal, before the transition an observer may
-        see)."""
+        """Start ``turn`` at ``now``; the time since the last turn's Finish was idle
+        (counted only when the start is legal)."""
         state = self.state
         if state.finished_at is not None and START in self.by_state.get(turn.state, ()):
             state.idle_s += max(0.0, now - state.finished_at)
@@ -1315,12 +1231,7 @@ class Core:
         if type(action) is Finish:
             self._turn_finished(turn, action, now)
         if self.observers:
-            # as Turn.trace gives it: the start plus the step's time (same float)
-            at = session.started + elapsed
-            made = made_at(turn, session.started) if trigger == START else None
-            record = trace_record(
-                turn.index, len(turn.actions) - 1, step, action, cost, at, event, wall, usage, made
-            )
+            record = trace_record(turn, len(turn.path) - 1, session.started)
             for observer in self.observers:
                 observer(record)
         return action
@@ -1396,38 +1307,42 @@ def _reading(value: object, name: str) -> float:
     return reading
 
 
-def trace_record(
-    turn: int,
-    index: int,
-    step: Step,
-    action: Action,
-    cost: float = 0.0,
-    at: float | None = None,
-    event: Any = None,
-    wall: float | None = None,
-    usage: Any = None,
-    made_at: float | None = None,
-) -> TraceRecord:
-    """The :class:`TraceRecord` of ``step``, the ``index``-th transition of ``turn``: its
-    row, its action, the counters of :data:`TRACED` (in the order
-    :func:`traced_counters` reads them), the cost its event carried, the moment it was
-    taken and the event that caused it (a start's: when its turn was made)."""
+def trace_record(turn: TurnState, index: int, started: float) -> TraceRecord:
+    """The :class:`TraceRecord` of ``turn``'s ``index``-th transition in a session that
+    started at ``started``: its row, action and counters (:data:`TRACED`), what its event
+    cost and used, when it was taken and the event that caused it, as the turn keeps
+    them (a restored turn keeps no event of the steps before its snapshot)."""
+    step = turn.path[index]
     source, trigger, guard, dest, _ = step[0]
+    at = turn.times[index]
+    unknown = len(turn.path) - len(turn.events)
+    event = turn.events[index - unknown] if index >= unknown else None
+    wall = None
+    if type(event) is tuple:  # a step given a wall time keeps it beside its event
+        event, wall = event
     return TraceRecord(
-        turn=turn,
+        turn=turn.index,
         step=index,
         source=source,
         event=trigger,
         guard=guard,
         dest=dest,
-        action=action,
+        action=turn.actions[index],
         attempt=step[1],
         reductions=step[2],
         session_retries=step[3],
-        cost_usd=cost,
-        at=at,
+        cost_usd=_kept_at(turn.costs, index, 0.0),
+        at=None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
         caused_by=event,
         wall=wall,
-        usage=usage,
-        made_at=made_at,
+        usage=_kept_at(turn.usages, index, None),
+        made_at=None if index else made_at(turn, started),  # a start's: when its turn was made
     )
+
+
+def _kept_at(entries: list[tuple[int, Any]] | None, index: int, default: Any) -> Any:
+    """The value ``entries`` (``(step, value)``, in step order) keep for step ``index``."""
+    for step, value in reversed(entries or ()):
+        if step <= index:
+            return value if step == index else default
+    return default

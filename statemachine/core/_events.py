@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import attrs
 
@@ -93,8 +93,7 @@ def _charge(event: ModelReplied | ModelFailed | Cancelled) -> None:
 @attrs.frozen
 class Assembled:
     """The context was assembled into ``request``, of ``size`` (tokens or any monotone
-    measure). After ``Assemble(reduce=True)`` a size that is not strictly smaller
-    than the one that overflowed counts as "cannot shrink"."""
+    measure); after ``Assemble(reduce=True)`` one not strictly smaller cannot shrink."""
 
     request: Any = attrs.field(metadata=OPAQUE, converter=_request)
     size: int = attrs.field(validator=_size)
@@ -107,17 +106,14 @@ class CannotShrink:
 
 @attrs.frozen
 class ModelReplied:
-    """The model answered. ``tool_calls`` are the calls it asked for (none means the
-    loop is done); ``cost`` is this call's spend in USD, summed against
-    ``max_cost_usd``; ``usage`` what the call used and was (its tokens, cost, the model
-    that answered, the response id, the finish reason: see :class:`Usage`; its
-    ``cost_usd`` is the ``cost`` when that is left out).
+    """The model answered. ``tool_calls`` are the calls it asked for (none: the loop is
+    done); ``cost`` is this call's spend in USD; ``usage`` what the call used and was
+    (:class:`Usage`, whose ``cost_usd`` is the ``cost`` when that is left out).
 
-    ``reply`` is the host's own reply object, whatever it is (an SDK's message, a
-    dataclass, plain data): ``Finish.reply`` hands back the same object in process.
-    What a snapshot, a store or a trace file keeps is its JSON form, taken here
+    ``reply`` is the host's own reply object, handed back by ``Finish.reply`` in
+    process; snapshots, stores and traces keep its JSON form, taken here
     (``reply_data``: plain data copied, a pydantic model's ``model_dump(mode="json")``,
-    a dataclass's or an attrs instance's ``asdict``); an object with none is refused."""
+    a dataclass's or attrs instance's ``asdict``); an object with none is refused."""
 
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tool_calls)
     cost: float = attrs.field(default=0.0, validator=_cost)
@@ -126,13 +122,10 @@ class ModelReplied:
     doom_verdict: bool | None = attrs.field(
         default=None, kw_only=True, repr=False, validator=_doom_verdict
     )
-    """The host's second-tier doom check on this reply's tool calls: ``None`` when the
-    reply is taken without one; else whether the last ``doom_check_window`` calls go
-    round in circles (``True`` fires ``error_doom_loop``) where a verdict is due, and
-    ``False`` where none is. A session given ``doom_check=`` fills it in as the reply is
-    sent (asking the check only where a verdict is due), so a trace or a store's journal
-    keeps the verdict with the event and a replay of it asks no check; ``True`` where
-    no verdict is due is refused. (Not in the repr: a reply prints as it always did.)"""
+    """The host's second-tier doom check on this reply's tool calls (``None``: taken
+    without one): where a verdict is due, whether the last ``doom_check_window`` calls go
+    round in circles (``True`` fires ``error_doom_loop``), else ``False``. Filled in by
+    ``Turn.send`` from the session's ``doom_check``, so a replay asks no check."""
     reply_data: Any = attrs.field(init=False, eq=False, repr=False, metadata=HIDDEN)
     """The JSON form of ``reply``, taken when the event was made."""
 
@@ -161,13 +154,10 @@ def _model_error(_instance: object, _attribute: object, value: Any) -> None:
 class ModelFailed:
     """The model call failed with ``error``.
 
-    Set ``partial=True`` when part of a streamed reply had already been delivered:
-    such a call is never resent, whatever its category (``stream_interrupted``).
-    ``cost`` is what the failed call was billed (a stream that broke after usage was
-    reported, a content-filtered or refused reply, a timed-out call that was charged):
-    it counts toward ``max_cost_usd``. ``usage`` is what the call used, as far as the
-    provider reported it (see :class:`Usage`; its ``cost_usd`` is the ``cost`` when
-    that is left out).
+    ``partial=True``: part of a streamed reply had already been delivered, so the call
+    is never resent (``stream_interrupted``). ``cost`` is what the failed call was
+    billed, counted toward ``max_cost_usd``; ``usage`` what it used, as far as the
+    provider reported it (its ``cost_usd`` is the ``cost`` when that is left out).
     """
 
     error: ModelError = attrs.field(validator=_model_error)
@@ -195,15 +185,10 @@ class ToolsDone:
 class Cancelled:
     """The host abandons the turn (a cancelled task, a ``KeyboardInterrupt``).
 
-    Legal in every running state; the turn ends ``cancelled`` and calls that were in
-    flight come back as error results, so the conversation stays well-formed.
-
-    ``cost`` and ``usage`` are those of the model call in flight when the turn was
-    abandoned (state ``calling``), as far as the provider or the vendor reported them
-    (a stream's usage so far, a reply that came back after the cancel was asked): a
-    billed call is charged toward ``max_cost_usd`` and kept as a reply's would be
-    (``usage.cost_usd`` is the ``cost`` when that is left out). Refused in any other
-    state, where no model call is in flight. ``Cancelled()`` charges nothing.
+    Legal in every running state; the turn ends ``cancelled`` and calls in flight come
+    back as error results, so the conversation stays well-formed. ``cost`` and
+    ``usage`` are those of the model call in flight (state ``calling`` only), charged
+    as a reply's would be; ``Cancelled()`` charges nothing.
     """
 
     reason: str = attrs.field(
@@ -224,12 +209,4 @@ class Cancelled:
 
 
 Event = Assembled | CannotShrink | ModelReplied | ModelFailed | WaitDone | ToolsDone | Cancelled
-EVENT_TYPES: tuple[type, ...] = (
-    Assembled,
-    CannotShrink,
-    ModelReplied,
-    ModelFailed,
-    WaitDone,
-    ToolsDone,
-    Cancelled,
-)
+EVENT_TYPES: tuple[type, ...] = get_args(Event)

@@ -21,14 +21,10 @@ REPLY = {"opaque": True, "form": "reply_data"}
 
 
 class Headers(Mapping[str, str]):
-    """An immutable, case-insensitive view of raw HTTP response headers.
-
-    Built from a mapping (``dict``, ``httpx.Headers``, anything with ``items()``) or
-    from ``(name, value)`` pairs; bytes are decoded as latin-1, as HTTP does, and
-    numbers are written as text. A pair whose name or value is none of these is
-    dropped, never raised on. ``headers["Retry-After"]`` and ``headers["retry-after"]``
-    are the same header; the last of repeated names wins.
-    """
+    """An immutable, case-insensitive view of raw HTTP response headers, from a
+    mapping (anything with ``items()``) or ``(name, value)`` pairs: bytes decoded as
+    latin-1, numbers written as text, any other pair dropped; the last of repeated
+    names wins."""
 
     __slots__ = ("_items",)
 
@@ -134,12 +130,8 @@ def _status(raw: object) -> int | None:
 
 
 def _retry_after_field(raw: object) -> float | str | None:
-    """What a provider said, kept when it can be read later, else dropped.
-
-    Numbers become floats (an int too large for a float becomes infinity, which is
-    never waited on); text is kept when short; anything else (booleans, objects) is
-    garbage and dropped. Whether the value is *usable* is decided when it is read.
-    """
+    """What a provider said, kept when it can be read later (whether it is usable is
+    decided then): numbers as floats (an int too large: infinity), short text."""
     if raw is None or type(raw) is float:
         return raw
     if isinstance(raw, bool):
@@ -172,18 +164,11 @@ class ModelError:
     """A model-provider failure, classified.
 
     ``retry_after_seconds`` is what the provider's SDK or body said; when it is
-    ``None`` (or unusable), ``retry-after-ms`` and then ``retry-after`` (seconds or an
-    HTTP-date) are read from ``headers``. Unusable values (garbage, negative, NaN,
-    infinite, a date in the past) are ignored, never raised and never waited on.
-
-    ``code``, ``status`` and ``body`` keep the vendor's raw error for logs and for
-    ``unknown`` errors, which are not retried.
-
-    Nothing here raises on a provider's data: a message or code that is not text is
-    written as text, a body that is not JSON data is kept as text (bytes decoded), a
-    status that is not an HTTP status is dropped, and so is a ``retry_after_seconds``
-    that is neither a number nor short text. So every ``ModelError`` can be saved in a
-    snapshot.
+    unusable, the ``retry-after-ms`` and ``retry-after`` headers are read
+    (``_retry_after.py``). ``code``, ``status`` and ``body`` keep the vendor's raw
+    error. Nothing here raises on a provider's data: what is not text, JSON data or an
+    HTTP status is written as text or dropped, so every ``ModelError`` can be saved in
+    a snapshot.
     """
 
     category: ErrorCategory = attrs.field(converter=_to_category)
@@ -203,8 +188,7 @@ class ModelError:
 
     def __str__(self) -> str:
         """One line for a log: the category, the HTTP status and code, then the
-        message on one line, cut at :data:`SUMMARY_CHARS` (``repr`` keeps every field,
-        the headers and body included)."""
+        message, cut at :data:`SUMMARY_CHARS` (``repr`` keeps every field)."""
         head = self.category.value
         if self.status is not None:
             head += f" (HTTP {self.status})"

@@ -1,19 +1,10 @@
 """Reading the server's requested wait off a ``ModelError``.
 
-Precedence (``specs/retry-after.md`` has it as a truth table): the first *usable*
-value of
-
-1. ``ModelError.retry_after_seconds`` (what an SDK or the body said),
-2. the ``retry-after-ms`` header (milliseconds),
-3. the ``retry-after`` header, as delay-seconds or as an HTTP-date; a date is
-   measured against the response's own ``date`` header when it has a usable one
-   (no skew between our clock and the server's), else against the wall time the
-   caller gives (the step's, for the engine); with neither, a date is not usable.
-
-A value is usable when it parses as a finite number >= 0 (a date: one in the
-future). Anything else (garbage, negative, NaN, infinity, a past date) is skipped
-and the next source is read; no source usable means no retry-after. Header names
-are case-insensitive. Nothing here raises.
+The first *usable* value (a finite number >= 0; a date in the future) of
+``ModelError.retry_after_seconds``, the ``retry-after-ms`` header, then the
+``retry-after`` header as seconds or as an HTTP-date, measured against the response's
+own ``date`` header, else the step's wall time (``specs/retry-after.md`` has the truth
+table). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -81,11 +72,8 @@ def header_retry_after(headers: Headers, wall: float | None) -> float | None:
 
 
 def retry_after(error: ModelError, wall: float | None) -> float | None:
-    """The seconds the server asked us to wait, or ``None`` if it asked nothing usable.
-
-    ``wall`` is the Unix time of the step (``None``: unknown); it is used only for an
-    HTTP-date with no usable ``date`` header beside it.
-    """
+    """The seconds the server asked us to wait (``None``: nothing usable); ``wall`` is
+    the step's Unix time, for an HTTP-date with no usable ``date`` header."""
     seconds = _seconds(error.retry_after_seconds)
     if seconds is not None:
         return seconds

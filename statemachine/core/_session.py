@@ -1,36 +1,23 @@
 """``Session`` and ``Turn``: the handles a host holds.
 
-A session owns one :class:`~statemachine.core._engine.Core`, and the core owns the
-declared state (``_state.py``); a :class:`Turn` is a handle onto the session's
-current turn. Only that turn takes events: a handle that a later ``new_turn()``
-replaced refuses everything with :class:`IllegalEvent` and changes nothing, so a
-held handle can never spend, invoke tools or retry past a bound or a tripped breaker.
-
-A session checks its bounds after every turn; when one has fired, the next turn is
-the *final-answer turn* (tools withheld, a synthetic instruction, one attempt), after
-which the session has ended with a :class:`SessionStatus` naming the limit. Nothing
-here raises for an agent failure.
-
-Time is an input. Every step (``new_turn``, ``start``, ``send``, ``end``) takes its
-moment as ``at=`` (a reading of the session's monotonic clock) and, for ``send``,
-``wall=`` (Unix time; ``None``: the step has none); left out, the handle reads the
-session's ``clock`` and ``wall_clock`` for it (the wall clock only for a failure whose
-headers may hold an HTTP-date ``retry-after``). A session built with ``clock=None``
-reads no clock at all, like h11: every step must say when it happens. The engine
-underneath (:class:`~statemachine.core._engine.Core`) never reads a clock, so replaying
-a recorded step is the same call with the recorded moment.
+A session owns one :class:`~statemachine.core._engine.Core`, which owns the declared
+state; a :class:`Turn` is a handle onto the session's current turn, and a handle that a
+later ``new_turn()`` replaced refuses every event, changing nothing. Every step takes its
+moment as ``at=`` (the session's monotonic clock) and, for ``send``, ``wall=`` (Unix
+time); left out, the handle reads the session's ``clock`` and ``wall_clock``. A session
+built with ``clock=None`` reads no clock at all, like h11.
 """
 
 from __future__ import annotations
 
 import copy
 import enum
-import math
+import operator
 import secrets
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, overload
 
 from ._actions import Action, Finish
 from ._engine import (
@@ -42,7 +29,8 @@ from ._engine import (
     Observer,
     doom_facts,
     last_reading,
-    made_at,
+    model_of,
+    refused,
     trace_record,
     wall_reading,
 )
@@ -74,13 +62,16 @@ _DEFAULT_SETTINGS = Settings()
 Clock = Callable[[], float]
 
 
-def _check_clocks(clock: object, wall_clock: object) -> None:
+def _check_hooks(clock: object, wall_clock: object, doom_check: object) -> None:
+    """Refuse a clock or a doom check that is neither callable nor ``None``."""
     if (clock is not None and not callable(clock)) or (
         wall_clock is not None and not callable(wall_clock)
     ):
         raise ConfigError(
             "clock: clock and wall_clock must be callables returning seconds, or None"
         )
+    if doom_check is not None and not callable(doom_check):
+        raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
 
 
 def _no_clock(what: str) -> TypeError:
@@ -88,18 +79,6 @@ def _no_clock(what: str) -> TypeError:
         f"at: the session has no clock (clock=None), so {what} must say when it happens: "
         "pass at=<the session clock's reading, in seconds>"
     )
-
-
-def _check_doom_check(doom_check: object) -> None:
-    if doom_check is not None and not callable(doom_check):
-        raise ConfigError(f"doom_check: must be a callable or None, got {doom_check!r:.60}")
-
-
-def _check_id(name: str, value: object) -> None:
-    if value is not None and (
-        not isinstance(value, str) or not value or json_problem(value) is not None
-    ):
-        raise ConfigError(f"{name}: must be a non-empty str or None, got {value!r:.60}")
 
 
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
@@ -114,6 +93,17 @@ class _WallClock(enum.Enum):
 _READ_WALL_CLOCK = _WallClock.READ
 
 
+def _moment(clock: Clock | None, core: Core, at: object, what: str) -> float:
+    """The moment of ``what``: ``at``, or ``clock``'s reading; checked and clamped."""
+    if at is None:
+        if clock is None:
+            raise _no_clock(what)
+        at = clock()
+    if type(at) is float and core.last <= at < core.ceiling:
+        return at  # as Turn.send takes it
+    return core.reading(at)
+
+
 def _start_reading(value: object, name: str = "started") -> float:
     """A clock reading that anchors a session (its start, a restore's now): a finite
     number of seconds, or the error that names it."""
@@ -122,39 +112,50 @@ def _start_reading(value: object, name: str = "started") -> float:
     return float(value)
 
 
+_T = TypeVar("_T")
+
+
+class _Reads(property, Generic[_T]):
+    """A read-only attribute of a handle: the value at ``path`` from it (a property
+    whose getter is ``operator.attrgetter``)."""
+
+    def __init__(self, path: str, doc: str) -> None:
+        super().__init__(operator.attrgetter(path))
+        self.__doc__ = doc  # a property subclass would show its own docstring
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __get__(self, handle: None, owner: type | None = None) -> _Reads[_T]: ...
+        @overload
+        def __get__(self, handle: object, owner: type | None = None) -> _T: ...
+        def __get__(self, handle: object, owner: type | None = None) -> Any: ...
+
+
 class Session:
     """The turns of one conversation.
 
     ``seed`` seeds the jitter (a 64-bit unsigned int; an int outside that range is
-    taken modulo 2**64). Left out, the session draws its own from the operating
-    system, so sessions made alike do not retry in step; the seed is kept in its
-    snapshot (and a bound :class:`TraceWriter`'s header), and every replay takes the
-    recorded one. Pass one (``seed=0``) to pin the waits, e.g. in a test.
+    taken modulo 2**64); left out, the session draws its own from the operating system,
+    so sessions made alike do not retry in step. It is kept in the snapshot, and a
+    replay takes the recorded one.
 
-    ``clock`` is a monotonic clock in seconds (the wall clock bound and waits are
-    measured on it) and ``wall_clock`` is Unix time, read only to measure an HTTP-date
-    ``retry-after``: the handles read them when a step does not say when it happens
-    (``at=``, ``wall=``). With ``clock=None`` no clock is read: every step must pass
+    ``clock`` is a monotonic clock in seconds and ``wall_clock`` Unix time, read only to
+    measure an HTTP-date ``retry-after``. With ``clock=None`` every step must pass
     ``at=``, and ``started`` (default 0.0) is the session's start on the host's clock.
-    ``observers`` receive every :class:`TraceRecord` of every turn, as it happens; an
-    observer's exception propagates to the caller of ``send()``, after the transition
-    (``turn.action`` still holds its action).
+    ``observers`` receive every :class:`TraceRecord` as it happens; an observer's
+    exception propagates to the caller of ``send()``, after the transition.
+    ``session_id`` names the session in its tree; ``doom_check`` is the second-tier
+    doom-loop check (:data:`DoomCheck`), whose ``True`` fires ``error_doom_loop``.
 
-    ``session_id`` names the session in its tree (children get ids from it; a store
-    host uses its store id). ``doom_check`` is the second-tier doom-loop check
-    (:data:`DoomCheck`): it sees the last ``doom_check_window`` tool calls when the
-    first tier is one identical call short of firing and after every
-    ``doom_check_window`` calls, and ``True`` fires ``error_doom_loop``.
-
-    Same settings, same seed, same events at the same moments (and a deterministic
-    ``doom_check``): the same actions, bit for bit.
+    Same settings, seed, events and moments (and a deterministic ``doom_check``): the
+    same actions, bit for bit.
     """
 
     __slots__ = ("__weakref__", "_core", "_handle", "clock", "wall_clock")
 
     clock: Clock | None
-    """The monotonic clock a step that leaves out ``at=`` is read from (``None``: none;
-    set when the session is made: :meth:`copy` puts a session on another clock)."""
+    """The monotonic clock a step that leaves out ``at=`` is read from (``None``: none)."""
     wall_clock: Clock | None
     """The Unix-time clock a failure's step that leaves out ``wall=`` is read from."""
 
@@ -179,14 +180,15 @@ class Session:
             seed = secrets.randbits(64)  # its own: sessions made alike jitter apart
         elif isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed: must be an int or None, got {seed!r}")
-        if (clock is not None and not callable(clock)) or (
-            wall_clock is not None and not callable(wall_clock)
+        _check_hooks(clock, wall_clock, doom_check)
+        if session_id is not None and (
+            not isinstance(session_id, str)
+            or not session_id
+            or json_problem(session_id) is not None
         ):
-            _check_clocks(clock, wall_clock)  # raises, naming them
-        if session_id is not None:
-            _check_id("session_id", session_id)
-        if doom_check is not None:
-            _check_doom_check(doom_check)
+            raise ConfigError(
+                f"session_id: must be a non-empty str or None, got {session_id!r:.60}"
+            )
         if started is None:
             started = 0.0 if clock is None else clock()
         if type(started) is not float or started - started != 0.0:  # not a finite float
@@ -211,23 +213,21 @@ class Session:
         doom_check: DoomCheck | None = None,
     ) -> Session:
         """A session that takes over ``state`` (a declared :class:`SessionState`, such as
-        a copy from :attr:`state`): the model checker explores this way.
+        a copy from :attr:`state`), as the model checker explores.
 
         With ``check`` (the default) the state must be one the engine can reach under
-        ``settings`` (the invariants ``restore`` checks; :class:`SnapshotError` naming
-        the field otherwise); the model checker, which only holds states the engine
-        made, passes ``check=False``. ``restore`` is the way in for data from outside.
+        ``settings`` (:class:`SnapshotError` naming the field otherwise); the model
+        checker, which only holds states the engine made, passes ``check=False``.
         """
         if not isinstance(settings, Settings):
             raise ConfigError(f"settings: must be a Settings, got {settings!r}")
         if not isinstance(state, SessionState):
             raise ConfigError(f"state: must be a SessionState, got {type(state).__name__}")
-        _check_clocks(clock, wall_clock)
+        _check_hooks(clock, wall_clock, doom_check)
         if check:  # every field by its kind, as restore reads it, then the whole state
             now = last_reading(state)
             state = decode_state(SessionState, encode_state(state, now), now)
             check_reachable(state, settings)
-        _check_doom_check(doom_check)
         core = Core(settings, state, tuple(observers), dispatch, doom_check)
         return cls._over(core, clock, wall_clock)
 
@@ -242,18 +242,6 @@ class Session:
         self._handle = None if turn is None else Turn(self, core, turn)
         return self
 
-    def _now(self, at: object, what: str) -> float:
-        """The moment of a step: ``at``, or the clock's reading; checked and clamped."""
-        if at is None:
-            clock = self.clock
-            if clock is None:
-                raise _no_clock(what)
-            at = clock()
-        core = self._core
-        if type(at) is float and core.last <= at < core.ceiling:
-            return at  # as Turn.send takes it
-        return core.reading(at)
-
     def _reading(self) -> float:
         """The clock's reading now (the state's last one for a session with no clock)."""
         clock = self.clock
@@ -262,15 +250,14 @@ class Session:
     # -- turns -----------------------------------------------------------------
 
     def new_turn(self, *, at: float | None = None) -> Turn:
-        """The next turn, created at ``at`` (default: the clock's reading; the wall
-        clock bound is checked then). If a limit has fired, it is the final-answer turn.
+        """The next turn, created (and the session's bounds checked) at ``at``: the
+        final-answer turn once a limit has fired. It replaces the previous handle.
 
         Raises :class:`SessionEnded` once the session has ended, and
-        :class:`TurnInProgress` while the current turn has not finished. The turn
-        it returns replaces the previous handle, which takes no event from then on.
+        :class:`TurnInProgress` while the current turn has not finished.
         """
         core = self._core
-        turn = Turn(self, core, core.new_turn(self._now(at, "new_turn()")))
+        turn = Turn(self, core, core.new_turn(_moment(self.clock, core, at, "new_turn()")))
         self._handle = turn
         return turn
 
@@ -281,18 +268,14 @@ class Session:
         reason: str = "",
         at: float | None = None,
     ) -> Finish | None:
-        """End the session on purpose: ``completed`` (between turns: the work is done),
-        ``cancelled`` (the user interrupted) or ``failed`` (the host gives up, e.g.
-        after an ``auth_error`` a human must fix).
+        """End the session on purpose at ``at``: ``completed`` (between turns),
+        ``cancelled`` (the user interrupted) or ``failed`` (the host gives up).
 
         For ``cancelled`` and ``failed`` a running turn is cancelled first (its
-        :class:`Finish`, ``cancelled``, is returned) and every live child session
-        (:meth:`spawn`) ends ``cancelled`` too. ``completed`` with a turn running, or
-        while a live child's (or any descendant's) turn runs, raises
-        :class:`TurnInProgress` and changes nothing: a finished parent would still be
-        charged by it. Afterwards ``status`` is the given one and
-        ``new_turn()`` raises :class:`SessionEnded`; ending an ended session raises it.
-        ``at`` is when (default: the clock's reading).
+        :class:`Finish` is returned) and every live child session ends ``cancelled``.
+        ``completed`` while this session's or a live descendant's turn runs raises
+        :class:`TurnInProgress` and changes nothing. Ending an ended session raises
+        :class:`SessionEnded`.
         """
         try:
             chosen = SessionStatus(status)
@@ -314,7 +297,7 @@ class Session:
                     f"{running.current_turn.state!r}): a session completes when no child's "  # type: ignore[union-attr]
                     "turn runs; end it cancelled or failed to abandon its children's turns"
                 )
-        return self._core.end(chosen, reason, self._now(at, "end()"))
+        return self._core.end(chosen, reason, _moment(self.clock, self._core, at, "end()"))
 
     def _running_child(self, depth: int = 0) -> Session | None:
         """A live descendant whose turn is running, if any."""
@@ -341,20 +324,14 @@ class Session:
         doom_check: DoomCheck | None = None,
         at: float | None = None,
     ) -> Session:
-        """A child session (a sub-agent) whose spend counts toward this one's.
+        """A child session (a sub-agent), started at ``at``, whose spend is charged
+        here and at every ancestor too.
 
-        Every cost the child is charged is charged here too, and at every ancestor up
-        to the root; an ancestor whose ``max_cost_usd`` is reached takes its
-        limit-reached path at its next turn boundary. The child's remaining budget is
-        the smaller of its own ``max_cost_usd`` (from ``settings``, default: this
-        session's settings) and its ancestors' remaining budget, so it cannot outspend
-        them: it takes its own limit-reached path (``error_max_budget_usd``) first.
-
-        The child's id defaults to ``"<this id>.<n>"`` and its seed is derived from
-        this session's; it shares the clocks and starts at ``at`` (default: the clock's
-        reading). Ending this session ``cancelled`` or
-        ``failed`` ends its live children ``cancelled``. Across processes (a child
-        restored elsewhere) report a child's total with :meth:`record_child_spend`.
+        Its remaining budget is the smaller of its own ``max_cost_usd`` (``settings``
+        default to this session's) and its ancestors' remaining budget, so it takes its
+        own limit-reached path before it can outspend them. Its id defaults to
+        ``"<this id>.<n>"``, its seed is derived from this session's, and it shares the
+        clocks. Across processes, report a child's total with :meth:`record_child_spend`.
         """
         core = self._core
         state = core.state
@@ -381,7 +358,7 @@ class Session:
             seed,
             self.clock,
             wall_clock=self.wall_clock,
-            started=self._now(at, "spawn()"),
+            started=_moment(self.clock, self._core, at, "spawn()"),
             observers=observers,
             dispatch=core.dispatch,
             session_id=child_id,
@@ -400,11 +377,9 @@ class Session:
         return child
 
     def record_child_spend(self, child_id: str, total_usd: float) -> None:
-        """Report that child ``child_id`` has spent ``total_usd`` in all (its own
-        descendants included): what is new since the last report is charged here and
-        at the live ancestors. A total no larger than the last one reported changes
-        nothing, so a report may be repeated or arrive late (a store's workers use
-        this; a child spawned in this process reports by itself)."""
+        """Report that child ``child_id`` has spent ``total_usd`` in all (descendants
+        included): what is new since the last report is charged here and at the live
+        ancestors; a total no larger changes nothing, so a report may repeat or be late."""
         if (
             isinstance(total_usd, bool)
             or not isinstance(total_usd, int | float)
@@ -420,11 +395,9 @@ class Session:
         self._core.record_child_spend(child_id, float(total_usd))
 
     def record_ancestor_budget(self, remaining_usd: float | None) -> None:
-        """Report the smallest budget left on the path to the root, as the parent (in
-        another process: a store's workers use this) reads it now, siblings' spend
-        included; ``None`` when no ancestor has a budget. It bounds this child's spend
-        from here on, as a live parent's would (see :meth:`spawn`). A root session
-        has no ancestors: ``ConfigError``."""
+        """Report the smallest budget left on the path to the root, as a parent in
+        another process reads it now (``None``: no ancestor has one); it bounds this
+        child's spend from here on. A root session has no ancestors: ``ConfigError``."""
         core = self._core
         if core.state.parent_id is None:
             raise ConfigError("remaining_usd: this session has no parent, so no ancestors' budget")
@@ -440,57 +413,38 @@ class Session:
 
     # -- what the session holds -------------------------------------------------
 
-    @property
-    def settings(self) -> Settings:
-        """The session's settings."""
-        return self._core.settings
+    settings: _Reads[Settings] = _Reads("_core.settings", "The session's settings.")
 
     @property
     def state(self) -> SessionState:
         """A copy of the session's declared state (changing it changes nothing)."""
         return copy_session_state(self._core.state)
 
-    @property
-    def seed(self) -> int:
-        """The jitter seed (as a 64-bit unsigned int)."""
-        return self._core.state.seed
-
-    @property
-    def status(self) -> SessionStatus | None:
-        """``None`` while the session can go on; then the limit that ended it."""
-        return self._core.state.status
-
-    @property
-    def limit_reached(self) -> SessionStatus | None:
-        """The limit that has fired, from the moment it fires (the final-answer turn
-        may still be to come); ``None`` while no limit has fired."""
-        return self._core.state.limit
-
-    @property
-    def current_turn(self) -> Turn | None:
-        """The latest turn (after ``restore``: the restored one)."""
-        return self._handle
-
-    @property
-    def turns(self) -> int:
-        """How many turns have been created, the final-answer turn included."""
-        return self._core.state.turns
-
-    @property
-    def retries_used(self) -> int:
-        """Retries (waits and fallbacks) taken across the session."""
-        return self._core.state.retries
-
-    @property
-    def waited_s(self) -> float:
-        """Seconds of backoff the session's ``Wait`` actions asked for, summed."""
-        return self._core.state.waited_s
-
-    @property
-    def cost_usd(self) -> float:
-        """Every cost charged so far (``ModelReplied`` and billed ``ModelFailed``),
-        children's included: what ``max_cost_usd`` bounds."""
-        return self._core.state.cost_usd
+    seed: _Reads[int] = _Reads("_core.state.seed", "The jitter seed (as a 64-bit unsigned int).")
+    status: _Reads[SessionStatus | None] = _Reads(
+        "_core.state.status", "``None`` while the session can go on; then the limit that ended it."
+    )
+    limit_reached: _Reads[SessionStatus | None] = _Reads(
+        "_core.state.limit",
+        "The limit that has fired, from the moment it fires (``None``: none has).",
+    )
+    current_turn: _Reads[Turn | None] = _Reads(
+        "_handle", "The latest turn (after ``restore``: the restored one)."
+    )
+    turns: _Reads[int] = _Reads(
+        "_core.state.turns", "How many turns have been created, the final-answer turn included."
+    )
+    retries_used: _Reads[int] = _Reads(
+        "_core.state.retries", "Retries (waits and fallbacks) taken across the session."
+    )
+    waited_s: _Reads[float] = _Reads(
+        "_core.state.waited_s",
+        "Seconds of backoff the session's ``Wait`` actions asked for, summed.",
+    )
+    cost_usd: _Reads[float] = _Reads(
+        "_core.state.cost_usd",
+        "Every cost charged so far, children's included: what ``max_cost_usd`` bounds.",
+    )
 
     @property
     def own_cost_usd(self) -> float:
@@ -509,25 +463,19 @@ class Session:
         unbounded)."""
         return self._core.remaining_budget_usd()
 
-    @property
-    def session_id(self) -> str | None:
-        """The session's id in its tree."""
-        return self._core.state.session_id
-
-    @property
-    def parent_id(self) -> str | None:
-        """The parent's id, for a child session."""
-        return self._core.state.parent_id
-
-    @property
-    def tool_retries(self) -> int:
-        """Re-invocations of conflicting tool calls across the session."""
-        return self._core.state.tool_retries
-
-    @property
-    def denials(self) -> int:
-        """Consecutive ``permission_denied`` outcomes (for the denial breaker)."""
-        return self._core.state.denials
+    session_id: _Reads[str | None] = _Reads(
+        "_core.state.session_id", "The session's id in its tree."
+    )
+    parent_id: _Reads[str | None] = _Reads(
+        "_core.state.parent_id", "The parent's id, for a child session."
+    )
+    tool_retries: _Reads[int] = _Reads(
+        "_core.state.tool_retries", "Re-invocations of conflicting tool calls across the session."
+    )
+    denials: _Reads[int] = _Reads(
+        "_core.state.denials",
+        "Consecutive ``permission_denied`` outcomes (for the denial breaker).",
+    )
 
     @property
     def idle_s(self) -> float:
@@ -541,27 +489,20 @@ class Session:
         no clock: up to its last step)."""
         return self._core.elapsed_s(self._reading())
 
-    @property
-    def started(self) -> float:
-        """The session clock's reading when the session started."""
-        return self._core.state.started
-
-    @property
-    def finished_at(self) -> float | None:
-        """The session clock's reading when its last turn finished, while no turn runs
-        (``None`` while one runs, or before the first)."""
-        return self._core.state.finished_at
-
-    @property
-    def last_at(self) -> float:
-        """The latest moment the session holds (its start, its current turn's last step,
-        its last Finish): a step given an earlier ``at`` is taken at this one."""
-        return self._core.last
-
-    @property
-    def tripped_providers(self) -> frozenset[str]:
-        """Tool providers whose circuit breaker is open; never invoked again."""
-        return self._core.state.tripped
+    started: _Reads[float] = _Reads(
+        "_core.state.started", "The session clock's reading when the session started."
+    )
+    finished_at: _Reads[float | None] = _Reads(
+        "_core.state.finished_at",
+        "The clock's reading when the last turn finished, while no turn runs (else ``None``).",
+    )
+    last_at: _Reads[float] = _Reads(
+        "_core.last",
+        "The latest moment the session holds: a step given an earlier ``at`` is taken then.",
+    )
+    tripped_providers: _Reads[frozenset[str]] = _Reads(
+        "_core.state.tripped", "Tool providers whose circuit breaker is open; never invoked again."
+    )
 
     @property
     def crash_counts(self) -> Mapping[str, int]:
@@ -579,11 +520,8 @@ class Session:
 
     def snapshot(self, *, at: float | None = None) -> dict[str, Any]:
         """The session as plain JSON data, current turn and its trace included, taken
-        at ``at`` (default: the clock's reading; a session with no clock: its last
-        step). Its times are written as seconds before ``at``.
-
-        Every value in it was checked when it came in (events take an owned copy of the
-        host's data, which must be JSON), so ``json.dumps(session.snapshot(),
+        at ``at`` (default: the clock's reading; with no clock: its last step), its
+        times written as seconds before ``at``. ``json.dumps(session.snapshot(),
         allow_nan=False)`` always works.
         """
         core = self._core
@@ -601,15 +539,12 @@ class Session:
         observers: Iterable[Observer] = (),
         doom_check: DoomCheck | None = None,
     ) -> Session:
-        """An independent copy of the session (its turn, counters and jitter stream),
-        on ``clock`` and ``wall_clock`` (``None``: no clock), whose start lies at
-        ``started`` on that clock (default: where this session's lies). Every reading
-        the state holds moves with the start (a Finish's ``retry_at`` too), so the
-        copy's times are the same seconds after its start. A child's live parent and
-        children stay with this session."""
+        """An independent copy of the session (its turn, counters and jitter stream) on
+        ``clock`` and ``wall_clock``, whose start lies at ``started`` on that clock
+        (default: where this one's lies); every reading it holds moves with the start.
+        A child's live parent and children stay with this session."""
         core = self._core
-        _check_clocks(clock, wall_clock)
-        _check_doom_check(doom_check)
+        _check_hooks(clock, wall_clock, doom_check)
         state = copy_session_state(core.state)
         if started is not None:
             delta = _start_reading(started) - state.started
@@ -634,18 +569,14 @@ class Session:
         doom_check: DoomCheck | None = None,
     ) -> Session:
         """A session that continues exactly where ``data`` (from ``snapshot()``)
-        stopped: same turn, counters, breakers and jitter stream, its times put on
-        ``clock`` as of ``at`` (default: the clock's reading; required with
-        ``clock=None``).
+        stopped, its times put on ``clock`` as of ``at`` (required with ``clock=None``).
 
-        Accepts exactly the states the engine can reach (snapshot format versions 1
-        to 5); anything else raises :class:`SnapshotError` naming the key. A host
-        function (``doom_check``) is not data: pass it again. A restored child has
-        no live parent: its ancestors' budget is the one last recorded, and its
-        spend reaches them through :meth:`record_child_spend`.
+        Accepts exactly the states the engine can reach (snapshot formats 1 to 5);
+        anything else raises :class:`SnapshotError` naming the key. ``doom_check`` is
+        not data: pass it again. A restored child has no live parent: its spend reaches
+        its ancestors through :meth:`record_child_spend`.
         """
-        _check_clocks(clock, wall_clock)
-        _check_doom_check(doom_check)
+        _check_hooks(clock, wall_clock, doom_check)
         if at is None:
             if clock is None:
                 raise _no_clock("restore()")
@@ -656,13 +587,10 @@ class Session:
 
 
 class Turn:
-    """One turn of a :class:`Session`: ``start()``, then ``send(event)`` until a
-    :class:`Finish`.
-
-    Create turns with ``Session.new_turn()``. ``state`` is the current state's name
-    and ``status`` is ``None`` until the turn finishes. An event that is not legal
-    in the current state raises :class:`IllegalEvent` and changes nothing; so does
-    any event sent to a turn that is no longer its session's current turn.
+    """One turn of a :class:`Session` (``Session.new_turn()``): ``start()``, then
+    ``send(event)`` until a :class:`Finish`. An event that is not legal in the current
+    state, or sent to a turn that is no longer current, raises :class:`IllegalEvent`
+    and changes nothing.
     """
 
     __slots__ = ("_core", "_session", "_turn")
@@ -703,16 +631,13 @@ class Turn:
         at: float | None = None,
         wall: float | _WallClock | None = _READ_WALL_CLOCK,
     ) -> Action:
-        """Take ``event``, which happened at ``at`` on the session's clock (default: its
-        reading) and at Unix time ``wall``; return the next action (a :class:`Finish` at
-        the end). A reply is sent with the session's doom check's verdict in it
-        (:meth:`judged`).
+        """Take ``event``, which happened at ``at`` on the session's clock and at Unix
+        time ``wall``; return the next action (a :class:`Finish` at the end). A reply
+        is sent as :meth:`judged` gives it.
 
-        ``wall=None`` says the step has no wall time (an HTTP-date ``retry-after`` with
-        no ``date`` header beside it is then unusable), as a session with no wall clock
-        takes it; left out, the session's wall clock is read, only for a
-        ``ModelFailed`` with headers (where such a date may need it). So a trace
-        record's ``wall`` sent again (``wall=record.wall``) is the step's own."""
+        ``wall=None``: the step has no wall time (an HTTP-date ``retry-after`` with no
+        ``date`` header is then unusable); left out, the wall clock is read, only for a
+        ``ModelFailed`` with headers. So ``wall=record.wall`` replays a trace's step."""
         core = self._core
         turn = self._turn
         trigger = TRIGGERS.get(type(event))
@@ -742,16 +667,13 @@ class Turn:
         return core.fire(turn, trigger, event, at, given)
 
     def judged(self, event: ModelReplied, check: DoomCheck | None = None) -> ModelReplied:
-        """``event``, a reply to this turn, as :meth:`send` gives it to the engine: with the
-        verdict of ``check`` (default: the session's ``doom_check``) in it
-        (``ModelReplied.doom_verdict``) where the reply's calls reach the doom-loop
-        detector and it holds none, ``check`` asked only where the engine says a verdict
-        is due (``False`` elsewhere); ``event`` itself otherwise. A verdict the event holds
-        already is the one taken (a replay asks nothing), and ``True`` where none is due
-        is refused (:class:`IllegalEvent`). Changes nothing: an exception ``check``
-        raises, or a verdict that is not a bool (``TypeError``), leaves the turn as it
-        was. A host that keeps its check outside the session (a store's worker) sends
-        ``turn.judged(reply, check)``."""
+        """``event``, a reply to this turn, as :meth:`send` gives it to the engine: where
+        its calls reach the doom-loop detector and it holds no verdict, with the verdict
+        of ``check`` (default: the session's ``doom_check``) in ``doom_verdict``,
+        ``check`` asked only where a verdict is due (``False`` elsewhere). A verdict it
+        holds already is taken as it is; ``True`` where none is due is refused
+        (:class:`IllegalEvent`). Changes nothing: a ``check`` that raises or returns no
+        bool (``TypeError``) leaves the turn as it was."""
         core, state = self._core, self._turn
         if type(event) is not ModelReplied:
             raise TypeError(f"judged: takes a ModelReplied, got {type(event).__name__}")
@@ -763,13 +685,12 @@ class Turn:
             facts = doom_facts(core, state, event.tool_calls, checked=True)
         if verdict is not None:
             if verdict and (facts is None or not facts.due):
-                raise IllegalEvent(
-                    f"ModelReplied in state {state.state!r}: doom_verdict is True, but no "
-                    "second-tier doom verdict is due at this reply (one is due when the first "
-                    "tier is one identical call short of firing, and after every "
-                    "doom_check_window calls)",
-                    event="ModelReplied",
-                    state=state.state,
+                raise refused(
+                    "ModelReplied",
+                    state.state,
+                    "doom_verdict is True, but no second-tier doom verdict is due at this "
+                    "reply (one is due when the first tier is one identical call short of "
+                    "firing, and after every doom_check_window calls)",
                 )
             return event
         if check is None:
@@ -822,30 +743,19 @@ class Turn:
 
     # -- what the turn holds -----------------------------------------------
 
-    @property
-    def index(self) -> int:
-        """This turn's number in its session, from 1."""
-        return self._turn.index
-
-    @property
-    def final_answer(self) -> bool:
-        """Whether this is the final-answer turn of the limit-reached path."""
-        return self._turn.final_answer
-
-    @property
-    def instruction(self) -> str | None:
-        """The synthetic final-answer instruction (final-answer turn only)."""
-        return self._turn.instruction
-
-    @property
-    def state(self) -> str:
-        """The current state's name (``idle`` before ``start()``)."""
-        return self._turn.state
-
-    @property
-    def status(self) -> TurnStatus | None:
-        """``None`` while the turn runs, then the status its :class:`Finish` carries."""
-        return self._turn.status
+    index: _Reads[int] = _Reads("_turn.index", "This turn's number in its session, from 1.")
+    final_answer: _Reads[bool] = _Reads(
+        "_turn.final_answer", "Whether this is the final-answer turn of the limit-reached path."
+    )
+    instruction: _Reads[str | None] = _Reads(
+        "_turn.instruction", "The synthetic final-answer instruction (final-answer turn only)."
+    )
+    state: _Reads[str] = _Reads(
+        "_turn.state", "The current state's name (``idle`` before ``start()``)."
+    )
+    status: _Reads[TurnStatus | None] = _Reads(
+        "_turn.status", "``None`` while the turn runs, then the status its :class:`Finish` carries."
+    )
 
     @property
     def done(self) -> bool:
@@ -874,72 +784,33 @@ class Turn:
         """How many transitions the turn has taken (the length of :attr:`trace`)."""
         return len(self._turn.path)
 
-    @property
-    def attempt(self) -> int:
-        """The current call's attempt number (0 for a first try)."""
-        return self._turn.attempt
-
-    @property
-    def reductions(self) -> int:
-        """How many context reductions this turn asked for."""
-        return self._turn.reductions
+    attempt: _Reads[int] = _Reads(
+        "_turn.attempt", "The current call's attempt number (0 for a first try)."
+    )
+    reductions: _Reads[int] = _Reads(
+        "_turn.reductions", "How many context reductions this turn asked for."
+    )
 
     @property
     def model(self) -> str | None:
         """The model the turn currently calls (``None``: the host's default)."""
-        settings = self._core.settings
-        index = self._turn.model_index
-        return settings.model if index < 0 else settings.fallback_models[index]
+        return model_of(self._core, self._turn)
 
-    @property
-    def session(self) -> Session:
-        """The session this turn belongs to."""
-        return self._session
-
-    @property
-    def calls(self) -> tuple[Any, ...]:
-        """The tool calls of the reply being handled (empty before any)."""
-        return self._turn.calls
-
-    @property
-    def in_flight(self) -> tuple[Any, ...]:
-        """The calls of the last ``InvokeTools``: what ``ToolsDone`` must answer."""
-        return self._turn.in_flight
+    session: _Reads[Session] = _Reads("_session", "The session this turn belongs to.")
+    calls: _Reads[tuple[Any, ...]] = _Reads(
+        "_turn.calls", "The tool calls of the reply being handled (empty before any)."
+    )
+    in_flight: _Reads[tuple[Any, ...]] = _Reads(
+        "_turn.in_flight", "The calls of the last ``InvokeTools``: what ``ToolsDone`` must answer."
+    )
 
     @property
     def trace(self) -> tuple[TraceRecord, ...]:
         """One frozen record per transition taken so far, in order (the steps of a
         restored turn taken before its snapshot have no ``caused_by``)."""
         turn = self._turn
-        costs = dict(turn.costs or ())
-        usages = dict(turn.usages or ())
         started = self._core.state.started
-        events = turn.events
-        made = made_at(turn, started)
-        unknown = len(turn.path) - len(events)  # restored steps: their events were not kept
-        records = []
-        for i, (step, action, at) in enumerate(
-            zip(turn.path, turn.actions, turn.times, strict=True)
-        ):
-            event = events[i - unknown] if i >= unknown else None
-            wall = None
-            if type(event) is tuple:  # a step given a wall time keeps it beside its event
-                event, wall = event
-            records.append(
-                trace_record(
-                    turn.index,
-                    i,
-                    step,
-                    action,
-                    costs.get(i, 0.0),
-                    None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
-                    event,
-                    wall,
-                    usages.get(i),
-                    None if i else made,  # a start's record says when its turn was made
-                )
-            )
-        return tuple(records)
+        return tuple(trace_record(turn, i, started) for i in range(len(turn.path)))
 
     def __repr__(self) -> str:
         return f"<Turn {self.index} state={self.state!r} status={self.status!s}>"

@@ -2,27 +2,22 @@
 
 Defaults we chose where the specification leaves the value open:
 
-* ``max_delay_ms = 30_000``: a cap on one *computed* backoff delay. It is well above
-  the canonical schedule (500 ms x 2^4 = 8 s for the fifth retry), so the spec's
-  defaults are never clipped, and low enough that a raised ``max_retries`` cannot
+* ``max_delay_ms = 30_000``: well above the canonical schedule (8 s for the fifth
+  retry), so the spec's defaults are never clipped, yet a raised ``max_retries`` cannot
   make one wait grow past half a minute.
-* ``session_retry_ceiling = 20``: four calls' worth of fully spent per-call retries.
-  A session that needs more than that is in an outage, and should stop spending
-  wall clock and money rather than retry on.
-* ``doom_loop_threshold = 3``: the third identical call in a row (same tool, same
-  arguments) has shown the model learned nothing from the first two results.
-* ``max_server_wait_s = 300``: a server asking for more than five minutes (a
-  daily quota, an outage) is better parked (``retry_deferred``, with
-  ``Finish.retry_at``) than slept on; shorter requests are honoured as asked.
-* ``max_context_reductions = 3``: a context that overflows after three reductions
-  is not converging.
-* ``denial_threshold = 5``: five denials in a row (the model keeps trying what the
-  policy refuses) is a denial storm; the doom-loop guard already stops the third
-  *identical* call, so this catches the varied ones.
-* ``max_conflict_retries = 3``: a conflict on a shared key (a lock, an etag) that
-  survives three serialized retries is not transient.
-* ``doom_check_window = 10``: the second-tier check looks at the last ten calls.
-* Sliding windows are off unless both of their settings are given.
+* ``session_retry_ceiling = 20``: four calls' worth of spent retries; a session that
+  needs more is in an outage, and should stop spending time and money.
+* ``doom_loop_threshold = 3``: the third identical call in a row shows the model
+  learned nothing from the first two results.
+* ``max_server_wait_s = 300``: a server asking for more than five minutes is better
+  parked (``retry_deferred``, with ``Finish.retry_at``) than slept on.
+* ``max_context_reductions = 3``: a context that overflows after three reductions is
+  not converging.
+* ``denial_threshold = 5``: five denials in a row is a denial storm (the doom-loop
+  guard already stops the third *identical* call).
+* ``max_conflict_retries = 3``: a conflict that survives three serialized retries is
+  not transient.
+* ``doom_check_window = 10``; sliding windows are off unless both settings are given.
 """
 
 from __future__ import annotations
@@ -69,25 +64,19 @@ def _integer(*, minimum: int = 0, optional: bool = False) -> Any:
     return check
 
 
-def _positive() -> Any:
-    def check(_instance: object, attribute: Any, value: Any) -> None:
-        name = attribute.name
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name}: must be a number or None, got {value!r:.60}")
-        if not finite(value) or value <= 0:
-            raise ConfigError(f"{name}: must be a finite number > 0, got {value!r}")
-
-    return check
+def _positive(_instance: object, attribute: Any, value: Any) -> None:
+    name = attribute.name
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name}: must be a number or None, got {value!r:.60}")
+    if not finite(value) or value <= 0:
+        raise ConfigError(f"{name}: must be a finite number > 0, got {value!r}")
 
 
-def _flag() -> Any:
-    def check(_instance: object, attribute: Any, value: Any) -> None:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{attribute.name}: must be true or false, got {value!r:.60}")
-
-    return check
+def _flag(_instance: object, attribute: Any, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name}: must be true or false, got {value!r:.60}")
 
 
 def _models(value: object) -> tuple[str, ...]:
@@ -112,34 +101,19 @@ def _model(_instance: object, _attribute: object, value: Any) -> None:
 class Settings:
     """The engine's settings. Every field has a default; all are keyword-only.
 
-    Retry: the n-th retry (n from 0) of one call waits::
+    Retry: the n-th retry of one call waits the backoff of ``_backoff.py`` (from
+    ``base_delay_ms``, ``backoff_factor``, ``max_delay_ms``, the session's jitter and the
+    server's retry-after); a call is retried at most ``max_retries`` times, a session at
+    most ``session_retry_ceiling`` times, and a ``concurrency_conflict`` tool call at
+    most ``max_conflict_retries`` times, one call at a time.
 
-        delay_ms(n) = min(base_delay_ms * backoff_factor ** n, max_delay_ms)
-        wait_ms(n)  = max(delay_ms(n) * (0.5 + u_n), 1000 * retry_after)
-
-    where ``u_n`` in [0, 1) is the session's n-th jitter draw (seeded) and
-    ``retry_after`` the server's requested wait (0 when it gave none). A call is
-    retried at most ``max_retries`` times (attempts = 1 + ``max_retries``), and a
-    session at most ``session_retry_ceiling`` times over all its calls.
-
-    Bounds (``None`` = unbounded): ``max_turns``, ``max_cost_usd`` (sum of
-    ``ModelReplied.cost``) and ``max_wall_clock_s`` (the injected clock, waits
-    included; with ``wall_clock_counts_idle = False`` the time between a turn's
-    ``Finish`` and the next turn's ``start()`` is left out) are checked after every
-    turn; one that fires takes the limit-reached path.
-
-    Breakers: ``breaker_threshold`` crashes of one tool provider in a row (a
-    round in which the provider's process died counts one crash, however many of its
-    calls were in flight), or ``breaker_window_threshold`` crashes among its last
-    ``breaker_window`` rounds, trip its breaker. ``denial_threshold`` consecutive
-    ``permission_denied`` outcomes in the session (``None``: off), or
-    ``denial_window_threshold`` among the last ``denial_window`` outcomes, trip the
-    denial breaker. Both take the limit-reached path.
-
-    A ``concurrency_conflict`` outcome is re-invoked, one call at a time, after a
-    backoff wait (the retry formula above), at most ``max_conflict_retries`` times
-    per call. A host's second-tier doom check sees the last ``doom_check_window``
-    tool calls.
+    Bounds (``None`` = unbounded): ``max_turns``, ``max_cost_usd`` and
+    ``max_wall_clock_s`` (the injected clock; with ``wall_clock_counts_idle = False``
+    without the time between turns) are checked after every turn; one that fires
+    takes the limit-reached path, as do the breakers: ``breaker_threshold`` crashed
+    rounds of one tool provider in a row (or ``breaker_window_threshold`` of its last
+    ``breaker_window``), and ``denial_threshold`` ``permission_denied`` outcomes in a
+    row (or ``denial_window_threshold`` of the last ``denial_window``).
     """
 
     base_delay_ms: float = attrs.field(default=500, validator=_number())
@@ -171,11 +145,11 @@ class Settings:
     )
     max_conflict_retries: int = attrs.field(default=3, validator=_integer())
     doom_check_window: int = attrs.field(default=10, validator=_integer(minimum=2))
-    wall_clock_counts_idle: bool = attrs.field(default=True, validator=_flag())
+    wall_clock_counts_idle: bool = attrs.field(default=True, validator=_flag)
     model: str | None = attrs.field(default=None, validator=_model)
     fallback_models: tuple[str, ...] = attrs.field(default=(), converter=_models)
-    model_timeout_s: float | None = attrs.field(default=None, validator=_positive())
-    tool_timeout_s: float | None = attrs.field(default=None, validator=_positive())
+    model_timeout_s: float | None = attrs.field(default=None, validator=_positive)
+    tool_timeout_s: float | None = attrs.field(default=None, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         for window, threshold in (
@@ -193,12 +167,9 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "settings") -> Settings:
-        """Build settings from a mapping; an unknown key raises ``ConfigError``.
-
-        A ``retry`` sub-table (the specification's ``settings.retry`` block) is
-        all-or-nothing: once given it holds all of ``base_delay_ms``,
-        ``backoff_factor`` and ``max_retries`` (it may add the other retry keys); a
-        key given both there and at the top level is an error.
+        """Build settings from a mapping; an unknown key raises ``ConfigError``. A
+        ``retry`` sub-table (the specification's block) holds all of ``base_delay_ms``,
+        ``backoff_factor`` and ``max_retries`` once given, and no key given beside it.
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: must be a table of settings, got {data!r}")
@@ -211,12 +182,9 @@ class Settings:
 
     @classmethod
     def from_toml(cls, text_or_path: str | os.PathLike[str]) -> Settings:
-        """Read the ``[settings]`` table of a TOML document or file.
-
-        A ``pathlib.Path`` (or a str that names an existing file and holds no
-        ``=``) is read as a file; any other str is TOML text. Other top-level
-        tables are ignored, so a scenario file can carry its settings; a document
-        with no ``[settings]`` table gets the defaults.
+        """Read the ``[settings]`` table of a TOML document or file (a ``Path``, or a
+        str that names an existing file and holds no ``=``). Other tables are ignored;
+        a document with no ``[settings]`` table gets the defaults.
         """
         source, text = _read(text_or_path)
         try:
@@ -250,20 +218,12 @@ def _unknown(name: object, where: str) -> ConfigError:
     )
 
 
-RETRY_FIELD_NAMES = frozenset(
-    {
-        "base_delay_ms",
-        "backoff_factor",
-        "max_retries",
-        "max_delay_ms",
-        "session_retry_ceiling",
-        "max_server_wait_s",
-    }
-)
-
-
 REQUIRED_RETRY_FIELDS = ("base_delay_ms", "backoff_factor", "max_retries")
 """The three fields the specification's ``retry{}`` block requires once it is given."""
+RETRY_FIELD_NAMES = frozenset(
+    (*REQUIRED_RETRY_FIELDS, "max_delay_ms", "session_retry_ceiling", "max_server_wait_s")
+)
+"""Every field a ``retry{}`` block may give."""
 
 
 def _flatten_retry(data: Mapping[str, Any], source: str) -> dict[str, Any]:

@@ -1,26 +1,13 @@
 """The engine's state, declared once.
 
 Everything a session knows between two events is a field of :class:`SessionState` or
-of the current turn's :class:`TurnState`: counters, bounds reached, breakers, the
-doom-loop window, the jitter position, the limit, and the turn's state and history.
-Each field is declared with :func:`declared`, which gives it a *kind* (how it is
-written to a snapshot, read back and validated, and whether a copy must copy it) and
-says how the model checker sees it (``key``) and whether a trace record carries it
-(``trace``). From that one declaration come:
-
-* the snapshot codec (:func:`encode_state`, :func:`decode_state`): one key per field,
-  each value checked by its kind, every failure a ``SnapshotError`` naming the key;
-* the copy the model checker explores from (:func:`copy_session_state`);
-* the model checker's state key (:func:`key_fields`);
-* the counters of every trace record (:data:`TRACED`);
-* the snapshot as text a store writes (``_state_text.py``, which reads this
-  declaration; nothing here reads it).
-
-Adding a counter is one :func:`declared` line here plus the rows that use it.
-
-What the declaration cannot say per field (a status implies its limit, a trace ends
-where the state is...) is checked by ``_reachable.reachable_problem``, which
-``restore`` runs on every snapshot and the model checker on every state it reaches.
+of the current turn's :class:`TurnState`, declared with :func:`declared`: its *kind*
+(how it is written to a snapshot, read back, validated and copied), how the model
+checker's key sees it and whether a trace record carries it. The snapshot codec
+(:func:`encode_state`, :func:`decode_state`), the copies (:func:`copy_session_state`),
+the checker's key (:func:`key_fields`), the traced counters (:data:`TRACED`) and the
+store's text (``_state_text.py``) all follow from it. What the declaration cannot say
+per field is checked by ``_reachable.reachable_problem``.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import attrs
 
@@ -48,11 +35,9 @@ from ._usage import Usage
 
 @attrs.frozen
 class Kind:
-    """How a declared field is encoded into a snapshot and decoded (validated) back.
-
+    """How a declared field is encoded into a snapshot and decoded (validated) back:
     ``decode(raw, key)`` raises :class:`SnapshotError` naming ``key``; ``copy`` is
-    ``None`` for immutable values (shared between copies).
-    """
+    ``None`` for immutable values (shared between copies)."""
 
     name: str
     encode: Callable[[Any], Any]
@@ -61,11 +46,9 @@ class Kind:
     relative: bool = False
     """A reading of the session's clock: written as the seconds elapsed since it."""
     grows: bool = False
-    """A list that only grows within a turn (the trace): a store's write reuses the
-    text of the entries it wrote before (``_state_text.encode_state_text``)."""
+    """A list that only grows within a turn: a store's write reuses its earlier text."""
     stored: bool = True
-    """Written to a snapshot; ``False``: kept in this process only (the events a turn
-    took, which may hold host objects that are not data), read back at its default."""
+    """Written to a snapshot; ``False``: kept in this process only."""
 
 
 def _same(value: Any) -> Any:
@@ -165,24 +148,38 @@ def _values_of(
 
 
 def _decoded(raw: Any, key: str) -> Any:
-    """The engine's values encoded in ``raw`` (depth-bounded: never a RecursionError);
-    host data inside them is checked by the validators of the classes that hold it, or
-    by :func:`_action_problem`."""
+    """The engine's values encoded in ``raw`` (depth-bounded: never a RecursionError)."""
     try:
         return decode(raw, key)
     except (TypeError, ValueError) as exc:
         raise SnapshotError(str(exc)) from None
 
 
+def _dict_of(
+    what: str, names: str, read: Callable[[Any, str], Any]
+) -> Callable[[Any, str], dict[str, Any] | None]:
+    """The decoder of a dict of ``what`` (``None`` for none): its keys are non-empty
+    text (``names`` in a refusal), each value read by ``read``."""
+
+    def decode(raw: Any, key: str) -> dict[str, Any] | None:
+        if type(raw) is not dict:
+            raise SnapshotError(f"{key}: must be dict of {what}, got {_type_name(raw)}")
+        out = {}
+        for name, value in raw.items():
+            if type(name) is not str or not name or json_problem(name) is not None:
+                raise SnapshotError(f"{key}: {names} must be non-empty str, got {short_repr(name)}")
+            out[name] = read(value, f"{key}.{name}")
+        return out or None
+
+    return decode
+
+
+_counts_by_provider = _dict_of("provider: count", "provider names", _count)
+
+
 def _crash_counts(raw: Any, key: str) -> dict[str, int] | None:
-    if type(raw) is not dict:
-        raise SnapshotError(f"{key}: must be dict of provider: count, got {_type_name(raw)}")
-    counts: dict[str, int] = {}
-    for provider, count in raw.items():
-        _provider_name(provider, key)
-        if _count(count, f"{key}.{provider}"):
-            counts[provider] = count
-    return counts or None
+    counts = _counts_by_provider(raw, key) or {}
+    return {provider: n for provider, n in counts.items() if n} or None
 
 
 def _provider_name(raw: Any, key: str) -> str:
@@ -209,32 +206,10 @@ def _optional_number(raw: Any, key: str) -> float | None:
     return None if raw is None else _number(raw, key)
 
 
-def _child_costs(raw: Any, key: str) -> dict[str, float] | None:
-    if type(raw) is not dict:
-        raise SnapshotError(f"{key}: must be dict of session id: spend, got {_type_name(raw)}")
-    costs: dict[str, float] = {}
-    for child, cost in raw.items():
-        if type(child) is not str or not child or json_problem(child) is not None:
-            raise SnapshotError(
-                f"{key}: session ids must be non-empty str, got {short_repr(child)}"
-            )
-        costs[child] = _number(cost, f"{key}.{child}")
-    return costs or None
-
-
 def _window(raw: Any, key: str) -> str:
     if type(raw) is not str or raw.strip("01"):
         raise SnapshotError(f"{key}: must be a str of 0s and 1s, got {short_repr(raw)}")
     return raw
-
-
-def _windows(raw: Any, key: str) -> dict[str, str] | None:
-    if type(raw) is not dict:
-        raise SnapshotError(f"{key}: must be dict of provider: window, got {_type_name(raw)}")
-    for provider, window in raw.items():
-        _provider_name(provider, key)
-        _window(window, f"{key}.{provider}")
-    return dict(raw) or None
 
 
 def _ids(raw: Any, key: str) -> tuple[str, ...]:
@@ -246,8 +221,7 @@ def _ids(raw: Any, key: str) -> tuple[str, ...]:
 def _by_step(
     raw: Any, key: str, what: str, read: Callable[[Any, str], Any]
 ) -> list[tuple[int, Any]] | None:
-    """The ``[step, value]`` entries of ``raw`` (``None`` for none), each value read by
-    ``read`` (``what`` names it in a refusal)."""
+    """The ``[step, what]`` entries of ``raw`` (``None`` for none), each read by ``read``."""
     if type(raw) is not list:
         raise SnapshotError(f"{key}: must be list, got {_type_name(raw)}")
     entries: list[tuple[int, Any]] = []
@@ -287,10 +261,10 @@ PROVIDERS = Kind("providers", sorted, _providers)
 CLOCK = Kind("clock reading", _same, _number, relative=True)
 OPTIONAL_CLOCK = Kind("optional clock reading", _same, _optional_number, relative=True)
 SIGNED = Kind("signed number", _same, _signed)
-CHILD_COSTS = _optional_dict("child costs", _child_costs)
+CHILD_COSTS = _optional_dict("child costs", _dict_of("session id: spend", "session ids", _number))
 WINDOW = Kind("window", _same, _window)
 """The last outcomes of a sliding window, oldest first: ``1`` counted, ``0`` not."""
-WINDOWS = _optional_dict("windows", _windows)
+WINDOWS = _optional_dict("windows", _dict_of("provider: window", "provider names", _window))
 OUTCOMES = Kind("tool outcomes", encode, _values_of(ToolOutcome))
 IDS = Kind("call ids", list, _ids)
 
@@ -300,8 +274,6 @@ def _copy_list(value: list[Any] | None) -> list[Any] | None:
 
 
 COSTS = Kind("costs", lambda v: [list(e) for e in v or ()], _decode_costs, _copy_list, grows=True)
-"""(step, cost) of every event of the turn that carried a cost (``None`` while none did:
-a live turn holds no empty list)."""
 
 UNKNOWN_TIME = math.nan
 """A step time a snapshot did not record (format 3): written ``null``."""
@@ -355,12 +327,8 @@ USAGES = Kind(
     _copy_list,
     grows=True,
 )
-"""(step, usage) of every model call's outcome of the turn that reported a usage
-(``None`` while none did)."""
 TIMES = Kind("step times", _encode_times, _decode_times, lambda v: v[:], grows=True)
-"""When each transition of the turn was taken: seconds since the session started on its
-clock, as an array of floats (8 bytes a step; :data:`UNKNOWN_TIME`, written ``null``,
-for a step restored from a format that did not record it)."""
+"""Seconds since the session's start, as an array of floats (8 bytes a step)."""
 
 
 def _encode_path(path: list[Step]) -> list[list[Any]]:
@@ -380,12 +348,7 @@ def _decode_path(raw: Any, key: str) -> list[Step]:
             )
         source, trigger, guard, dest, *counters = entry
         info = None
-        if (
-            type(source) is str
-            and type(trigger) is str
-            and type(guard) is str
-            and type(dest) is str
-        ):
+        if type(source) is type(trigger) is type(guard) is type(dest) is str:
             info = infos.get((source, trigger, guard, dest))
         if info is None:
             raise SnapshotError(
@@ -483,8 +446,7 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
         ("done", lambda v: type(v) is bool),
     ),
 }
-"""What a decoded action's fields must hold (the codec builds values without
-validators: the engine builds its actions itself)."""
+"""What a decoded action's fields must hold (the codec runs no validators)."""
 
 
 def _action_problem(action: Action) -> str | None:
@@ -496,9 +458,8 @@ def _action_problem(action: Action) -> str | None:
 
 PATH = Kind("path", _encode_path, _decode_path, list, grows=True)
 ACTIONS = Kind("actions", encode, _decode_actions, list, grows=True)
-"""The turn's actions. A Finish's ``retry_at``, a reading of the session's clock, is
-written as the seconds after the snapshot's moment (``encode_action``), like every
-reading a snapshot holds, and read back on the restoring clock (``action_at``)."""
+"""The turn's actions, a Finish's ``retry_at`` written relative to the snapshot's
+moment (:func:`encode_action`) like every reading of the clock."""
 
 
 def encode_action(action: Action, now: float) -> Any:
@@ -511,8 +472,8 @@ def encode_action(action: Action, now: float) -> Any:
 
 def action_at(action: Action, now: float, where: str) -> Action:
     """``action`` as a snapshot read at ``now`` holds it (the inverse of
-    :func:`encode_action`); :class:`SnapshotError` naming ``where`` if its moment is
-    beyond a float on that clock."""
+    :func:`encode_action`): :class:`SnapshotError` naming ``where`` if its moment is
+    beyond a float."""
     if type(action) is Finish and action.retry_at is not None:
         retry_at = action.retry_at + now
         if not math.isfinite(retry_at):
@@ -524,7 +485,7 @@ def action_at(action: Action, now: float, where: str) -> Action:
     return action
 
 
-ACTION_TYPES = (Assemble, CallModel, Wait, InvokeTools, Finish)
+ACTION_TYPES: tuple[type, ...] = get_args(Action)
 
 # -- the trace's rows and steps -------------------------------------------------------
 
@@ -552,9 +513,8 @@ _MAX_INTERNED = 1 << 16
 
 
 def make_step(info: RowInfo, *counters: int) -> Step:
-    """The step for ``info`` with these counters (in :data:`TRACED` order), shared
-    between every trace that has it (a trace then costs one pointer per transition),
-    up to a bounded number of distinct steps."""
+    """The step for ``info`` with these counters (in :data:`TRACED` order), shared by
+    every trace that has it, up to a bounded number of distinct steps."""
     step: Step = (info, *counters)  # type: ignore[assignment]
     shared = _STEPS.get(step)
     if shared is not None:
@@ -579,13 +539,11 @@ def declared(
 ) -> Any:
     """Declare one field of the state.
 
-    ``key`` says how the model checker's state key sees the field: ``"exact"`` (as it
-    is), ``"omit"`` (left out: host data, history, the jitter position), or
-    ``"cap:<setting>"`` (a counter bounded by that setting, which the checker may
-    accelerate far from its cap). ``trace`` names the :class:`TraceRecord` field that
-    carries the value after each transition; ``snapshot_key`` the snapshot's key for
-    it, when not the field's name; ``since`` the snapshot format version that added it
-    (older snapshots read it as its default).
+    ``key``: how the model checker's state key sees it: ``"exact"``, ``"omit"`` or
+    ``"cap:<setting>"`` (a counter bounded by that setting). ``trace``: the
+    :class:`TraceRecord` field that carries it; ``snapshot_key``: its key, when not the
+    field's name; ``since``: the snapshot format that added it (older ones read its
+    default).
     """
     metadata = {
         "kind": kind,
@@ -601,8 +559,7 @@ def declared(
 
 @attrs.define(slots=True, eq=False, repr=False)
 class TurnState:
-    """The state of one turn: where it is, its counters, the request it holds and the
-    history of its transitions."""
+    """The state of one turn: where it is, its counters, its request and its history."""
 
     index: int = declared(COUNT, key="omit")
     """This turn's number in its session, from 1."""
@@ -623,8 +580,7 @@ class TurnState:
     calls: tuple[ToolCall, ...] = declared(CALLS, (), key="providers")
     """The tool calls of the reply being handled."""
     reply_data: Any = declared(OPAQUE, None, key="omit", snapshot_key="reply")
-    """The JSON form of the reply being handled (what a snapshot keeps of it; in this
-    process its event, in ``events``, holds the host's own object)."""
+    """The JSON form of the reply being handled (its event holds the host's object)."""
     fallbacks: tuple[Fallback, ...] = declared(FALLBACKS, (), key="omit")
     path: list[Step] = declared(PATH, factory=list, key="omit")
     """The row and counters of every transition taken, in order."""
@@ -640,20 +596,17 @@ class TurnState:
     conflict_attempt: int = declared(COUNT, 0, key="cap:max_conflict_retries", since=3)
     """How often the first pending call has been re-invoked (or is about to be)."""
     costs: list[tuple[int, float]] | None = declared(COSTS, None, key="omit", since=3)
-    """(step, cost) of every event of this turn that carried a cost: each usage kept."""
+    """(step, cost) of every event of this turn that carried a cost (``None``: none)."""
     times: array[float] = declared(TIMES, factory=_new_times, key="omit", since=4)
-    """When each transition was taken, in seconds since the session started (one per
-    entry of ``path``)."""
+    """When each transition was taken, in seconds since the session started."""
     events: list[Any] = declared(IN_PROCESS, factory=list, key="omit")
     """The event of each transition taken in this process (``None`` for a start;
-    ``(event, wall)`` for a step given a wall time), the last ``len(events)`` entries of
-    ``path``'s: a snapshot keeps no events, so a restored turn's earlier steps have none."""
+    ``(event, wall)`` for a step given a wall time): the last ``len(events)`` steps'."""
     usages: list[tuple[int, Usage]] | None = declared(USAGES, None, key="omit", since=5)
     """(step, usage) of every model call's outcome of this turn that reported one."""
     made: float = declared(IN_PROCESS_TIME, UNKNOWN_TIME, key="omit")
-    """When the turn was made (``new_turn``), in seconds since the session started: a
-    turn may be made before it starts, and its bounds were checked then. Kept in this
-    process only (a snapshot keeps the turn itself): :data:`UNKNOWN_TIME` once restored."""
+    """When the turn was made (``new_turn``), in seconds since the session started
+    (:data:`UNKNOWN_TIME` once restored)."""
 
     @property
     def status(self) -> TurnStatus | None:
@@ -702,12 +655,10 @@ class SessionState:
     children: int = declared(COUNT, 0, key="omit", since=3)
     """How many children this session has spawned (their ids count up)."""
     child_costs: dict[str, float] | None = declared(CHILD_COSTS, None, key="omit", since=3)
-    """Each child's total spend (its descendants' included), as last reported; the
-    session's ``cost_usd`` includes their sum."""
+    """Each child's total spend, as last reported (``cost_usd`` includes their sum)."""
     ancestor_budget_usd: float | None = declared(SIGNED, None, key="omit", since=3)
-    """The ancestors' smallest remaining budget, as last known (at spawn, or read
-    from live ancestors), when ``cost_usd`` was ``ancestor_mark_usd``; ``None``: no
-    ancestor has a budget."""
+    """The ancestors' smallest remaining budget as last known, when ``cost_usd`` was
+    ``ancestor_mark_usd`` (``None``: no ancestor has one)."""
     ancestor_mark_usd: float = declared(NUMBER, 0.0, key="omit", since=3)
     tool_retries: int = declared(COUNT, 0, key="omit", since=3)
     """Re-invocations of conflicting tool calls across the session."""
@@ -759,46 +710,25 @@ in the order a :data:`Step` holds them."""
 
 
 def encode_state(state: TurnState | SessionState, now: float) -> dict[str, Any]:
-    """The state as plain JSON data: one key per declared field. ``now`` is the
-    session's clock, which clock readings are written relative to. (A store's writes
-    build the same data as text, from what changed: ``_state_text.encode_state_text``.)"""
+    """The state as plain JSON data, one key per declared field, clock readings
+    written relative to ``now``."""
     out: dict[str, Any] = {}
-    for name, key, encoder, mode in _WRITE_PLANS[type(state)]:
+    for name, key, kind in _PLANS[type(state)]:
         value = getattr(state, name)
-        if mode == "relative":
+        if kind.relative:
             out[key] = None if value is None else now - value
-        elif mode == "actions":
+        elif kind is ACTIONS:
             out[key] = [encode_action(action, now) for action in value]
-        elif mode == "turn":
+        elif kind is TURN:
             out[key] = None if value is None else encode_state(value, now)
         else:
-            out[key] = value if encoder is None else encoder(value)
+            out[key] = kind.encode(value)
     return out
 
 
-def _write_plan(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, str | None], ...]:
-    plan = []
-    for name, key, kind in _PLANS[cls]:
-        mode = (
-            "relative"
-            if kind.relative
-            else "turn"
-            if kind is TURN
-            else "actions"
-            if kind is ACTIONS
-            else None
-        )
-        plan.append((name, key, None if kind.encode is _same else kind.encode, mode))
-    return tuple(plan)
-
-
-_WRITE_PLANS = {cls: _write_plan(cls) for cls in _PLANS}
-
-
 def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
-    """The ``cls`` state that ``encode_state`` wrote into ``raw``, every field checked
-    by its kind. Raises :class:`SnapshotError` naming the first key that is missing,
-    unknown or wrong."""
+    """The ``cls`` state :func:`encode_state` wrote into ``raw``, every field checked by
+    its kind: :class:`SnapshotError` names the first key missing, unknown or wrong."""
     if type(raw) is not dict:
         raise SnapshotError(
             f"{prefix.rstrip('.') or 'snapshot'}: must be a JSON object, got {_type_name(raw)}"
@@ -824,8 +754,8 @@ def decode_state(cls: type[Any], raw: Any, now: float, prefix: str = "") -> Any:
 
 
 def _copier(cls: type) -> Callable[[Any], Any]:
-    """Straight-line field copies (the model checker's hottest path), generated from the
-    declaration: mutable kinds copied by their ``copy``, the rest shared."""
+    """Straight-line field copies (the model checker's hottest path): mutable kinds
+    copied by their ``copy``, the rest shared."""
     return build_copy(cls, tuple((f.name, f.metadata["kind"].copy) for f in attrs.fields(cls)))
 
 
@@ -846,10 +776,9 @@ def shift_fits(state: SessionState, delta: float) -> bool:
 
 
 def shift_state(state: SessionState, delta: float) -> None:
-    """Move every reading of the session's clock ``state`` holds by ``delta`` seconds (a
-    copy put on another clock): its start, its last finish, and the ``retry_at`` of its
-    turn's Finish actions. The times of the trace are seconds since the start: they
-    stay."""
+    """Move every reading of the session's clock ``state`` holds by ``delta`` seconds:
+    its start, its last finish and its Finish actions' ``retry_at`` (the trace's times
+    are seconds since the start: they stay)."""
     if not delta:
         return
     state.started += delta
@@ -865,9 +794,8 @@ def shift_state(state: SessionState, delta: float) -> None:
 
 
 class RowSteps(dict[tuple[int, int, int], Step]):
-    """The steps through one row met so far, by their counters: every trace that passes
-    through the row with the same counters shares one. A step not met before is made
-    when it is looked up, and kept while the row holds fewer than a bound."""
+    """The steps through one row met so far, by their counters, shared by every trace
+    through the row (made when first looked up, kept up to a bound)."""
 
     __slots__ = ("info",)
 

@@ -84,16 +84,7 @@ class SessionStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-LIMIT_STATUSES = frozenset(
-    {
-        SessionStatus.ERROR_MAX_TURNS,
-        SessionStatus.ERROR_MAX_BUDGET_USD,
-        SessionStatus.ERROR_MAX_WALL_CLOCK,
-        SessionStatus.ERROR_CIRCUIT_BREAKER,
-        SessionStatus.ERROR_DOOM_LOOP,
-        SessionStatus.ERROR_DENIAL_BREAKER,
-    }
-)
-"""The statuses of the limit-reached path (a limit that fired)."""
+LIMIT_STATUSES = frozenset(status for status in SessionStatus if status.startswith("error_"))
+"""The statuses of the limit-reached path (a limit that fired): the ``error_*`` ones."""
 END_STATUSES = frozenset({SessionStatus.COMPLETED, SessionStatus.CANCELLED, SessionStatus.FAILED})
 """The statuses a host ends a session with on purpose."""

@@ -36,20 +36,17 @@ def _details(value: Any) -> Any:
 RETRYABLE_TOOL_CATEGORIES = frozenset(
     {ToolErrorCategory.TIMEOUT, ToolErrorCategory.CONCURRENCY_CONFLICT}
 )
-"""The tool errors that are retryable by default (the tool conformance page's
-reactions: a timeout may be retried at the kernel's discretion, a conflict is retried
-serialized); the rest are not."""
+"""The tool errors that are retryable by default."""
 
 
 @attrs.frozen
 class ToolCall:
     """One tool call from a model reply.
 
-    ``provider`` names the tool provider (plugin, MCP server) that serves ``name``;
-    the circuit breaker counts crashes per provider. ``arguments`` is the call's
-    input as the model gave it (JSON-like data); the doom-loop detector hashes it
-    as canonical JSON together with ``name``. ``terminates_turn`` marks a terminal
-    tool (the provider declared it so): once it succeeds, the loop is done.
+    ``provider`` names the tool provider (plugin, MCP server) that serves ``name``: the
+    circuit breaker counts crashes per provider. ``arguments`` is the call's input as
+    the model gave it (JSON data). ``terminates_turn`` marks a terminal tool: once it
+    succeeds, the loop is done.
     """
 
     id: str = attrs.field(validator=_nonempty_str("ToolCall.id"))
@@ -67,16 +64,12 @@ def _optional_tool_category(raw: Any) -> ToolErrorCategory | None:
 class ToolOutcome:
     """What the host reports for one invoked tool call.
 
-    A failed outcome (``ok=False``) should carry its ``category``; one without is
-    treated as ``unknown``. ``process_crashed`` is for a plugin process that died;
-    ``permission_denied`` also reports a policy's denial (the plan/apply gate), which
-    the denial breaker counts. ``retryable`` defaults from the category (``timeout``
-    and ``concurrency_conflict`` are); ``details`` keeps the raw underlying error
-    (JSON data: for ``unknown``, the exception's type and message).
-    ``invoke_failed`` says the provider could not run the call (it raised, or timed
-    out, instead of answering); the drivers and integrations set it. The crash breaker
-    counts such outcomes and ``process_crashed`` ones (:attr:`crashed`); an error
-    result the tool returned as its answer is the model's to handle and is not counted.
+    A failed outcome (``ok=False``) should carry its ``category`` (none: ``unknown``);
+    ``permission_denied`` also reports a policy's denial, which the denial breaker
+    counts. ``retryable`` defaults from the category; ``details`` keeps the raw
+    underlying error (JSON data). ``invoke_failed``: the provider could not run the
+    call (it raised, or timed out). The crash breaker counts :attr:`crashed` outcomes;
+    an error result the tool returned as its answer is the model's to handle.
     """
 
     call_id: str = attrs.field(validator=_nonempty_str("ToolOutcome.call_id"))
@@ -118,13 +111,8 @@ class ToolOutcome:
 
 @attrs.frozen
 class ToolResult:
-    """What goes back to the model for one tool call.
-
-    ``is_error`` marks an error-flagged result (the model reads it and adapts);
-    ``category``, ``retryable`` and ``details`` say which tool error it was (detail:
-    they take no part in ``==``, so a result compares equal to
-    ``ToolResult(call_id, content, is_error=True)``).
-    """
+    """What goes back to the model for one tool call: ``is_error`` flags an error
+    result; ``category``, ``retryable`` and ``details`` (no part in ``==``) say which."""
 
     call_id: str
     content: Any = attrs.field(metadata=OPAQUE)

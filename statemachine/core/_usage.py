@@ -85,24 +85,13 @@ def _number(value: Any) -> Any:
 
 @attrs.frozen
 class Usage:
-    """What one model call used, as the provider's response reported it: its tokens
-    (``input_tokens``, the whole prompt; of it, ``cached_tokens`` read from a prompt
-    cache and ``cache_creation_tokens`` written to one; ``output_tokens``, and of them
-    ``reasoning_tokens`` spent thinking), what it cost (``cost_usd``), the ``model``
-    that answered (the server's name for it, which may differ from the one requested),
-    the ``response_id`` and the ``finish_reason`` (``stop``, ``tool_use``,
-    ``content_filter``...).
-
-    And where the call went, as the provider that made it knows it: ``provider_name``
-    (the OpenTelemetry GenAI conventions' ``gen_ai.provider.name``: ``openai``,
-    ``anthropic``, ``aws.bedrock``...), ``server_address`` and ``server_port`` (the
-    host and port of the API's base URL), and whether the reply was ``streamed``. A
-    call that failed before any response may carry these alone. Every field may be
-    unknown (``None``).
-
-    ``ModelReplied(usage=...)`` and ``ModelFailed(usage=...)`` carry it: its
-    ``cost_usd`` is what the event charges toward ``max_cost_usd`` (a failed call that
-    was billed included), and the trace and the snapshot keep it.
+    """What one model call used, as the provider reported it (every field may be
+    ``None``): its tokens (``input_tokens``, the whole prompt, of which
+    ``cached_tokens`` read from a prompt cache and ``cache_creation_tokens`` written to
+    one; ``output_tokens``, of which ``reasoning_tokens``), its ``cost_usd`` (what the
+    event charges), the ``model`` that answered, the ``response_id`` and the
+    ``finish_reason``; and where it went: ``provider_name`` (OpenTelemetry's
+    ``gen_ai.provider.name``), ``server_address``, ``server_port`` and ``streamed``.
     """
 
     input_tokens: int | None = attrs.field(default=None, converter=_count, validator=_tokens)
