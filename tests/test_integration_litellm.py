@@ -47,6 +47,19 @@ pytestmark = [
 MESSAGES = [{"role": "user", "content": "weather in Paris?"}]
 
 
+@pytest.fixture(autouse=True)
+def _close_the_loop_litellm_leaves() -> Iterator[None]:
+    """LiteLLM's sync call logs through ``asyncio.get_event_loop()``, which makes and
+    sets a loop it never closes; closed here, or its garbage collection in a later test
+    raises the unclosed-socket ResourceWarning (filterwarnings=error) there."""
+    yield
+    policy = asyncio.get_event_loop_policy()
+    loop = getattr(policy._local, "_loop", None)  # the loop set, without making one
+    if loop is not None and not loop.is_running():
+        loop.close()
+        policy.set_event_loop(None)
+
+
 @pytest.fixture
 def servers() -> Iterator[tuple[FakeLLM, FakeLLM]]:
     with FakeLLM() as main, FakeLLM() as backup:

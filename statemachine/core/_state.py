@@ -5,8 +5,8 @@ of the current turn's :class:`TurnState`, declared with :func:`declared`: its *k
 (how it is written to a snapshot, read back, validated and copied), how the model
 checker's key sees it and whether a trace record carries it. The snapshot codec
 (:func:`encode_state`, :func:`decode_state`), the copies (:func:`copy_session_state`),
-the checker's key (:func:`key_fields`), the traced counters (:data:`TRACED`) and the
-store's text (``_state_text.py``) all follow from it. What the declaration cannot say
+the checker's key (:func:`key_fields`) and the traced counters (:data:`TRACED`) all
+follow from it. What the declaration cannot say
 per field is checked by ``_reachable.reachable_problem``.
 """
 
@@ -45,8 +45,6 @@ class Kind:
     copy: Callable[[Any], Any] | None = None
     relative: bool = False
     """A reading of the session's clock: written as the seconds elapsed since it."""
-    grows: bool = False
-    """A list that only grows within a turn: a store's write reuses its earlier text."""
     stored: bool = True
     """Written to a snapshot; ``False``: kept in this process only."""
 
@@ -273,7 +271,7 @@ def _copy_list(value: list[Any] | None) -> list[Any] | None:
     return None if value is None else list(value)
 
 
-COSTS = Kind("costs", lambda v: [list(e) for e in v or ()], _decode_costs, _copy_list, grows=True)
+COSTS = Kind("costs", lambda v: [list(e) for e in v or ()], _decode_costs, _copy_list)
 
 UNKNOWN_TIME = math.nan
 """A step time a snapshot did not record (format 3): written ``null``."""
@@ -325,9 +323,8 @@ USAGES = Kind(
     lambda v: [[step, compact(usage)] for step, usage in v or ()],
     _decode_usages,
     _copy_list,
-    grows=True,
 )
-TIMES = Kind("step times", _encode_times, _decode_times, lambda v: v[:], grows=True)
+TIMES = Kind("step times", _encode_times, _decode_times, lambda v: v[:])
 """Seconds since the session's start, as an array of floats (8 bytes a step)."""
 
 
@@ -456,8 +453,8 @@ def _action_problem(action: Action) -> str | None:
     return None
 
 
-PATH = Kind("path", _encode_path, _decode_path, list, grows=True)
-ACTIONS = Kind("actions", encode, _decode_actions, list, grows=True)
+PATH = Kind("path", _encode_path, _decode_path, list)
+ACTIONS = Kind("actions", encode, _decode_actions, list)
 """The turn's actions, a Finish's ``retry_at`` written relative to the snapshot's
 moment (:func:`encode_action`) like every reading of the clock."""
 
