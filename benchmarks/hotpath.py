@@ -314,7 +314,7 @@ def _parts(number: int) -> dict[str, float]:
         "trace: two appends (shared row info, action)": (
             "trace.append(None); trace.append(None)\nif len(trace) > 1000: trace.clear()"
         ),
-        "_model(core, turn)": "T._model(core, ts)",
+        "model_of(core, turn)": "T.model_of(core, ts)",
         "core.check_bounds(now)": "core.check_bounds(0.0)",
         "call_fingerprint (the engine's)": "S.call_fingerprint(call)",
         "  json.dumps with options (builds an encoder per call, the old way)": (

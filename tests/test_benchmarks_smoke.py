@@ -340,7 +340,6 @@ def test_fleet_quick_accounts_for_every_session_and_request() -> None:
     from benchmarks import fleet
 
     result = fleet.run(sessions=12, scale=0.2, rows=("engine", "openai"))
-    story = fleet.OUTAGE
     for name, row in result["rows"].items():
         assert sum(row["statuses"].values()) == 12, name
         assert row["requests"] >= 12, name  # one call each at the least
@@ -349,7 +348,8 @@ def test_fleet_quick_accounts_for_every_session_and_request() -> None:
     engine = result["rows"]["engine"]
     assert engine["statuses"] == {"completed": 12}  # the engine waits the outage out
     assert engine["p95_after_recovery_s"] is not None
-    assert 0 <= engine["p95_after_recovery_s"] < story.down_until
+    assert engine["p95_after_recovery_s"] >= 0  # measured from the recovery
+    assert engine["outage_requests"] >= 1  # a session that started in it met it
 
 
 def test_fleet_vendor_answers_by_phase() -> None:
