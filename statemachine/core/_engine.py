@@ -47,7 +47,7 @@ from ._model_error import ModelError
 from ._reachable import budget_left
 from ._retry_after import retry_after
 from ._settings import Settings
-from ._state import RowInfo, RowSteps, SessionState, TurnState, traced_counters
+from ._state import RowInfo, RowSteps, SessionState, Step, TurnState, traced_counters
 from ._table import (
     BACKING_OFF_TOOLS,
     CALLING,
@@ -1230,8 +1230,13 @@ class Core:
             _keep(turn, cost, usage, wall)
         if type(action) is Finish:
             self._turn_finished(turn, action, now)
-        if self.observers:
-            record = trace_record(turn, len(turn.path) - 1, session.started)
+        if self.observers:  # what turn_record would read back from the turn, at hand
+            made = made_at(turn, session.started) if trigger == START else None
+            at = session.started + elapsed
+            index = len(turn.path) - 1
+            record = trace_record(
+                turn.index, index, step, action, cost, at, event, wall, usage, made
+            )
             for observer in self.observers:
                 observer(record)
         return action
@@ -1307,36 +1312,64 @@ def _reading(value: object, name: str) -> float:
     return reading
 
 
-def trace_record(turn: TurnState, index: int, started: float) -> TraceRecord:
+def turn_record(turn: TurnState, index: int, started: float) -> TraceRecord:
     """The :class:`TraceRecord` of ``turn``'s ``index``-th transition in a session that
-    started at ``started``: its row, action and counters (:data:`TRACED`), what its event
-    cost and used, when it was taken and the event that caused it, as the turn keeps
-    them (a restored turn keeps no event of the steps before its snapshot)."""
-    step = turn.path[index]
-    source, trigger, guard, dest, _ = step[0]
+    started at ``started``, read back from what the turn keeps (a restored turn keeps no
+    event of the steps before its snapshot)."""
     at = turn.times[index]
     unknown = len(turn.path) - len(turn.events)
     event = turn.events[index - unknown] if index >= unknown else None
     wall = None
     if type(event) is tuple:  # a step given a wall time keeps it beside its event
         event, wall = event
+    return trace_record(
+        turn.index,
+        index,
+        turn.path[index],
+        turn.actions[index],
+        _kept_at(turn.costs, index, 0.0),
+        None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
+        event,
+        wall,
+        _kept_at(turn.usages, index, None),
+        None if index else made_at(turn, started),  # a start's: when its turn was made
+    )
+
+
+def trace_record(
+    turn: int,
+    index: int,
+    step: Step,
+    action: Action,
+    cost: float,
+    at: float | None,
+    event: Any,
+    wall: float | None,
+    usage: Any,
+    made_at: float | None,
+) -> TraceRecord:
+    """The :class:`TraceRecord` of ``step``, the ``index``-th transition of turn
+    ``turn``: its row, action and counters (:data:`TRACED`), what its event cost and
+    used, when it was taken, the event that caused it and (a start's) when its turn was
+    made. :meth:`Core.fire` passes what it holds; :func:`turn_record` reads it back."""
+    source, trigger, guard, dest, _ = step[0]
     return TraceRecord(
-        turn=turn.index,
+        turn=turn,
         step=index,
         source=source,
         event=trigger,
         guard=guard,
         dest=dest,
-        action=turn.actions[index],
+        action=action,
         attempt=step[1],
         reductions=step[2],
         session_retries=step[3],
-        cost_usd=_kept_at(turn.costs, index, 0.0),
-        at=None if math.isnan(at) else started + at,  # NaN: unknown (format 3)
+        cost_usd=cost,
+        at=at,
         caused_by=event,
         wall=wall,
-        usage=_kept_at(turn.usages, index, None),
-        made_at=None if index else made_at(turn, started),  # a start's: when its turn was made
+        usage=usage,
+        made_at=made_at,
     )
 
 

@@ -31,7 +31,7 @@ from ._engine import (
     last_reading,
     model_of,
     refused,
-    trace_record,
+    turn_record,
     wall_reading,
 )
 from ._events import ModelReplied
@@ -810,7 +810,7 @@ class Turn:
         restored turn taken before its snapshot have no ``caused_by``)."""
         turn = self._turn
         started = self._core.state.started
-        return tuple(trace_record(turn, i, started) for i in range(len(turn.path)))
+        return tuple(turn_record(turn, i, started) for i in range(len(turn.path)))
 
     def __repr__(self) -> str:
         return f"<Turn {self.index} state={self.state!r} status={self.status!s}>"
