@@ -51,6 +51,7 @@ from .io._drivers import (
     arun_turn,
     run_turn,
 )
+from .io._loop import report_usage
 from .io._trace_file import TraceFileError, TraceWriter
 
 __all__ = [
@@ -99,5 +100,6 @@ __all__ = [
     "WaitDone",
     "arun_turn",
     "classify",
+    "report_usage",
     "run_turn",
 ]

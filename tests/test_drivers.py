@@ -412,6 +412,41 @@ def test_a_stream_cancelled_after_its_usage_is_charged_through_arun_turn() -> No
 
 
 @pytest.mark.requirement("ER-245")
+def test_a_host_written_provider_reports_what_a_cancelled_call_used() -> None:
+    """A provider of the host's own says what its call has used with ``sm.report_usage``
+    (the last report counts); cancelling arun_turn's task charges that, cost included."""
+    reported = asyncio.Event()
+
+    class Streaming:
+        async def complete(self, action: sm.CallModel) -> sm.ModelReplied:
+            sm.report_usage(sm.Usage(input_tokens=10, cost_usd=0.01))
+            sm.report_usage(sm.Usage(input_tokens=500, output_tokens=5, cost_usd=0.25))
+            reported.set()
+            await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
+            raise AssertionError("unreachable")
+
+    async def scenario() -> tuple[sm.Session, sm.Turn]:
+        sess = session()
+        turn = sess.new_turn()
+        task = asyncio.create_task(
+            sm.arun_turn(turn, model=Streaming(), tools=AsyncTools(), context=AsyncContext())
+        )
+        await reported.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return sess, turn
+
+    sess, turn = asyncio.run(scenario())
+    assert turn.status is sm.TurnStatus.CANCELLED
+    assert sess.cost_usd == pytest.approx(0.25)
+    (cancelled,) = [r.caused_by for r in turn.trace if isinstance(r.caused_by, sm.Cancelled)]
+    assert cancelled.usage == sm.Usage(input_tokens=500, output_tokens=5, cost_usd=0.25)
+    with pytest.raises(TypeError, match=r"usage: must be a statemachine\.Usage, got dict"):
+        sm.report_usage({"input_tokens": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.requirement("ER-245")
 def test_an_anthropic_stream_cancelled_after_message_start_is_charged() -> None:
     """The same for AsyncAnthropicModel: the usage of the stream's message_start (the
     SDK's snapshot) is what the turn's Cancelled charges."""

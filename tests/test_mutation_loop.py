@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from statemachine.io._loop import MAX_REASON, CallCancelled, cancel, spent_so_far, text_of
+from statemachine.io._loop import MAX_REASON, CallCancelled, cancel, report_usage, text_of
 
 from .helpers import ManualClock
 
@@ -40,7 +40,7 @@ class _Reporting:
     def complete(self, action: sm.CallModel) -> Any:
         self.calls += 1
         if self.calls == 1:
-            spent_so_far(sm.Usage(input_tokens=7, cost_usd=0.25))
+            report_usage(sm.Usage(input_tokens=7, cost_usd=0.25))
             if isinstance(self.then, BaseException):
                 raise self.then
             return self.then
@@ -99,7 +99,7 @@ def test_a_usage_reported_by_an_earlier_call_is_not_charged_to_a_later_cancel() 
 
 
 def test_a_usage_said_outside_a_drive_goes_nowhere() -> None:
-    spent_so_far(sm.Usage(input_tokens=1))  # no drive runs: nothing to charge, no error
+    report_usage(sm.Usage(input_tokens=1))  # no drive runs: nothing to charge, no error
 
 
 def test_a_call_cancelled_without_a_cost_charges_nothing() -> None:

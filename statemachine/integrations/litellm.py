@@ -38,7 +38,7 @@ OpenAI's shape), with these differences:
   ``stream_chunk_builder`` of the chunks, its usage the chunks' usages counted once
   whatever their shape (:mod:`statemachine.io._stream_usage`); a failure after text was
   delivered is ``partial`` (never resent), a cancel charges what the stream reported
-  (:func:`~statemachine.io._loop.spent_so_far`), as the OpenAI provider does.
+  (:func:`~statemachine.io._loop.report_usage`), as the OpenAI provider does.
 
 ``import litellm`` takes seconds and, unless ``LITELLM_LOCAL_MODEL_COST_MAP=True`` is
 set, fetches LiteLLM's price map from the network: it is imported when a provider is
@@ -59,7 +59,7 @@ from ..core._exceptions import ConfigError
 from ..core._model_error import ModelError
 from ..core._usage import Usage
 from ..io._classify import classify
-from ..io._loop import spent_so_far
+from ..io._loop import report_usage
 from ..io._providers import (
     TextSink,
     ToolProviderName,
@@ -278,7 +278,7 @@ class AsyncLiteLLMModel(_Streaming, _LiteLLMBase):
         except asyncio.CancelledError:
             usage = self._usage_of(built(), reported())
             if _reported(usage):
-                spent_so_far(usage)  # the turn's Cancelled charges what was billed
+                report_usage(usage)  # the turn's Cancelled charges what was billed
             raise
         except Exception as exc:
             usage = self._usage_of(built(), reported())

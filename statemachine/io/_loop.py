@@ -95,10 +95,16 @@ inside its ``turn.send``, so they see it too; a record handed to an observer lat
 trace replayed, a worker's observers) does not."""
 
 
-def spent_so_far(usage: Usage) -> None:
-    """Say, inside a driven model call, what the vendor has reported it used so far (a
-    stream's usage): if the turn is cancelled before the call returns, its
-    ``Cancelled`` charges it. Nothing happens outside a drive."""
+def report_usage(usage: Usage) -> None:
+    """Say, inside a model provider's call that ``run_turn`` or ``arun_turn`` drives, what
+    the vendor has reported the call used so far (a stream's usage chunk, its
+    ``cost_usd`` included): if the turn is cancelled before the call returns, its
+    ``Cancelled`` charges that. A later report replaces an earlier one; the call's own
+    event supersedes it. Nothing happens outside a drive (on Temporal:
+    ``statemachine.temporal.report_usage``). ``TypeError`` if ``usage`` is not a
+    :class:`Usage`."""
+    if not isinstance(usage, Usage):
+        raise TypeError(f"usage: must be a statemachine.Usage, got {type(usage).__name__}")
     driving = DRIVING.get()
     if driving is not None:
         driving.spent = usage
@@ -136,7 +142,7 @@ def cancel(turn: Turn, exc: BaseException, usage: Usage | None = None) -> None:
 
 def drive(turn: Turn, perform: Callable[[Action], object], provider: object = None) -> Finish:
     """Run ``turn`` to its ``Finish``, ``perform`` doing each action (sync). A model
-    call interrupted after its provider said what it had used (:func:`spent_so_far`) is
+    call interrupted after its provider said what it had used (:func:`report_usage`) is
     charged that on the turn's ``Cancelled``; ``provider`` is the model provider the
     drive shows (:func:`provider_model`)."""
     action = start(turn)

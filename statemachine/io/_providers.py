@@ -42,7 +42,7 @@ from ..core._json_data import MAX_COUNT, finite
 from ..core._tool_calls import ToolCall
 from ..core._usage import MAX_PORT, MAX_TEXT, Usage
 from ._classify import classify, plain_data, refused
-from ._loop import spent_so_far
+from ._loop import report_usage
 from ._stream_usage import StreamUsage, Tokens, plus
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel", "AsyncOpenAIModel", "OpenAIModel"]
@@ -405,7 +405,7 @@ class _Streaming(_Base):
         having said what the call was billed (the turn's ``Cancelled`` charges it)."""
         if isinstance(exc, asyncio.CancelledError):
             if _reported(usage):
-                spent_so_far(usage)
+                report_usage(usage)
             raise exc
         if not (delivered or _reported(usage)):
             return self._raised(exc)
