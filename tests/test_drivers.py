@@ -359,11 +359,9 @@ class _Stalled:
         await asyncio.Event().wait()  # the vendor goes quiet: cancelled here
 
 
-async def _cancel_once_reported(model: Any, reported: asyncio.Event) -> tuple[sm.Session, sm.Turn]:
-    """Drive a turn on ``model`` with ``arun_turn``, cancel its task once the stream
-    reported its usage, and return the session and the cancelled turn."""
-    sess = session()
-    turn = sess.new_turn()
+async def cancel_once_reported(turn: sm.Turn, model: Any, reported: asyncio.Event) -> None:
+    """Drive ``turn`` on ``model`` with ``arun_turn`` and cancel its task once the
+    provider reported its usage (``reported`` set); the task ends cancelled."""
     task = asyncio.create_task(
         sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
     )
@@ -371,6 +369,14 @@ async def _cancel_once_reported(model: Any, reported: asyncio.Event) -> tuple[sm
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _cancel_once_reported(model: Any, reported: asyncio.Event) -> tuple[sm.Session, sm.Turn]:
+    """:func:`cancel_once_reported` on a fresh session's turn, then the model's client
+    closed; the session and the cancelled turn."""
+    sess = session()
+    turn = sess.new_turn()
+    await cancel_once_reported(turn, model, reported)
     await model.client.close()
     return sess, turn
 
@@ -428,13 +434,7 @@ def test_a_host_written_provider_reports_what_a_cancelled_call_used() -> None:
     async def scenario() -> tuple[sm.Session, sm.Turn]:
         sess = session()
         turn = sess.new_turn()
-        task = asyncio.create_task(
-            sm.arun_turn(turn, model=Streaming(), tools=AsyncTools(), context=AsyncContext())
-        )
-        await reported.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_once_reported(turn, Streaming(), reported)
         return sess, turn
 
     sess, turn = asyncio.run(scenario())

@@ -32,6 +32,7 @@ from statemachine.providers import AsyncLiteLLMModel, LiteLLMModel
 
 from .servers.fake_llm import OPENAI, FakeLLM, openai_completion, openai_error, openai_stream
 from .test_docs import ROOT, blocks
+from .test_drivers import _Stalled, cancel_once_reported
 
 DOCS = ROOT / "docs" / "integrations.md"
 
@@ -332,18 +333,6 @@ def test_a_stream_broken_after_text_is_never_resent(servers: tuple[FakeLLM, Fake
     assert main.count(OPENAI) == 1 and "".join(texts) == "Hello"
 
 
-class _Stalled:
-    """A LiteLLM stream that yields ``first`` and goes quiet until cancelled."""
-
-    def __init__(self, first: Any, reported: asyncio.Event) -> None:
-        self.first, self.reported = first, reported
-
-    async def __aiter__(self) -> Any:
-        yield self.first
-        self.reported.set()
-        await asyncio.Event().wait()
-
-
 @pytest.mark.requirement("ER-303")
 def test_a_cancelled_stream_charges_the_usage_it_reported() -> None:
     """A turn cancelled while its stream stalls after a usage chunk: the Cancelled
@@ -367,13 +356,7 @@ def test_a_cancelled_stream_charges_the_usage_it_reported() -> None:
         model.client.target = type("Stalls", (), {"acompletion": staticmethod(stalled)})()
         session = _session()
         turn = session.new_turn()
-        task = asyncio.create_task(
-            sm.arun_turn(turn, model=model, tools=AsyncTools(), context=AsyncContext())
-        )
-        await reported.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_once_reported(turn, model, reported)
         return session, turn
 
     session, turn = asyncio.run(scenario())
