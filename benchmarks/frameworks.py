@@ -616,6 +616,14 @@ async def _litellm(scenario: Scenario, engine: bool, main: str, backup: str) -> 
             **where,
         )
         return await _through_provider(scenario, provider, (fallback,) if scenario.backup else ())
+    return await _litellm_alone(
+        scenario, lambda *args, **kwargs: litellm.acompletion(model, *args, **kwargs, **where)
+    )
+
+
+async def _litellm_alone(scenario: Scenario, complete: Callable[..., Any]) -> Outcome:
+    """``scenario`` through LiteLLM alone: ``complete(messages, **kwargs)`` is
+    ``litellm.acompletion`` or a Router's, with their default retries and fallbacks."""
     outcome = Outcome()
     messages = _openai_messages(scenario)
     with counted_sdk_sleep() as slept:
@@ -623,12 +631,8 @@ async def _litellm(scenario: Scenario, engine: bool, main: str, backup: str) -> 
             if scenario.stream:
                 usage = None
                 try:
-                    stream = await litellm.acompletion(
-                        model,
-                        messages,
-                        stream=True,
-                        stream_options={"include_usage": True},
-                        **where,
+                    stream = await complete(
+                        messages, stream=True, stream_options={"include_usage": True}
                     )
                     async for chunk in stream:
                         usage = getattr(chunk, "usage", None) or usage
@@ -636,7 +640,7 @@ async def _litellm(scenario: Scenario, engine: bool, main: str, backup: str) -> 
                     outcome.tokens = getattr(usage, "total_tokens", 0) or 0
                 outcome.answer = "streamed"
             else:
-                reply = await litellm.acompletion(model, messages, **where)
+                reply = await complete(messages)
                 outcome.answer = str(reply.choices[0].message.content)
                 if reply.choices[0].finish_reason == "content_filter":
                     outcome.answer = None
@@ -672,31 +676,10 @@ async def _litellm_router(scenario: Scenario, engine: bool, main: str, backup: s
             on_text = (lambda _text: None) if scenario.stream else None
             provider = AsyncLiteLLMModel(MODEL, router=router, on_text=on_text)
             return await _through_provider(scenario, provider, tuple(n for n, _ in groups[1:]))
-        outcome = Outcome()
-        messages = _openai_messages(scenario)
-        with counted_sdk_sleep() as slept:
-            try:
-                if scenario.stream:
-                    usage = None
-                    try:
-                        stream = await router.acompletion(
-                            MODEL, messages, stream=True, stream_options={"include_usage": True}
-                        )
-                        async for chunk in stream:
-                            usage = getattr(chunk, "usage", None) or usage
-                    finally:
-                        outcome.tokens = getattr(usage, "total_tokens", 0) or 0
-                    outcome.answer = "streamed"
-                else:
-                    reply = await router.acompletion(MODEL, messages)
-                    outcome.answer = str(reply.choices[0].message.content)
-                    if reply.choices[0].finish_reason == "content_filter":
-                        outcome.answer = None
-                        outcome.status = "content_filtered"
-            except Exception as exc:
-                outcome.error = f"{type(exc).__name__}: {exc}"[:200]
-                outcome.status = _status_of(exc)
-        outcome.waited = sum(slept) + sum(router_slept)
+        outcome = await _litellm_alone(
+            scenario, lambda *args, **kwargs: router.acompletion(MODEL, *args, **kwargs)
+        )
+    outcome.waited += sum(router_slept)
     return outcome
 
 
