@@ -41,6 +41,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from statemachine.dev._vendor import openai_completion, openai_error
+
 MODEL = "gpt-4.1"
 CAPACITY = 50.0
 """Requests per second the healthy vendor serves (also its burst)."""
@@ -59,26 +61,11 @@ class Outage:
 
 OUTAGE = Outage()
 
-_REPLY = json.dumps(
-    {
-        "id": "chatcmpl-fleet",
-        "object": "chat.completion",
-        "created": 0,
-        "model": MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "done"},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
-    }
-).encode()
-
-
-def _error(kind: str, message: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": None}}).encode()
+_REPLY = json.dumps(openai_completion("done", tokens=(10, 2)).body).encode()
+_THROTTLED = json.dumps(openai_error(429, "Rate limit reached", "rate_limit_error").body).encode()
+_OVER = json.dumps(openai_error(429, "Over capacity", "rate_limit_error").body).encode()
+_DOWN = json.dumps(openai_error(503, "The server is overloaded", "server_error").body).encode()
+"""The bodies, as the project's loopback vendor writes them (``statemachine.dev._vendor``)."""
 
 
 @dataclass
@@ -149,15 +136,15 @@ class Vendor:
                 if self.scale == 1
                 else {"retry-after-ms": f"{wait * 1000:.0f}"}
             )
-            return 429, header, _error("rate_limit_error", "Rate limit reached")
+            return 429, header, _THROTTLED
         if story.throttled_until <= moment < story.down_until:
             self.log.append((moment, "down"))
-            return 503, {}, _error("server_error", "The server is overloaded")
+            return 503, {}, _DOWN
         self._tokens = min(self.capacity, self._tokens + (moment - self._filled) * self.capacity)
         self._filled = moment
         if self._tokens < 1:
             self.log.append((moment, "over"))
-            return 429, {}, _error("rate_limit_error", "Over capacity")
+            return 429, {}, _OVER
         self._tokens -= 1
         self.log.append((moment, "ok"))
         return 200, {}, _REPLY
